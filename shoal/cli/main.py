@@ -1,0 +1,66 @@
+"""`shoal` entry point: one subcommand per module in shoal/cli, each with `register(subparsers)`.
+
+Every subcommand module is imported lazily by name so `shoal presets` does not pay for torch.
+A UserError anywhere becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from shoal.errors import UserError
+
+# subcommand -> module under shoal.cli that registers it
+COMMANDS = {
+    "train": "train",
+    "generate": "generate",
+    "presets": "presets",
+    "config": "config_cmd",
+    "plan": "plan",
+    "verify": "verify",
+    "mesh": "mesh",
+    "doctor": "doctor",
+    "run": "run",
+    "ckpt": "ckpt",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, like every other user mistake
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = _Parser(prog="shoal", description="Plan, train, verify and debug distributed LM training.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    wanted = argv[0] if argv and argv[0] in COMMANDS else None
+    for name, module in COMMANDS.items():
+        if wanted and name != wanted:
+            sub.add_parser(name)  # listed in --help, not imported
+            continue
+        try:
+            mod = importlib.import_module(f"shoal.cli.{module}")
+        except ModuleNotFoundError as e:
+            if e.name != f"shoal.cli.{module}":
+                raise
+            continue  # command not built yet
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        print(f"shoal {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

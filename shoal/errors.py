@@ -1,0 +1,15 @@
+"""The one exception type for mistakes a user made.
+
+The CLI turns a `UserError` into one line on stderr and exit code 2, before any worker process is
+spawned. Internal invariants use `assert`; they are bugs, not user errors.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A bad setting: names the field, the value that was given and how to fix it."""
+
+    def __init__(self, field: str, value: object, fix: str):
+        self.field, self.value, self.fix = field, value, fix
+        super().__init__(f"{field}={value!r}: {fix}")

@@ -1,0 +1,139 @@
+"""Pure functions of a ModelConfig: parameter counts, model FLOPs per token, activation memory.
+
+One source of truth for the planner, MFU logging and the tests. No torch import here: the planner
+calls these for 405B-parameter models thousands of times a second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shoal.model.config import ModelConfig
+
+
+def attention_params(cfg: ModelConfig) -> int:
+    q_and_o = 2 * cfg.dim * cfg.n_heads * cfg.head_dim
+    k_and_v = 2 * cfg.dim * cfg.n_kv_heads * cfg.head_dim
+    return q_and_o + k_and_v
+
+
+def mlp_params(cfg: ModelConfig, hidden: int) -> int:
+    matrices = 3 if cfg.mlp == "swiglu" else 2
+    return matrices * cfg.dim * hidden
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: int
+    active: int
+    """Parameters one token passes through: routed experts count top_k times, not n_experts."""
+    embedding: int
+    """The input embedding table (a lookup, so excluded from model FLOPs)."""
+    expert: int
+    """Routed-expert parameters (the part expert parallelism shards)."""
+
+
+def param_counts(cfg: ModelConfig) -> ParamCounts:
+    norms = 2 * cfg.dim * cfg.n_layers + cfg.dim
+    embedding = cfg.vocab_size * cfg.dim
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.dim
+    n_moe = cfg.n_moe_layers
+    n_dense = cfg.n_layers - n_moe
+    expert = mlp_params(cfg, cfg.expert_hidden)
+    per_moe_fixed = cfg.dim * cfg.n_experts + cfg.n_shared_experts * expert  # router + shared experts
+    common = norms + embedding + head + cfg.n_layers * attention_params(cfg) + n_dense * mlp_params(cfg, cfg.ffn_hidden)
+    routed_total = n_moe * cfg.n_experts * expert
+    routed_active = n_moe * cfg.top_k * expert
+    return ParamCounts(
+        total=common + n_moe * per_moe_fixed + routed_total,
+        active=common + n_moe * per_moe_fixed + routed_active,
+        embedding=embedding,
+        expert=routed_total,
+    )
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Model FLOPs for one token's forward and backward pass (DESIGN.md convention).
+
+    6 * N_active + 12 * L * (n_heads * head_dim) * S, where the 12·L·H·S term counts attention
+    over the full S×S matrix as in the PaLM paper. N_active leaves out the input embedding table
+    (a lookup) but keeps the output projection (a matmul, even when tied). Recomputation is not
+    counted: this is the MFU numerator, not HFU.
+    """
+    counts = param_counts(cfg)
+    n_matmul = counts.active - counts.embedding + (cfg.vocab_size * cfg.dim if cfg.tie_embeddings else 0)
+    return 6.0 * n_matmul + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+
+
+def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str) -> float:
+    """Extra FLOPs spent re-running the forward pass under activation checkpointing (HFU - MFU)."""
+    forward_layers = flops_per_token(cfg, seq_len) / 3  # forward is a third of forward + backward
+    if recompute == "full":
+        return forward_layers
+    if recompute == "selective":
+        # Only the attention core (the S×S part) is recomputed; matmul outputs are kept.
+        return 4.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+    return 0.0
+
+
+def activation_bytes_per_layer(
+    cfg: ModelConfig,
+    seq_len: int,
+    micro_batch: int,
+    *,
+    layer: int = 0,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    bytes_per_element: int = 2,
+) -> float:
+    """Bytes one transformer layer keeps for backward, per micro-batch, on one rank.
+
+    Counted the way Korthikanti et al. (2022) count them, but for the tensors shoal's layer saves:
+    attention through fused scaled_dot_product_attention keeps no S×S score matrix, SwiGLU keeps
+    its gate, up and product, and there is no dropout. With tensor parallelism the tensors inside
+    the parallel region are split tp ways; sequence parallelism splits the rest (norm inputs and
+    outputs) too. Full recomputation keeps only the layer input.
+    """
+    sb = seq_len * micro_batch
+    h = cfg.dim
+    kv = cfg.n_kv_heads * cfg.head_dim
+    outside_tp = 4 * h  # norm inputs and outputs before attention and before the MLP
+    if recompute == "full":
+        return sb * h * bytes_per_element / (tp if sequence_parallel else 1)
+    inside_tp = h + 2 * kv + h  # q, k, v for attention, attention output into the out projection
+    if cfg.is_moe_layer(layer):
+        f = cfg.expert_hidden
+        per_expert_token = h + (3 * f if cfg.mlp == "swiglu" else 2 * f) + h  # input, hidden, output
+        inside_tp += cfg.top_k * per_expert_token + cfg.n_shared_experts * (3 * f if cfg.mlp == "swiglu" else 2 * f)
+        inside_tp += cfg.n_experts * 2  # router logits in fp32, counted as 2 elements of 16 bits
+    else:
+        inside_tp += 3 * cfg.ffn_hidden if cfg.mlp == "swiglu" else 2 * cfg.ffn_hidden
+    elements = sb * (outside_tp / (tp if sequence_parallel else 1) + inside_tp / tp)
+    if recompute == "selective":
+        # Norm outputs and activation-function results are recomputed, matmul inputs are kept.
+        elements -= sb * 2 * h / (tp if sequence_parallel else 1)
+    return elements * bytes_per_element
+
+
+def activation_bytes(
+    cfg: ModelConfig,
+    seq_len: int,
+    micro_batch: int,
+    *,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    bytes_per_element: int = 2,
+) -> float:
+    """Bytes the whole model keeps for backward for one micro-batch on one rank (no pipeline).
+
+    Adds the output logits (fp32, vocab-parallel under tp) to the per-layer sum.
+    """
+    layers = sum(
+        activation_bytes_per_layer(cfg, seq_len, micro_batch, layer=i, tp=tp, sequence_parallel=sequence_parallel,
+                                   recompute=recompute, bytes_per_element=bytes_per_element)
+        for i in range(cfg.n_layers)
+    )
+    logits = seq_len * micro_batch * cfg.vocab_size * 4 / tp
+    return layers + logits

@@ -1,0 +1,150 @@
+"""ModelConfig and the named presets.
+
+Small presets (`debug`, `tiny`, `tiny-moe`) are for tests and demos; the rest describe real
+architectures for planning and are only ever built on the meta device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+
+from shoal.errors import UserError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-style decoder, optionally with mixture-of-experts feed-forward layers."""
+
+    vocab_size: int = 256
+    dim: int = 64
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    ffn_hidden: int = 192
+    """Hidden size of a dense feed-forward layer (per gate for SwiGLU)."""
+    mlp: str = "swiglu"
+    """`swiglu` (Llama) or `gelu` (GPT-style two-matrix MLP)."""
+    max_seq_len: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    # Mixture of experts; n_experts == 0 means a dense model.
+    n_experts: int = 0
+    top_k: int = 2
+    expert_ffn_hidden: int = 0
+    """Hidden size of one routed expert (0: same as ffn_hidden)."""
+    n_shared_experts: int = 0
+    """Experts every token goes through, in addition to its top_k routed ones (DeepSeek style)."""
+    moe_every: int = 1
+    """Every moe_every-th layer (after the leading dense ones) is an MoE layer."""
+    n_dense_layers: int = 0
+    """Leading layers that stay dense in an MoE model (DeepSeek-V3 keeps 3)."""
+    aux_loss_coef: float = 0.01
+    """Weight of the Switch-style load-balancing loss added to the training loss."""
+    note: str = field(default="", compare=False)
+    """What a preset approximates, shown by `shoal presets`."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def expert_hidden(self) -> int:
+        return self.expert_ffn_hidden or self.ffn_hidden
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return (
+            self.is_moe
+            and layer >= self.n_dense_layers
+            and (layer - self.n_dense_layers) % self.moe_every == 0
+        )
+
+    @property
+    def n_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.n_layers))
+
+    def validate(self, prefix: str = "model") -> "ModelConfig":
+        positive = ["vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise UserError(f"{prefix}.{name}", getattr(self, name), "must be a positive integer")
+        if self.dim % self.n_heads:
+            raise UserError(f"{prefix}.n_heads", self.n_heads,
+                            f"dim={self.dim} must be divisible by n_heads; try {_divisors_near(self.dim, self.n_heads)}")
+        if self.n_heads % self.n_kv_heads:
+            raise UserError(f"{prefix}.n_kv_heads", self.n_kv_heads,
+                            f"n_heads={self.n_heads} must be divisible by n_kv_heads; "
+                            f"try one of {[d for d in range(1, self.n_heads + 1) if self.n_heads % d == 0]}")
+        if self.head_dim % 2:
+            raise UserError(f"{prefix}.n_heads", self.n_heads,
+                            f"head_dim=dim/n_heads={self.head_dim} must be even for rotary embeddings")
+        if self.mlp not in ("swiglu", "gelu"):
+            raise UserError(f"{prefix}.mlp", self.mlp, "use 'swiglu' or 'gelu'")
+        if self.is_moe:
+            if not 1 <= self.top_k <= self.n_experts:
+                raise UserError(f"{prefix}.top_k", self.top_k, f"must be between 1 and n_experts={self.n_experts}")
+            if self.moe_every < 1:
+                raise UserError(f"{prefix}.moe_every", self.moe_every, "must be >= 1")
+            if self.n_moe_layers == 0:
+                raise UserError(f"{prefix}.n_dense_layers", self.n_dense_layers,
+                                f"leaves no MoE layer among n_layers={self.n_layers}; lower it")
+        return self
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _divisors_near(n: int, k: int) -> list[int]:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return sorted(divisors, key=lambda d: abs(d - k))[:3]
+
+
+_LLAMA3 = dict(vocab_size=128256, rope_theta=500000.0, max_seq_len=8192, n_kv_heads=8)
+
+PRESETS: dict[str, ModelConfig] = {
+    "debug": ModelConfig(
+        vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=160, max_seq_len=256,
+        note="for tests: under 1M parameters"),
+    "debug-moe": ModelConfig(
+        vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=160, max_seq_len=256,
+        n_experts=4, top_k=2, expert_ffn_hidden=64, n_shared_experts=1, moe_every=2,
+        note="for tests: MoE every other layer, 4 experts top-2 + 1 shared"),
+    "tiny": ModelConfig(
+        vocab_size=256, dim=256, n_layers=6, n_heads=8, n_kv_heads=4, ffn_hidden=688, max_seq_len=512,
+        note="for the CPU demo: byte-level"),
+    "tiny-moe": ModelConfig(
+        vocab_size=256, dim=256, n_layers=6, n_heads=8, n_kv_heads=4, ffn_hidden=688, max_seq_len=512,
+        n_experts=8, top_k=2, expert_ffn_hidden=256, n_shared_experts=1,
+        note="byte-level MoE: 8 experts top-2 + 1 shared expert in every layer"),
+    "llama3-8b": ModelConfig(dim=4096, n_layers=32, n_heads=32, ffn_hidden=14336, **_LLAMA3),
+    "llama3-70b": ModelConfig(dim=8192, n_layers=80, n_heads=64, ffn_hidden=28672, **_LLAMA3),
+    "llama3-405b": ModelConfig(dim=16384, n_layers=126, n_heads=128, ffn_hidden=53248, **_LLAMA3),
+    "mixtral-8x7b": ModelConfig(
+        vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_hidden=14336,
+        max_seq_len=32768, rope_theta=1e6, n_experts=8, top_k=2),
+    "deepseek-v3": ModelConfig(
+        vocab_size=129280, dim=7168, n_layers=61, n_heads=128, n_kv_heads=128, ffn_hidden=18432,
+        max_seq_len=4096, n_experts=256, top_k=8, expert_ffn_hidden=2048, n_shared_experts=1,
+        n_dense_layers=3,
+        note="approximate: multi-head latent attention modelled as plain MHA (head_dim 56, ~205M vs "
+             "~187M attention params per layer), sigmoid/aux-free routing as softmax top-k, "
+             "multi-token-prediction module left out"),
+    "gpt3-175b": ModelConfig(
+        vocab_size=50257, dim=12288, n_layers=96, n_heads=96, n_kv_heads=96, ffn_hidden=49152,
+        mlp="gelu", max_seq_len=2048, tie_embeddings=True,
+        note="approximate: rotary instead of learned positions (-25M params), RMSNorm, no biases"),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UserError("model.preset", name, f"{hint}known presets: {', '.join(PRESETS)}")
+    return PRESETS[name]
