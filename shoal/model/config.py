@@ -18,21 +18,32 @@ class ModelConfig:
     """A Llama-style decoder, optionally with mixture-of-experts feed-forward layers."""
 
     vocab_size: int = 256
+    """Token ids the embedding and output head cover (256 for the byte tokenizer)."""
     dim: int = 64
+    """Model (residual stream) width."""
     n_layers: int = 4
+    """Transformer blocks."""
     n_heads: int = 4
+    """Query heads; head_dim = dim / n_heads."""
     n_kv_heads: int = 2
+    """Key/value heads (grouped-query attention); must divide n_heads."""
     ffn_hidden: int = 192
     """Hidden size of a dense feed-forward layer (per gate for SwiGLU)."""
     mlp: str = "swiglu"
     """`swiglu` (Llama) or `gelu` (GPT-style two-matrix MLP)."""
     max_seq_len: int = 256
+    """Longest sequence the rotary tables cover; train.seq_len may not exceed it."""
     rope_theta: float = 10000.0
+    """Rotary embedding base."""
     norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
     tie_embeddings: bool = False
+    """Share the input embedding and the output head weights."""
     # Mixture of experts; n_experts == 0 means a dense model.
     n_experts: int = 0
+    """Routed experts per MoE layer; 0 makes a dense model."""
     top_k: int = 2
+    """Experts each token is routed to."""
     expert_ffn_hidden: int = 0
     """Hidden size of one routed expert (0: same as ffn_hidden)."""
     n_shared_experts: int = 0

@@ -1,0 +1,300 @@
+"""The job config: one typed dataclass per section, loaded from TOML and `--set section.key=value`.
+
+Every field has a docstring (printed by `shoal config`); every check a user can fail happens in
+`JobConfig.validate`, before any worker process is spawned, and raises a UserError that names the
+field, the value and a fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from shoal.errors import UserError
+from shoal.model.config import ModelConfig, get_preset
+
+# [model] takes a preset plus any ModelConfig field to override it; None means "the preset's value".
+_MODEL_OVERRIDES = [f for f in fields(ModelConfig) if f.name != "note"]
+ModelSection = dataclasses.make_dataclass(
+    "ModelSection",
+    [("preset", str, field(default="tiny"))] + [(f.name, Optional[f.type], field(default=None)) for f in _MODEL_OVERRIDES],
+)
+ModelSection.__doc__ = "A model preset (`shoal presets`) and any ModelConfig field that overrides it."
+
+
+@dataclass
+class ParallelConfig:
+    """How the job is split across ranks. World size = dp_replicate * dp_shard * tp * pp."""
+
+    dp_replicate: int = 1
+    """Data-parallel replicas (plain all-reduce across them; HSDP when dp_shard > 1 too)."""
+    dp_shard: int = -1
+    """Data-parallel ranks that shard state (ZeRO/FSDP); -1 takes whatever the world size leaves."""
+    tp: int = 1
+    """Tensor-parallel degree (innermost: neighbouring ranks)."""
+    pp: int = 1
+    """Pipeline stages (outermost)."""
+    ep: int = 1
+    """Expert-parallel degree; borrows ranks from the data-parallel dimension."""
+    zero: int = 3
+    """ZeRO stage for the sharded data-parallel dimension: 0 replicate, 1 optimizer, 2 +gradients, 3 +parameters."""
+    pp_schedule: str = "1f1b"
+    """gpipe | 1f1b | interleaved-1f1b | zero-bubble."""
+    pp_microbatches: int = 0
+    """Micro-batches per pipeline step; 0 uses the gradient-accumulation count."""
+    pp_virtual_stages: int = 1
+    """Stages per pipeline rank (interleaved schedules)."""
+    sequence_parallel: bool = True
+    """Shard norms and residuals along the sequence across the tensor-parallel group."""
+
+
+@dataclass
+class TrainConfig:
+    """Optimization and the training loop."""
+
+    steps: int = 400
+    """Optimizer steps."""
+    seed: int = 0
+    """Seeds model init, data order and dropout-free sampling; a CPU run with a seed is bitwise reproducible."""
+    lr: float = 3e-3
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay ends at lr * min_lr_ratio."""
+    warmup_steps: int = 30
+    """Linear warmup steps."""
+    weight_decay: float = 0.1
+    """AdamW weight decay on matrices (not on norms)."""
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+    beta2: float = 0.95
+    """AdamW second-moment decay."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables."""
+    micro_batch: int = 16
+    """Sequences per forward/backward on one rank."""
+    global_batch: int = 16
+    """Sequences per optimizer step over all data-parallel ranks (= micro_batch * accumulation * dp)."""
+    seq_len: int = 256
+    """Tokens per sequence."""
+    precision: str = "fp32"
+    """fp32, or bf16 (autocast with fp32 master weights and optimizer state)."""
+    activation_checkpoint: str = "none"
+    """none | selective (recompute all but matmul and attention outputs) | full (recompute each layer)."""
+    eval_every: int = 100
+    """Evaluate the held-out loss every this many steps (and at the end); 0 only at the end."""
+    eval_batches: int = 8
+    """Held-out batches (of micro_batch sequences) per evaluation."""
+    sample_tokens: int = 200
+    """Tokens of text generated at the end of a run (0: none)."""
+
+
+@dataclass
+class DataConfig:
+    """What to train on."""
+
+    path: str = "stdlib"
+    """`stdlib` (this Python's standard-library source), a file, a glob, a directory or a .jsonl file."""
+    tokenizer: str = "byte"
+    """`byte`, or the path of a Hugging Face tokenizers JSON file."""
+    text_field: str = "text"
+    """The field holding the text in JSONL records."""
+    cache_dir: str = ""
+    """Where token shards are cached; empty: $SHOAL_CACHE_DIR/tokens or ~/.cache/shoal/tokens."""
+    val_fraction: float = 0.01
+    """Share of documents held out for the evaluation loss (chosen by a hash of their names)."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Saving and resuming."""
+
+    every: int = 0
+    """Save every this many steps; 0 saves only the final model."""
+    dir: str = ""
+    """Checkpoint directory; empty: <out>/checkpoints."""
+    keep: int = 3
+    """Keep the newest this many checkpoints."""
+    async_save: bool = False
+    """Save in the background while training continues (TOML key: async)."""
+
+
+@dataclass
+class DebugConfig:
+    """Catching communication bugs."""
+
+    check_collectives: bool = False
+    """Fingerprint every collective and fail with a table when ranks disagree."""
+    hang_timeout_s: float = 300.0
+    """Report which ranks are stuck where after this long without progress; 0 disables."""
+
+
+SECTIONS = {
+    "model": ModelSection,
+    "parallel": ParallelConfig,
+    "train": TrainConfig,
+    "data": DataConfig,
+    "checkpoint": CheckpointConfig,
+    "debug": DebugConfig,
+}
+ALIASES = {("checkpoint", "async"): "async_save"}
+
+
+@dataclass
+class JobConfig:
+    model: Any = field(default_factory=ModelSection)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+    def model_config(self) -> ModelConfig:
+        base = get_preset(self.model.preset)
+        overrides = {f.name: getattr(self.model, f.name) for f in _MODEL_OVERRIDES if getattr(self.model, f.name) is not None}
+        return base.replace(**overrides).validate()
+
+    def to_dict(self) -> dict:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+    def validate(self) -> "JobConfig":
+        """Every check a user can fail that needs no process group."""
+        m = self.model_config()
+        t = self.train
+        _check(t.steps > 0, "train.steps", t.steps, "must be a positive integer")
+        _check(t.lr >= 0, "train.lr", t.lr, "learning rate must be >= 0, e.g. 3e-4")
+        _check(0 <= t.min_lr_ratio <= 1, "train.min_lr_ratio", t.min_lr_ratio, "must be between 0 and 1")
+        _check(t.warmup_steps >= 0, "train.warmup_steps", t.warmup_steps, "must be >= 0")
+        _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "must be >= 0 (0 disables clipping)")
+        _check(t.micro_batch > 0, "train.micro_batch", t.micro_batch, "must be a positive integer")
+        _check(t.global_batch > 0, "train.global_batch", t.global_batch, "must be a positive integer")
+        _check(t.seq_len > 1, "train.seq_len", t.seq_len, "must be at least 2")
+        _check(t.seq_len <= m.max_seq_len, "train.seq_len", t.seq_len,
+               f"exceeds the model's max_seq_len={m.max_seq_len}; lower it or set model.max_seq_len")
+        _check(t.precision in ("fp32", "bf16"), "train.precision", t.precision, "use 'fp32' or 'bf16'")
+        _check(t.activation_checkpoint in ("none", "selective", "full"), "train.activation_checkpoint",
+               t.activation_checkpoint, "use 'none', 'selective' or 'full'")
+        _check(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")
+        _check(t.eval_batches > 0, "train.eval_batches", t.eval_batches, "must be a positive integer")
+        _check(0 <= self.data.val_fraction < 1, "data.val_fraction", self.data.val_fraction, "must be in [0, 1)")
+        c = self.checkpoint
+        _check(c.every >= 0, "checkpoint.every", c.every, "must be >= 0 (0: only at the end)")
+        _check(c.keep >= 1, "checkpoint.keep", c.keep, "must be >= 1")
+        _check(self.debug.hang_timeout_s >= 0, "debug.hang_timeout_s", self.debug.hang_timeout_s, "must be >= 0 (0 disables)")
+        return self
+
+
+def _check(ok: bool, name: str, value: object, fix: str) -> None:
+    if not ok:
+        raise UserError(name, value, fix)
+
+
+def _field_kinds(section: str) -> dict[str, type]:
+    """Each field's Python type, read off its default (ModelConfig's defaults for [model] overrides)."""
+    if section == "model":
+        defaults = {f.name: f.default for f in _MODEL_OVERRIDES} | {"preset": "tiny"}
+    else:
+        defaults = {f.name: f.default for f in fields(SECTIONS[section])}
+    return {name: type(value) for name, value in defaults.items()}
+
+
+def _coerce(name: str, raw: Any, kind: type) -> Any:
+    """Convert a TOML value or a --set string to the field's type."""
+    if isinstance(raw, str) and kind is not str:
+        text = raw.strip().lower()
+        if kind is bool:
+            if text in ("true", "1", "yes", "on"):
+                return True
+            if text in ("false", "0", "no", "off"):
+                return False
+            raise UserError(name, raw, "expected true or false")
+        try:
+            return kind(text) if kind is float else int(text)
+        except ValueError:
+            raise UserError(name, raw, f"expected {'a number' if kind is float else 'an integer'}") from None
+    if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
+        return float(raw)
+    if not isinstance(raw, kind) or (kind is int and isinstance(raw, bool)):
+        raise UserError(name, raw, f"expected a value of type {kind.__name__}")
+    return raw
+
+
+def _set(cfg: JobConfig, dotted: str, raw: Any) -> None:
+    section, _, key = dotted.partition(".")
+    if section not in SECTIONS or not key:
+        close = difflib.get_close_matches(section, SECTIONS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UserError(dotted, raw, f"unknown section; {hint}sections: {', '.join(SECTIONS)} (write section.key=value)")
+    key = ALIASES.get((section, key), key)
+    kinds = _field_kinds(section)
+    if key not in kinds:
+        close = difflib.get_close_matches(key, kinds, n=1)
+        hint = f"did you mean {section}.{close[0]}? " if close else ""
+        raise UserError(dotted, raw, f"unknown key; {hint}see `shoal config` for every field")
+    setattr(getattr(cfg, section), key, _coerce(f"{section}.{key}", raw, kinds[key]))
+
+
+def load_config(recipe: str | Path | None = None, overrides: list[str] = ()) -> JobConfig:
+    """Defaults, then the TOML recipe, then each `section.key=value` override, then validation."""
+    cfg = JobConfig()
+    if recipe is not None:
+        path = Path(recipe)
+        if not path.is_file():
+            raise UserError("recipe", str(recipe), "no such file; see recipes/ for examples")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise UserError("recipe", str(recipe), f"is not valid TOML ({e})") from None
+        for section, values in data.items():
+            if not isinstance(values, dict):
+                raise UserError(section, values, "top-level keys must be [section] tables")
+            for key, value in values.items():
+                _set(cfg, f"{section}.{key}", value)
+    for item in overrides:
+        dotted, eq, value = item.partition("=")
+        if not eq or "." not in dotted:
+            raise UserError("--set", item, "write --set section.key=value, e.g. --set train.steps=50")
+        _set(cfg, dotted.strip(), value)
+    return cfg.validate()
+
+
+def _docstrings(cls) -> dict[str, str]:
+    """Field docstrings (the string literal right after each field), read from the class source."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    docs, body = {}, tree.body[0].body
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def config_reference(cfg: JobConfig) -> list[tuple[str, Any, str]]:
+    """(section.key, value, meaning) for every field, in declaration order."""
+    rows = []
+    for section, cls in SECTIONS.items():
+        if section == "model":
+            docs = {"preset": "A named model (see `shoal presets`)."} | _docstrings(ModelConfig)
+            names = ["preset"] + [f.name for f in _MODEL_OVERRIDES]
+        else:
+            docs, names = _docstrings(cls), [f.name for f in fields(cls)]
+        for name in names:
+            key = next((alias for (sec, alias), real in ALIASES.items() if sec == section and real == name), name)
+            value = getattr(getattr(cfg, section), name)
+            doc = docs.get(name, "")
+            if section == "model" and name != "preset":
+                value = getattr(cfg.model_config(), name) if value is None else value
+                doc = f"(overrides the preset) {doc}".strip()
+            rows.append((f"{section}.{key}", value, doc))
+    return rows

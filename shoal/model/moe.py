@@ -1,0 +1,95 @@
+"""Mixture-of-experts feed-forward: top-k token-choice router, grouped experts, shared experts.
+
+Experts are held as stacked weights [n_experts, ...] so expert parallelism can shard dim 0.
+The load-balancing loss does not travel through forward's return value (pipeline stages and
+activation checkpointing would lose it): `AuxLossInjector` adds its gradient in backward, and the
+detached value is kept in `last_aux_loss` for logging.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shoal.model.config import ModelConfig
+
+
+class AuxLossInjector(torch.autograd.Function):
+    """Identity on `out`; backward also sends d(scale * aux)/d(aux) = scale into the aux loss."""
+
+    # Set by the trainer to 1 / gradient-accumulation steps, matching how the main loss is scaled.
+    grad_scale = 1.0
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        return grad_out, torch.full((), AuxLossInjector.grad_scale, device=grad_out.device)
+
+
+class GroupedExperts(nn.Module):
+    """n_experts SwiGLU MLPs as stacked weights: w1, w3 [E, D, F] and w2 [E, F, D]."""
+
+    def __init__(self, dim: int, hidden: int, n_experts: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w3 = nn.Parameter(torch.empty(n_experts, dim, hidden))
+        self.w2 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+
+    def forward(self, x_ND: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:
+        """x_ND holds tokens sorted by expert; tokens_per_expert[e] of them belong to local expert e."""
+        outs = []
+        for e, x in enumerate(torch.split(x_ND, tokens_per_expert)):
+            outs.append((F.silu(x @ self.w1[e]) * (x @ self.w3[e])) @ self.w2[e])
+        return torch.cat(outs) if outs else x_ND
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        from shoal.model.transformer import FeedForward  # shared experts are a plain MLP
+
+        self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
+        self.router = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
+        self.experts = GroupedExperts(cfg.dim, cfg.expert_hidden, cfg.n_experts)
+        self.shared = (FeedForward(cfg.dim, cfg.n_shared_experts * cfg.expert_hidden)
+                       if cfg.n_shared_experts else None)
+        self.aux_loss_coef = cfg.aux_loss_coef
+        self.last_aux_loss = torch.zeros(())
+        # Expert parallelism replaces this with an all-to-all dispatch; the default runs all experts here.
+        self.dispatch = None
+
+    def route(self, x_ND: torch.Tensor):
+        """Top-k experts per token, their renormalized weights, and the load-balancing loss."""
+        probs_NE = F.softmax(self.router(x_ND).float(), dim=-1)
+        weights_NK, experts_NK = probs_NE.topk(self.top_k, dim=-1)
+        weights_NK = weights_NK / weights_NK.sum(-1, keepdim=True)
+        # Switch Transformer loss: E * sum_e (share of assignments to e) * (mean router prob of e).
+        counts_E = torch.bincount(experts_NK.flatten(), minlength=self.n_experts)
+        share_E = counts_E.float() / experts_NK.numel()
+        aux = self.n_experts * (share_E * probs_NE.mean(0)).sum()
+        return weights_NK, experts_NK, counts_E, aux
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        B, T, D = x_BTD.shape
+        x_ND = x_BTD.reshape(-1, D)
+        weights_NK, experts_NK, counts_E, aux = self.route(x_ND)
+        # Sort the N*K (token, expert) assignments by expert so each expert sees one contiguous slice.
+        order = experts_NK.flatten().argsort(stable=True)
+        token_of = order // self.top_k
+        x_sorted = x_ND[token_of]
+        if self.dispatch is None:
+            y_sorted = self.experts(x_sorted, counts_E.tolist())
+        else:
+            y_sorted = self.dispatch(self.experts, x_sorted, counts_E)
+        y_sorted = y_sorted * weights_NK.flatten()[order, None].to(y_sorted.dtype)
+        y_ND = torch.zeros_like(x_ND).index_add_(0, token_of, y_sorted.to(x_ND.dtype))
+        if self.shared is not None:
+            y_ND = y_ND + self.shared(x_ND)
+        self.last_aux_loss = aux.detach()
+        if self.training and self.aux_loss_coef > 0 and torch.is_grad_enabled():
+            y_ND = AuxLossInjector.apply(y_ND, aux * self.aux_loss_coef)
+        return y_ND.view(B, T, D)

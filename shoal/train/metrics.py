@@ -1,0 +1,85 @@
+"""Per-step metrics: the JSONL file, the live progress display and the final summary table."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def peak_mem_bytes(device: torch.device) -> int:
+    """Peak allocated device memory on CUDA; peak resident set size of this process on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+class MetricsLog:
+    """Appends one JSON object per step to <out>/metrics.jsonl (only rank 0 writes)."""
+
+    def __init__(self, path: Path, enabled: bool = True, append: bool = False):
+        self.path = path
+        self._file = open(path, "a" if append else "w") if enabled else None
+
+    def write(self, row: dict) -> None:
+        if self._file:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+
+
+class Progress:
+    """A rich progress bar on a terminal; a plain log line every few steps otherwise."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True):
+        self.total, self.enabled = total_steps, enabled
+        self.interactive = enabled and sys.stderr.isatty()
+        self.every = max(1, total_steps // 20)
+        self.t0 = time.perf_counter()
+        self._bar = None
+        if self.interactive:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+
+            self._bar = RichProgress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"), TimeRemainingColumn(), transient=False,
+            )
+            self._task = self._bar.add_task("train", total=total_steps, completed=start_step, stats="")
+            self._bar.start()
+
+    def update(self, row: dict) -> None:
+        if not self.enabled:
+            return
+        stats = f"loss {row['loss']:.3f}  {row['tokens_per_s']:,.0f} tok/s  MFU {row['mfu']:.1%}"
+        if "eval_loss" in row:
+            stats += f"  eval {row['eval_loss']:.3f}"
+        if self._bar is not None:
+            self._bar.update(self._task, completed=row["step"], stats=stats)
+        elif row["step"] % self.every == 0 or row["step"] == self.total or "eval_loss" in row:
+            elapsed = time.perf_counter() - self.t0
+            print(f"step {row['step']:>6}/{self.total}  {stats}  lr {row['lr']:.2e}  {elapsed:.0f}s", flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def print_summary(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="run summary", show_header=False)
+    table.add_column(justify="right", style="bold")
+    table.add_column()
+    for key, value in summary.items():
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        table.add_row(key, str(value))
+    Console(stderr=False).print(table)

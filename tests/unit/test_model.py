@@ -1,0 +1,128 @@
+"""The model: shapes, causality, parameter counts vs analytics, MoE routing, checkpointing modes."""
+
+import pytest
+import torch
+
+from shoal.model.analytics import activation_bytes, flops_per_token, param_counts
+from shoal.model.config import PRESETS, get_preset
+from shoal.model.moe import MoE
+from shoal.model.transformer import build_model, cross_entropy
+from shoal.parallel.activation_checkpoint import apply_activation_checkpointing
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_param_count_matches_module(name):
+    cfg = PRESETS[name]
+    model = build_model(cfg, device="meta")
+    assert sum(p.numel() for p in model.parameters()) == param_counts(cfg).total
+
+
+def test_llama3_8b_closed_form():
+    # 32 layers x (attention 4096*(4096+1024+1024+4096) + SwiGLU 3*4096*14336 + 2 norms)
+    # + embedding and untied head 2*128256*4096 + final norm: the published 8.03B.
+    per_layer = 4096 * (4096 + 1024 + 1024 + 4096) + 3 * 4096 * 14336 + 2 * 4096
+    expected = 32 * per_layer + 2 * 128256 * 4096 + 4096
+    assert param_counts(get_preset("llama3-8b")).total == expected == 8_030_261_248
+
+
+def test_mixtral_active_params():
+    counts = param_counts(get_preset("mixtral-8x7b"))
+    assert round(counts.total / 1e9, 1) == 46.7  # published: 46.7B total
+    assert round(counts.active / 1e9, 1) == 12.9  # published: 12.9B active
+
+
+def test_flops_per_token_convention():
+    cfg = get_preset("llama3-8b")
+    n = param_counts(cfg).total - cfg.vocab_size * cfg.dim  # embedding lookup excluded, head kept
+    assert flops_per_token(cfg, 8192) == 6 * n + 12 * 32 * 4096 * 8192
+
+
+def test_activation_bytes_scale_with_parallelism():
+    cfg = get_preset("llama3-8b")
+    base = activation_bytes(cfg, 4096, 1)
+    assert activation_bytes(cfg, 4096, 2) == pytest.approx(2 * base)
+    tp_sp = activation_bytes(cfg, 4096, 1, tp=8, sequence_parallel=True)
+    assert tp_sp == pytest.approx(base / 8)  # with sequence parallelism everything splits
+    assert activation_bytes(cfg, 4096, 1, tp=8) > tp_sp  # without it, norm tensors are replicated
+    assert activation_bytes(cfg, 4096, 1, recompute="full") < activation_bytes(cfg, 4096, 1, recompute="selective") < base
+
+
+def test_forward_is_causal():
+    model = build_model(get_preset("debug"), seed=0)
+    x = torch.randint(0, 256, (2, 32))
+    y = x.clone()
+    y[:, 20:] = torch.randint(0, 256, (2, 12))
+    a, b = model(x), model(y)
+    assert a.shape == (2, 32, 256)
+    torch.testing.assert_close(a[:, :20], b[:, :20])
+    assert not torch.allclose(a[:, 20:], b[:, 20:])
+
+
+def test_tied_embeddings_share_storage():
+    model = build_model(get_preset("debug").replace(tie_embeddings=True))
+    assert model.output.weight is model.tok_embeddings.weight
+    assert sum(p.numel() for p in model.parameters()) == param_counts(model.cfg).total
+
+
+def test_init_is_seeded():
+    a, b = build_model(get_preset("debug"), seed=3), build_model(get_preset("debug"), seed=3)
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_moe_routes_top_k_and_balances():
+    cfg = get_preset("debug-moe")
+    moe = MoE(cfg)
+    torch.nn.init.normal_(moe.router.weight, std=0.02)
+    for p in moe.experts.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    x = torch.randn(2, 16, cfg.dim)
+    weights, experts, counts, aux = moe.route(x.reshape(-1, cfg.dim))
+    assert experts.shape == (32, cfg.top_k) and counts.sum() == 32 * cfg.top_k
+    torch.testing.assert_close(weights.sum(-1), torch.ones(32))
+    assert aux.item() >= 1.0 - 1e-5  # E * sum f*P is minimized (=1) by a perfectly uniform router
+
+
+def test_moe_matches_dense_loop():
+    """The sorted/grouped expert computation equals a per-token loop over its top-k experts."""
+    torch.manual_seed(0)
+    cfg = get_preset("debug-moe").replace(n_shared_experts=0)
+    moe = MoE(cfg)
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    x = torch.randn(1, 10, cfg.dim)
+    got = moe(x)[0]
+    weights, experts, _, _ = moe.route(x[0])
+    w1, w2, w3 = moe.experts.w1, moe.experts.w2, moe.experts.w3
+    for t in range(10):
+        want = sum(weights[t, k] * ((torch.nn.functional.silu(x[0, t] @ w1[e]) * (x[0, t] @ w3[e])) @ w2[e])
+                   for k, e in enumerate(experts[t].tolist()))
+        torch.testing.assert_close(got[t], want, rtol=1e-5, atol=1e-5)
+
+
+def test_moe_aux_loss_reaches_router():
+    cfg = get_preset("debug-moe").replace(aux_loss_coef=1.0)
+    model = build_model(cfg, seed=0)
+    x = torch.randint(0, 256, (2, 16))
+    # Only the aux loss: zero the main loss' gradient by multiplying the output by 0.
+    (model(x) * 0).sum().backward()
+    router = next(m for m in model.modules() if isinstance(m, MoE)).router
+    assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_activation_checkpointing_keeps_loss_and_grads(mode):
+    x = torch.randint(0, 256, (2, 33))
+    grads = {}
+    for m in ("none", mode):
+        model = build_model(get_preset("debug"), seed=0)
+        apply_activation_checkpointing(model, m)
+        loss = cross_entropy(model(x[:, :-1]), x[:, 1:])
+        loss.backward()
+        grads[m] = (loss.detach(), {n.replace("._checkpoint_wrapped_module", ""): p.grad
+                                    for n, p in model.named_parameters()})
+        assert "_checkpoint_wrapped_module" not in "".join(model.state_dict())  # checkpoints keep plain names
+    torch.testing.assert_close(grads["none"][0], grads[mode][0], rtol=0, atol=0)
+    assert grads["none"][1].keys() == grads[mode][1].keys()
+    for name, g in grads["none"][1].items():
+        torch.testing.assert_close(g, grads[mode][1][name], rtol=1e-6, atol=1e-7)
