@@ -53,6 +53,8 @@ class ParallelConfig:
     """Micro-batches per pipeline step; 0 uses the gradient-accumulation count."""
     pp_virtual_stages: int = 1
     """Stages per pipeline rank (interleaved schedules)."""
+    pp_lighter_edges: int = 0
+    """Layers moved off the first and last pipeline stages, which also run the embedding and the head."""
     sequence_parallel: bool = True
     """Shard norms and residuals along the sequence across the tensor-parallel group."""
 
@@ -91,8 +93,8 @@ class TrainConfig:
     """none | selective (recompute all but matmul and attention outputs) | full (recompute each layer)."""
     eval_every: int = 100
     """Evaluate the held-out loss every this many steps (and at the end); 0 only at the end."""
-    eval_batches: int = 8
-    """Held-out batches (of micro_batch sequences) per evaluation."""
+    eval_batches: int = 4
+    """Held-out batches (of global_batch sequences) per evaluation."""
     sample_tokens: int = 200
     """Tokens of text generated at the end of a run (0: none)."""
 

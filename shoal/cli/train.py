@@ -1,7 +1,8 @@
-"""`shoal train [RECIPE.toml] [--set section.key=value ...] [--out DIR]`."""
+"""`shoal train [RECIPE.toml] [--set section.key=value ...] [--out DIR] [--nproc N]`."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -11,14 +12,32 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config field, e.g. --set train.steps=50 (repeatable)")
     p.add_argument("--out", default="runs/train", help="output directory (metrics.jsonl, model/)")
+    p.add_argument("--nproc", type=int, default=0, help="start this many local workers (elastic launcher)")
+    p.add_argument("--max-restarts", type=int, default=0, help="restart all workers up to this many times on a failure")
+    p.add_argument("--print-mesh", action="store_true", help="print the rank groups of the layout and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bar, summary or sample")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from shoal.config import load_config
+    from shoal.parallel.mesh import resolve_dims
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
+    world = args.nproc or int(os.environ.get("WORLD_SIZE", "1"))
+    dims = resolve_dims(cfg.parallel, world, cfg.model_config(), global_batch=cfg.train.global_batch,
+                        micro_batch=cfg.train.micro_batch)
+    if args.print_mesh:
+        from shoal.cli.mesh import print_groups
+
+        print_groups(dims)
+        return 0
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        from shoal.launch.local import launch
+
+        argv = ["-m", "shoal.train", *([args.recipe] if args.recipe else []),
+                *[f"--set={o}" for o in args.overrides], "--out", args.out, *(["--quiet"] if args.quiet else [])]
+        return launch(argv, args.nproc, max_restarts=args.max_restarts)
     from shoal.train.trainer import train
 
     train(cfg, Path(args.out), show=not args.quiet)

@@ -137,3 +137,49 @@ def activation_bytes(
     )
     logits = seq_len * micro_batch * cfg.vocab_size * 4 / tp
     return layers + logits
+
+
+# --- Published conventions, for comparing with papers (Korthikanti et al. 2022, Narayanan et al. 2021) ---
+
+
+def korthikanti_activation_bytes_per_layer(
+    seq_len: int,
+    micro_batch: int,
+    dim: int,
+    n_heads: int,
+    *,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+) -> float:
+    """Bytes one GPT layer keeps for backward: Table 2 of Korthikanti et al. (2022), exactly.
+
+    The paper's layer is Megatron's GPT block of 2022: 16-bit activations, 1-byte dropout masks,
+    attention that materialises the S×S scores (softmax output, dropout mask and dropout output:
+    the 5·a·s/h term), a 4h GeLU MLP. `recompute="selective"` drops the S×S part (it is recomputed);
+    `"full"` keeps only the 16-bit layer input, 2·s·b·h, which the paper does not split over tp.
+    """
+    sbh = float(seq_len) * micro_batch * dim
+    if recompute == "full":
+        return 2.0 * sbh
+    scores = 0.0 if recompute == "selective" else 5.0 * n_heads * seq_len / dim
+    if sequence_parallel:
+        return sbh * (34.0 + scores) / tp
+    return sbh * (10.0 + 24.0 / tp + scores / tp)
+
+
+def megatron_flops_per_iteration(global_batch: int, seq_len: int, n_layers: int, dim: int, vocab_size: int) -> float:
+    """Narayanan et al. (2021) Eq. (3): FLOPs per iteration *with* full recomputation (hardware count).
+
+    96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)). This is the numerator of the paper's "TFLOP/s per GPU",
+    so dividing it by a predicted iteration time reproduces the paper's metric.
+    """
+    B, s, l, h, V = float(global_batch), float(seq_len), float(n_layers), float(dim), float(vocab_size)
+    return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
+
+
+def korthikanti_model_flops_per_iteration(global_batch: int, seq_len: int, n_layers: int, dim: int,
+                                          vocab_size: int) -> float:
+    """Korthikanti et al. (2022) Eq. (7): model FLOPs per iteration, no recomputation (MFU numerator)."""
+    B, s, L, h, v = float(global_batch), float(seq_len), float(n_layers), float(dim), float(vocab_size)
+    return 72.0 * B * L * s * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * h * L))

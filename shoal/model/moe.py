@@ -40,11 +40,14 @@ class GroupedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(n_experts, hidden, dim))
 
     def forward(self, x_ND: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:
-        """x_ND holds tokens sorted by expert; tokens_per_expert[e] of them belong to local expert e."""
-        outs = []
-        for e, x in enumerate(torch.split(x_ND, tokens_per_expert)):
-            outs.append((F.silu(x @ self.w1[e]) * (x @ self.w3[e])) @ self.w2[e])
-        return torch.cat(outs) if outs else x_ND
+        return run_experts(self.w1, self.w2, self.w3, x_ND, tokens_per_expert)
+
+
+def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x_ND: torch.Tensor,
+                tokens_per_expert: list[int]) -> torch.Tensor:
+    """x_ND holds tokens sorted by expert; tokens_per_expert[e] of them go through expert e."""
+    outs = [(F.silu(x @ w1[e]) * (x @ w3[e])) @ w2[e] for e, x in enumerate(torch.split(x_ND, tokens_per_expert))]
+    return torch.cat(outs) if outs else x_ND
 
 
 class MoE(nn.Module):

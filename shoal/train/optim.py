@@ -1,22 +1,28 @@
-"""AdamW with decoupled weight decay on matrices only, and a warmup + cosine learning-rate schedule."""
+"""AdamW with decoupled weight decay on matrices only, a warmup + cosine schedule, and gradient
+clipping that works on any layout."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.distributed as dist
 
 from shoal.config import TrainConfig
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def build_optimizer(model, cfg: TrainConfig, rt=None, zero: int = 0) -> torch.optim.Optimizer:
     # Norm gains (1-D) are not decayed: shrinking them toward 0 only fights the normalization.
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    # foreach=False keeps the update a plain per-tensor loop, identical whether or not tensors are DTensors.
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, foreach=False)
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    # foreach=False: the same per-tensor update whether tensors are plain, sharded or replicated.
+    kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, foreach=False)
+    if zero == 1 and rt is not None and rt.dims.dp > 1:
+        from shoal.parallel.data_parallel import zero1_optimizer
+
+        return zero1_optimizer(groups, rt.mesh["dp"].get_group(), **kwargs)
+    return torch.optim.AdamW(groups, **kwargs)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -32,3 +38,29 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, rt=None) -> float:
+    """Clip the global gradient norm to max_norm (0: only measure it); returns the norm before clipping.
+
+    Sharded gradients (DTensors) are reduced over their own mesh; pipeline stages hold disjoint
+    parameters, so their squared norms are summed over the pipeline group.
+    """
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    by_mesh: dict = {}
+    for g in grads:
+        by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+    device = grads[0].device if grads else torch.device("cpu")
+    total_sq = torch.zeros((), device=device)
+    for gs in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(gs, norm_type=2.0, foreach=False)
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        total_sq += norm.float() ** 2
+    if rt is not None and rt.dims.pp > 1:
+        dist.all_reduce(total_sq, group=rt.mesh["pp"].get_group())
+    total = total_sq.sqrt()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=False)
+    return float(total)

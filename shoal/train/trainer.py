@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
+import weakref
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,10 +18,12 @@ from shoal.errors import UserError
 from shoal.model.analytics import flops_per_token, param_counts
 from shoal.model.config import ModelConfig
 from shoal.model.moe import AuxLossInjector
-from shoal.model.transformer import Transformer, build_model, cross_entropy
-from shoal.parallel.activation_checkpoint import apply_activation_checkpointing
+from shoal.model.transformer import build_model, cross_entropy
+from shoal.parallel.parallelize import ParallelModel, parallelize
+from shoal.train.comm_stats import CommCounter, ddp_counting_hook, model_state_bytes
+from shoal.train.distributed import Runtime, init_runtime, shutdown
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
-from shoal.train.optim import build_optimizer, lr_at, set_lr
+from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
 from shoal.train.peak_flops import peak_flops
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -43,14 +46,22 @@ def build_data(cfg: JobConfig, model_cfg: ModelConfig, dp_rank: int = 0, dp_size
                               text_field=cfg.data.text_field, val_fraction=cfg.data.val_fraction)
     t, src = cfg.train, cfg.data.path
     loader = TokenLoader(cache.train, t.seq_len, t.global_batch, t.micro_batch, dp_rank, dp_size, t.seed, source=src)
-    eval_set = eval_batches(cache.val, t.seq_len, t.micro_batch * dp_size, t.eval_batches, dp_rank, dp_size, source=src)
+    # Evaluation batches hold global_batch sequences, so every layout evaluates the same text.
+    eval_set = eval_batches(cache.val, t.seq_len, t.global_batch, t.eval_batches, dp_rank, dp_size, source=src)
     return Data(tokenizer, loader, eval_set)
 
 
-def build_training_model(cfg: JobConfig, model_cfg: ModelConfig, device: torch.device) -> Transformer:
-    model = build_model(model_cfg, device=device, seed=cfg.train.seed)
-    apply_activation_checkpointing(model, cfg.train.activation_checkpoint)
-    return model.train()
+def n_microbatches(cfg: JobConfig, rt: Runtime) -> int:
+    per_rank = cfg.train.global_batch // rt.dims.dp
+    return cfg.parallel.pp_microbatches or per_rank // cfg.train.micro_batch
+
+
+def build_parallel_model(cfg: JobConfig, model_cfg: ModelConfig, rt: Runtime) -> ParallelModel:
+    # Every rank builds the same full model from the seed, then keeps its share: any layout starts
+    # from exactly the weights one process would (what loss parity needs).
+    model = build_model(model_cfg, device="cpu", seed=cfg.train.seed).train()
+    return parallelize(model, cfg, rt.dims, rt.mesh, rt.expert_mesh, rt.device, loss_fn=cross_entropy,
+                       n_microbatches=n_microbatches(cfg, rt))
 
 
 def autocast(precision: str, device: torch.device):
@@ -58,77 +69,158 @@ def autocast(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
 
 
-def train_step(model: Transformer, batches: list[Batch], precision: str, device: torch.device) -> torch.Tensor:
-    """Forward and backward over this step's micro-batches; returns the mean loss (detached)."""
-    AuxLossInjector.grad_scale = 1.0 / len(batches)
-    total = torch.zeros((), device=device)
-    for inputs, targets in batches:
-        with autocast(precision, device):
-            loss = cross_entropy(model(inputs.to(device)), targets.to(device)) / len(batches)
-        loss.backward()
-        total += loss.detach()
+def loss_context(rt: Runtime):
+    """Under tensor parallelism the logits stay sharded over the vocabulary; the loss is computed in place."""
+    if rt.dims.tp == 1:
+        return nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def _scalar(loss: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach().float()
+
+
+def run_schedule(pm: ParallelModel, method: str, inputs, targets) -> torch.Tensor:
+    """One pipeline step (or forward-only pass) over the whole local batch; mean loss on the last stage."""
+    losses: list = []
+    run = getattr(pm.schedule, method)
+    if pm.has_first_stage and pm.has_last_stage:
+        run(inputs, target=targets, losses=losses)
+    elif pm.has_first_stage:
+        run(inputs)
+    elif pm.has_last_stage:
+        run(target=targets, losses=losses)
+    else:
+        run()
+    return torch.stack([_scalar(x) for x in losses]).mean() if losses else torch.zeros(())
+
+
+def train_step(pm: ParallelModel, batches: list[Batch], precision: str, rt: Runtime) -> torch.Tensor:
+    """Forward and backward over this step's micro-batches; returns this rank's mean loss (detached)."""
+    dev = rt.device
+    with autocast(precision, dev), loss_context(rt):
+        if pm.schedule is not None:
+            AuxLossInjector.grad_scale = 1.0  # the schedule itself divides gradients by the micro-batch count
+            return run_schedule(pm, "step", torch.cat([x for x, _ in batches]).to(dev),
+                                torch.cat([y for _, y in batches]).to(dev))
+        model, total = pm.modules[0], torch.zeros((), device=dev)
+        AuxLossInjector.grad_scale = 1.0 / len(batches)
+        for i, (inputs, targets) in enumerate(batches):
+            last = i == len(batches) - 1
+            if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce gradients once per step
+                model.set_requires_gradient_sync(last)
+            with model.no_sync() if hasattr(model, "no_sync") and not last else nullcontext():
+                loss = cross_entropy(model(inputs.to(dev)), targets.to(dev)) / len(batches)
+                loss.backward()
+            total += _scalar(loss)
     return total
 
 
 @torch.no_grad()
-def evaluate(model: Transformer, batches: list[Batch], precision: str, device: torch.device) -> float:
-    model.eval()
+def evaluate(pm: ParallelModel, batches: list[Batch], precision: str, micro_batch: int, rt: Runtime) -> float:
+    for m in pm.modules:
+        m.eval()
     losses = []
-    for inputs, targets in batches:
-        with autocast(precision, device):
-            losses.append(cross_entropy(model(inputs.to(device)), targets.to(device)))
-    model.train()
-    return float(torch.stack(losses).mean())
+    with autocast(precision, rt.device), loss_context(rt):
+        for inputs, targets in batches:
+            if pm.schedule is not None:
+                losses.append(run_schedule(pm, "eval", inputs.to(rt.device), targets.to(rt.device)))
+            else:  # in micro-batches, as training runs, to bound memory
+                for x, y in zip(inputs.split(micro_batch), targets.split(micro_batch)):
+                    losses.append(_scalar(cross_entropy(pm.modules[0](x.to(rt.device)), y.to(rt.device))))
+    for m in pm.modules:
+        m.train()
+    return rt.global_mean(torch.stack(losses).mean())
 
 
-def train(cfg: JobConfig, out: Path, *, show: bool = True) -> dict:
-    """Train `cfg` and write <out>/metrics.jsonl and <out>/model; returns the summary."""
+def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: bool = False) -> dict:
+    """Train `cfg` on this process's share of the job; rank 0 writes <out>/metrics.jsonl and <out>/model."""
     t = cfg.train
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rt = init_runtime(cfg)
     torch.manual_seed(t.seed)
     model_cfg = cfg.model_config()
-    data = build_data(cfg, model_cfg)
-    model = build_training_model(cfg, model_cfg, device)
-    optimizer = build_optimizer(model, t)
-    out.mkdir(parents=True, exist_ok=True)
-    log, progress = MetricsLog(out / "metrics.jsonl"), Progress(t.steps, enabled=show)
+    data = build_data(cfg, model_cfg, rt.dp_rank, rt.dims.dp)
+    pm = build_parallel_model(cfg, model_cfg, rt)
+    optimizer = build_optimizer(pm, t, rt, cfg.parallel.zero)
+    counter = CommCounter()
+    for m in pm.modules:
+        if hasattr(m, "register_comm_hook"):  # DDP (zero=1) all-reduces from C++: count it in its hook
+            m.register_comm_hook(None, ddp_counting_hook(weakref.ref(counter)))
+    if rt.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    log, progress = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main), Progress(t.steps, enabled=show and rt.is_main)
     step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
-    peak = peak_flops(device, t.precision)
+    peak = peak_flops(rt.device, t.precision) * rt.world_size
     tokens_seen, started, eval_loss = 0, time.perf_counter(), float("nan")
     for step in range(t.steps):
         t0 = time.perf_counter()
         set_lr(optimizer, lr_at(step, t))
-        loss = train_step(model, data.loader.next_step(), t.precision, device)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or float("inf"), foreach=False)
+        counter.bytes.clear()
+        with counter:
+            loss = train_step(pm, data.loader.next_step(), t.precision, rt)
+            grad_norm = clip_grad_norm(list(pm.parameters()), t.grad_clip, rt)
+        state_bytes = model_state_bytes(pm.parameters(), optimizer)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step_time = time.perf_counter() - t0
         tokens_seen += t.global_batch * t.seq_len
-        row = dict(step=step + 1, loss=float(loss), lr=lr_at(step, t), grad_norm=float(grad_norm), tokens=tokens_seen,
+        row = dict(step=step + 1, loss=rt.global_mean(loss), lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
                    tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
-                   mfu=step_flops / step_time / peak, peak_mem_bytes=peak_mem_bytes(device))
+                   mfu=step_flops / step_time / peak, peak_mem_bytes=peak_mem_bytes(rt.device),
+                   model_state_bytes=state_bytes, comm_bytes=dict(counter.bytes))
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
-            row["eval_loss"] = eval_loss = evaluate(model, data.eval_set, t.precision, device)
+            row["eval_loss"] = eval_loss = evaluate(pm, data.eval_set, t.precision, t.micro_batch, rt)
         log.write(row)
         progress.update(row)
     progress.close()
     log.close()
-    from shoal.checkpoint.weights import save_weights
-
-    save_weights(out / "model", model, model_cfg, cfg.data.tokenizer)
     elapsed = time.perf_counter() - started
+    final = gather_full_model(pm, model_cfg, rt)
+    if rt.is_main:
+        from shoal.checkpoint.weights import save_weights
+
+        save_weights(out / "model", final, model_cfg, cfg.data.tokenizer)
     summary = {"steps": t.steps, "final loss": row["loss"], "eval loss": eval_loss, "tokens": tokens_seen,
-               "time (s)": elapsed, "tokens/s": tokens_seen / elapsed, "MFU (model FLOPs)": step_flops * t.steps / elapsed / peak,
-               "params": param_counts(model_cfg).total, "peak memory (GiB)": peak_mem_bytes(device) / 2**30,
-               "output": str(out)}
-    if show:
+               "time (s)": elapsed, "tokens/s": tokens_seen / elapsed,
+               "MFU (model FLOPs)": step_flops * t.steps / elapsed / peak, "params": param_counts(model_cfg).total,
+               "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem_bytes(rt.device) / 2**30, "output": str(out)}
+    if show and rt.is_main:
         print_summary(summary)
         if t.sample_tokens:
-            show_sample(model, data.tokenizer, t.sample_tokens, t.seed)
+            show_sample(final, data.tokenizer, t.sample_tokens, t.seed)
+    if not keep_process_group:
+        shutdown()
     return summary
 
 
-def show_sample(model: Transformer, tokenizer, n_tokens: int, seed: int, prompt: str = "def ") -> None:
+def gather_full_model(pm: ParallelModel, model_cfg: ModelConfig, rt: Runtime):
+    """The trained weights as one plain model on rank 0 (None elsewhere): for export and sampling."""
+    if rt.world_size == 1:
+        return pm.modules[0]
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # cpu_offload would keep the result on global rank 0 only; each pipeline rank needs its stages'.
+    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
+    local = {}
+    for m in pm.modules:  # every rank takes part: gathering shards is collective
+        local.update({k: v.cpu() for k, v in get_model_state_dict(m, options=options).items()})
+    pieces = [None] * rt.world_size if rt.is_main else None
+    dist.gather_object(local if rt.dims.coords(rt.rank)["dp"] == 0 and rt.dims.coords(rt.rank)["tp"] == 0 else {},
+                       pieces, dst=0)
+    if not rt.is_main:
+        return None
+    model = build_model(model_cfg, device="cpu", seed=None)
+    merged = {k: v for piece in pieces for k, v in piece.items()}
+    model.load_state_dict(merged, strict=not model_cfg.tie_embeddings)
+    return model.eval()
+
+
+def show_sample(model, tokenizer, n_tokens: int, seed: int, prompt: str = "def ") -> None:
     from shoal.train.generate import sample
 
     model.eval()

@@ -1,0 +1,73 @@
+"""Data parallelism by ZeRO stage, on PyTorch's own wrappers.
+
+zero=0  every rank holds everything; gradients all-reduced (FSDP2-based `replicate`, which also
+        composes with tensor-parallel DTensors).
+zero=1  optimizer state sharded: DDP all-reduces gradients and ZeroRedundancyOptimizer gives each
+        rank the optimizer state of its share of the parameters, then broadcasts updated ones.
+zero=2  + gradients sharded: FSDP2 `fully_shard` that keeps parameters gathered from forward
+        through backward (reshard_after_forward=False) and reduce-scatters gradients.
+zero=3  + parameters sharded: FSDP2 `fully_shard`, parameters re-gathered for backward.
+With dp_replicate > 1 and dp_shard > 1 (zero 2/3), FSDP2 shards within dp_shard and all-reduces
+across dp_replicate (HSDP). Each transformer block is its own FSDP unit, so its gradient
+reduction overlaps the backward of the blocks before it, and FSDP2 prefetches the next block's
+parameters during forward and backward (its default: one block ahead).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    # bf16 compute with fp32 master weights; gradients are reduced in fp32 so averaging is exact.
+    if precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def expert_modules(model: nn.Module) -> list[nn.Module]:
+    return [block.feed_forward.experts for block in model.layers.values()
+            if getattr(block.feed_forward, "experts", None) is not None]
+
+
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
+               expert_mesh: DeviceMesh | None = None, dp_size: int = 1) -> None:
+    """zero=2/3 (and zero=0 through `replicate`) on one model or pipeline stage, block by block.
+
+    Expert weights sharded by expert parallelism are wrapped on their own mesh (the data-parallel
+    ranks that hold the same experts); their gradients already sum over the ep group in the
+    all-to-all backward, so they are divided by the whole data-parallel size, not their mesh's.
+    """
+    mp = mixed_precision(precision)
+    if zero == 0:
+        from torch.distributed._composable.replicate_with_fsdp import replicate as wrap
+
+        kwargs = {"mp_policy": mp}
+    else:
+        wrap = fully_shard
+        kwargs = {"mp_policy": mp, "reshard_after_forward": zero == 3}
+    for experts in expert_modules(model) if expert_mesh is not None else []:
+        wrap(experts, mesh=expert_mesh, **kwargs)
+        experts.set_gradient_divide_factor(float(dp_size))
+    for block in model.layers.values():
+        wrap(block, mesh=mesh, **kwargs)
+    wrap(model, mesh=mesh, **kwargs)
+
+
+def apply_ddp(model: nn.Module, dp_group) -> nn.Module:
+    """zero=1's gradient half: bucketed all-reduce overlapping backward (25 MB buckets)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, process_group=dp_group, bucket_cap_mb=25,
+                                   broadcast_buffers=False, gradient_as_bucket_view=True)
+
+
+def zero1_optimizer(params, dp_group, **adamw_kwargs):
+    """zero=1's optimizer half: each rank keeps AdamW state for its share of the parameters."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group,
+                                   parameters_as_bucket_view=False, **adamw_kwargs)

@@ -1,0 +1,80 @@
+"""The recipe: how one plain model becomes this rank's share of a parallel job. Read top to bottom."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from shoal.config import JobConfig
+from shoal.parallel.activation_checkpoint import apply_activation_checkpointing
+from shoal.parallel.data_parallel import apply_ddp, apply_fsdp
+from shoal.parallel.expert_parallel import apply_expert_parallel
+from shoal.parallel.mesh import ParallelDims, virtual_stages
+from shoal.parallel.pipeline import build_schedule, split_model
+from shoal.parallel.tensor_parallel import apply_tensor_parallel
+
+
+@dataclass
+class ParallelModel:
+    modules: list[nn.Module]
+    """The whole model, or the pipeline stages this rank runs (each a model with some layers)."""
+    schedule: object | None = None
+    """The pipeline schedule when pp > 1."""
+    has_first_stage: bool = True
+    has_last_stage: bool = True
+
+    def parameters(self):
+        for m in self.modules:
+            yield from m.parameters()
+
+
+def parallelize(model: nn.Module, cfg: JobConfig, dims: ParallelDims, mesh, expert_mesh, device: torch.device,
+                loss_fn=None, n_microbatches: int = 1) -> ParallelModel:
+    par = cfg.parallel
+    # 1. Pipeline: keep only this rank's stages. Everything after this works per stage.
+    ids, modules, n_stages = [0], [model], 1
+    if dims.pp > 1:
+        v = virtual_stages(par)
+        n_stages = dims.pp * v
+        ids, modules = split_model(model, mesh["pp"].get_local_rank(), dims.pp, v, par.pp_schedule,
+                                   par.pp_lighter_edges)
+    for i, m in enumerate(modules):
+        # 2. Tensor parallel: turns weights into DTensors sharded over tp.
+        if dims.tp > 1:
+            apply_tensor_parallel(m, mesh["tp"], par.sequence_parallel)
+        # 3. Expert parallel: each ep rank keeps n_experts/ep experts; tokens come by all-to-all.
+        if dims.ep > 1:
+            apply_expert_parallel(m, expert_mesh["ep"])
+        # 4. Activation checkpointing wraps each block before data parallelism wraps it, so the
+        #    recomputed forward sits inside the block's FSDP unit and re-gathers nothing extra.
+        apply_activation_checkpointing(m, cfg.train.activation_checkpoint)
+        # 5. Data parallel last: it shards (or replicates) whatever the steps above produced.
+        if dims.dp > 1 and par.zero == 1:
+            modules[i] = apply_ddp(m.to(device), mesh["dp"].get_group())
+        elif dims.dp > 1:
+            apply_fsdp(m, dp_mesh(mesh, dims, par.zero), zero=data_parallel_zero(dims, par.zero),
+                       precision=cfg.train.precision, dp_size=dims.dp,
+                       expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None)
+        else:
+            modules[i] = m.to(device)
+    if dims.pp == 1:
+        return ParallelModel(modules)
+    schedule = build_schedule(modules, ids, n_stages, n_microbatches, loss_fn, par.pp_schedule, device,
+                              mesh["pp"].get_group())
+    return ParallelModel(modules, schedule, has_first_stage=0 in ids, has_last_stage=n_stages - 1 in ids)
+
+
+def data_parallel_zero(dims: ParallelDims, zero: int) -> int:
+    """With nothing to shard across (dp_shard == 1), ZeRO 2/3 degenerate to replication."""
+    return 0 if dims.dp_shard == 1 else zero
+
+
+def dp_mesh(mesh, dims: ParallelDims, zero: int):
+    """The mesh FSDP2 works on: 2-D (replicate, shard) for HSDP, else the one data-parallel axis."""
+    if data_parallel_zero(dims, zero) == 0:
+        return mesh["dp"]
+    if dims.dp_replicate > 1:
+        return mesh["dp_replicate", "dp_shard"]
+    return mesh["dp_shard"]

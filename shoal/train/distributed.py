@@ -1,0 +1,69 @@
+"""This process's place in the job: process group, device, layout and the meshes.
+
+One process (no launcher) gets a world of 1 and never touches torch.distributed collectives.
+Under `shoal train --nproc N` or torchrun the usual environment (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR/PORT) is set and NCCL (CUDA) or gloo (CPU) is chosen automatically.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from shoal.config import JobConfig
+from shoal.parallel.mesh import ParallelDims, build_mesh, resolve_dims
+
+
+@dataclass
+class Runtime:
+    rank: int
+    world_size: int
+    device: torch.device
+    dims: ParallelDims
+    mesh: object = None
+    expert_mesh: object = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def dp_rank(self) -> int:
+        return self.dims.coords(self.rank)["dp"]
+
+    def global_mean(self, value: torch.Tensor) -> float:
+        """Mean of a per-rank quantity known on the ranks that hold the last pipeline stage (0 elsewhere).
+
+        Each (dp, tp) coordinate has one such rank; tp ranks hold equal values, so the sum over the
+        world divided by dp * tp is the mean over data-parallel ranks.
+        """
+        if self.world_size == 1:
+            return float(value)
+        value = value.detach().clone().float()
+        dist.all_reduce(value)
+        return float(value) / (self.dims.dp * self.dims.tp)
+
+
+def init_runtime(cfg: JobConfig) -> Runtime:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    t = cfg.train
+    dims = resolve_dims(cfg.parallel, world, cfg.model_config(), global_batch=t.global_batch, micro_batch=t.micro_batch)
+    if world == 1:
+        return Runtime(0, 1, device, dims)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    mesh, expert_mesh = build_mesh(dims, device.type)
+    return Runtime(dist.get_rank(), world, device, dims, mesh, expert_mesh)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
