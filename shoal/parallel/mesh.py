@@ -136,10 +136,8 @@ def resolve_dims(par, world_size: int, model: ModelConfig, *, global_batch: int,
 
 
 def virtual_stages(par) -> int:
-    """Stages per pipeline rank: 1 for gpipe/1f1b, pp_virtual_stages (>= 2) for interleaved, 2 for zero-bubble (V)."""
-    if par.pp_schedule == "zero-bubble":
-        return 2
-    if par.pp_schedule == "interleaved-1f1b":
+    """Stages per pipeline rank: 1 for gpipe/1f1b, pp_virtual_stages (at least 2) for the interleaved ones."""
+    if par.pp_schedule in ("interleaved-1f1b", "zero-bubble"):
         return max(2, par.pp_virtual_stages)
     return 1
 

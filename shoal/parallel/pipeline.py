@@ -15,14 +15,14 @@ from torch.distributed.pipelining import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
-    ScheduleZBVZeroBubble,
+    ScheduleInterleavedZeroBubble,
 )
 
 SCHEDULE_CLASSES = {
     "gpipe": ScheduleGPipe,
     "1f1b": Schedule1F1B,
     "interleaved-1f1b": ScheduleInterleaved1F1B,
-    "zero-bubble": ScheduleZBVZeroBubble,
+    "zero-bubble": ScheduleInterleavedZeroBubble,
 }
 
 
@@ -47,10 +47,8 @@ def layer_split(n_layers: int, n_stages: int, lighter_edges: int = 0) -> list[ra
     return [range(bounds[i], bounds[i + 1]) for i in range(n_stages)]
 
 
-def stage_indices(pp_rank: int, pp: int, n_virtual: int, schedule: str) -> list[int]:
-    """Which global stages this pipeline rank runs: a loop (interleaved) or a V (zero-bubble)."""
-    if schedule == "zero-bubble":
-        return [pp_rank, 2 * pp - 1 - pp_rank]
+def stage_indices(pp_rank: int, pp: int, n_virtual: int) -> list[int]:
+    """Which global stages this pipeline rank runs: pp_rank, pp_rank + pp, ... (a loop)."""
     return [pp_rank + v * pp for v in range(n_virtual)]
 
 
@@ -71,7 +69,7 @@ def split_model(model: nn.Module, pp_rank: int, pp: int, n_virtual: int, schedul
                 lighter_edges: int = 0) -> tuple[list[int], list[nn.Module]]:
     n_stages = pp * n_virtual
     split = layer_split(model.cfg.n_layers, n_stages, lighter_edges)
-    ids = stage_indices(pp_rank, pp, n_virtual, schedule)
+    ids = stage_indices(pp_rank, pp, n_virtual)
     return ids, [cut_stage(model, i, n_stages, split[i]) for i in ids]
 
 

@@ -201,8 +201,13 @@ def gather_full_model(pm: ParallelModel, model_cfg: ModelConfig, rt: Runtime):
     """The trained weights as one plain model on rank 0 (None elsewhere): for export and sampling."""
     if rt.world_size == 1:
         return pm.modules[0]
+    import logging
+
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # Gathering 2-D sharded (FSDP x EP) weights takes two all-gathers; DTensor warns about it, once per tensor.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
     # cpu_offload would keep the result on global rank 0 only; each pipeline rank needs its stages'.
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)

@@ -1,0 +1,100 @@
+"""Loss parity: train the same model on the same data with one process and with each layout.
+
+All layouts run inside one launch of N workers (forming a process group costs seconds per
+worker), each with fresh meshes; the single-process reference runs in the launching process.
+A layout passes when its per-step loss stays within `tolerance` of the reference's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.config import JobConfig, load_config
+from shoal.errors import UserError
+from shoal.parallel.mesh import resolve_dims
+
+# Layouts tried by default; each is "key=value,..." over parallel.* fields, plus model=PRESET and
+# section.key=value for anything else. N stands for the number of ranks.
+CANDIDATES = [
+    "dp_shard=N,zero=3", "dp_shard=N,zero=2", "dp_shard=N,zero=1", "dp_replicate=N,dp_shard=1,zero=0",
+    "dp_replicate=2,dp_shard=N/2,zero=3", "tp=2,dp_shard=N/2", "tp=2,dp_shard=N/2,sequence_parallel=false",
+    "pp=2,dp_shard=N/2,pp_schedule=1f1b", "pp=2,dp_shard=N/2,pp_schedule=gpipe",
+    "pp=2,dp_shard=N/2,pp_schedule=interleaved-1f1b", "pp=2,dp_shard=N/2,pp_schedule=zero-bubble",
+    "tp=2,pp=2,dp_shard=N/4", "model=debug-moe,dp_shard=N,zero=3", "model=debug-moe,ep=2,dp_shard=N,zero=3",
+    "model=debug-moe,ep=N,dp_shard=N,zero=2",
+]
+
+
+def base_overrides(steps: int) -> list[str]:
+    return ["model.preset=debug", f"train.steps={steps}", "train.micro_batch=2", "train.global_batch=8",
+            "train.seq_len=64", "train.lr=3e-3", "train.warmup_steps=2", "train.eval_every=0",
+            "train.eval_batches=1", "train.sample_tokens=0"]
+
+
+def layout_overrides(layout: str, nproc: int) -> list[str]:
+    out = []
+    for item in filter(None, (x.strip() for x in layout.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise UserError("--layouts", layout, "write layouts as key=value,... separated by ';'")
+        value = value.replace("N/4", str(nproc // 4)).replace("N/2", str(nproc // 2)).replace("N", str(nproc))
+        if key == "model":
+            out.append(f"model.preset={value}")
+        else:  # a bare key is a parallel.* field; section.key reaches any other field
+            out.append(f"{key}={value}" if "." in key else f"parallel.{key}={value}")
+    return out
+
+
+def config_for(layout: str | None, nproc: int, steps: int) -> JobConfig:
+    extra = layout_overrides(layout, nproc) if layout else []
+    return load_config(None, base_overrides(steps) + extra)
+
+
+def fitting_layouts(nproc: int, steps: int) -> list[str]:
+    """The default layouts that are valid for nproc ranks (and not just the same layout twice)."""
+    keep, seen = [], set()
+    for layout in CANDIDATES:
+        try:
+            cfg = config_for(layout, nproc, steps)
+            dims = resolve_dims(cfg.parallel, nproc, cfg.model_config(), global_batch=cfg.train.global_batch,
+                                micro_batch=cfg.train.micro_batch)
+        except UserError:
+            continue
+        if "N/" in layout and any(d == 0 for d in dims.shape):
+            continue
+        key = layout_overrides(layout, nproc).__repr__()
+        if key not in seen:
+            seen.add(key)
+            keep.append(layout)
+    return keep
+
+
+@dataclass
+class Result:
+    layout: str
+    max_diff: float
+    final_loss: float
+    passed: bool
+
+
+def losses_of(metrics: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+
+
+def worker(out: str, layouts: list[str], nproc: int, steps: int) -> None:
+    """Runs inside each of the N workers: every layout in turn, in one process group."""
+    from shoal.train.trainer import train
+
+    for i, layout in enumerate(layouts):
+        train(config_for(layout, nproc, steps), Path(out) / f"layout{i}", show=False, keep_process_group=True)
+    from shoal.train.distributed import shutdown
+
+    shutdown()
+
+
+if __name__ == "__main__":
+    out, nproc, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    worker(out, json.loads(sys.argv[4]), nproc, steps)
