@@ -21,7 +21,8 @@ CASES = [
     (["train", "--nproc", "2", "--set", "train.global_batch=3", "--set", "train.micro_batch=1"],
      "train.global_batch", "multiple"),
     (["train", "nonexistent.toml"], "recipe", "no such file"),
-    (["train", "--nproc", "2", "--set", "data.path=/no/such/dir/*.txt"], "data.path", "/no/such/dir"),
+    (["train", "--nproc", "2", "--set", "train.micro_batch=8", "--set", "data.path=/no/such/dir/*.txt"],
+     "data.path", "/no/such/dir"),
 ]
 
 
