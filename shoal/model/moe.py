@@ -38,9 +38,15 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(n_experts, dim, hidden))
         self.w3 = nn.Parameter(torch.empty(n_experts, dim, hidden))
         self.w2 = nn.Parameter(torch.empty(n_experts, hidden, dim))
+        # Expert parallelism sets this to an all-to-all dispatch; it runs inside forward so that
+        # wrappers hooked on this module (FSDP's parameter gathering) still run around it.
+        self.dispatch = None
 
-    def forward(self, x_ND: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:
-        return run_experts(self.w1, self.w2, self.w3, x_ND, tokens_per_expert)
+    def forward(self, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        """x_ND holds tokens sorted by expert; counts_E[e] of them go to expert e."""
+        if self.dispatch is not None:
+            return self.dispatch(self, x_ND, counts_E)
+        return run_experts(self.w1, self.w2, self.w3, x_ND, counts_E.tolist())
 
 
 def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x_ND: torch.Tensor,
@@ -62,8 +68,6 @@ class MoE(nn.Module):
                        if cfg.n_shared_experts else None)
         self.aux_loss_coef = cfg.aux_loss_coef
         self.last_aux_loss = torch.zeros(())
-        # Expert parallelism replaces this with an all-to-all dispatch; the default runs all experts here.
-        self.dispatch = None
 
     def route(self, x_ND: torch.Tensor):
         """Top-k experts per token, their renormalized weights, and the load-balancing loss."""
@@ -84,10 +88,7 @@ class MoE(nn.Module):
         order = experts_NK.flatten().argsort(stable=True)
         token_of = order // self.top_k
         x_sorted = x_ND[token_of]
-        if self.dispatch is None:
-            y_sorted = self.experts(x_sorted, counts_E.tolist())
-        else:
-            y_sorted = self.dispatch(self.experts, x_sorted, counts_E)
+        y_sorted = self.experts(x_sorted, counts_E)
         y_sorted = y_sorted * weights_NK.flatten()[order, None].to(y_sorted.dtype)
         y_ND = torch.zeros_like(x_ND).index_add_(0, token_of, y_sorted.to(x_ND.dtype))
         if self.shared is not None:

@@ -34,12 +34,11 @@ def expert_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
-               expert_mesh: DeviceMesh | None = None, dp_size: int = 1) -> None:
+               expert_mesh: DeviceMesh | None = None) -> None:
     """zero=2/3 (and zero=0 through `replicate`) on one model or pipeline stage, block by block.
 
-    Expert weights sharded by expert parallelism are wrapped on their own mesh (the data-parallel
-    ranks that hold the same experts); their gradients already sum over the ep group in the
-    all-to-all backward, so they are divided by the whole data-parallel size, not their mesh's.
+    Expert weights sharded by expert parallelism are wrapped on their own mesh: the data-parallel
+    ranks that hold the same experts (see expert_parallel.py for how their gradients are scaled).
     """
     mp = mixed_precision(precision)
     if zero == 0:
@@ -51,7 +50,6 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
         kwargs = {"mp_policy": mp, "reshard_after_forward": zero == 3}
     for experts in expert_modules(model) if expert_mesh is not None else []:
         wrap(experts, mesh=expert_mesh, **kwargs)
-        experts.set_gradient_divide_factor(float(dp_size))
     for block in model.layers.values():
         wrap(block, mesh=mesh, **kwargs)
     wrap(model, mesh=mesh, **kwargs)

@@ -17,8 +17,21 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from shoal.model.moe import MoE, run_experts
 
 
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; multiplies the gradient by `scale` in backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
 class AllToAllDispatch:
-    """MoE.dispatch for one ep group."""
+    """GroupedExperts.dispatch for one ep group."""
 
     def __init__(self, ep_mesh: DeviceMesh):
         self.group = ep_mesh.get_group()
@@ -34,7 +47,10 @@ class AllToAllDispatch:
         # Arrived grouped by source rank, then expert; the experts want them grouped by expert.
         expert_of = torch.arange(n_local, device=x_recv.device).repeat(ep).repeat_interleave(recv_counts.flatten())
         order = expert_of.argsort(stable=True)
-        weights = [w.to_local() if isinstance(w, DTensor) else w for w in (experts.w1, experts.w2, experts.w3)]
+        # An expert's gradient sums the tokens of all ep ranks; data parallelism then averages it over
+        # the dp/ep ranks holding the same expert. Scaling by 1/ep makes that the mean over all dp ranks.
+        weights = [_ScaleGrad.apply(w.to_local() if isinstance(w, DTensor) else w, 1.0 / ep)
+                   for w in (experts.w1, experts.w2, experts.w3)]
         y_grouped = run_experts(*weights, x_recv[order], recv_counts.sum(0).tolist())
         y_recv = torch.empty_like(y_grouped).index_copy(0, order, y_grouped)
         return all_to_all_single_autograd(y_recv, send_splits, recv_splits, self.group)
@@ -49,6 +65,6 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
             for name, param in list(experts.named_parameters(recurse=False)):
                 sharded = distribute_tensor(param.detach(), ep_mesh, [Shard(0)])
                 experts.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-            module.dispatch = dispatch
+            experts.dispatch = dispatch
 
 

@@ -55,7 +55,7 @@ def parallelize(model: nn.Module, cfg: JobConfig, dims: ParallelDims, mesh, expe
             modules[i] = apply_ddp(m.to(device), mesh["dp"].get_group())
         elif dims.dp > 1:
             apply_fsdp(m, dp_mesh(mesh, dims, par.zero), zero=data_parallel_zero(dims, par.zero),
-                       precision=cfg.train.precision, dp_size=dims.dp,
+                       precision=cfg.train.precision,
                        expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None)
         else:
             modules[i] = m.to(device)

@@ -31,10 +31,12 @@ def test_every_default_layout_on_two_ranks():
 
 
 def test_composed_layouts_on_four_ranks():
-    layouts = "tp=2,pp=2;tp=2,dp_shard=2,zero=2;dp_replicate=2,dp_shard=2,zero=3;model=debug-moe,ep=2,dp_shard=4,zero=3"
+    layouts = (
+        "tp=2,pp=2;tp=2,dp_shard=2,zero=2;dp_replicate=2,dp_shard=2,zero=3;model=debug-moe,ep=2,dp_shard=4,zero=3;"
+        "model=debug-moe,ep=2,dp_shard=2,pp=2,pp_schedule=gpipe")
     r = shoal_cli("verify", "--nproc", "4", "--steps", "3", "--layouts", layouts, timeout=540, env={"COLUMNS": "200"})
     rows = _rows(r.stdout)
-    assert r.returncode == 0 and len(rows) == 4, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0 and len(rows) == 5, r.stdout[-3000:] + r.stderr[-3000:]
     assert all(result == "pass" for _, result in rows.values()), r.stdout
 
 
