@@ -1,0 +1,309 @@
+"""`shoal plan`: predict memory, step time, MFU, time-to-train and cost; search layouts; scaling curve.
+
+Parsing and rendering only; the planner lives in shoal/planner. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from shoal.errors import UserError
+
+EPILOG = """examples:
+  shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
+  shoal plan --model llama3-405b --seq-len 8192 --global-batch 2048 --gpu h100 --gpus 16384 --tokens 15e12 --usd-per-gpu-hour 2
+  shoal plan --model llama3-70b --seq-len 4096 --global-batch 1024 --gpu h100 --gpus 512 --tp 8 --pp 4 --dp 16 \\
+             --zero 1 --micro-batch 1 --recompute selective --emit recipes/plan-70b.toml
+  shoal plan --model llama3-70b --seq-len 4096 --global-batch 1024 --gpu h100 --scale 8:16384 --figures runs/plan
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="predict memory/time/MFU/cost of parallel layouts and search them",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    m = p.add_argument_group("model (a preset, or the shape)")
+    m.add_argument("--model", metavar="PRESET", help="a preset from `shoal presets`; shape flags override its fields")
+    m.add_argument("--layers", type=int)
+    m.add_argument("--hidden", type=int)
+    m.add_argument("--heads", type=int)
+    m.add_argument("--kv-heads", type=int, help="default: --heads (multi-head attention)")
+    m.add_argument("--ffn-hidden", type=int, help="default: 4H for gelu, ~8H/3 rounded to 256 for swiglu")
+    m.add_argument("--vocab", type=int, help="default 32000")
+    m.add_argument("--mlp", choices=("swiglu", "gelu"))
+    m.add_argument("--experts", type=int)
+    m.add_argument("--top-k", type=int)
+    m.add_argument("--expert-ffn-hidden", type=int)
+    m.add_argument("--shared-experts", type=int)
+
+    w = p.add_argument_group("workload and cluster")
+    w.add_argument("--seq-len", type=int, required=True)
+    w.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    w.add_argument("--gpu", metavar="NAME", help="a100, h100, h200, b200, mi300x, tpu-v5p, tpu-v4, local")
+    w.add_argument("--gpus", type=int, help="GPU count (optional with --scale)")
+    w.add_argument("--gpus-per-node", type=int)
+    w.add_argument("--precision", choices=("bf16", "fp32"),
+                   help="default bf16 (mixed precision); fp32 with --gpu local, as CPUs train in fp32")
+    w.add_argument("--attention", choices=("flash", "unfused"), default="flash",
+                   help="unfused: S×S scores in memory, as Megatron-LM before flash attention (default flash)")
+    w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
+    w.add_argument("--hw-file", metavar="TOML", help="hardware fields in TOML (base = \"h100-sxm\" + overrides)")
+    w.add_argument("--remeasure", action="store_true", help="with --gpu local: measure this machine again")
+
+    lay = p.add_argument_group("layout (a flag fixes that dimension; the rest are searched)")
+    lay.add_argument("--tp", type=int)
+    lay.add_argument("--pp", type=int)
+    lay.add_argument("--dp", type=int)
+    lay.add_argument("--ep", type=int)
+    lay.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
+    lay.add_argument("--micro-batch", type=int)
+    lay.add_argument("--recompute", choices=("none", "selective", "full"))
+    lay.add_argument("--pp-schedule", choices=("1f1b", "interleaved-1f1b", "gpipe"))
+    lay.add_argument("--pp-virtual", type=int, help="chunks per pipeline rank (interleaved-1f1b)")
+    lay.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
+
+    o = p.add_argument_group("budget and output")
+    o.add_argument("--tokens", type=_amount, help="tokens to train, e.g. 15e12 or 15T")
+    o.add_argument("--usd-per-gpu-hour", type=float)
+    o.add_argument("--mtbf-hours", type=float, default=None, help="per-GPU mean time between failures (default 50000)")
+    o.add_argument("--checkpoint-every-min", type=float, default=60.0)
+    o.add_argument("--checkpoint-write-min", type=float, default=1.0, help="blocking checkpoint write time")
+    o.add_argument("--restart-min", type=float, default=15.0)
+    o.add_argument("--rank-by", choices=("throughput", "cost"), default="throughput",
+                   help="at a fixed GPU count both give the same order; --scale then shows $/M tokens per count")
+    o.add_argument("--top", type=int, default=10)
+    o.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    o.add_argument("--emit", metavar="FILE", help="write the best layout as a `shoal train` recipe (TOML)")
+    o.add_argument("--scale", metavar="A:B", help="sweep GPU counts A, 2A, ... B at fixed global and per-GPU batch")
+    o.add_argument("--figures", metavar="DIR", help="save memory/time/scaling pictures (PNG and SVG) here")
+    p.set_defaults(func=run)
+
+
+def _amount(text: str) -> float:
+    suffixes = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+    t = text.strip().lower()
+    try:
+        if t and t[-1] in suffixes:
+            return float(t[:-1]) * suffixes[t[-1]]
+        return float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an amount: {text!r} (try 15e12 or 15T)") from None
+
+
+def _positive(name: str, value, allow_none: bool = True):
+    if value is None and allow_none:
+        return
+    if value is None or value < 1:
+        raise UserError(name, value, "must be a positive integer")
+
+
+def build_model(args):
+    from shoal.model.config import ModelConfig, get_preset
+
+    if args.model:
+        cfg = get_preset(args.model)
+    elif None in (args.layers, args.hidden, args.heads):
+        missing = [f"--{n}" for n, v in (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads)) if v is None]
+        raise UserError("model", None, f"give --model PRESET, or the shape: {' '.join(missing)} missing")
+    else:
+        mlp = args.mlp or "swiglu"
+        ffn = args.ffn_hidden or (4 * args.hidden if mlp == "gelu" else 256 * -(-8 * args.hidden // 3 // 256))
+        cfg = ModelConfig(vocab_size=32000, dim=args.hidden, n_layers=args.layers, n_heads=args.heads,
+                          n_kv_heads=args.heads, ffn_hidden=ffn, mlp=mlp, max_seq_len=args.seq_len, n_experts=0)
+    changes = {field: value for field, value in (
+        ("n_layers", args.layers), ("dim", args.hidden), ("n_heads", args.heads), ("n_kv_heads", args.kv_heads),
+        ("ffn_hidden", args.ffn_hidden), ("vocab_size", args.vocab), ("mlp", args.mlp), ("n_experts", args.experts),
+        ("top_k", args.top_k), ("expert_ffn_hidden", args.expert_ffn_hidden),
+        ("n_shared_experts", args.shared_experts)) if value is not None}
+    if args.model and "n_heads" in changes and "n_kv_heads" not in changes and cfg.n_heads % cfg.n_kv_heads:
+        changes["n_kv_heads"] = changes["n_heads"]
+    if changes:
+        cfg = cfg.replace(**changes, note="")
+    return cfg.validate()
+
+
+def build(args):
+    """Parsed flags -> (workload, cluster or None, fixed dims, model name)."""
+    from shoal.planner import hardware
+    from shoal.planner.layout import Cluster, Workload
+    from shoal.planner.search import Fixed
+
+    for name in ("seq_len", "global_batch", "gpus", "gpus_per_node", "tp", "pp", "dp", "ep", "micro_batch",
+                 "pp_virtual", "top"):
+        _positive(name, getattr(args, name))
+    cfg = build_model(args)
+    if args.hw_file:
+        gpu = hardware.load_hw_file(args.hw_file, args.gpu)
+    elif args.gpu:
+        gpu = hardware.get_gpu(args.gpu, remeasure=args.remeasure)
+    else:
+        raise UserError("gpu", None, f"name a device with --gpu ({', '.join(hardware.known_names())}) or --hw-file")
+    if args.hw:
+        gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
+    if args.gpus is None and not args.scale:
+        raise UserError("gpus", None, "give the GPU count with --gpus N (or sweep with --scale A:B)")
+    precision = args.precision or ("fp32" if gpu.name == "local" else "bf16")
+    workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention)
+    per_node = args.gpus_per_node or gpu.gpus_per_node
+    cluster = Cluster(gpu, args.gpus, per_node) if args.gpus else Cluster(gpu, 1, per_node)
+    schedule = args.pp_schedule
+    if schedule is None and args.pp_virtual and args.pp_virtual > 1:
+        schedule = "interleaved-1f1b"  # asking for virtual stages means interleaving
+    fixed = Fixed(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep, zero=args.zero, micro_batch=args.micro_batch,
+                  recompute=args.recompute, pp_schedule=schedule, pp_virtual=args.pp_virtual,
+                  sequence_parallel=args.sequence_parallel)
+    if args.gpus:
+        _check_pinned(fixed, args.gpus, workload)
+    name = args.model or f"custom {cfg.n_layers}L/{cfg.dim}H/{cfg.n_heads}A"
+    return workload, cluster, fixed, name
+
+
+def _check_pinned(fixed, n_gpus: int, workload) -> None:
+    """The pinned dimensions alone must fit the model, the batch and the GPU count."""
+    from shoal.planner.layout import Layout, invalid_reason
+
+    cfg, B = workload.model, workload.global_batch
+    if fixed.tp:
+        bad = invalid_reason(workload, Layout(tp=fixed.tp, dp=1, pp=1), fixed.tp)
+        if bad and bad[0] == "tp":
+            raise UserError(*bad)
+    if fixed.pp and fixed.pp > cfg.n_layers:
+        raise UserError("pp", fixed.pp, f"more stages than n_layers={cfg.n_layers}; use at most {cfg.n_layers}")
+    if fixed.dp and B % (fixed.dp * (fixed.micro_batch or 1)):
+        unit = fixed.dp * (fixed.micro_batch or 1)
+        lower, upper = B // unit * unit, (B // unit + 1) * unit
+        raise UserError("global_batch", B, f"must be divisible by dp*micro_batch = {unit}; try {lower or upper} or {upper}")
+    pinned = {k: getattr(fixed, k) for k in ("dp", "tp", "pp") if getattr(fixed, k)}
+    product = 1
+    for v in pinned.values():
+        product *= v
+    expr = "*".join(f"{k}" for k in pinned) + " = " + "*".join(str(v) for v in pinned.values())
+    if pinned and n_gpus % product:
+        lower, upper = n_gpus // product * product, (n_gpus // product + 1) * product
+        raise UserError("gpus", n_gpus, f"must be divisible by {expr}; try --gpus {lower or upper} or {upper}")
+    if len(pinned) == 3 and product != n_gpus:
+        raise UserError("gpus", n_gpus, f"{expr} = {product} ranks, not {n_gpus}; change --dp, --tp or --pp")
+
+
+def run(args) -> int:
+    from shoal.planner import cost, scaling
+    from shoal.planner.evaluate import evaluate
+    from shoal.planner.layout import Layout
+    from shoal.planner.render import plan_json
+    from shoal.planner.search import search
+
+    workload, cluster, fixed, name = build(args)
+    result = single = None
+    if args.gpus:
+        if fixed.complete and (fixed.ep or not workload.model.is_moe):
+            layout = Layout(dp=fixed.dp, tp=fixed.tp, pp=fixed.pp, ep=fixed.ep or 1, zero=fixed.zero,
+                            micro_batch=fixed.micro_batch, pp_schedule=fixed.pp_schedule or "1f1b",
+                            pp_virtual=fixed.pp_virtual or 1, recompute=fixed.recompute,
+                            sequence_parallel=fixed.tp > 1 if fixed.sequence_parallel is None else fixed.sequence_parallel)
+            single = evaluate(workload, layout, cluster)
+        else:
+            result = search(workload, cluster, fixed, rank_by=args.rank_by, keep=max(args.top, 10))
+    best = single or (result.best if result else None)
+
+    training = None
+    if args.tokens and best and best.fits:
+        training = cost.estimate(
+            args.tokens, best.tokens_per_s, cluster.n_gpus, usd_per_gpu_hour=args.usd_per_gpu_hour,
+            mtbf_gpu_hours=args.mtbf_hours or cost.DEFAULT_MTBF_GPU_HOURS,
+            checkpoint_interval_hours=args.checkpoint_every_min / 60, restart_hours=args.restart_min / 60,
+            checkpoint_write_hours=args.checkpoint_write_min / 60)
+
+    points = None
+    if args.scale:
+        a, b = scaling.parse_scale(args.scale)
+        points = scaling.sweep(workload, cluster, scaling.gpu_counts(a, b), fixed, base_gpus=args.gpus or a,
+                               rank_by=args.rank_by)
+
+    emitted = None
+    if args.emit:
+        from shoal.planner.recipe import write_recipe
+
+        if not best or not best.fits:
+            print("shoal plan: nothing to emit: no layout fits in memory", file=sys.stderr)
+            return 1
+        emitted = write_recipe(args.emit, best, preset=args.model if args.model else None, tokens=args.tokens)
+
+    figures = []
+    if args.figures:
+        from pathlib import Path
+
+        from shoal.report import plan_figures
+
+        out = Path(args.figures)
+        shown = [best] if single else (result.plans[: args.top] if result else [])
+        if shown:
+            figures += plan_figures.memory_figure(shown, out / "plan_memory")
+            figures += plan_figures.time_figure(shown, out / "plan_time")
+        if points:
+            figures += plan_figures.scaling_figure(points, out / "plan_scaling")
+
+    if args.json:
+        doc = plan_json(workload, cluster, name, result=result, single=single, top=args.top, training=training,
+                        scale=points, usd_per_gpu_hour=args.usd_per_gpu_hour)
+        doc["emitted"] = str(emitted) if emitted else None
+        doc["figures"] = [str(f) for f in figures]
+        print(json.dumps(doc, indent=2))
+        return 0
+    _print_text(workload, cluster, name, result, single, training, points, emitted, figures, args.top,
+                args.usd_per_gpu_hour)
+    return 0
+
+
+def _print_text(workload, cluster, name, result, single, training, points, emitted, figures, top, usd) -> None:
+    from rich.console import Console
+
+    from shoal.planner.hardware import GiB
+    from shoal.planner.render import breakdown_lines, headline, layouts_table, scale_table, training_lines
+
+    con = Console()
+    if not con.is_terminal:
+        con = Console(width=160)  # piped or captured: don't squeeze the tables into 80 columns
+    if single or result:
+        con.print(f"[bold]shoal plan[/]: {headline(workload, cluster, name)}")
+    else:
+        con.print(f"[bold]shoal plan[/]: {name} on {cluster.gpu.name}, seq {workload.seq_len}, batch {workload.global_batch}")
+    best = single or (result.best if result else None)
+    if single:
+        verdict = "fits" if single.fits else "does NOT fit"
+        con.print(f"one layout, evaluated: {single.layout.short()} — {verdict}: {'; '.join(single.reasons)}")
+    if result:
+        rej = result.rejected
+        parts = [f"{result.fitting} fit"]
+        if result.dominated:
+            parts.append(f"{result.dominated} skipped (fit with less recompute)")
+        if rej.get("memory"):
+            parts.append(f"{rej['memory']} need more than {cluster.gpu.hbm_bytes / GiB:.0f} GiB")
+        if rej.get("trainer"):
+            parts.append(f"{rej['trainer']} not runnable by shoal train yet")
+        other = sum(v for k, v in rej.items() if k not in ("memory", "trainer"))
+        if other:
+            parts.append(f"{other} do not divide ({', '.join(sorted(k for k in rej if k not in ('memory', 'trainer')))})")
+        con.print(f"searched {result.evaluated} layouts in {result.seconds:.2f} s: " + ", ".join(parts))
+        if result.note:
+            con.print(f"[bold yellow]note[/]: {result.note}")
+        if result.plans:
+            con.print(layouts_table(result.plans[:top], "best layouts (ranked by tokens/s)"))
+        if result.closest_misses and (not result.plans or len(result.plans) < top):
+            con.print(layouts_table(result.closest_misses, "closest layouts that do not fit"))
+        if not result.plans:
+            con.print("[bold red]no layout fits in memory[/]: add GPUs, use a larger device, or shorten the sequence")
+    if best:
+        con.print(f"[bold]{'this layout' if single else 'best'}[/]: {best.layout.short()}")
+        for line in breakdown_lines(best):
+            con.print("  " + line)
+    if training:
+        for line in training_lines(training):
+            con.print(line)
+    if points:
+        con.print(scale_table(points, usd))
+    if emitted:
+        con.print(f"recipe written to {emitted} (run it with: shoal train {emitted})")
+    for f in figures:
+        con.print(f"figure: {f}")

@@ -1,0 +1,92 @@
+"""Alpha-beta times for collectives, with nccl-tests bus-bandwidth conventions.
+
+A collective over n ranks moving S bytes takes  latency + S * factor / busbw,  where factor is the
+nccl-tests one: all_reduce 2(n-1)/n with S the per-rank buffer; all_gather and reduce_scatter
+(n-1)/n with S the full (gathered) buffer; all_to_all (n-1)/n with S the per-rank send buffer.
+So the bus bandwidth a nccl-tests run reports on a tier is exactly the busbw used here.
+
+When a group spans nodes (g members per node, k = n/g nodes) the collective is hierarchical, as
+NCCL does it: reduce-scatter inside the node over NVLink, then the inter-node part on 1/g of the
+data — all g GPUs of a node drive their own NICs at once — then all-gather inside the node.
+Latency: ring steps inside a node. Across nodes all_reduce uses NCCL's tree (2·log2 k steps), which
+keeps it usable on thousands of nodes; all_gather and reduce_scatter have only the ring (k-1 steps),
+which is what makes giant ZeRO-3 groups latency-bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Network:
+    """The two tiers one group sees: inside a node and between nodes."""
+
+    intra_busbw: float
+    intra_latency: float
+    inter_busbw: float
+    inter_latency: float
+
+
+def _intra_steps(g: int) -> int:
+    return max(1, g - 1)
+
+
+def _inter_steps(k: int) -> int:
+    return max(1, math.ceil(math.log2(k)))
+
+
+def all_reduce(nbytes: float, n: int, per_node: int, net: Network) -> float:
+    """Time for an all_reduce of a `nbytes` buffer on every rank."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    g, k = min(per_node, n), max(1, n // min(per_node, n))
+    if k == 1:
+        return 2 * _intra_steps(g) * net.intra_latency + nbytes * 2 * (g - 1) / g / net.intra_busbw
+    inter = 2 * _inter_steps(k) * net.inter_latency + (nbytes / g) * 2 * (k - 1) / k / net.inter_busbw
+    if g == 1:
+        return inter
+    return 2 * reduce_scatter(nbytes, g, g, net) + inter  # reduce-scatter and all-gather inside the node
+
+
+def all_gather(nbytes: float, n: int, per_node: int, net: Network) -> float:
+    """Time to all_gather a buffer of `nbytes` in total (each rank contributes nbytes/n)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    g, k = min(per_node, n), max(1, n // min(per_node, n))
+    intra = 0.0 if g == 1 else _intra_steps(g) * net.intra_latency + nbytes * (g - 1) / g / net.intra_busbw
+    if k == 1:
+        return intra
+    # Across nodes first, on each GPU's own NIC: every GPU ends up with its node-slot's 1/g share.
+    inter = (k - 1) * net.inter_latency + (nbytes / g) * (k - 1) / k / net.inter_busbw
+    return inter + intra
+
+
+def reduce_scatter(nbytes: float, n: int, per_node: int, net: Network) -> float:
+    """Time to reduce_scatter a buffer of `nbytes` in total (each rank keeps nbytes/n). Mirrors all_gather."""
+    return all_gather(nbytes, n, per_node, net)
+
+
+def all_to_all(nbytes: float, n: int, per_node: int, net: Network) -> float:
+    """Time for an all_to_all where every rank sends `nbytes` in total (1/n of it to each peer).
+
+    The share bound for peers on other nodes, (n-g)/n, goes over the NIC; the rest over NVLink;
+    both at once, so the slower one sets the time.
+    """
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    g = min(per_node, n)
+    intra = nbytes * (g - 1) / n / net.intra_busbw
+    inter = nbytes * (n - g) / n / net.inter_busbw
+    latency = _intra_steps(g) * net.intra_latency if n == g else _inter_steps(n // g) * net.inter_latency + net.intra_latency
+    return latency + max(intra, inter)
+
+
+def p2p(nbytes: float, same_node: bool, net: Network) -> float:
+    """One send/recv between two ranks (pipeline stages)."""
+    if nbytes <= 0:
+        return 0.0
+    if same_node:
+        return net.intra_latency + nbytes / net.intra_busbw
+    return net.inter_latency + nbytes / net.inter_busbw

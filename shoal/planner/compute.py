@@ -1,0 +1,123 @@
+"""Kernel time of one transformer layer (and of the output head) on one GPU, for one micro-batch.
+
+A roofline per kernel: a GEMM takes max(FLOPs / achievable FLOP/s, bytes / achievable HBM bytes/s);
+attention runs at the device's fused-attention rate; norms, activations, residual adds, rotary and
+(unfused) softmax/dropout are memory-bound and cost the bytes they read and write. Backward GEMMs
+do twice the forward FLOPs (data and weight gradients); backward elementwise kernels move about
+twice the forward bytes (they read the saved input and the incoming gradient, write a gradient).
+
+Communication is not here (see timing.py): these are the kernels between collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from shoal.model.config import ModelConfig
+from shoal.planner.hardware import GPU
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """Seconds for one micro-batch through one layer (or the head) on one GPU."""
+
+    fwd: float
+    """Forward kernels."""
+    bwd: float
+    """Backward kernels (no recomputation)."""
+    attn_fwd: float
+    """The part of fwd that selective recomputation repeats: the attention core (and its softmax)."""
+    gemm_fwd: float
+    """The part of fwd spent in GEMMs (for the breakdown)."""
+
+
+def gemm_time(m: float, k: float, n: float, gpu: GPU, precision: str) -> float:
+    """An (m x k) @ (k x n) GEMM, roofline: compute-bound unless it is skinny."""
+    if m <= 0 or k <= 0 or n <= 0:
+        return 0.0
+    elem = 4 if precision == "fp32" else 2
+    flops = 2.0 * m * k * n
+    moved = elem * (m * k + k * n + m * n)
+    return max(flops / (gpu.peak_flops(precision) * gpu.matmul_efficiency),
+               moved / (gpu.hbm_bandwidth * gpu.hbm_efficiency))
+
+
+# Kernels per layer forward in an eager PyTorch layer (norms, projections, rotary, attention,
+# activation, residual adds); backward launches about twice as many. MoE adds routing, permutation
+# and one GEMM pair per local expert.
+DENSE_LAYER_KERNELS = 24
+MOE_EXTRA_KERNELS = 10
+HEAD_KERNELS = 6
+
+
+def _stream(nbytes: float, gpu: GPU) -> float:
+    return nbytes / (gpu.hbm_bandwidth * gpu.hbm_efficiency)
+
+
+@lru_cache(maxsize=65536)
+def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
+               attention: str, precision: str, moe: bool, ep: int) -> KernelTime:
+    """Kernel time of one layer; `moe` picks an MoE layer (routed experts spread over ep ranks)."""
+    elem = 4 if precision == "fp32" else 2
+    T = float(seq_len * micro_batch)  # tokens through the TP group
+    h, hd = cfg.dim, cfg.head_dim
+    q_dim, kv_dim = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    sp = tp if sequence_parallel else 1
+    glu = cfg.mlp == "swiglu"
+
+    # Attention projections: column-parallel QKV, row-parallel output.
+    gemm = gemm_time(T, h, (q_dim + 2 * kv_dim) / tp, gpu, precision) + gemm_time(T, q_dim / tp, h, gpu, precision)
+    # Feed-forward.
+    if moe:
+        f = cfg.expert_hidden
+        tokens_per_expert = T * cfg.top_k * ep / cfg.n_experts  # tokens from the ep group land on local experts
+        local_experts = cfg.n_experts / ep
+        expert = (gemm_time(tokens_per_expert, h, (2 if glu else 1) * f / tp, gpu, precision)
+                  + gemm_time(tokens_per_expert, f / tp, h, gpu, precision))
+        shared_f = cfg.n_shared_experts * f
+        gemm += local_experts * expert + gemm_time(T, h, cfg.n_experts, gpu, precision)  # + router
+        if shared_f:
+            gemm += gemm_time(T, h, (2 if glu else 1) * shared_f / tp, gpu, precision) + gemm_time(T, shared_f / tp, h, gpu, precision)
+        act_elems = cfg.top_k * (3 if glu else 2) * f / tp + (3 if glu else 2) * shared_f / tp
+        act_elems += 4 * cfg.top_k * h / tp  # permute tokens to experts and back (gather + scatter)
+    else:
+        f = cfg.ffn_hidden
+        gemm += gemm_time(T, h, (2 if glu else 1) * f / tp, gpu, precision) + gemm_time(T, f / tp, h, gpu, precision)
+        act_elems = (3 if glu else 2) * f / tp
+
+    # Attention core. FLOPs of QK^T and PV: 4·T·S·q_dim per layer, over tp.
+    core_flops = 4.0 * T * seq_len * q_dim / tp
+    if attention == "flash":
+        # Causal flash attention skips the upper triangle (half the work); backward does 2.5x the
+        # forward FLOPs because it recomputes the scores.
+        rate = gpu.peak_flops(precision) * gpu.attention_efficiency
+        attn_fwd = 0.5 * core_flops / rate
+        attn_bwd = 2.5 * attn_fwd
+        outside, inside = 10 * h, 2 * (q_dim + kv_dim) + act_elems  # norms + residual adds; rotary + MLP act
+    else:
+        # Megatron before flash attention: batched GEMMs over the full S×S, then scale-mask-softmax,
+        # dropout and their masks in HBM: about 13 bytes per score forward and 19 backward (16-bit).
+        rate = gpu.peak_flops(precision) * gpu.matmul_efficiency
+        scores = cfg.n_heads * float(seq_len) * seq_len * micro_batch / tp
+        attn_fwd = core_flops / rate + _stream(13 * scores * elem / 2, gpu)
+        attn_bwd = 2 * core_flops / rate + _stream(19 * scores * elem / 2, gpu)
+        # Layer norms, bias-dropout-add with 1-byte masks; bias-GeLU inside the TP region.
+        outside, inside = 11 * h, act_elems
+    elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
+    kernels = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + 2 * cfg.n_experts / ep if moe else 0)
+    gaps = kernels * gpu.kernel_gap
+    return KernelTime(fwd=gemm + attn_fwd + elementwise + gaps, bwd=2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps,
+                      attn_fwd=attn_fwd, gemm_fwd=gemm)
+
+
+@lru_cache(maxsize=4096)
+def head_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, precision: str) -> KernelTime:
+    """The output projection (vocab-parallel over tp) and the fp32 cross-entropy, on the last stage."""
+    T = float(seq_len * micro_batch)
+    gemm = gemm_time(T, cfg.dim, cfg.vocab_size / tp, gpu, precision)
+    # Logits upcast to fp32, softmax, loss: about three fp32 passes over the logits forward, two backward.
+    logits = T * cfg.vocab_size / tp * 4
+    gaps = HEAD_KERNELS * gpu.kernel_gap
+    return KernelTime(fwd=gemm + _stream(3 * logits, gpu) + gaps, bwd=2 * gemm + _stream(2 * logits, gpu) + 2 * gaps,
+                      attn_fwd=0.0, gemm_fwd=gemm)

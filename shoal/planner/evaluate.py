@@ -1,0 +1,120 @@
+"""One layout, evaluated: memory, step time, throughput, MFU, and the reasons it wins or fails."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from shoal.errors import UserError
+from shoal.model import analytics
+from shoal.planner.hardware import GiB
+from shoal.planner.layout import Cluster, Layout, Workload, invalid_reason, trainer_limit
+from shoal.planner.memory import MemoryBreakdown, memory
+from shoal.planner.timing import StepTime, step_time
+
+
+@dataclass(frozen=True)
+class Plan:
+    workload: Workload
+    layout: Layout
+    cluster: Cluster
+    memory: MemoryBreakdown
+    time: StepTime
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.workload.tokens_per_step / self.time.step
+
+    @property
+    def model_flops_per_step(self) -> float:
+        return analytics.flops_per_token(self.workload.model, self.workload.seq_len) * self.workload.tokens_per_step
+
+    @property
+    def hardware_flops_per_step(self) -> float:
+        extra = analytics.recompute_flops_per_token(self.workload.model, self.workload.seq_len, self.layout.recompute)
+        return self.model_flops_per_step + extra * self.workload.tokens_per_step
+
+    @property
+    def model_tflops_per_gpu(self) -> float:
+        """Achieved model TFLOP/s per GPU (6·N_active + 12·L·H·S per token, no recomputation)."""
+        return self.model_flops_per_step / self.time.step / self.cluster.n_gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation (DESIGN.md convention: recomputation not counted)."""
+        peak = self.cluster.gpu.peak_flops(self.workload.precision)
+        return self.model_flops_per_step / (self.time.step * self.cluster.n_gpus * peak)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation: recomputation counted."""
+        peak = self.cluster.gpu.peak_flops(self.workload.precision)
+        return self.hardware_flops_per_step / (self.time.step * self.cluster.n_gpus * peak)
+
+    @cached_property
+    def reasons(self) -> list[str]:
+        """What decides this layout, biggest first: memory verdict, then the costs beyond compute."""
+        mem, t, lay, G = self.memory, self.time, self.layout, self.cluster.gpus_per_node
+        out = []
+        if not mem.fits:
+            big = max(("params+grads+optimizer", mem.params + mem.grads + mem.optimizer),
+                      ("activations", mem.activations), ("logits", mem.logits), key=lambda kv: kv[1])
+            out.append(f"needs {mem.total / GiB:.0f} GiB > {mem.capacity / GiB:.0f} GiB ({big[0]} {big[1] / GiB:.0f} GiB)")
+        costs = []
+        if lay.pp > 1:
+            costs.append((t.bubble, f"bubble {t.bubble / t.step:.0%}"))
+        if lay.tp > 1:
+            where = "on NVLink" if t.tp_on_nvlink else f"across nodes (tp {lay.tp} > {G} per node)"
+            costs.append((t.tp_comm, f"TP comm {where} {t.tp_comm / t.step:.0%}"))
+        if t.recompute > 0:
+            costs.append((t.recompute, f"{lay.recompute} recompute {t.recompute / t.step:.0%}"))
+        if t.ep_comm > 0:
+            costs.append((t.ep_comm, f"all-to-all {t.ep_comm / t.step:.0%}"))
+        if t.fsdp_comm > 0:
+            costs.append((t.fsdp_comm, f"ZeRO-{lay.zero} comm exposed {t.fsdp_comm / t.step:.0%}"))
+        if lay.dp > 1 and t.dp_comm_total > 0 and lay.zero < 3:
+            hidden = 1 - min(1.0, t.dp_comm / t.dp_comm_total)
+            costs.append((t.dp_comm, f"DP sync {hidden:.0%} hidden" if t.dp_comm / t.step < 0.02
+                          else f"DP sync exposed {t.dp_comm / t.step:.0%}"))
+        if t.pp_comm / t.step >= 0.02:
+            costs.append((t.pp_comm, f"PP send/recv {t.pp_comm / t.step:.0%}"))
+        costs.sort(key=lambda c: -c[0])
+        limit = trainer_limit(self.workload, lay)
+        if limit:
+            out.append(f"shoal train cannot run this yet ({limit[2]})")
+        out += [text for _, text in costs[:3]]
+        if mem.fits:
+            out.append(f"{mem.total / GiB:.0f}/{mem.capacity / GiB:.0f} GiB")
+        return out
+
+    def as_dict(self) -> dict:
+        lay = self.layout
+        return {
+            "layout": {
+                "dp": lay.dp, "dp_replicate": 1 if lay.zero >= 1 else lay.dp, "dp_shard": lay.dp if lay.zero >= 1 else 1,
+                "tp": lay.tp, "pp": lay.pp, "ep": lay.ep, "zero": lay.zero, "micro_batch": lay.micro_batch,
+                "pp_schedule": lay.pp_schedule, "pp_virtual": lay.pp_virtual, "pp_microbatches": self.time.microbatches,
+                "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel,
+            },
+            "fits": self.fits,
+            "memory_bytes": self.memory.as_dict(),
+            "time_s": self.time.as_dict(),
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "reasons": self.reasons,
+        }
+
+
+def evaluate(workload: Workload, layout: Layout, cluster: Cluster, *, check: bool = True) -> Plan:
+    """Memory and time of one layout. With check, a layout that cannot run raises UserError."""
+    if check:
+        bad = invalid_reason(workload, layout, cluster.n_gpus)
+        if bad:
+            raise UserError(*bad)
+    return Plan(workload, layout, cluster, memory(workload, layout, cluster), step_time(workload, layout, cluster))

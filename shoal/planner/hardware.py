@@ -1,0 +1,295 @@
+"""The hardware catalog: what one accelerator and its links can do, as numbers the planner uses.
+
+Every entry is a `GPU` (TPUs and the local CPU included: "GPU" here means "one rank's device").
+Peaks are the vendors' dense figures; the `*_efficiency` fields say what fraction of a peak real
+kernels reach, from measurements cited beside each entry. Entries can be changed with
+`--hw FIELD=VALUE` or a TOML file (`--hw-file`), see `apply_overrides` and `load_hw_file`.
+
+Bandwidths are bytes/s per GPU in one direction (NVLink "900 GB/s" is 450 GB/s each way); a
+`*_efficiency` turns that into the bus bandwidth nccl-tests would report (DESIGN.md conventions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.errors import UserError
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    """Catalog key, the value of `--gpu`."""
+    peak_bf16_flops: float
+    """Dense BF16 peak, FLOP/s, no sparsity. The MFU denominator."""
+    matmul_efficiency: float
+    """Fraction of the peak a large BF16 GEMM sustains in training: all GPUs busy, clocks at the power
+    limit (maximum *sustainable* matmul FLOPs, not the short-burst maximum)."""
+    attention_efficiency: float
+    """Fraction of the peak fused (flash) attention reaches, counting the FLOPs the kernel really does."""
+    hbm_bytes: float
+    """Memory one process can use, bytes (what the driver reports, not the marketing GB)."""
+    hbm_bandwidth: float
+    """Peak memory bandwidth, bytes/s."""
+    hbm_efficiency: float
+    """Fraction of hbm_bandwidth a streaming kernel (copy, elementwise, optimizer step) reaches."""
+    gpus_per_node: int
+    """Devices joined by the fast intra-node fabric (NVLink/NVSwitch, Infinity Fabric, an ICI cube)."""
+    intra_node_bandwidth: float
+    """Per-GPU fabric bandwidth inside a node, one direction, bytes/s."""
+    intra_node_efficiency: float
+    """nccl-tests bus bandwidth inside a node as a fraction of intra_node_bandwidth."""
+    intra_node_latency: float
+    """Seconds per step of a collective inside a node (the alpha of the alpha-beta model)."""
+    inter_node_bandwidth: float
+    """Per-GPU network bandwidth between nodes (its own NIC), one direction, bytes/s."""
+    inter_node_efficiency: float
+    """nccl-tests bus bandwidth across nodes as a fraction of inter_node_bandwidth."""
+    inter_node_latency: float
+    """Seconds per step of a collective across nodes."""
+    kernel_gap: float = 2e-6
+    """Seconds each kernel costs beyond its work: launch and the idle gap between dependent kernels
+    (eager PyTorch on a CPU: the per-op dispatch cost). What makes tiny models slow."""
+    reserved_bytes: float = 2.5 * GiB
+    """Memory that is never the model's: CUDA context, NCCL buffers, cuBLAS workspaces."""
+    peak_fp32_flops: float = 0.0
+    """Peak for fp32 training; 0 means half the BF16 peak (the TF32 tensor-core rate on NVIDIA)."""
+    note: str = ""
+    """Where the numbers come from."""
+
+    @property
+    def intra_busbw(self) -> float:
+        return self.intra_node_bandwidth * self.intra_node_efficiency
+
+    @property
+    def inter_busbw(self) -> float:
+        return self.inter_node_bandwidth * self.inter_node_efficiency
+
+    def peak_flops(self, precision: str = "bf16") -> float:
+        if precision == "fp32":
+            return self.peak_fp32_flops or self.peak_bf16_flops / 2
+        return self.peak_bf16_flops
+
+
+# Matmul efficiency is the *sustained* rate (ml-engineering's MSMF: power-saturated clocks, all GPUs of
+# the node busy): H200 ~703-727 TFLOP/s of 989 (0.71-0.735) and B200 ~1430-1456 of 2250 (0.64), while
+# short bursts reach 80-84% (MAMF; this project measured 81% on one H100, 80% on one H200). H100 has
+# H200's die and power limit, so 0.72 too. A100 has no sustained measurement: its burst MAMF (85.9%)
+# times the sustained/burst ratio seen on H200 and B200 (~0.85) gives 0.73. MI300X saturates its power
+# cap within one kernel, so its MAMF (60%) is already sustained. NVLink bus efficiency from nccl-tests all_reduce on 8-GPU NVSwitch nodes
+# (~235 GB/s on A100, ~360 GB/s on H100 without NVLS). HBM efficiency from the copy measurements in
+# calibration.md (3.0 of 3.35 TB/s on H100, 4.3 of 4.8 TB/s on H200).
+CATALOG: dict[str, GPU] = {
+    "a100-80gb": GPU(
+        name="a100-80gb", peak_bf16_flops=312e12, matmul_efficiency=0.73, attention_efficiency=0.55,
+        hbm_bytes=80 * GiB, hbm_bandwidth=2.039e12, hbm_efficiency=0.85,
+        gpus_per_node=8, intra_node_bandwidth=300e9, intra_node_efficiency=0.78, intra_node_latency=5e-6,
+        inter_node_bandwidth=25e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        note="DGX A100: NVLink3 600 GB/s bidirectional, one 200 Gb/s HDR InfiniBand NIC per GPU (Selene)"),
+    "h100-sxm": GPU(
+        name="h100-sxm", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.45,
+        hbm_bytes=81559 * 2**20, hbm_bandwidth=3.35e12, hbm_efficiency=0.9,
+        gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
+        inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        note="HGX H100: NVLink4 900 GB/s bidirectional, one 400 Gb/s NDR InfiniBand/RoCE NIC per GPU"),
+    "h200": GPU(
+        name="h200", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.45,
+        hbm_bytes=143771 * 2**20, hbm_bandwidth=4.8e12, hbm_efficiency=0.9,
+        gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
+        inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        note="HGX H200: H100 compute with 141 GB HBM3e; 400 Gb/s per GPU between nodes"),
+    "b200": GPU(
+        name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.45,
+        hbm_bytes=180 * GiB, hbm_bandwidth=8.0e12, hbm_efficiency=0.85,
+        gpus_per_node=8, intra_node_bandwidth=900e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
+        inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        note="HGX B200: NVLink5 1.8 TB/s bidirectional, 400 Gb/s per GPU between nodes; ~180 GiB usable"),
+    "mi300x": GPU(
+        name="mi300x", peak_bf16_flops=1307e12, matmul_efficiency=0.60, attention_efficiency=0.35,
+        hbm_bytes=192 * GiB, hbm_bandwidth=5.3e12, hbm_efficiency=0.8,
+        gpus_per_node=8, intra_node_bandwidth=448e9, intra_node_efficiency=0.7, intra_node_latency=8e-6,
+        inter_node_bandwidth=50e9, inter_node_efficiency=0.85, inter_node_latency=12e-6,
+        note="8x MI300X: Infinity Fabric 7 x 64 GB/s per direction to peers, 400 Gb/s per GPU between nodes"),
+    "tpu-v5p": GPU(
+        name="tpu-v5p", peak_bf16_flops=459e12, matmul_efficiency=0.75, attention_efficiency=0.5,
+        hbm_bytes=95e9, hbm_bandwidth=2.765e12, hbm_efficiency=0.85,
+        gpus_per_node=64, intra_node_bandwidth=300e9, intra_node_efficiency=0.7, intra_node_latency=5e-6,
+        inter_node_bandwidth=100e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
+        note="TPU-v5p-like, approximate: a 4x4x4 ICI cube (4800 Gb/s ICI per chip) taken as one 'node'; "
+             "traffic between cubes given a third of the per-chip ICI bandwidth"),
+    "tpu-v4": GPU(
+        name="tpu-v4", peak_bf16_flops=275e12, matmul_efficiency=0.75, attention_efficiency=0.5,
+        hbm_bytes=32 * GiB, hbm_bandwidth=1.2e12, hbm_efficiency=0.85,
+        gpus_per_node=64, intra_node_bandwidth=150e9, intra_node_efficiency=0.7, intra_node_latency=5e-6,
+        inter_node_bandwidth=50e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
+        note="TPU-v4-like, approximate: 64-chip ICI cubes as 'nodes'"),
+}
+
+ALIASES = {
+    "a100": "a100-80gb", "a100-sxm": "a100-80gb", "a100-80g": "a100-80gb",
+    "h100": "h100-sxm", "h100-80gb": "h100-sxm",
+    "h200-sxm": "h200", "b200-sxm": "b200", "mi300": "mi300x", "tpu": "tpu-v5p", "v5p": "tpu-v5p",
+}
+
+# torch.cuda.get_device_name() -> catalog key. Only variants whose dense BF16 peak equals the entry's
+# are mapped (an H100 PCIe or NVL has a different peak, so it maps to nothing rather than a wrong MFU).
+_DEVICE_PATTERNS = [
+    (re.compile(r"\bgh200\b|\bh200\b"), "h200"),
+    (re.compile(r"\bh100\b(?!.*(pcie|nvl))"), "h100-sxm"),
+    (re.compile(r"\ba100\b"), "a100-80gb"),  # every A100 (SXM or PCIe, 40 or 80 GB) peaks at 312 TFLOP/s
+    (re.compile(r"\bb200\b"), "b200"),
+    (re.compile(r"\bmi300x\b"), "mi300x"),
+]
+
+
+def lookup_gpu(device_name: str) -> GPU | None:
+    """Map a CUDA device name ("NVIDIA H100 80GB HBM3") to its catalog entry, or None if unknown.
+
+    The trainer uses `entry.peak_bf16_flops` as its MFU denominator.
+    """
+    name = device_name.lower().replace("-", " ")
+    for pattern, key in _DEVICE_PATTERNS:
+        if pattern.search(name):
+            return CATALOG[key]
+    return None
+
+
+def known_names() -> list[str]:
+    return [*CATALOG, "local"]
+
+
+def get_gpu(name: str, *, remeasure: bool = False) -> GPU:
+    """The catalog entry for `--gpu NAME` (aliases and case accepted); `local` is measured once and cached."""
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key == "local":
+        return local_gpu(remeasure=remeasure)
+    if key not in CATALOG:
+        close = difflib.get_close_matches(key, [*CATALOG, *ALIASES, "local"], n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UserError("gpu", name, f"{hint}known: {', '.join(known_names())} (or describe one with --hw-file)")
+    return CATALOG[key]
+
+
+# --- overrides: --hw FIELD=VALUE and --hw-file FILE.toml ---
+
+_FIELDS = {f.name: f for f in dataclasses.fields(GPU)}
+
+
+def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw") -> GPU:
+    """A copy of `gpu` with some fields replaced; values are checked and converted to the field's type."""
+    changes = {}
+    for key, raw in overrides.items():
+        if key not in _FIELDS:
+            close = difflib.get_close_matches(key, _FIELDS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UserError(f"{source}.{key}", raw, f"{hint}unknown hardware field; known: {', '.join(_FIELDS)}")
+        kind = _FIELDS[key].type
+        try:
+            if kind == "str":
+                value = str(raw)
+            elif kind == "int":
+                value = int(float(raw))
+            else:
+                value = float(raw)
+        except (TypeError, ValueError):
+            raise UserError(f"{source}.{key}", raw, f"must be a number ({kind})") from None
+        if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap"):
+            raise UserError(f"{source}.{key}", raw, "must be positive")
+        if key.endswith("_efficiency") and not 0 < value <= 1:
+            raise UserError(f"{source}.{key}", raw, "an efficiency is a fraction in (0, 1]")
+        changes[key] = value
+    return dataclasses.replace(gpu, **changes)
+
+
+def parse_hw_flags(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise UserError("hw", pair, "write FIELD=VALUE, e.g. --hw inter_node_bandwidth=25e9")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def load_hw_file(path: str | os.PathLike, default_base: str | None) -> GPU:
+    """A TOML file of GPU fields; `base = "h100-sxm"` (or --gpu) supplies the ones it leaves out."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise UserError("hw_file", str(path), "no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError("hw_file", str(path), f"not valid TOML: {e}") from None
+    base_name = data.pop("base", default_base)
+    if base_name is None:
+        raise UserError("hw_file", str(path), "name a base entry (base = \"h100-sxm\") or pass --gpu")
+    base = get_gpu(str(base_name))
+    data.setdefault("name", f"{base.name}+{Path(path).stem}")
+    return apply_overrides(base, data, source="hw_file")
+
+
+# --- the `local` profile: measured on this machine by shoal.debug.local_profile ---
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SHOAL_CACHE_DIR") or Path.home() / ".cache" / "shoal")
+
+
+def local_profile_path() -> Path:
+    return cache_dir() / "local_profile.json"
+
+
+def local_gpu(*, remeasure: bool = False) -> GPU:
+    """The `local` entry from the cached measurement, measuring first if there is none (or if asked).
+
+    Measuring needs torch.distributed, which the planner never imports: it runs in a subprocess.
+    """
+    path = local_profile_path()
+    if remeasure or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run([sys.executable, "-m", "shoal.debug.local_profile", "--out", str(path)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0 or not path.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise UserError("gpu", "local", f"measuring this machine failed ({tail[0]}); "
+                                            f"describe it with --hw-file instead")
+    return gpu_from_profile(json.loads(path.read_text()))
+
+
+def gpu_from_profile(profile: dict) -> GPU:
+    """A catalog entry from a measured profile; measured rates are achievable rates (efficiency 1)."""
+    ranks = max(1, int(profile.get("cpu_count", 1)))
+    return GPU(
+        name="local",
+        peak_bf16_flops=float(profile["matmul_bf16_flops"]),
+        peak_fp32_flops=float(profile["matmul_fp32_flops"]),
+        matmul_efficiency=1.0,
+        attention_efficiency=0.5,  # unfused CPU attention: roughly half the matmul rate
+        hbm_bytes=float(profile["memory_bytes"]) / ranks,  # ranks share the machine's memory
+        hbm_bandwidth=float(profile["copy_bandwidth"]),
+        hbm_efficiency=1.0,
+        gpus_per_node=ranks,  # one rank per core
+        intra_node_bandwidth=float(profile["gloo_busbw"]),
+        intra_node_efficiency=1.0,
+        intra_node_latency=float(profile["gloo_latency"]),
+        inter_node_bandwidth=float(profile.get("inter_node_bandwidth", 1.25e9)),  # 10 GbE if ever multi-host
+        inter_node_efficiency=0.9,
+        inter_node_latency=float(profile.get("inter_node_latency", 50e-6)),
+        kernel_gap=float(profile.get("op_overhead", 20e-6)),
+        reserved_bytes=0.3 * GiB,
+        note=f"measured on {profile.get('host', 'this machine')} at {profile.get('measured_at', '?')} "
+             f"(one thread per rank, gloo between local processes)",
+    )

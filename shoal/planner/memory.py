@@ -1,0 +1,219 @@
+"""Memory per GPU for a layout, with a breakdown.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020): with mixed precision a parameter
+costs 2 bytes (16-bit weight) + 2 (16-bit gradient) + K = 12 (fp32 master copy, Adam momentum and
+variance), and each ZeRO stage shards one more of them over the data-parallel group (Table 1).
+Activations follow Korthikanti et al. (2022): per-layer bytes times the layer-micro-batches the
+busiest pipeline stage holds (p micro-batches of L/p layers under 1F1B, times 1 + (p-1)/(p·v)
+interleaved, all m under GPipe). The per-layer count is shoal's own layer (analytics.py) for
+flash attention, or the paper's Table 2 for `attention="unfused"`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+from shoal.model import analytics
+from shoal.model.config import ModelConfig
+from shoal.planner.layout import Cluster, Layout, Workload, layers_per_rank, moe_layer_count
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
+FRAGMENTATION = 0.05
+"""Caching-allocator slack, as a fraction of the memory that comes and goes (activations, buffers)."""
+
+# bytes per parameter: (weights, gradients, optimizer state K) — ZeRO paper notation
+STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8)}
+
+
+def model_state_bytes(psi: float, dp: int, zero: int, precision: str = "bf16") -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per device for psi parameters: ZeRO paper Table 1.
+
+    zero 0: 2Ψ + 2Ψ + KΨ;  1 (P_os): 2Ψ + 2Ψ + KΨ/N_d;  2 (P_os+g): 2Ψ + (2 + K)Ψ/N_d;
+    3 (P_os+g+p): (2 + 2 + K)Ψ/N_d.
+    """
+    w, g, k = STATE_BYTES[precision]
+    return (w * psi / (dp if zero >= 3 else 1),
+            g * psi / (dp if zero >= 2 else 1),
+            k * psi / (dp if zero >= 1 else 1))
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on the busiest GPU."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    """Saved for backward, times the micro-batches in flight on the stage."""
+    logits: float
+    """Output logits in fp32 and their gradient (last stage), embedding outputs (first stage)."""
+    buffers: float
+    """Communication buffers: FSDP gathers, DDP buckets, sequence-parallel gathers, pipeline send/recv."""
+    overhead: float
+    """Framework allowance: CUDA context, NCCL, workspaces, allocator fragmentation."""
+    stage: str
+    """Which pipeline stage is the peak: 'first' or 'last' (or 'only' without pipelining)."""
+    capacity: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.logits + self.buffers + self.overhead
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total": self.total, "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class RankParams:
+    """Parameters on one GPU of a stage, split by the group that reduces their gradients."""
+
+    dense: float
+    """Reduced and sharded over the whole data-parallel group."""
+    expert: float
+    """Routed experts: reduced and sharded over dp/ep ranks."""
+    layer_dense: float
+    """One (average) layer's non-expert parameters on this GPU: what FSDP gathers at a time."""
+    layer_expert: float
+    """One (average) layer's routed-expert parameters on this GPU."""
+
+    @property
+    def layer(self) -> float:
+        return self.layer_dense + self.layer_expert
+
+
+@lru_cache(maxsize=16384)
+def rank_params(cfg: ModelConfig, tp: int, ep: int, pp: int, virtual: int, stage: str) -> RankParams:
+    """Parameters of the first or last stage on one GPU: TP splits matrices, EP splits experts."""
+    h = cfg.dim
+    norms = 2 * h
+    attn = analytics.attention_params(cfg) / tp
+    dense_mlp = analytics.mlp_params(cfg, cfg.ffn_hidden) / tp
+    expert_mlp = analytics.mlp_params(cfg, cfg.expert_hidden)
+    moe_fixed = h * cfg.n_experts + cfg.n_shared_experts * expert_mlp / tp  # router (replicated) + shared
+    routed = cfg.n_experts * expert_mlp / (ep * tp)
+    moe_share = moe_layer_count(cfg) / cfg.n_layers
+    layers = min(cfg.n_layers, layers_per_rank(cfg.n_layers, pp, virtual))
+    per_layer_dense = norms + attn + (1 - moe_share) * dense_mlp + moe_share * moe_fixed
+    dense = layers * per_layer_dense
+    table = cfg.vocab_size * h / tp  # vocab-parallel embedding or head
+    if pp == 1:
+        dense += table + (0 if cfg.tie_embeddings else table) + h
+    elif stage == "first":
+        dense += table
+    else:
+        dense += table + h  # a tied head keeps its own copy on the last stage
+    return RankParams(dense=dense, expert=layers * moe_share * routed,
+                      layer_dense=per_layer_dense, layer_expert=moe_share * routed)
+
+
+def activation_bytes_per_layer(workload: Workload, layout: Layout, recompute: str | None = None) -> float:
+    """Average bytes one layer saves for one micro-batch on one GPU (dense and MoE layers weighted)."""
+    lay = layout
+    return _activation_bytes_per_layer(workload.model, workload.seq_len, lay.micro_batch, lay.tp,
+                                       lay.sequence_parallel, lay.recompute if recompute is None else recompute,
+                                       workload.attention, 4 if workload.precision == "fp32" else 2)
+
+
+@lru_cache(maxsize=65536)
+def _activation_bytes_per_layer(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int, sp: bool,
+                                recompute: str, attention: str, elem: int) -> float:
+    if attention == "unfused":
+        return analytics.korthikanti_activation_bytes_per_layer(
+            seq_len, micro_batch, cfg.dim, cfg.n_heads, tp=tp, sequence_parallel=sp, recompute=recompute)
+    kw = dict(tp=tp, sequence_parallel=sp, recompute=recompute, bytes_per_element=elem)
+    n_moe = moe_layer_count(cfg)
+    dense = 0.0 if n_moe == cfg.n_layers else analytics.activation_bytes_per_layer(
+        cfg, seq_len, micro_batch, layer=_first_layer(cfg, moe=False), **kw)
+    moe = 0.0 if n_moe == 0 else analytics.activation_bytes_per_layer(
+        cfg, seq_len, micro_batch, layer=_first_layer(cfg, moe=True), **kw)
+    return (dense * (cfg.n_layers - n_moe) + moe * n_moe) / cfg.n_layers
+
+
+def _first_layer(cfg: ModelConfig, moe: bool) -> int:
+    return next(i for i in range(cfg.n_layers) if cfg.is_moe_layer(i) == moe)
+
+
+def inflight_layer_microbatches(n_layers: int, pp: int, virtual: int, schedule: str, microbatches: int) -> tuple[float, float]:
+    """(first stage, last stage) count of layer x micro-batch activations held at the peak.
+
+    1F1B: stage 0 runs p forwards before its first backward, so it holds min(p, m) micro-batches of
+    its L/p layers — L layers' worth (Korthikanti Eq. 5); the last stage holds one. Interleaved:
+    rank 0 warms up 2(p-1) + (v-1)p chunk-micro-batches before its first backward, plus the one in
+    flight, which is L·(1 + (p-1)/(p·v)) layers. GPipe holds all m on every stage.
+    """
+    m = microbatches
+    per_rank = min(n_layers, layers_per_rank(n_layers, pp, virtual))
+    if pp == 1:
+        return float(per_rank), float(per_rank)
+    if schedule == "gpipe":
+        return float(per_rank * m), float(per_rank * m)
+    if schedule == "interleaved-1f1b":
+        chunk = per_rank / virtual
+        first = min(m * virtual, 2 * (pp - 1) + (virtual - 1) * pp + 1) * chunk
+        last = min(m * virtual, (virtual - 1) * pp + 1) * chunk
+        return first, last
+    return float(per_rank * min(pp, m)), float(per_rank)
+
+
+def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakdown:
+    """Peak memory of the busiest GPU (the larger of the first and the last pipeline stage)."""
+    cfg, lay, gpu = workload.model, layout, cluster.gpu
+    elem = 4 if workload.precision == "fp32" else 2
+    m = lay.microbatches(workload.global_batch)
+    T = workload.seq_len * lay.micro_batch
+    sp = lay.tp if lay.sequence_parallel else 1
+    act_layer = activation_bytes_per_layer(workload, layout)
+    first_n, last_n = inflight_layer_microbatches(cfg.n_layers, lay.pp, lay.pp_virtual, lay.pp_schedule, m)
+    if lay.recompute == "full":
+        # Checkpoints for every layer in flight, plus one layer's full activations while it is
+        # recomputed during backward.
+        working = activation_bytes_per_layer(workload, layout, recompute="none")
+    else:
+        working = 0.0
+    logits_last = T * cfg.vocab_size / lay.tp * 8  # fp32 logits + their gradient in the loss
+    embed_first = T * cfg.dim * elem / sp * (min(lay.pp, m) if lay.pp > 1 else 1)
+
+    best = None
+    for stage, n_held, logits in (("first", first_n, embed_first), ("last", last_n, logits_last)):
+        if lay.pp == 1:
+            stage, logits = "only", embed_first + logits_last
+        params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.pp_virtual, "last" if stage == "only" else stage)
+        w, g, o = model_state_bytes(params.dense, lay.dp, lay.zero, workload.precision)
+        we, ge, oe = model_state_bytes(params.expert, max(1, lay.dp // lay.ep), lay.zero, workload.precision)
+        activations = act_layer * n_held + working
+        buffers = _buffers(workload, layout, params.layer, T, elem, sp)
+        dynamic = activations + logits + buffers
+        bd = MemoryBreakdown(params=w + we, grads=g + ge, optimizer=o + oe, activations=activations,
+                             logits=logits, buffers=buffers,
+                             overhead=gpu.reserved_bytes + FRAGMENTATION * dynamic,
+                             stage=stage, capacity=gpu.hbm_bytes)
+        if best is None or bd.total > best.total:
+            best = bd
+        if lay.pp == 1:
+            break
+    return best
+
+
+def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem: int, sp: int) -> float:
+    cfg = workload.model
+    out = 0.0
+    if lay.dp > 1:
+        if lay.zero == 3:
+            out += 2 * layer_params * elem + layer_params * 4  # gathered layer + prefetched one; fp32 grad reduce
+        elif lay.zero == 2:
+            out += layer_params * 4  # one layer's gradients being reduce-scattered
+        else:
+            out += 2 * DDP_BUCKET_BYTES
+    if lay.tp > 1 and lay.sequence_parallel:
+        out += 2 * T * cfg.dim * elem  # all-gathered sequence for the column-parallel matmuls
+    if lay.pp > 1:
+        out += 4 * T * cfg.dim * elem / sp  # activations and gradients, sent and received
+    if lay.ep > 1:
+        out += 2 * T * cfg.top_k * cfg.dim * elem / lay.tp  # dispatch and combine
+    return out

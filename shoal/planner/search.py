@@ -1,0 +1,229 @@
+"""Enumerate every valid layout for a model on N GPUs, keep the ones that fit, rank them.
+
+A dimension the user fixed stays fixed; the others range over what divides: tp over divisors of
+the head counts, pp up to the layer count, dp = N / (tp * pp) dividing the global batch, ep over
+divisors of dp and of the expert count, every ZeRO stage, power-of-two micro-batch sizes dividing
+the per-rank batch, each recompute mode and schedule, interleaving factors from a short list; ep
+over powers of two dividing dp and the expert count. Memory is checked
+before time so layouts that cannot fit cost little.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from shoal.errors import UserError
+from shoal.planner.evaluate import Plan
+from shoal.planner.layout import RECOMPUTE, Cluster, Layout, Workload, invalid_reason, trainer_limit
+from shoal.planner.memory import memory
+from shoal.planner.timing import step_time
+
+VIRTUAL_STAGES = (2, 3, 4, 5, 6, 8, 10, 12, 16)
+"""Interleaving factors tried (chunks per pipeline rank)."""
+MAX_MICRO_BATCH = 128
+RANKINGS = ("throughput", "cost")
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """Layout dimensions the user pinned (None: searched)."""
+
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    ep: int | None = None
+    zero: int | None = None
+    micro_batch: int | None = None
+    recompute: str | None = None
+    pp_schedule: str | None = None
+    pp_virtual: int | None = None
+    sequence_parallel: bool | None = None
+
+    @property
+    def complete(self) -> bool:
+        return None not in (self.dp, self.tp, self.pp, self.zero, self.micro_batch, self.recompute)
+
+
+@dataclass
+class SearchResult:
+    plans: list[Plan]
+    """Layouts that fit, best first."""
+    closest_misses: list[Plan]
+    """The layouts that do not fit but come closest (least memory), for the 'why not' table."""
+    evaluated: int = 0
+    fitting: int = 0
+    dominated: int = 0
+    """Layouts skipped because the same layout with less recomputation already fits (and is faster)."""
+    rejected: Counter = field(default_factory=Counter)
+    """Why layouts were thrown out: 'memory', 'trainer' (shoal train cannot run it yet) or the field
+    that did not divide."""
+    seconds: float = 0.0
+    note: str = ""
+    """Set when the layouts shown are ones shoal train cannot run yet."""
+
+    @property
+    def best(self) -> Plan | None:
+        return self.plans[0] if self.plans else None
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _powers_of_two(n: int) -> list[int]:
+    """1, 2, 4, ... that divide n: micro-batch and expert-parallel sizes worth trying."""
+    out, p = [], 1
+    while p <= n and n % p == 0:
+        out.append(p)
+        p *= 2
+    return out
+
+
+def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: Counter | None = None,
+                      max_tp: int | None = None):
+    """Every layout that divides (no memory check), honouring the fixed dimensions.
+
+    Recompute modes come innermost and lightest first, which `search` relies on to skip dominated
+    ones. Unless pinned, tp stays within max_tp (a node): tensor parallelism over the inter-node
+    network is never competitive, and pinning --tp still evaluates it.
+    """
+    cfg, B = workload.model, workload.global_batch
+    rejected = Counter() if rejected is None else rejected
+    tps = [fixed.tp] if fixed.tp else [t for t in _divisors(n_gpus) if cfg.n_heads % t == 0 and cfg.n_kv_heads % t == 0
+                                       and cfg.ffn_hidden % t == 0 and (not cfg.is_moe or cfg.expert_hidden % t == 0)
+                                       and (max_tp is None or t <= max_tp)]
+    recomputes = [fixed.recompute] if fixed.recompute else list(RECOMPUTE)
+    for tp in tps:
+        if n_gpus % tp:
+            rejected["tp"] += 1
+            continue
+        pps = [fixed.pp] if fixed.pp else [p for p in _divisors(n_gpus // tp) if p <= cfg.n_layers]
+        for pp in pps:
+            if n_gpus % (tp * pp):
+                rejected["pp"] += 1
+                continue
+            dp = n_gpus // (tp * pp)
+            if fixed.dp and dp != fixed.dp:
+                continue
+            if B % dp:
+                rejected["global_batch"] += 1
+                continue
+            eps = [fixed.ep] if fixed.ep else ([e for e in _powers_of_two(dp) if cfg.n_experts % e == 0] if cfg.is_moe else [1])
+            zeros = [fixed.zero] if fixed.zero is not None else ([0, 1, 2, 3] if dp > 1 else [0])
+            mbs = [fixed.micro_batch] if fixed.micro_batch else [b for b in _powers_of_two(B // dp) if b <= MAX_MICRO_BATCH]
+            sps = [fixed.sequence_parallel] if fixed.sequence_parallel is not None else [tp > 1]
+            for mb in mbs:
+                m = B // (dp * mb) if B % (dp * mb) == 0 else 0
+                for sched, v in _schedules(cfg.n_layers, pp, m, fixed):
+                    for ep in eps:
+                        for zero in zeros:
+                            for rc in recomputes:
+                                for sp in sps:
+                                    yield Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, micro_batch=mb,
+                                                 pp_schedule=sched, pp_virtual=v, recompute=rc, sequence_parallel=sp)
+
+
+def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed):
+    if pp == 1:
+        yield (fixed.pp_schedule or "1f1b"), (fixed.pp_virtual or 1)
+        return
+    names = [fixed.pp_schedule] if fixed.pp_schedule else ["1f1b", "interleaved-1f1b", "gpipe"]
+    for name in names:
+        if name != "interleaved-1f1b":
+            yield name, (fixed.pp_virtual or 1)
+            continue
+        if m and m % pp:
+            continue  # interleaving needs a multiple of pp micro-batches
+        vs = [fixed.pp_virtual] if fixed.pp_virtual else [v for v in VIRTUAL_STAGES if pp * v <= n_layers]
+        for v in vs:
+            yield name, v
+
+
+def sort_key(rank_by: str):
+    """Best first. By throughput, or by cost per token (GPU-hours per token): at one GPU count the
+    two orders agree, since every layout pays for the same GPUs. Ties: less memory, simpler layout."""
+    def key(p: Plan):
+        lay = p.layout
+        primary = p.cluster.n_gpus / p.tokens_per_s if rank_by == "cost" else -p.tokens_per_s
+        return (primary, p.memory.total, lay.tp * lay.pp * lay.ep, lay.zero)
+    return key
+
+
+def search(workload: Workload, cluster: Cluster, fixed: Fixed = Fixed(), *, rank_by: str = "throughput",
+           keep: int = 50, misses: int = 5) -> SearchResult:
+    """All valid layouts of `workload` on `cluster`, the fitting ones ranked best first.
+
+    Layouts shoal train cannot run yet are left out, unless nothing it can run fits: then the
+    search runs again without that limit (planning for other trainers) and says so in `note`.
+    """
+    try:
+        result = _search(workload, cluster, fixed, rank_by, keep, misses, trainer_only=True)
+    except UserError:
+        result = None
+    if result is None or (not result.plans and result.rejected["trainer"]):
+        first = result
+        result = _search(workload, cluster, fixed, rank_by, keep, misses, trainer_only=False)
+        result.note = "nothing shoal train can run fits: these layouts need another trainer (no --emit)"
+        if first is not None:
+            result.seconds += first.seconds
+    return result
+
+
+def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, keep: int, misses: int, *,
+            trainer_only: bool) -> SearchResult:
+    start = time.perf_counter()
+    result = SearchResult(plans=[], closest_misses=[])
+    invalid = Counter()
+    first_invalid = first_limit = None
+    fitting, missing = [], []
+    fit_without_more_recompute = set()
+    for layout in candidate_layouts(workload, cluster.n_gpus, fixed, result.rejected, max_tp=cluster.gpus_per_node):
+        bad = invalid_reason(workload, layout, cluster.n_gpus)
+        if bad:
+            invalid[bad[0]] += 1
+            first_invalid = first_invalid or bad
+            continue
+        limit = trainer_limit(workload, layout) if trainer_only else None
+        if limit:  # valid, but shoal train cannot run it yet: keep emitted recipes runnable
+            result.rejected["trainer"] += 1
+            first_limit = first_limit or limit
+            continue
+        result.evaluated += 1
+        lay = layout
+        key = (lay.dp, lay.tp, lay.pp, lay.ep, lay.zero, lay.micro_batch, lay.pp_schedule, lay.pp_virtual,
+               lay.sequence_parallel)
+        if key in fit_without_more_recompute:
+            # The same layout already fits with less recomputation, which is never slower.
+            result.dominated += 1
+            continue
+        mem = memory(workload, layout, cluster)
+        if not mem.fits:
+            result.rejected["memory"] += 1
+            missing.append((mem.total, layout, mem))
+            continue
+        fit_without_more_recompute.add(key)
+        fitting.append(Plan(workload, layout, cluster, mem, step_time(workload, layout, cluster)))
+    result.rejected.update(invalid)
+    if result.evaluated == 0:
+        if first_invalid or first_limit:
+            raise UserError(*(first_invalid or first_limit))
+        raise UserError("gpus", cluster.n_gpus, _no_layout_fix(workload, cluster.n_gpus, fixed))
+    fitting.sort(key=sort_key(rank_by))
+    result.fitting = len(fitting)
+    result.plans = fitting[:keep]
+    missing.sort(key=lambda t: t[0])
+    result.closest_misses = [Plan(workload, lay, cluster, mem, step_time(workload, lay, cluster))
+                             for _, lay, mem in missing[:misses]]
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _no_layout_fix(workload: Workload, n_gpus: int, fixed: Fixed) -> str:
+    pinned = {k: v for k, v in vars(fixed).items() if v is not None}
+    if pinned:
+        return f"no layout of {n_gpus} GPUs divides with {pinned}; drop one of these or change --gpus"
+    return (f"no layout of {n_gpus} GPUs divides the model and a global batch of {workload.global_batch}; "
+            f"use a GPU count that is a multiple of the head count's divisors and divides the batch")

@@ -1,0 +1,201 @@
+"""Step time for a layout, with a breakdown that sums to the step.
+
+One micro-batch on the busiest pipeline rank (its layers plus the output head) takes t_f forward
+and t_b backward: kernels (compute.py), recomputation, and the collectives on the critical path.
+The pipeline then takes (m + (p-1)/v)·(t_f + t_b): m micro-batches plus the bubble, a
+(p-1)/(v·m) fraction (1F1B and GPipe have v = 1). After the last backward come the data-parallel
+gradient reduction (the part not hidden behind that backward) and the optimizer step.
+
+Overlap, and why:
+- tensor-parallel collectives are on the critical path (each matmul needs its result): not hidden.
+- pipeline send/recv: on the critical path, once per chunk boundary each way.
+- expert all-to-all: on the critical path (the experts wait for their tokens).
+- DDP / ZeRO-1 gradient reduction starts as soon as the last micro-batch's gradients for a bucket
+  exist, so it hides behind that backward, all but the last bucket; the ZeRO-1/2 parameter
+  all-gather after the optimizer hides behind the next step's first forward.
+- ZeRO-2 reduce-scatters and ZeRO-3 gathers are per layer and per micro-batch; each hides behind
+  the layer it is prefetched for, and only what is longer than that layer's compute shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from shoal.planner import collectives as coll
+from shoal.planner.compute import head_time, layer_time
+from shoal.planner.layout import Cluster, Layout, Workload, group_ranks_per_node, layers_per_rank, moe_layer_count
+from shoal.planner.memory import rank_params
+
+OVERLAP_SLOWDOWN = 0.15
+"""Hidden communication is not free: NCCL's kernels occupy SMs (16-24 of an H100's 132) and HBM
+bandwidth while they run, so compute overlapped with a collective slows by about this fraction of
+the collective's duration."""
+
+OPTIMIZER_BYTES_PER_PARAM = 30
+"""Adam step, memory-bound: fp32 master, momentum and variance read and written (24), the gradient
+read for the step and for the clip norm (4), the 16-bit weight written (2)."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer step; the fields up to `optimizer` add up to `step`."""
+
+    compute: float
+    """Forward and backward kernels (GEMMs, attention, memory-bound ops) of all micro-batches."""
+    recompute: float
+    """Forward kernels re-run under activation checkpointing."""
+    tp_comm: float
+    """Tensor/sequence-parallel all-reduces, all-gathers and reduce-scatters."""
+    pp_comm: float
+    """Pipeline sends and receives between stages."""
+    ep_comm: float
+    """Expert-parallel all-to-all (dispatch and combine)."""
+    fsdp_comm: float
+    """Exposed per-micro-batch ZeRO-2 reduce-scatters and ZeRO-3 parameter gathers."""
+    bubble: float
+    """Pipeline fill and drain: (p-1)/v micro-batch times."""
+    dp_comm: float
+    """Exposed data-parallel gradient reduction and parameter gather once per step."""
+    optimizer: float
+    """The optimizer step on this GPU's shard."""
+    step: float
+    microbatches: int
+    dp_comm_total: float
+    """Gradient reduction and parameter gather per step before overlap (to show how much is hidden)."""
+    tp_on_nvlink: bool
+    """Whether every TP group sits inside one node."""
+
+    @property
+    def bubble_fraction(self) -> float:
+        return self.bubble / self.step if self.step else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "bubble_fraction": self.bubble_fraction}
+
+
+def network(cluster: Cluster) -> coll.Network:
+    gpu = cluster.gpu
+    return coll.Network(gpu.intra_busbw, gpu.intra_node_latency, gpu.inter_busbw, gpu.inter_node_latency)
+
+
+def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
+    cfg, lay, gpu = workload.model, layout, cluster.gpu
+    net, G = network(cluster), cluster.gpus_per_node
+    prec, elem = workload.precision, (4 if workload.precision == "fp32" else 2)
+    m = lay.microbatches(workload.global_batch)
+    T = workload.seq_len * lay.micro_batch
+    sp = lay.tp if lay.sequence_parallel else 1
+    L = cfg.n_layers
+    n_moe = moe_layer_count(cfg)
+    moe_share = n_moe / L
+    layers = min(L, layers_per_rank(L, lay.pp, lay.pp_virtual))
+
+    # --- kernels of one average layer and the head, one micro-batch ---
+    args = (cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel, workload.attention, prec)
+    dense = layer_time(*args, False, lay.ep) if n_moe < L else None
+    moe = layer_time(*args, True, lay.ep) if n_moe else None
+
+    def avg(field: str) -> float:
+        d = getattr(dense, field) if dense else 0.0
+        e = getattr(moe, field) if moe else 0.0
+        return (1 - moe_share) * d + moe_share * e
+
+    fwd, bwd = avg("fwd"), avg("bwd")
+    recompute = {"none": 0.0, "selective": avg("attn_fwd"), "full": fwd}[lay.recompute]
+    head = head_time(cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, prec)
+
+    # --- tensor parallel: per layer, on the critical path ---
+    g_tp = group_ranks_per_node(lay.tp, 1, G)
+    act = T * cfg.dim * elem  # one full-sequence activation tensor
+    if lay.tp > 1 and lay.sequence_parallel:
+        tp_fwd = 4 * coll.all_gather(act, lay.tp, g_tp, net)  # 2 all-gathers + 2 reduce-scatters
+    elif lay.tp > 1:
+        tp_fwd = 2 * coll.all_reduce(act, lay.tp, g_tp, net)
+    else:
+        tp_fwd = 0.0
+    tp_bwd = tp_fwd + (tp_fwd if lay.recompute == "full" else 0.0)
+
+    # --- expert all-to-all: dispatch + combine, per MoE layer ---
+    if n_moe and lay.ep > 1:
+        g_ep = group_ranks_per_node(lay.ep, lay.tp, G)
+        a2a = coll.all_to_all(T * cfg.top_k * cfg.dim * elem / lay.tp, lay.ep, g_ep, net)
+        ep_fwd = moe_share * 2 * a2a
+        ep_bwd = ep_fwd + (ep_fwd if lay.recompute == "full" else 0.0)
+    else:
+        ep_fwd = ep_bwd = 0.0
+
+    # --- data parallel ---
+    params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.pp_virtual, "last")
+    edp = max(1, lay.dp // lay.ep)
+    g_dp = group_ranks_per_node(lay.dp, lay.tp, G)
+    g_edp = group_ranks_per_node(edp, lay.tp * lay.ep, G)
+
+    def gather(n_dense: float, n_expert: float) -> float:
+        """All-gather (or reduce-scatter: same time) of these many unsharded parameters."""
+        return (coll.all_gather(n_dense * elem, lay.dp, g_dp, net)
+                + coll.all_gather(n_expert * elem, edp, g_edp, net)) if lay.dp > 1 else 0.0
+
+    layer_dense, layer_expert = params.layer_dense, params.layer_expert
+    fsdp_fwd = fsdp_bwd = fsdp_start = 0.0
+    if lay.dp > 1 and lay.zero >= 2:
+        # Per layer, per micro-batch: sizes are the full (unsharded) layer on this TP rank.
+        rs = gather(layer_dense, layer_expert)
+        ag = rs if lay.zero == 3 else 0.0
+        fsdp_fwd = _overlap(ag, fwd + tp_fwd)
+        fsdp_bwd = _overlap(ag + rs, bwd + recompute + tp_bwd)
+        fsdp_start = ag + rs  # once per step: the very first gather and the very last reduce-scatter show
+
+    # --- one micro-batch on the busiest rank ---
+    p2p = 0.0
+    if lay.pp > 1:
+        same_node = lay.tp * lay.dp < G
+        # Only 1/tp of the activation crosses: sequence parallelism leaves it split, and without it
+        # Megatron's scatter/gather sends a 1/tp slice and all-gathers it over NVLink (Narayanan §4.1).
+        p2p = lay.pp_virtual * coll.p2p(act / lay.tp, same_node, net)
+    t_f = layers * (fwd + tp_fwd + ep_fwd + fsdp_fwd) + head.fwd + p2p
+    t_b = layers * (bwd + recompute + tp_bwd + ep_bwd + fsdp_bwd) + head.bwd + p2p
+    bubble_mbs = 0.0 if lay.pp == 1 else (lay.pp - 1) / lay.pp_virtual
+    bubble = bubble_mbs * (t_f + t_b)
+
+    # --- once per step: gradient reduction and (ZeRO-1/2) parameter gather ---
+    dp_total = dp_exposed = 0.0
+    if lay.dp > 1 and lay.zero <= 2:
+        if lay.zero == 0:
+            sync = (coll.all_reduce(params.dense * elem, lay.dp, g_dp, net)
+                    + coll.all_reduce(params.expert * elem, edp, g_edp, net))
+            regather = 0.0
+        else:
+            regather = gather(params.dense, params.expert)  # updated weights back to every rank
+            sync = regather if lay.zero == 1 else 0.0  # ZeRO-2 reduced its gradients per micro-batch
+        window = max(0.0, t_b - (bwd + recompute + tp_bwd))  # the last backward, all but its last layer
+        last_bucket = sync / max(layers, 1)
+        dp_total = sync + regather + (m * layers * gather(layer_dense, layer_expert) if lay.zero == 2 else 0.0)
+        dp_exposed = last_bucket + _overlap(sync - last_bucket, window) + _overlap(regather, t_f)
+    elif lay.dp > 1:
+        dp_total = m * layers * 3 * gather(layer_dense, layer_expert)
+
+    local = params.dense / (lay.dp if lay.zero >= 1 else 1) + params.expert / (edp if lay.zero >= 1 else 1)
+    optimizer = OPTIMIZER_BYTES_PER_PARAM * local / (gpu.hbm_bandwidth * gpu.hbm_efficiency)
+
+    step = m * (t_f + t_b) + bubble + fsdp_start + dp_exposed + optimizer
+    return StepTime(
+        compute=m * (layers * (fwd + bwd) + head.fwd + head.bwd),
+        recompute=m * layers * recompute,
+        tp_comm=m * layers * (tp_fwd + tp_bwd),
+        pp_comm=m * 2 * p2p,
+        ep_comm=m * layers * (ep_fwd + ep_bwd),
+        fsdp_comm=m * layers * (fsdp_fwd + fsdp_bwd) + fsdp_start,
+        bubble=bubble,
+        dp_comm=dp_exposed,
+        optimizer=optimizer,
+        step=step,
+        microbatches=m,
+        dp_comm_total=dp_total,
+        tp_on_nvlink=lay.tp <= G,
+    )
+
+
+def _overlap(comm: float, compute: float) -> float:
+    """Time a collective adds when it runs beside `compute` seconds of kernels."""
+    hidden = min(comm, compute)
+    return (comm - hidden) + OVERLAP_SLOWDOWN * hidden

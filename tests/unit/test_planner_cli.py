@@ -1,0 +1,134 @@
+"""`shoal plan` end to end, as other tools call it: a subprocess, JSON out, a recipe file, exit codes."""
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+BASE = ["--seq-len", "4096", "--global-batch", "256", "--gpu", "h100"]
+
+
+def plan(*args, cache_dir=None):
+    env = dict(os.environ, SHOAL_CACHE_DIR=str(cache_dir or "/nonexistent-shoal-cache"))
+    return subprocess.run([sys.executable, "-m", "shoal", "plan", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_json_search_and_emitted_recipe(tmp_path):
+    recipe = tmp_path / "plan-8b.toml"
+    out = plan("--model", "llama3-8b", *BASE, "--gpus", "64", "--top", "3", "--json", "--emit", str(recipe),
+               "--tokens", "1T", "--usd-per-gpu-hour", "2")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    best = doc["best"]
+    assert best["fits"] and best["memory_bytes"]["total"] <= doc["cluster"]["gpu"]["hbm_bytes"]
+    assert len(doc["layouts"]) == 3 and doc["search"]["evaluated"] > 0
+    assert 0 < best["mfu"] < 1 and best["tokens_per_s"] > 0
+    assert doc["training"]["ideal_days"] == pytest.approx(1e12 / best["tokens_per_s"] / 86400)
+    lay = best["layout"]
+    assert lay["dp"] * lay["tp"] * lay["pp"] == 64
+    rec = tomllib.loads(recipe.read_text())
+    assert rec["model"] == {"preset": "llama3-8b"}
+    for key in ("dp_replicate", "dp_shard", "tp", "pp", "ep", "zero", "pp_schedule", "pp_microbatches",
+                "pp_virtual_stages", "sequence_parallel"):
+        assert rec["parallel"][key] == lay[{"pp_microbatches": "pp_microbatches", "pp_virtual_stages": "pp_virtual"}.get(key, key)]
+    assert rec["parallel"]["dp_replicate"] * rec["parallel"]["dp_shard"] == lay["dp"]
+    assert rec["train"]["activation_checkpoint"] == lay["recompute"]
+    assert rec["train"]["micro_batch"] == lay["micro_batch"] and rec["train"]["global_batch"] == 256
+
+
+def test_all_dimensions_given_evaluates_one_layout():
+    out = plan("--layers", "24", "--hidden", "2048", "--heads", "16", *BASE, "--gpus", "16", "--tp", "2", "--pp", "2",
+               "--dp", "4", "--zero", "1", "--micro-batch", "2", "--recompute", "selective", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["search"] is None and len(doc["layouts"]) == 1
+    lay = doc["best"]["layout"]
+    assert (lay["dp"], lay["tp"], lay["pp"], lay["zero"], lay["micro_batch"], lay["recompute"]) == (4, 2, 2, 1, 2, "selective")
+    assert lay["dp_shard"] == 4 and lay["dp_replicate"] == 1 and lay["sequence_parallel"] is True
+
+
+def test_text_output_names_winner_and_failures():
+    out = plan("--model", "llama3-70b", *BASE, "--gpus", "32", "--top", "3")
+    assert out.returncode == 0, out.stderr
+    assert "best layouts" in out.stdout and "MFU" in out.stdout
+    one = plan("--model", "llama3-70b", *BASE, "--gpus", "8", "--tp", "8", "--pp", "1", "--dp", "1", "--zero", "0",
+               "--micro-batch", "1", "--recompute", "none")
+    assert one.returncode == 0
+    assert "does NOT fit" in one.stdout and "GiB > 80 GiB" in one.stdout
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--model", "llama3-8b", *BASE, "--gpus", "64", "--gpu", "h1000"], "gpu="),
+    (["--model", "llama3-8b", *BASE, "--gpus", "100", "--tp", "8"], "gpus=100"),
+    (["--model", "llama3-8b", *BASE, "--gpus", "64", "--tp", "3"], "tp=3"),
+    (["--model", "llama3-8b", *BASE, "--gpus", "64", "--dp", "64", "--tp", "2"], "gpus=64"),
+    (["--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "100", "--gpu", "h100", "--gpus", "64",
+      "--dp", "64"], "global_batch=100"),
+    (["--model", "llama3-8b", *BASE, "--gpus", "64", "--pp", "40"], "pp=40"),
+    (["--model", "llama3-8b", *BASE, "--gpus", "64", "--ep", "2"], "ep=2"),
+    (["--model", "llama3-9b", *BASE, "--gpus", "64"], "model.preset="),
+    (["--layers", "4", *BASE, "--gpus", "8"], "model="),
+    (["--model", "llama3-8b", *BASE, "--gpus", "64", "--scale", "64-8"], "scale="),
+    (["--model", "llama3-8b", *BASE, "--gpus", "64", "--hw", "nvlink=1"], "hw.nvlink="),
+    (["--model", "llama3-8b", *BASE, "--gpus", "16", "--tp", "8", "--pp", "1", "--dp", "2", "--zero", "1",
+      "--micro-batch", "1", "--recompute", "none", "--pp-schedule", "interleaved-1f1b"], "pp_schedule="),
+    (["--model", "llama3-8b", *BASE], "gpus="),
+    (["--model", "llama3-8b", *BASE, "--gpus", "64", "--zero", "4"], "--zero"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, field):
+    out = plan(*args)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert field in lines[0]
+
+
+def test_scale_and_figures(tmp_path):
+    out = plan("--model", "llama3-8b", *BASE, "--scale", "8:64", "--json", "--figures", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert {row["n_gpus"] for row in doc["scale"]} == {8, 16, 32, 64}
+    assert {row["mode"] for row in doc["scale"]} == {"fixed-global-batch", "fixed-per-gpu-batch"}
+    assert (tmp_path / "plan_scaling.png").stat().st_size > 0 and (tmp_path / "plan_scaling.svg").exists()
+
+
+def test_local_gpu_uses_cached_profile(tmp_path):
+    (tmp_path / "local_profile.json").write_text(json.dumps({
+        "cpu_count": 2, "memory_bytes": 8 * 2**30, "matmul_fp32_flops": 50e9, "matmul_bf16_flops": 5e9,
+        "copy_bandwidth": 20e9, "gloo_busbw": 1e9, "gloo_latency": 1e-4}))
+    out = plan("--model", "tiny", "--seq-len", "256", "--global-batch", "16", "--gpu", "local", "--gpus", "2", "--json",
+               cache_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["cluster"]["gpu"]["name"] == "local" and doc["workload"]["precision"] == "fp32"
+
+
+def test_planner_imports_no_torch():
+    code = ("import sys, shoal.cli.plan, shoal.planner.search, shoal.planner.scaling, shoal.planner.recipe, "
+            "shoal.planner.render, shoal.planner.cost; assert 'torch' not in sys.modules, 'torch imported'")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("args", [
+    ["--model", "llama3-8b", "--seq-len", "16384", "--global-batch", "64", "--gpu", "h100", "--gpus", "16"],
+    ["--model", "mixtral-8x7b", *BASE, "--gpus", "64"],
+    ["--layers", "24", "--hidden", "2048", "--heads", "16", "--kv-heads", "4", *BASE, "--gpus", "32", "--pp", "4"],
+])
+def test_emitted_recipe_passes_the_trainers_checks(tmp_path, args):
+    """The contract with shoal train: its config loader and layout validation accept the recipe."""
+    from shoal.config import load_config
+    from shoal.parallel.mesh import resolve_dims
+
+    recipe = tmp_path / "plan.toml"
+    out = plan(*args, "--json", "--emit", str(recipe))
+    assert out.returncode == 0, out.stderr
+    lay = json.loads(out.stdout)["best"]["layout"]
+    cfg = load_config(recipe)
+    dims = resolve_dims(cfg.parallel, lay["dp"] * lay["tp"] * lay["pp"], cfg.model_config(),
+                        global_batch=cfg.train.global_batch, micro_batch=cfg.train.micro_batch)
+    assert (dims.tp, dims.pp, dims.ep) == (lay["tp"], lay["pp"], lay["ep"])
+    assert cfg.train.activation_checkpoint == lay["recompute"]

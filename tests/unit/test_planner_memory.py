@@ -1,0 +1,137 @@
+"""Planner memory model against the ZeRO paper (Table 1, exactly) and Korthikanti et al. (Table 2, Eq. 5/6)."""
+
+import math
+
+import pytest
+
+from shoal.model import analytics
+from shoal.model.config import PRESETS, ModelConfig
+from shoal.planner.hardware import GiB, get_gpu
+from shoal.planner.layout import Cluster, Layout, Workload
+from shoal.planner.memory import inflight_layer_microbatches, memory, model_state_bytes
+from shoal.planner.search import Fixed, search
+
+# ZeRO (Rajbhandari et al. 2020) Table 1: per-device model-state GB for (Ψ, stage) at each DP degree.
+ZERO_TABLE1 = {
+    # dp: (7.5B os, os+g, os+g+p, 128B os, os+g, os+g+p, 1T os, os+g, os+g+p)
+    1: ("120", "120", "120", "2048", "2048", "2048", "16000", "16000", "16000"),
+    4: ("52.5", "41.3", "30", "896", "704", "512", "7000", "5500", "4000"),
+    16: ("35.6", "21.6", "7.5", "608", "368", "128", "4750", "2875", "1000"),
+    64: ("31.4", "16.6", "1.88", "536", "284", "32", "4187", "2218", "250"),
+    256: ("30.4", "15.4", "0.47", "518", "263", "8", "4046", "2054", "62.5"),
+    1024: ("30.1", "15.1", "0.12", "513", "257", "2", "4011", "2013", "15.6"),
+}
+
+
+def _matches_printed(value: float, printed: str) -> bool:
+    """The paper prints values rounded or truncated to the digits shown; either is an exact match."""
+    decimals = len(printed.split(".")[1]) if "." in printed else 0
+    scale = 10 ** decimals
+    half_up = math.floor(value * scale + 0.5 + 1e-9) / scale
+    truncated = math.floor(value * scale + 1e-9) / scale
+    return float(printed) in (half_up, truncated)
+
+
+@pytest.mark.parametrize("dp", sorted(ZERO_TABLE1))
+def test_zero_table1_exactly(dp):
+    cells = iter(ZERO_TABLE1[dp])
+    for psi in (7.5e9, 128e9, 1e12):
+        for zero in (1, 2, 3):
+            gb = sum(model_state_bytes(psi, dp, zero, "bf16")) / 1e9
+            printed = next(cells)
+            assert _matches_printed(gb, printed), (psi, dp, zero, gb, printed)
+
+
+def test_zero_baseline_and_stage_formulas():
+    psi, nd = 1.5e9, 8
+    assert sum(model_state_bytes(psi, nd, 0)) == 16 * psi  # GPT-2 1.5B: "at least 24 GB"
+    assert sum(model_state_bytes(psi, nd, 0)) / 1e9 == pytest.approx(24.0)
+    assert sum(model_state_bytes(psi, nd, 1)) == pytest.approx(4 * psi + 12 * psi / nd)
+    assert sum(model_state_bytes(psi, nd, 2)) == pytest.approx(2 * psi + 14 * psi / nd)
+    assert sum(model_state_bytes(psi, nd, 3)) == pytest.approx(16 * psi / nd)
+
+
+# Korthikanti et al. (2022) Table 2, bytes per layer, written out independently of analytics.py.
+@pytest.mark.parametrize("s,b,h,a,t", [(2048, 1, 12288, 96, 8), (2048, 1, 20480, 128, 8), (2048, 4, 6144, 64, 8),
+                                       (4096, 2, 4096, 32, 1)])
+def test_korthikanti_table2_exactly(s, b, h, a, t):
+    f = analytics.korthikanti_activation_bytes_per_layer
+    sbh = s * b * h
+    assert f(s, b, h, a, tp=1) == pytest.approx(sbh * (34 + 5 * a * s / h), rel=1e-12)
+    assert f(s, b, h, a, tp=t) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12)
+    assert f(s, b, h, a, tp=t, sequence_parallel=True) == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)), rel=1e-12)
+    assert f(s, b, h, a, tp=t, recompute="selective") == pytest.approx(sbh * (10 + 24 / t), rel=1e-12)
+    assert f(s, b, h, a, tp=t, sequence_parallel=True, recompute="selective") == pytest.approx(sbh * 34 / t, rel=1e-12)
+    assert f(s, b, h, a, tp=t, recompute="full") == pytest.approx(2 * sbh, rel=1e-12)
+
+
+def test_selective_recompute_saves_70_and_65_percent():
+    # Korthikanti §5: 5as/h = 80 for GPT-3 and 64 for MT-NLG; selective recompute saves 70% and 65%.
+    f = analytics.korthikanti_activation_bytes_per_layer
+    for (h, a), saving in (((12288, 96), 0.70), ((20480, 128), 0.65)):
+        full = f(2048, 1, h, a, tp=8, sequence_parallel=True)
+        sel = f(2048, 1, h, a, tp=8, sequence_parallel=True, recompute="selective")
+        assert 1 - sel / full == pytest.approx(saving, abs=0.005)
+
+
+def _gpt(h, a, layers):
+    return ModelConfig(vocab_size=51200, dim=h, n_layers=layers, n_heads=a, n_kv_heads=a, ffn_hidden=4 * h,
+                       mlp="gelu", max_seq_len=2048)
+
+
+def test_pipeline_inflight_eq5_eq6_and_interleaving():
+    # 530B (MT-NLG): t=8, p=35, m=280. First stage holds L layers' worth under 1F1B (Eq. 6 with
+    # selective recompute), times 1 + (p-1)/(p v) interleaved.
+    cfg = _gpt(20480, 128, 105)
+    wl = Workload(cfg, 2048, 280, attention="unfused")
+    cl = Cluster(get_gpu("a100"), 280, 8)
+    sbh = 2048 * 1 * 20480
+    lay = Layout(dp=1, tp=8, pp=35, zero=0, recompute="selective", sequence_parallel=True)
+    assert memory(wl, lay, cl).activations == pytest.approx(34 * sbh * 105 / 8, rel=1e-12)
+    inter = Layout(dp=1, tp=8, pp=35, zero=0, recompute="selective", sequence_parallel=True,
+                   pp_schedule="interleaved-1f1b", pp_virtual=3)
+    assert memory(wl, inter, cl).activations == pytest.approx(34 * sbh * 105 / 8 * (1 + 34 / (35 * 3)), rel=1e-12)
+    # Eq. 5: no recompute, the S×S term included.
+    lay = Layout(dp=1, tp=8, pp=35, zero=0, recompute="none", sequence_parallel=True)
+    expected = sbh * 105 / 8 * (34 + 5 * 128 * 2048 / 20480)
+    assert memory(wl, lay, cl).activations == pytest.approx(expected, rel=1e-12)
+
+
+def test_inflight_counts():
+    assert inflight_layer_microbatches(32, 1, 1, "1f1b", 8) == (32, 32)
+    assert inflight_layer_microbatches(32, 4, 1, "1f1b", 16) == (32, 8)
+    assert inflight_layer_microbatches(32, 4, 1, "1f1b", 2) == (16, 8)  # fewer micro-batches than stages
+    assert inflight_layer_microbatches(32, 4, 1, "gpipe", 16) == (128, 128)
+
+
+def test_more_sharding_and_recompute_never_use_more_memory():
+    wl = Workload(PRESETS["llama3-8b"], 4096, 256)
+    cl = Cluster(get_gpu("h100"), 64, 8)
+    totals = [memory(wl, Layout(dp=8, tp=8, zero=z, sequence_parallel=True), cl).total for z in range(4)]
+    assert totals == sorted(totals, reverse=True)
+    totals = [memory(wl, Layout(dp=8, tp=8, zero=1, recompute=r, sequence_parallel=True), cl).total
+              for r in ("none", "selective", "full")]
+    assert totals == sorted(totals, reverse=True)
+
+
+def test_moe_experts_are_split_by_ep():
+    wl = Workload(PRESETS["mixtral-8x7b"], 4096, 256)
+    cl = Cluster(get_gpu("h100"), 64, 8)
+    one = memory(wl, Layout(dp=64, ep=1, zero=0), cl)
+    eight = memory(wl, Layout(dp=64, ep=8, zero=0), cl)
+    expert = analytics.param_counts(PRESETS["mixtral-8x7b"]).expert
+    assert one.params - eight.params == pytest.approx(2 * expert * (1 - 1 / 8), rel=1e-9)
+
+
+def test_search_respects_memory_and_pins():
+    wl = Workload(PRESETS["llama3-70b"], 4096, 512)
+    cl = Cluster(get_gpu("h100"), 256, 8)
+    result = search(wl, cl, Fixed(pp=4))
+    assert result.plans and result.rejected["memory"] > 0
+    for plan in result.plans:
+        assert plan.memory.total <= get_gpu("h100").hbm_bytes
+        assert plan.layout.pp == 4 and plan.layout.world == 256
+    assert [p.tokens_per_s for p in result.plans] == sorted((p.tokens_per_s for p in result.plans), reverse=True)
+    for miss in result.closest_misses:
+        assert not miss.fits and miss.reasons[0].startswith("needs ")
+        assert f"> {get_gpu('h100').hbm_bytes / GiB:.0f} GiB" in miss.reasons[0]

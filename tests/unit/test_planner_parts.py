@@ -1,0 +1,157 @@
+"""Collectives, hardware catalog, cost and failures, scaling, recipes: the planner's smaller parts."""
+
+import json
+import math
+import tomllib
+
+import pytest
+
+from shoal.errors import UserError
+from shoal.model.config import PRESETS
+from shoal.planner import collectives as coll
+from shoal.planner import cost, hardware, scaling
+from shoal.planner.evaluate import evaluate
+from shoal.planner.layout import Cluster, Layout, Workload
+from shoal.planner.recipe import recipe_text
+from shoal.planner.search import Fixed
+
+NET = coll.Network(intra_busbw=100e9, intra_latency=0.0, inter_busbw=10e9, inter_latency=0.0)
+
+
+def test_collectives_follow_nccl_tests_busbw():
+    S = 1e9
+    # Inside one node: time = S * factor / busbw, factors 2(n-1)/n and (n-1)/n.
+    assert coll.all_reduce(S, 8, 8, NET) == pytest.approx(S * 2 * 7 / 8 / 100e9)
+    assert coll.all_gather(S, 8, 8, NET) == pytest.approx(S * 7 / 8 / 100e9)
+    assert coll.reduce_scatter(S, 8, 8, NET) == pytest.approx(S * 7 / 8 / 100e9)
+    assert coll.all_to_all(S, 8, 8, NET) == pytest.approx(S * 7 / 8 / 100e9)
+    # One rank per node: the whole ring runs on the NICs.
+    assert coll.all_reduce(S, 16, 1, NET) == pytest.approx(S * 2 * 15 / 16 / 10e9)
+    # Hierarchical: NVLink reduce-scatter + all-gather, and 1/8 of the data over the NICs.
+    expected = 2 * S * 7 / 8 / 100e9 + (S / 8) * 2 * 15 / 16 / 10e9
+    assert coll.all_reduce(S, 128, 8, NET) == pytest.approx(expected)
+    assert coll.all_reduce(S, 1, 1, NET) == 0.0
+
+
+def test_latency_terms():
+    net = coll.Network(intra_busbw=1e30, intra_latency=1e-6, inter_busbw=1e30, inter_latency=1e-5)
+    assert coll.all_reduce(8, 8, 8, net) == pytest.approx(2 * 7 * 1e-6)  # ring steps inside a node
+    assert coll.all_reduce(8, 1024, 1, net) == pytest.approx(2 * 10 * 1e-5)  # tree across 1024 nodes
+    assert coll.all_gather(8, 1024, 1, net) == pytest.approx(1023 * 1e-5)  # ring only for all_gather
+
+
+def test_lookup_gpu_from_cuda_names():
+    assert hardware.lookup_gpu("NVIDIA H100 80GB HBM3").peak_bf16_flops == 989e12
+    assert hardware.lookup_gpu("NVIDIA A100-SXM4-80GB").peak_bf16_flops == 312e12
+    assert hardware.lookup_gpu("NVIDIA H200").name == "h200"
+    assert hardware.lookup_gpu("NVIDIA B200").name == "b200"
+    assert hardware.lookup_gpu("NVIDIA H100 PCIe") is None  # different peak: no wrong MFU
+    assert hardware.lookup_gpu("NVIDIA GeForce RTX 4090") is None
+
+
+def test_catalog_and_overrides(tmp_path):
+    for name in ("a100", "h100", "h200", "b200", "mi300x", "tpu-v5p"):
+        gpu = hardware.get_gpu(name)
+        assert gpu.peak_bf16_flops > 0 and 0 < gpu.matmul_efficiency <= 1 and gpu.hbm_bytes > 0
+    with pytest.raises(UserError) as e:
+        hardware.get_gpu("h1000")
+    assert e.value.field == "gpu" and "h100" in e.value.fix
+    slow = hardware.apply_overrides(hardware.get_gpu("h100"), hardware.parse_hw_flags(["inter_node_bandwidth=12.5e9"]))
+    assert slow.inter_node_bandwidth == 12.5e9 and slow.peak_bf16_flops == 989e12
+    with pytest.raises(UserError):
+        hardware.apply_overrides(slow, {"matmul_efficiency": "1.5"})
+    path = tmp_path / "cluster.toml"
+    path.write_text('base = "a100"\ngpus_per_node = 4\ninter_node_bandwidth = 12.5e9\n')
+    gpu = hardware.load_hw_file(path, None)
+    assert (gpu.gpus_per_node, gpu.inter_node_bandwidth, gpu.peak_bf16_flops) == (4, 12.5e9, 312e12)
+
+
+FAKE_PROFILE = {"cpu_count": 4, "memory_bytes": 16 * 2**30, "matmul_fp32_flops": 50e9, "matmul_bf16_flops": 5e9,
+                "copy_bandwidth": 20e9, "gloo_busbw": 2e9, "gloo_latency": 50e-6, "host": "test"}
+
+
+def test_local_profile_is_read_from_cache_not_measured(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
+    (tmp_path / "local_profile.json").write_text(json.dumps(FAKE_PROFILE))
+    gpu = hardware.get_gpu("local")
+    assert (gpu.name, gpu.gpus_per_node, gpu.peak_fp32_flops, gpu.intra_node_bandwidth) == ("local", 4, 50e9, 2e9)
+    assert gpu.hbm_bytes == 4 * 2**30
+    wl = Workload(PRESETS["tiny"], 256, 16, precision="fp32")
+    plan = evaluate(wl, Layout(dp=2, zero=1), Cluster(gpu, 2, 4))
+    assert plan.fits and plan.time.step > 0
+
+
+def test_time_to_train_and_failures():
+    est = cost.estimate(1e12, 1e6, 1000, usd_per_gpu_hour=2.0, mtbf_gpu_hours=1e9, checkpoint_interval_hours=1,
+                        restart_hours=0, checkpoint_write_hours=0)
+    assert est.ideal_hours == pytest.approx(1e12 / 1e6 / 3600)
+    assert est.ideal_cost == pytest.approx(est.ideal_hours * 1000 * 2.0)
+    assert est.expected_hours == pytest.approx(est.ideal_hours, rel=1e-5)  # failures practically never
+    # A failure every 10 h, losing half of a 1 h interval plus a 0.5 h restart: 10% of the time lost.
+    est = cost.estimate(3.6e9 * 100, 1e6, 100, mtbf_gpu_hours=1000, checkpoint_interval_hours=1, restart_hours=0.5)
+    assert est.job_mtbf_hours == 10
+    assert est.expected_hours == pytest.approx(100 / 0.9)
+    assert est.lost_hours == pytest.approx(est.expected_hours - 100)
+    assert est.goodput == pytest.approx(0.9)
+    never = cost.estimate(1e12, 1e6, 100000, mtbf_gpu_hours=50000, checkpoint_interval_hours=2)
+    assert math.isinf(never.expected_hours) and never.as_dict()["expected_hours"] is None
+
+
+def test_scaling_sweep_finds_the_wall():
+    wl = Workload(PRESETS["llama3-8b"], 4096, 64)
+    cl = Cluster(hardware.get_gpu("h100"), 8, 8)
+    points = scaling.sweep(wl, cl, scaling.gpu_counts(8, 512), Fixed(), base_gpus=8)
+    fixed_global = [p for p in points if p.mode == "fixed-global-batch"]
+    assert [p.n_gpus for p in fixed_global] == [8, 16, 32, 64, 128, 256, 512]
+    eff = scaling.efficiency(fixed_global)
+    assert max(eff.values()) == pytest.approx(1.0)
+    assert eff[512] < eff[8]  # a 64-sequence batch cannot keep 512 GPUs busy
+    diminishing, _ = scaling.knee(fixed_global)
+    assert diminishing is not None
+    weak = [p for p in points if p.mode == "fixed-per-gpu-batch"]
+    assert [p.global_batch for p in weak] == [64 * n // 8 for n in (8, 16, 32, 64, 128, 256, 512)]
+    assert scaling.parse_scale("8:16384") == (8, 16384)
+    with pytest.raises(UserError):
+        scaling.parse_scale("16384:8")
+
+
+def test_recipe_uses_trainer_sections():
+    wl = Workload(PRESETS["llama3-8b"], 4096, 64)
+    cl = Cluster(hardware.get_gpu("h100"), 16, 8)
+    plan = evaluate(wl, Layout(dp=2, tp=4, pp=2, zero=0, micro_batch=2, recompute="selective",
+                               pp_schedule="interleaved-1f1b", pp_virtual=2, sequence_parallel=True), cl)
+    doc = tomllib.loads(recipe_text(plan, preset="llama3-8b", tokens=1e9))
+    assert doc["model"] == {"preset": "llama3-8b"}
+    assert doc["parallel"] == {"dp_replicate": 2, "dp_shard": 1, "tp": 4, "pp": 2, "ep": 1, "zero": 0,
+                               "pp_schedule": "interleaved-1f1b", "pp_microbatches": 16, "pp_virtual_stages": 2,
+                               "sequence_parallel": True}
+    assert doc["train"] == {"micro_batch": 2, "global_batch": 64, "seq_len": 4096, "activation_checkpoint": "selective",
+                            "precision": "bf16", "steps": 3815}
+    # A model given by its shape: the trainer lays [model] over its default preset, `tiny`, so the
+    # recipe must rebuild exactly the planned model from it (and allow the planned sequence length).
+    moe = PRESETS["debug-moe"]
+    wl = Workload(moe, 512, 8)
+    custom = tomllib.loads(recipe_text(evaluate(wl, Layout(dp=2, ep=2, zero=2), Cluster(hardware.get_gpu("h100"), 2, 8))))
+    assert "preset" not in custom["model"] and custom["parallel"]["dp_shard"] == 2
+    assert {"dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "mlp", "n_experts", "top_k",
+            "expert_ffn_hidden", "n_shared_experts"} <= set(custom["model"])
+    assert PRESETS["tiny"].replace(**custom["model"]) == moe.replace(max_seq_len=512)
+    # What shoal train cannot run is not emitted.
+    with pytest.raises(UserError) as e:
+        recipe_text(evaluate(wl, Layout(dp=2, ep=2, zero=1), Cluster(hardware.get_gpu("h100"), 2, 8)))
+    assert e.value.field == "zero"
+
+
+def test_search_keeps_to_what_the_trainer_runs():
+    from shoal.planner.layout import trainer_limit
+    from shoal.planner.search import search
+
+    h100 = hardware.get_gpu("h100")
+    result = search(Workload(PRESETS["mixtral-8x7b"], 4096, 256), Cluster(h100, 64, 8))
+    assert result.plans and not result.note and result.rejected["trainer"] > 0
+    assert all(trainer_limit(p.workload, p.layout) is None for p in result.plans)
+    # GPT-3's tied embeddings and 50,257-token vocabulary leave shoal train nothing on 1024 GPUs:
+    # the planner still plans (for another trainer) and says so.
+    gpt3 = search(Workload(PRESETS["gpt3-175b"], 2048, 1536), Cluster(hardware.get_gpu("a100"), 1024, 8))
+    assert gpt3.plans and gpt3.note
+    assert all(any(r.startswith("shoal train cannot run") for r in p.reasons) for p in gpt3.plans)
