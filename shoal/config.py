@@ -63,7 +63,7 @@ class ParallelConfig:
 class TrainConfig:
     """Optimization and the training loop."""
 
-    steps: int = 400
+    steps: int = 160
     """Optimizer steps."""
     seed: int = 0
     """Seeds model init, data order and dropout-free sampling; a CPU run with a seed is bitwise reproducible."""
@@ -71,7 +71,7 @@ class TrainConfig:
     """Peak learning rate (AdamW)."""
     min_lr_ratio: float = 0.1
     """Cosine decay ends at lr * min_lr_ratio."""
-    warmup_steps: int = 30
+    warmup_steps: int = 20
     """Linear warmup steps."""
     weight_decay: float = 0.1
     """AdamW weight decay on matrices (not on norms)."""
@@ -91,7 +91,7 @@ class TrainConfig:
     """fp32, or bf16 (autocast with fp32 master weights and optimizer state)."""
     activation_checkpoint: str = "none"
     """none | selective (recompute all but matmul and attention outputs) | full (recompute each layer)."""
-    eval_every: int = 100
+    eval_every: int = 40
     """Evaluate the held-out loss every this many steps (and at the end); 0 only at the end."""
     eval_batches: int = 4
     """Held-out batches (of global_batch sequences) per evaluation."""
@@ -120,13 +120,16 @@ class CheckpointConfig:
     """Saving and resuming."""
 
     every: int = 0
-    """Save every this many steps; 0 saves only the final model."""
+    """Save a sharded, resumable checkpoint every this many steps and at the last step; 0: none
+    (the final model is written to <out>/model either way)."""
     dir: str = ""
-    """Checkpoint directory; empty: <out>/checkpoints."""
+    """Checkpoint root; empty: <out>/checkpoints. A relative path lies inside the output directory
+    and may not leave it."""
     keep: int = 3
-    """Keep the newest this many checkpoints."""
+    """Keep the newest this many checkpoints (older ones are deleted after each save)."""
     async_save: bool = False
-    """Save in the background while training continues (TOML key: async)."""
+    """Save in the background while training continues; training waits only for a copy to host
+    memory (TOML key: async)."""
 
 
 @dataclass
@@ -190,6 +193,9 @@ class JobConfig:
         c = self.checkpoint
         _check(c.every >= 0, "checkpoint.every", c.every, "must be >= 0 (0: only at the end)")
         _check(c.keep >= 1, "checkpoint.keep", c.keep, "must be >= 1")
+        _check(Path(c.dir).is_absolute() or ".." not in Path(c.dir).parts, "checkpoint.dir", c.dir,
+               "a relative checkpoint root lies inside the output directory and may not leave it with '..'; "
+               "give an absolute path to put checkpoints elsewhere")
         _check(self.debug.hang_timeout_s >= 0, "debug.hang_timeout_s", self.debug.hang_timeout_s, "must be >= 0 (0 disables)")
         return self
 

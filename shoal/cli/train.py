@@ -13,13 +13,18 @@ def register(sub) -> None:
                    help="override one config field, e.g. --set train.steps=50 (repeatable)")
     p.add_argument("--out", default="runs/train", help="output directory (metrics.jsonl, model/)")
     p.add_argument("--nproc", type=int, default=0, help="start this many local workers (elastic launcher)")
-    p.add_argument("--max-restarts", type=int, default=0, help="restart all workers up to this many times on a failure")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="when a worker dies, restart all workers from the last checkpoint, up to this many times")
+    p.add_argument("--resume", default="auto", metavar="auto|never|PATH",
+                   help="auto: continue from the newest intact checkpoint if there is one (default); never: start "
+                        "over (refused if checkpoints exist); PATH: a checkpoint directory to start from, any layout")
     p.add_argument("--print-mesh", action="store_true", help="print the rank groups of the layout and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bar, summary or sample")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from shoal.checkpoint.choose import check_resume
     from shoal.config import load_config
     from shoal.parallel.mesh import resolve_dims
 
@@ -27,6 +32,7 @@ def run(args) -> int:
     world = args.nproc or int(os.environ.get("WORLD_SIZE", "1"))
     dims = resolve_dims(cfg.parallel, world, cfg.model_config(), global_batch=cfg.train.global_batch,
                         micro_batch=cfg.train.micro_batch)
+    check_resume(cfg, Path(args.out), args.resume)
     if args.print_mesh:
         from shoal.cli.mesh import print_groups
 
@@ -41,9 +47,11 @@ def run(args) -> int:
         list_documents(cfg.data.path, cfg.data.text_field)
 
         argv = ["-m", "shoal.train", *([args.recipe] if args.recipe else []),
-                *[f"--set={o}" for o in args.overrides], "--out", args.out, *(["--quiet"] if args.quiet else [])]
+                *[f"--set={o}" for o in args.overrides], "--out", args.out, "--resume", args.resume,
+                *(["--quiet"] if args.quiet else [])]
         return launch(argv, args.nproc, max_restarts=args.max_restarts)
     from shoal.train.trainer import train
 
-    train(cfg, Path(args.out), show=not args.quiet)
+    train(cfg, Path(args.out), show=not args.quiet, resume=args.resume)
     return 0
+

@@ -104,6 +104,9 @@ def resolve_dims(par, world_size: int, model: ModelConfig, *, global_batch: int,
         raise UserError("parallel.tp", dims.tp, "tensor parallelism of MoE layers is not supported yet; use parallel.ep")
     if par.zero not in (0, 1, 2, 3):
         raise UserError("parallel.zero", par.zero, "use 0, 1, 2 or 3")
+    if par.zero == 1 and dims.dp == 1:
+        raise UserError("parallel.zero", 1, "ZeRO-1 shards the optimizer over data-parallel ranks but dp=1; use zero=0 "
+                        "or give data parallelism ranks (parallel.dp_shard)")
     if par.zero == 1 and dims.tp > 1:
         raise UserError("parallel.zero", 1, "ZeRO-1 (DDP + sharded optimizer) does not compose with tp>1; use zero=0, 2 or 3")
     if dims.ep > 1:
@@ -130,6 +133,10 @@ def resolve_dims(par, world_size: int, model: ModelConfig, *, global_batch: int,
         if per_rank % n_micro:
             raise UserError("parallel.pp_microbatches", par.pp_microbatches,
                             f"must divide the {per_rank} sequences each data-parallel rank gets per step")
+        if par.pp_schedule != "gpipe" and n_micro < dims.pp:
+            raise UserError("parallel.pp_microbatches", n_micro,
+                            f"{par.pp_schedule} needs at least pp={dims.pp} micro-batches per step to fill the pipeline; "
+                            f"raise train.global_batch or lower train.micro_batch")
         if par.pp_schedule in ("interleaved-1f1b", "zero-bubble") and n_micro % dims.pp:
             raise UserError("parallel.pp_microbatches", n_micro, f"{par.pp_schedule} needs a multiple of pp={dims.pp}")
     return dims

@@ -24,6 +24,8 @@ class ParallelModel:
     """The pipeline schedule when pp > 1."""
     has_first_stage: bool = True
     has_last_stage: bool = True
+    zero: int = 0
+    """The ZeRO stage in effect (0 when nothing is sharded)."""
 
     def parameters(self):
         for m in self.modules:
@@ -59,11 +61,12 @@ def parallelize(model: nn.Module, cfg: JobConfig, dims: ParallelDims, mesh, expe
                        expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None)
         else:
             modules[i] = m.to(device)
+    zero = data_parallel_zero(dims, par.zero) if dims.dp > 1 else 0
     if dims.pp == 1:
-        return ParallelModel(modules)
+        return ParallelModel(modules, zero=zero)
     schedule = build_schedule(modules, ids, n_stages, n_microbatches, loss_fn, par.pp_schedule, device,
                               mesh["pp"].get_group())
-    return ParallelModel(modules, schedule, has_first_stage=0 in ids, has_last_stage=n_stages - 1 in ids)
+    return ParallelModel(modules, schedule, has_first_stage=0 in ids, has_last_stage=n_stages - 1 in ids, zero=zero)
 
 
 def data_parallel_zero(dims: ParallelDims, zero: int) -> int:

@@ -1,11 +1,13 @@
-"""Counting the bytes this rank hands to collectives, per kind, without touching the call sites.
+"""Counting the bytes this rank sends in collectives, per kind, without touching the call sites.
 
 A TorchDispatchMode sees every c10d and functional-collective op that goes through the
-dispatcher: FSDP2's all-gathers and reduce-scatters, DTensor's tensor-parallel collectives, the
-expert all-to-alls and the pipeline's send/recv. The count is the payload this rank contributes
-(the input buffer: what nccl-tests calls the per-rank bytes of all_gather), not the bytes a ring
-algorithm puts on the wire, which is about 2(n-1)/n times the payload for an all-reduce.
-DDP's bucketed all-reduce (zero=1) is issued from C++ outside the mode and counted by its hook.
+dispatcher: FSDP2's all-gathers and reduce-scatters, DDP's bucketed all-reduce (its C++ reducer
+calls the same ops), DTensor's tensor-parallel collectives, the expert all-to-alls and the
+pipeline's send/recv. Each is converted to the bytes one rank puts on
+the wire under the ring algorithms nccl-tests assumes, for a group of n ranks and a buffer of S
+bytes: all_reduce 2(n-1)/n·S, all_gather (n-1)/n·S_out, reduce_scatter (n-1)/n·S_in,
+all_to_all S_in minus the rank's own chunk, broadcast (n-1)/n·S (a chain: every rank but the last
+forwards S), send S.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# op name -> (kind, index of the argument holding what this rank sends)
+# op name -> (kind, index of the argument holding what this rank contributes)
 _COLLECTIVES = {
     "c10d::allreduce_": ("all_reduce", 0),
     "c10d::allreduce_coalesced_": ("all_reduce", 0),
@@ -26,7 +28,6 @@ _COLLECTIVES = {
     "c10d::reduce_scatter_": ("reduce_scatter", 1),
     "c10d::reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
     "c10d::alltoall_base_": ("all_to_all", 1),
-    "c10d::alltoall_": ("all_to_all", 1),
     "c10d::broadcast_": ("broadcast", 0),
     "c10d::send": ("send", 0),
     "_c10d_functional::all_reduce": ("all_reduce", 0),
@@ -42,6 +43,10 @@ _COLLECTIVES = {
     "_c10d_functional_autograd::reduce_scatter_tensor": ("reduce_scatter", 0),
 }
 
+# all_to_all ops: index of the argument with this rank's input split sizes (empty: even splits)
+_INPUT_SPLITS = {"c10d::alltoall_base_": 4, "_c10d_functional::all_to_all_single": 2,
+                 "_c10d_functional_autograd::all_to_all_single": 2}
+
 
 def _nbytes(x) -> int:
     if isinstance(x, torch.Tensor):
@@ -51,36 +56,63 @@ def _nbytes(x) -> int:
     return 0
 
 
+def _group(args) -> tuple[int, int]:
+    """(size, my rank) of the process group an op runs on: a ProcessGroup object or a group name."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    for a in args:
+        if isinstance(a, torch.ScriptObject) and a._type().qualified_name().endswith("c10d.ProcessGroup"):
+            pg = torch.distributed.ProcessGroup.unbox(a)  # ops receive the group boxed as a TorchScript object
+            return pg.size(), pg.rank()
+        if isinstance(a, str):
+            try:
+                pg = _resolve_process_group(a)
+            except (ValueError, RuntimeError, KeyError):
+                continue
+            return pg.size(), pg.rank()
+    return 1, 0
+
+
+def wire_bytes(kind: str, payload: int, n: int, own_chunk: int | None = None) -> float:
+    """Bytes one rank sends for a collective over n ranks, by the ring formulas above.
+
+    payload is the buffer this rank contributes (for all_gather: its input, a 1/n share of the output).
+    """
+    if n <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n * payload
+    if kind == "all_gather":
+        return (n - 1) * payload
+    if kind in ("reduce_scatter", "broadcast"):
+        return (n - 1) / n * payload
+    if kind == "all_to_all":
+        return payload - own_chunk if own_chunk is not None else (n - 1) / n * payload
+    return float(payload)  # send
+
+
 class CommCounter(TorchDispatchMode):
-    """with CommCounter() as c: ...; c.bytes -> {"all_gather": n, ...}"""
+    """with CommCounter() as c: ...; c.bytes -> {"all_gather": n, ...} (bytes this rank sent)."""
 
     def __init__(self):
         super().__init__()
         self.bytes: Counter[str] = Counter()
 
-    def add(self, kind: str, nbytes: int) -> None:
-        self.bytes[kind] += nbytes
+    def add(self, kind: str, nbytes: float) -> None:
+        self.bytes[kind] += int(nbytes)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kind = _COLLECTIVES.get(func._schema.name)
-        if kind is not None:
-            self.bytes[kind[0]] += _nbytes(args[kind[1]])
+        spec = _COLLECTIVES.get(func._schema.name)
+        if spec is not None:
+            kind, index = spec
+            n, rank = _group(args)
+            payload = _nbytes(args[index])
+            own = None
+            if kind == "all_to_all":  # the chunk a rank sends itself never leaves it
+                splits = args[_INPUT_SPLITS[func._schema.name]]
+                own = payload * splits[rank] // sum(splits) if splits and sum(splits) else payload // n
+            self.add(kind, wire_bytes(kind, payload, n, own))
         return func(*args, **(kwargs or {}))
-
-
-def ddp_counting_hook(counter_ref):
-    """A DDP comm hook that counts each bucket and then all-reduces it as DDP would (averaging)."""
-    import torch.distributed as dist
-
-    def hook(process_group, bucket):
-        counter = counter_ref()
-        if counter is not None:
-            counter.add("all_reduce", _nbytes(bucket.buffer()))
-        group = process_group or dist.group.WORLD
-        tensor = bucket.buffer().div_(dist.get_world_size(group))
-        return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
-
-    return hook
 
 
 def model_state_bytes(params, optimizer) -> int:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-import weakref
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from shoal.checkpoint.checkpointer import Checkpointer
 from shoal.config import JobConfig
 from shoal.data.loader import TokenLoader, eval_batches
 from shoal.data.shards import build_token_cache
@@ -20,7 +20,7 @@ from shoal.model.config import ModelConfig
 from shoal.model.moe import AuxLossInjector
 from shoal.model.transformer import build_model, cross_entropy
 from shoal.parallel.parallelize import ParallelModel, parallelize
-from shoal.train.comm_stats import CommCounter, ddp_counting_hook, model_state_bytes
+from shoal.train.comm_stats import CommCounter, model_state_bytes
 from shoal.train.distributed import Runtime, init_runtime, shutdown
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
@@ -113,6 +113,8 @@ def train_step(pm: ParallelModel, batches: list[Batch], precision: str, rt: Runt
             last = i == len(batches) - 1
             if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce gradients once per step
                 model.set_requires_gradient_sync(last)
+                if pm.zero == 2:  # ZeRO-2 keeps parameters gathered until the step's last backward
+                    model.set_reshard_after_backward(last)
             with model.no_sync() if hasattr(model, "no_sync") and not last else nullcontext():
                 loss = cross_entropy(model(inputs.to(dev)), targets.to(dev)) / len(batches)
                 loss.backward()
@@ -137,8 +139,13 @@ def evaluate(pm: ParallelModel, batches: list[Batch], precision: str, micro_batc
     return rt.global_mean(torch.stack(losses).mean())
 
 
-def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: bool = False) -> dict:
-    """Train `cfg` on this process's share of the job; rank 0 writes <out>/metrics.jsonl and <out>/model."""
+def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: bool = False,
+          resume: str = "auto") -> dict:
+    """Train `cfg` on this process's share of the job; rank 0 writes <out>/metrics.jsonl and <out>/model.
+
+    resume: `auto` continues from the newest intact checkpoint if there is one, `never` starts
+    over, anything else is the path of a checkpoint to start from (see shoal/checkpoint/).
+    """
     t = cfg.train
     rt = init_runtime(cfg)
     torch.manual_seed(t.seed)
@@ -147,24 +154,24 @@ def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: b
     pm = build_parallel_model(cfg, model_cfg, rt)
     optimizer = build_optimizer(pm, t, rt, cfg.parallel.zero)
     counter = CommCounter()
-    for m in pm.modules:
-        if hasattr(m, "register_comm_hook"):  # DDP (zero=1) all-reduces from C++: count it in its hook
-            m.register_comm_hook(None, ddp_counting_hook(weakref.ref(counter)))
     if rt.is_main:
         out.mkdir(parents=True, exist_ok=True)
-    log, progress = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main), Progress(t.steps, enabled=show and rt.is_main)
+    ckpt = Checkpointer(cfg, out, rt, pm, optimizer, data.loader, resume)
+    start = ckpt.resume()  # steps already done (0 for a fresh run)
+    log = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main, append=start > 0)
+    progress = Progress(t.steps, start, enabled=show and rt.is_main)
     step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
     peak = peak_flops(rt.device, t.precision) * rt.world_size
-    tokens_seen, started, eval_loss = 0, time.perf_counter(), float("nan")
-    for step in range(t.steps):
+    tokens_seen, started, eval_loss, row = start * t.global_batch * t.seq_len, time.perf_counter(), float("nan"), {}
+    for step in range(start, t.steps):
         t0 = time.perf_counter()
         set_lr(optimizer, lr_at(step, t))
         counter.bytes.clear()
-        with counter:
+        with counter:  # everything the step sends, ZeRO-1's parameter broadcast in optimizer.step included
             loss = train_step(pm, data.loader.next_step(), t.precision, rt)
             grad_norm = clip_grad_norm(list(pm.parameters()), t.grad_clip, rt)
-        state_bytes = model_state_bytes(pm.parameters(), optimizer)
-        optimizer.step()
+            state_bytes = model_state_bytes(pm.parameters(), optimizer)
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step_time = time.perf_counter() - t0
         tokens_seen += t.global_batch * t.seq_len
@@ -176,6 +183,8 @@ def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: b
             row["eval_loss"] = eval_loss = evaluate(pm, data.eval_set, t.precision, t.micro_batch, rt)
         log.write(row)
         progress.update(row)
+        ckpt.maybe_save(step + 1, row["loss"])
+    ckpt.close()  # waits for a save still being written in the background
     progress.close()
     log.close()
     elapsed = time.perf_counter() - started
@@ -184,9 +193,9 @@ def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: b
         from shoal.checkpoint.weights import save_weights
 
         save_weights(out / "model", final, model_cfg, cfg.data.tokenizer)
-    summary = {"steps": t.steps, "final loss": row["loss"], "eval loss": eval_loss, "tokens": tokens_seen,
-               "time (s)": elapsed, "tokens/s": tokens_seen / elapsed,
-               "MFU (model FLOPs)": step_flops * t.steps / elapsed / peak, "params": param_counts(model_cfg).total,
+    summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
+               "time (s)": elapsed, "tokens/s": (t.steps - start) * t.global_batch * t.seq_len / elapsed,
+               "MFU (model FLOPs)": step_flops * (t.steps - start) / elapsed / peak, "params": param_counts(model_cfg).total,
                "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem_bytes(rt.device) / 2**30, "output": str(out)}
     if show and rt.is_main:
         print_summary(summary)

@@ -1,0 +1,239 @@
+"""The trainer's checkpointing: resume before the loop, save every `checkpoint.every` steps.
+
+A save is collective. Every rank hands its share of the state (see state.py) to
+torch.distributed.checkpoint, which writes one file per rank into <root>/.partial-step_N; each
+rank hashes its own file; rank 0 gathers the hashes and commits the directory (store.py). With
+`checkpoint.async`, the state is first copied to host memory (the only part training waits for)
+and a background thread writes, hashes and commits it, talking over its own gloo process group
+so its collectives never interleave with training's.
+
+Resuming, rank 0 picks the newest intact checkpoint (or the one named by --resume) and tells the
+others; every rank then loads its share by parameter name, whatever layout wrote it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from shoal.checkpoint import state as ckpt_state
+from shoal.checkpoint import store
+from shoal.checkpoint.choose import checkpoint_root, choose_checkpoint, restart_count
+from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
+from shoal.config import JobConfig
+from shoal.errors import UserError
+
+# DCP warns on every single-process save and load; that is the intent here, not a mistake.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+class Checkpointer:
+    """One per `train()`: `resume()` before the loop, `maybe_save(step)` after each step, `close()` at the end."""
+
+    def __init__(self, cfg: JobConfig, out: Path, rt, pm, optimizer, loader, resume: str = "auto"):
+        c = cfg.checkpoint
+        self.cfg, self.out, self.rt, self.pm, self.optimizer, self.loader = cfg, Path(out), rt, pm, optimizer, loader
+        self.root, self.resume_from = checkpoint_root(cfg, out), resume
+        self.every, self.keep, self.total = c.every, c.keep, cfg.train.steps
+        self._pending: Future | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="shoal-ckpt") if c.async_save and c.every else None
+        self.last_save_blocked_s = 0.0
+        if self.every and rt.is_main:
+            store.remove_partials(self.root)  # before any rank can start a save: new_group below waits for all
+        # Checkpoint collectives get their own gloo group: a background save must not interleave with
+        # training's collectives, and gloo moves the small plan objects on any device.
+        self.pg = dist.new_group(backend="gloo") if self.every and rt.world_size > 1 else None
+
+    # ------------------------------------------------------------------------------------------
+    # Resume
+
+    def resume(self) -> int:
+        """Load the chosen checkpoint, if any; returns the number of steps already done."""
+        path = self._agree(lambda: choose_checkpoint(self.resume_from, self.root))
+        if path is None:
+            if restart_count() and self.rt.is_main:
+                lost = _last_logged_step(self.out)
+                store.warn(f"elastic restart {restart_count()} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: "
+                           f"no checkpoint yet, starting over from step 0 ({lost} steps lost)")
+            return 0
+        train_state = store.read_train_state(path)
+        now = _model_fields(self.cfg)
+        diff = {k: v for k, v in train_state["model"].items() if k in now and now[k] != v}
+        if diff:
+            raise UserError("--resume", str(path), f"was saved for another model ({_few(diff)}); pass --resume never "
+                                                   "and another --out, or the model settings it was saved with")
+        try:
+            metadata = read_metadata(path)
+            saved = {k: v for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size")}
+            targets = ckpt_state.load_targets(self.pm.modules, self.optimizer, self.rt.rank, saved)
+            dcp.load(targets, storage_reader=SafeReader(path), planner=TensorsOnlyLoadPlanner(),
+                     process_group=self.pg, no_dist=self.rt.world_size == 1)
+        except UnsafeCheckpoint as e:
+            raise UserError("--resume", str(path), f"refused: {e}") from None
+        ckpt_state.apply(self.pm.modules, self.optimizer, targets)
+        self.loader.load_state_dict(train_state["data"])
+        step = int(train_state["step"])
+        if self.rt.is_main:
+            self._report_resume(path, step, train_state)
+        return step
+
+    def _agree(self, choose):
+        """Rank 0 chooses (reading and verifying files); every rank gets the same answer or error."""
+        answer = None
+        if self.rt.is_main:
+            try:
+                chosen = choose()
+                answer = ("ok", str(chosen) if chosen is not None else None)
+            except UserError as e:
+                answer = ("error", (e.field, e.value, e.fix))
+        if self.rt.world_size > 1:
+            box = [answer]
+            dist.broadcast_object_list(box, src=0, group=self.pg)
+            answer = box[0]
+        if answer[0] == "error":
+            raise UserError(*answer[1])
+        return Path(answer[1]) if answer[1] is not None else None
+
+    def _report_resume(self, path: Path, step: int, train_state: dict) -> None:
+        reached = _last_logged_step(self.out)
+        _truncate_metrics(self.out / "metrics.jsonl", step)
+        before = train_state.get("layout", {})
+        now = layout_info(self.cfg, self.rt)
+        resharded = "" if before == now else f", resharded from {_layout_text(before)} to {_layout_text(now)}"
+        if restart_count():
+            store.warn(f"elastic restart {restart_count()} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: "
+                       f"resuming from step {step} ({path}){resharded}; the failed attempt had reached step "
+                       f"{reached}, so {max(0, reached - step)} steps are lost and recomputed")
+        else:
+            store.warn(f"resuming from step {step} ({path}){resharded}")
+
+    # ------------------------------------------------------------------------------------------
+    # Save
+
+    def due(self, step: int) -> bool:
+        return bool(self.every) and (step % self.every == 0 or step == self.total)
+
+    def maybe_save(self, step: int, loss: float | None = None) -> None:
+        """After `step` optimizer steps: save if one is due (in the background with checkpoint.async)."""
+        if not self.due(step):
+            return
+        t0 = time.perf_counter()
+        self.wait()  # one save in flight at a time
+        live = ckpt_state.capture(self.pm.modules, self.optimizer, self.rt.rank)
+        info = self._train_state(step, loss)
+        if self._pool is None:
+            self._write(live, step, info)
+        else:
+            staged = _stage(live)  # a private copy: training goes on changing the live tensors
+            self._pending = self._pool.submit(self._write, staged, step, info)
+        self.last_save_blocked_s = time.perf_counter() - t0
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is committed; re-raises its error."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        self.wait()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _train_state(self, step: int, loss: float | None) -> dict:
+        return {"step": step, "loss": loss, "data": self.loader.state_dict(),
+                "model": _model_fields(self.cfg), "layout": layout_info(self.cfg, self.rt),
+                "config": self.cfg.to_dict(), "torch": torch.__version__, "time": time.time()}
+
+    def _write(self, state: dict, step: int, info: dict) -> None:
+        """Collective: write, hash, and (rank 0) commit one checkpoint."""
+        partial = self.root / (store.PARTIAL + store.step_dir_name(step))
+        writer = dcp.FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=1)
+        dcp.save(state, storage_writer=writer, process_group=self.pg, no_dist=self.rt.world_size == 1)
+        rank = self.rt.rank if self.pg is None else dist.get_rank(self.pg)
+        mine = {f.name: store.digest(f) for f in sorted(partial.glob(f"__{rank}_*.distcp"))}
+        if self.rt.is_main:
+            store.write_json(partial / store.TRAIN_STATE, info)
+            for name in (".metadata", store.TRAIN_STATE):
+                mine[name] = store.digest(partial / name)
+        everyone = [mine]
+        if self.pg is not None:
+            everyone = [None] * self.rt.world_size if self.rt.is_main else None
+            dist.gather_object(mine, everyone, dst=0, group=self.pg)
+        if self.rt.is_main:  # every rank's shard is on disk and hashed: commit
+            files = {name: d for part in everyone for name, d in part.items()}
+            store.commit(partial, self.root / store.step_dir_name(step), files,
+                         {"step": step, "world_size": self.rt.world_size, "layout": info["layout"]})
+            store.prune(self.root, self.keep)
+
+
+def _stage(state: dict) -> dict:
+    """Copy the state to host memory (pinned on CUDA) so the background thread writes a snapshot."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    cuda = torch.cuda.is_available()
+    stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                                          use_non_blocking_copy=False))
+    try:
+        return stager.stage(state)
+    finally:
+        stager.close()
+
+
+def layout_info(cfg: JobConfig, rt) -> dict:
+    d = rt.dims
+    return {"world_size": rt.world_size, "dp_replicate": d.dp_replicate, "dp_shard": d.dp_shard, "tp": d.tp,
+            "pp": d.pp, "ep": d.ep, "zero": cfg.parallel.zero, "pp_schedule": cfg.parallel.pp_schedule if d.pp > 1 else None}
+
+
+def _layout_text(layout: dict) -> str:
+    if not layout:
+        return "?"
+    parts = [f"{k}={layout[k]}" for k in ("dp_replicate", "dp_shard", "tp", "pp", "ep") if layout.get(k, 1) != 1]
+    return f"{layout.get('world_size')} ranks" + (f" ({' x '.join(parts)})" if parts else "")
+
+
+def _model_fields(cfg: JobConfig) -> dict:
+    fields = dataclasses.asdict(cfg.model_config())
+    fields.pop("note", None)
+    return fields
+
+
+def _few(diff: dict) -> str:
+    items = [f"{k}={v}" for k, v in diff.items()]
+    return ", ".join(items[:4]) + (" ..." if len(items) > 4 else "")
+
+
+def _last_logged_step(out: Path) -> int:
+    """The last step the previous attempt wrote to metrics.jsonl (0 if none)."""
+    path = out / "metrics.jsonl"
+    last = 0
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                last = max(last, int(json.loads(line)["step"]))
+            except (ValueError, KeyError, TypeError):
+                pass  # a line cut short by the crash
+    return last
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Keep the rows up to the resumed step, so the file reads like one uninterrupted run."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if int(json.loads(line)["step"]) <= step:
+                keep.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            pass
+    path.write_text("".join(keep))

@@ -1,0 +1,81 @@
+"""`shoal doctor [--nproc N] [--max-size 256M] [--out DIR]`: check the environment, benchmark the links."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+VERDICT_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("doctor", help="check the environment and benchmark communication across N local ranks")
+    p.add_argument("--nproc", type=int, default=2, help="ranks for the benchmark (default 2; one per GPU on CUDA)")
+    p.add_argument("--min-size", default="1K", help="smallest message (default 1K; binary units)")
+    p.add_argument("--max-size", default="256M", help="largest message (default 256M)")
+    p.add_argument("--factor", type=int, default=4, help="size step between messages (default 4)")
+    p.add_argument("--ops", default=None, help="comma-separated subset of "
+                   "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,sendrecv")
+    p.add_argument("--budget", type=float, default=0.1, help="seconds of timed iterations per size (default 0.1)")
+    p.add_argument("--checks-only", action="store_true", help="environment checks only, no benchmark")
+    p.add_argument("--out", default="runs/doctor", help="where the raw timings and the plot go")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from shoal.debug import busbw, doctor, envcheck
+
+    sizes = doctor.sizes(doctor.parse_size(args.min_size, "--min-size"), doctor.parse_size(args.max_size), args.factor)
+    ops = args.ops.split(",") if args.ops else list(busbw.OPS)
+    console = Console(highlight=False)
+    if args.checks_only:
+        rep = doctor.Report(checks=envcheck.run_all(args.nproc))
+    else:
+        rep = doctor.run(args.nproc, sizes, ops, Path(args.out), budget_s=args.budget)
+
+    checks = Table(title="environment", title_justify="left")
+    for col in ("check", "verdict", "detail"):
+        checks.add_column(col)
+    for c in rep.checks:
+        checks.add_row(c.name, f"[{VERDICT_STYLE[c.verdict]}]{c.verdict}[/]", c.detail)
+    console.print(checks)
+    if rep.rows:
+        console.print(render_rows(rep))
+        console.print(straggler_lines(rep))
+        console.print(f"figure: {rep.figure}")
+    return 1 if any(c.verdict == "fail" for c in rep.checks) else 0
+
+
+def render_rows(rep):
+    """The nccl-tests style table: size, time, algbw, busbw per op (GB = 1e9 bytes)."""
+    from rich.table import Table
+
+    from shoal.debug.doctor import human_bytes
+
+    t = Table(title=f"communication: {rep.world} ranks, {rep.backend}  "
+                    "(busbw as nccl-tests: all_reduce x2(n-1)/n; all_gather, reduce_scatter, all_to_all x(n-1)/n)",
+              title_justify="left")
+    for col in ("op", "size", "bytes", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
+        t.add_column(col, justify="left" if col in ("op", "size") else "right")
+    for r in rep.rows:
+        t.add_row(r.op, human_bytes(r.size), str(r.size), f"{r.time_s * 1e6:.1f}", f"{r.algbw / 1e9:.4g}",
+                  f"{r.busbw / 1e9:.4g}")
+    return t
+
+
+def straggler_lines(rep) -> str:
+    lines = []
+    for what, slow, values, unit in (("compute", rep.slow_compute, rep.compute_gflops, "GFLOP/s"),
+                                     ("link", rep.slow_link, rep.link_gbps, "GB/s")):
+        if not values:
+            continue
+        if slow:
+            for r, ratio in slow.items():
+                lines.append(f"[bold red]straggler[/]: rank {r} {what} {values[r]:.3g} {unit} is {ratio:.2f}x the median "
+                             f"(slower than 0.7x)")
+        else:
+            lines.append(f"{what}: no straggler (all ranks within 0.7x of the median {unit}: "
+                         + ", ".join(f"{v:.3g}" for v in values) + ")")
+    return "\n".join(lines)

@@ -1,0 +1,37 @@
+"""`shoal run --nproc N [--check-collectives] [--hang-timeout S] script.py [args...]`.
+
+A thin wrapper over the local elastic launcher (what `torchrun --standalone` does). The debug flags
+set SHOAL_CHECK_COLLECTIVES / SHOAL_HANG_TIMEOUT_S for the workers and start the script through
+shoal.debug.bootstrap, so a script gets the checker and the watchdog without editing it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run a torch.distributed script as N local workers (like torchrun)")
+    p.add_argument("--nproc", type=int, default=1, help="number of worker processes (default 1)")
+    p.add_argument("--max-restarts", type=int, default=0, help="restart all workers this many times on failure")
+    p.add_argument("--check-collectives", action="store_true",
+                   help="fingerprint every collective and fail with a table when ranks disagree")
+    p.add_argument("--hang-timeout", type=float, default=None, metavar="S",
+                   help="report which ranks are stuck where after S seconds without progress (0: off)")
+    p.add_argument("script", help="Python script to run on every worker")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from shoal.launch.local import launch
+
+    argv = [args.script, *args.args]
+    if args.check_collectives or args.hang_timeout is not None:
+        if args.check_collectives:
+            os.environ["SHOAL_CHECK_COLLECTIVES"] = "1"
+        if args.hang_timeout is not None:
+            os.environ["SHOAL_HANG_TIMEOUT_S"] = str(args.hang_timeout)
+        argv = ["-m", "shoal.debug.bootstrap", *argv]
+    return launch(argv, args.nproc, max_restarts=args.max_restarts)

@@ -1,0 +1,94 @@
+"""The side channel: keys in the job's c10d store, reached over connections of our own.
+
+Fingerprints and progress records travel through the same TCPStore the process group was
+rendezvoused with, never through the process group itself, so a mismatched or missing
+collective cannot block the exchange that diagnoses it. Each thread gets its own clone of the
+store (its own socket and timeout), so the checker on the main thread, the watchdog thread and
+the janitor never wait on each other.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from datetime import timedelta
+
+import torch.distributed as dist
+
+
+class Channel:
+    """`shoal/debug/<generation>/...` keys in the default group's store."""
+
+    def __init__(self, store: dist.Store, prefix: str, timeout_s: float):
+        self._base = dist.PrefixStore(prefix, store)
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self._trash: deque[str] = deque()
+        self._janitor: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def client(self) -> dist.Store:
+        """This thread's connection; gets and waits on it time out after `timeout_s`."""
+        loc = self._local
+        c = getattr(loc, "store", None)
+        if c is None:
+            try:
+                c, loc.shared = self._base.clone(), False
+            except (RuntimeError, AttributeError):  # a store that cannot clone: share it, keep its timeout
+                c, loc.shared = self._base, True
+            loc.store, loc.timeout_s = c, None
+        if not loc.shared and loc.timeout_s != self.timeout_s:
+            c.set_timeout(timedelta(seconds=self.timeout_s))
+            loc.timeout_s = self.timeout_s
+        return c
+
+    def new_client(self) -> dist.Store:
+        """A connection of its own, for an owner outside our threads (the checker's gloo group)."""
+        try:
+            c = self._base.clone()
+            c.set_timeout(timedelta(seconds=self.timeout_s))
+            return c
+        except (RuntimeError, AttributeError):
+            return self._base
+
+    def set(self, key: str, value: str) -> None:
+        self.client().set(key, value)  # TCPStore sets do not wait for a reply
+
+    def get_all(self, keys: list[str], timeout_s: float | None = None) -> list[bytes] | None:
+        """Values of all keys, waiting until each exists; None if some do not appear in time."""
+        c = self.client()
+        try:
+            if timeout_s is not None:
+                c.wait(keys, timedelta(seconds=timeout_s))
+            return c.multi_get(keys)
+        except dist.DistStoreError:
+            return None
+
+    def present(self, keys: list[str]) -> list[bool]:
+        c = self.client()
+        return [c.check([k]) for k in keys]
+
+    def claim(self, key: str, value: str) -> str:
+        """Set `key` if nobody has; returns the value that won (ours or the earlier one)."""
+        return self.client().compare_set(key, "", value).decode()
+
+    def discard(self, keys: list[str]) -> None:
+        """Delete keys soon, off the caller's thread (a delete is a round trip)."""
+        self._trash.extend(keys)
+        if self._janitor is None:
+            self._janitor = threading.Thread(target=self._sweep, name="shoal-debug-janitor", daemon=True)
+            self._janitor.start()
+
+    def _sweep(self) -> None:
+        while not self._closed.wait(0.5):
+            try:
+                c = self.client()
+                while self._trash:
+                    c.delete_key(self._trash.popleft())
+            except Exception:  # the store went away with the job; nothing left to clean
+                return
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._janitor is not None and self._janitor is not threading.current_thread():
+            self._janitor.join(timeout=1.0)

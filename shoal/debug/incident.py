@@ -1,0 +1,129 @@
+"""One hang report per job, assembled by the first rank that notices trouble.
+
+Trouble is: no rank made progress for hang_timeout_s (the watchdog), a collective raised inside
+torch (gloo raises "Connection closed by peer" when a peer dies), or the launcher is terminating a
+rank that is stuck in a collective. The first rank to claim the `incident` key in the store writes
+the report; every live rank (its watchdog sees the key within a second) prints its own stacks and
+last collectives and posts them for the reporter. Ranks that never answer are checked: a process
+that is gone is reported DEAD.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from shoal.debug import hang_report, records, stacks
+from shoal.debug.state import STATE
+
+STACK_LIMIT = 40  # frames per thread posted to the reporter
+
+
+def emit(text: str) -> None:
+    """Write a block to stderr in one go so other processes' lines do not cut through it."""
+    data = (text.rstrip("\n") + "\n").encode()
+    while data:
+        data = data[os.write(2, data):]
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # zombie: dead, not yet reaped
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return False
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+
+
+class Incident:
+    def __init__(self, monitor, grace_s: float):
+        self.monitor, self.grace_s = monitor, grace_s
+        self._lock = threading.Lock()
+        self._started = False
+        self.done = threading.Event()
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def run(self, why: str, exit_code: int | None) -> None:
+        """Take part in the incident (once per process; a second caller waits for the first)."""
+        with self._lock:
+            started, self._started = self._started, True
+        if started:
+            self.done.wait(self.grace_s + 10)
+            return
+        try:
+            self._run(why, exit_code)
+        except Exception as e:  # the store may be gone with the job: say what we know locally
+            emit(f"shoal: rank {STATE.rank}: could not assemble the hang report ({type(e).__name__}: {e}); "
+                 f"local stacks:\n{stacks.format_threads(stacks.threads())}")
+        finally:
+            self.done.set()
+
+    def _run(self, why: str, exit_code: int | None) -> None:
+        ch, rank, world = self.monitor.channel, STATE.rank, dist.get_world_size()
+        winner = json.loads(ch.claim("incident", json.dumps({"rank": rank, "why": why})))
+        threads = stacks.threads(limit=STACK_LIMIT)
+        records.publish(ch, rank, STATE.snapshot())  # the freshest record, for the report
+        ch.set(f"dump/{rank}", json.dumps({"stacks": threads}))
+        recent = "\n".join(f"    {c.status:>8}: {records.describe(c.to_dict())}" for c in list(STATE.recent)[-5:])
+        emit(f"shoal: rank {rank}: {winner['why']}\n  this rank: {records.where(STATE.snapshot())}\n"
+             f"  last collectives:\n{recent or '    (none)'}\n{stacks.format_threads(threads)}")
+        if winner["rank"] != rank:
+            ch.get_all(["incident/done"], timeout_s=self.grace_s + 5)
+            return
+        dumps = self._collect(ch, world)
+        recs = records.read(ch, list(range(world)))
+        silent = self._silent(recs, dumps, world)
+        text = hang_report.render(winner["why"], world, recs, dumps, silent, exit_code)
+        emit(text)
+        out_dir = os.environ.get("SHOAL_DEBUG_DIR")
+        if out_dir:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            (Path(out_dir) / "hang_report.txt").write_text(text + "\n")
+            (Path(out_dir) / "hang_report.json").write_text(json.dumps(
+                {"why": winner["why"], "reporter": rank, "records": recs, "dumps": dumps, "silent": silent}, indent=1))
+        ch.set("incident/done", "1")
+
+    def _collect(self, ch, world: int) -> dict[int, dict]:
+        """Stack dumps of every rank that answers within the grace period (polled: a dead rank
+        never answers, and a blocking wait would end in a timeout warning from c10d)."""
+        keys = [f"dump/{r}" for r in range(world)]
+        deadline, have = time.time() + self.grace_s, []
+        while True:
+            have = [r for r, p in enumerate(ch.present(keys)) if p]
+            if len(have) == world or time.time() >= deadline:
+                break
+            time.sleep(0.1)
+        values = ch.get_all([keys[r] for r in have], timeout_s=5.0) or []
+        return {r: json.loads(v) for r, v in zip(have, values)}
+
+    def _silent(self, recs: dict[int, dict], dumps: dict[int, dict], world: int) -> dict[int, str]:
+        """Why each rank that did not answer is silent: its process is gone, or it is unresponsive."""
+        out, host, now = {}, socket.gethostname(), time.time()
+        for r in range(world):
+            rec = recs.get(r)
+            if r in dumps or (rec and rec.get("exit")):
+                continue
+            if rec is None:
+                out[r] = "NO RECORD: never reported progress (watchdog off there, or died before it started)"
+            elif rec["host"] == host and _pid_gone(rec["pid"]):
+                out[r] = f"DEAD: process {rec['pid']} on {host} is gone (killed or crashed)"
+            else:
+                out[r] = (f"NOT ANSWERING: no stack within {self.grace_s:g} s, heartbeat {now - rec['hb']:.1f} s old "
+                          f"(dead, or blocked in C code holding the GIL; pid {rec['pid']} on {rec['host']})")
+        return out

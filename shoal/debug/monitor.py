@@ -1,0 +1,193 @@
+"""The hub every intercepted collective passes through: number it, record it, check it.
+
+`intercept.py` decides *where* calls are caught; this module decides *what happens*: a sequence
+number per group (per sender/receiver pair for point-to-point), a `CollectiveRecord` in the
+rank's state for the watchdog, the checker's exchange when checking is on, and a report when a
+collective fails (a dead peer makes gloo raise "Connection closed by peer").
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from typing import Callable
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from shoal.debug import callsite, fingerprint, records, tables
+from shoal.debug.channel import Channel
+from shoal.debug.checker import Checker, GroupInfo, Pending
+from shoal.debug.state import STATE, CollectiveRecord
+
+P2P = ("send", "recv", "recv_anysource")
+MAX_TRACKED_WORKS = 1024  # works issued and not yet waited that we remember (bounded: some are never waited)
+# Key prefixes must never repeat within a process (enable/disable/enable, a second init_process_group),
+# or a rank would read the previous round's fingerprints: <monitor>/<default group> numbers, which
+# agree across ranks because every rank enables and initializes the same number of times.
+_monitors = itertools.count(1)
+
+
+class Monitor:
+    def __init__(self, check: bool, check_timeout_s: float):
+        self.check, self.check_timeout_s = check, check_timeout_s
+        self.channel: Channel | None = None
+        self.checker: Checker | None = None
+        self.index, self.generation = next(_monitors), 0
+        self.on_failure: Callable[[CollectiveRecord, BaseException], None] | None = None  # set by the watchdog
+        self._pg = None
+        self._bind_lock = threading.Lock()
+        self._groups: dict = {}
+        self._counters: dict[str, itertools.count] = {}  # collectives per group
+        self._p2p: dict[tuple, itertools.count] = {}  # messages per (group, src, dst, direction)
+        self._works: OrderedDict[int, tuple] = OrderedDict()
+        self._coalescing: dict = {}
+
+    # -- binding to the job ---------------------------------------------------------------------
+    def bind(self) -> Channel | None:
+        """(Re)attach to the current default process group; a new group starts fresh numbering."""
+        pg = c10d._world.default_pg
+        if pg is self._pg:
+            return self.channel
+        with self._bind_lock:
+            if pg is self._pg:
+                return self.channel
+            self.generation += 1
+            self._groups, self._counters, self._p2p, self._works = {}, {}, {}, OrderedDict()
+            STATE.seqs.clear()
+            STATE.groups.clear()
+            if pg is None:
+                self.channel = self.checker = None
+            else:
+                STATE.rank = dist.get_rank()
+                self.channel = Channel(c10d._get_default_store(), f"shoal/debug/{self.index}.{self.generation}/", self.check_timeout_s)
+                self.checker = Checker(self.channel, self.check_timeout_s) if self.check else None
+                # a first record now, not at the watchdog's first tick: a rank killed early must still
+                # be identifiable (host, pid) for the report to call it dead
+                records.publish(self.channel, STATE.rank, STATE.snapshot())
+                self.channel.set(f"pulse/{STATE.rank}", STATE.pulse())
+            self._pg = pg
+        return self.channel
+
+    def set_check(self, check: bool, check_timeout_s: float) -> None:
+        """Turn checking on or off mid-run (every rank must do the same at the same point)."""
+        self.check, self.check_timeout_s = check, check_timeout_s
+        if self.channel is not None:
+            self.channel.timeout_s = check_timeout_s
+            self.checker = Checker(self.channel, check_timeout_s) if check else None
+
+    def group(self, pg) -> GroupInfo:
+        g = self._groups.get(pg)
+        if g is None:
+            try:
+                ranks = dist.get_process_group_ranks(pg)
+            except (ValueError, RuntimeError, KeyError):  # a group torch.distributed does not know by name
+                ranks = list(range(pg.size()))
+            desc = getattr(pg, "group_desc", "") or ""
+            g = self._groups[pg] = GroupInfo(pg.group_name, desc, ranks, pg.rank())
+            STATE.groups[g.name] = tables.rank_list(ranks)
+        return g
+
+    def group_by_name(self, name: str) -> GroupInfo:
+        g = self._groups.get(name)
+        if g is None:
+            g = self._groups[name] = self.group(c10d._resolve_process_group(name))
+        return g
+
+    # -- collectives ----------------------------------------------------------------------------
+    def begin(self, g: GroupInfo, op: str, api: str | None, fp_fn: Callable[[], dict]) -> CollectiveRecord:
+        """Number and record a collective; when checking, block until all ranks agree on it."""
+        if c10d._world.default_pg is not self._pg:
+            self.bind()
+        site, frame_api, via = callsite.find()
+        counter = self._counters.get(g.name) or self._counters.setdefault(g.name, itertools.count(1))
+        seq = STATE.seqs[g.name] = next(counter)  # next() is atomic under the GIL: no lock on the hot path
+        rec = CollectiveRecord(op, api or frame_api or fingerprint.FRIENDLY.get(op, op), g.name, seq, site, via)
+        STATE.inflight = rec
+        STATE.recent.append(rec)
+        STATE.progress()
+        if self.checker is not None:
+            rec.status = "checking"
+            try:
+                self.checker.collective(g, rec, fp_fn())
+            except BaseException:
+                rec.status, STATE.inflight = "mismatch", None
+                raise
+        rec.status = "issued"
+        return rec
+
+    def begin_p2p(self, pg, op: str, args: tuple) -> tuple[CollectiveRecord, Pending | None]:
+        if c10d._world.default_pg is not self._pg:
+            self.bind()
+        g = self.group(pg)
+        tensors, peer, tag = args[0], (args[1] if op != "recv_anysource" else None), args[-1]
+        send = op == "send"
+        site, api, via = callsite.find()
+        peer_rank = g.ranks[peer] if peer is not None else None
+        key = (g.name, g.index if send else peer, peer if send else g.index, send)
+        n = next(self._p2p.get(key) or self._p2p.setdefault(key, itertools.count(1)))
+        rec = CollectiveRecord(op, api or fingerprint.FRIENDLY.get(op, op), g.name, n, site, via, peer=peer_rank)
+        STATE.inflight = rec
+        STATE.recent.append(rec)
+        STATE.progress()
+        pending = None
+        if self.checker is not None and peer is not None:
+            pending = self.checker.post_p2p(g, rec, fingerprint.from_p2p(op, tensors, tag), send, peer)
+        rec.status = "issued"
+        return rec, pending
+
+    def issued(self, pg, rec: CollectiveRecord, work, pending: Pending | None) -> None:
+        """Remember the Work so its wait() can be attributed (and, for p2p, verified)."""
+        batch = self._coalescing.get(pg)
+        if batch is not None:  # NCCL-style coalescing: one Work for the batch comes at the end
+            batch.append((rec, pending))
+            return
+        if work is None:
+            STATE.inflight = None
+            rec.status = "done"
+            return
+        self._works[id(work)] = (work, [rec], [pending] if pending else [])
+        if len(self._works) > MAX_TRACKED_WORKS:
+            self._works.popitem(last=False)
+
+    def coalescing(self, pg, start: bool, work=None) -> None:
+        if start:
+            self._coalescing[pg] = []
+        else:
+            batch = self._coalescing.pop(pg, [])
+            if work is not None and batch:
+                self._works[id(work)] = (work, [r for r, _ in batch], [p for _, p in batch if p])
+
+    def before_wait(self, work) -> list[CollectiveRecord] | None:
+        entry = self._works.pop(id(work), None)
+        if entry is None:
+            return None
+        _, recs, pendings = entry
+        for rec in recs:
+            rec.status = "waiting"
+        STATE.inflight = recs[-1]
+        if pendings and self.checker is not None:
+            try:
+                for p in pendings:
+                    self.checker.verify_p2p(p)
+            except BaseException:
+                for rec in recs:
+                    rec.status = "mismatch"
+                STATE.inflight = None
+                raise
+        return recs
+
+    def after_wait(self, recs: list[CollectiveRecord]) -> None:
+        for rec in recs:
+            rec.status = "done"
+        if STATE.inflight is recs[-1]:
+            STATE.inflight = None
+        STATE.progress()
+
+    def failed(self, rec: CollectiveRecord | None, exc: BaseException) -> None:
+        """A collective raised inside torch (not a mismatch of ours): let the watchdog report."""
+        if rec is not None:
+            rec.status = "failed"
+        if self.on_failure is not None and rec is not None:
+            self.on_failure(rec, exc)

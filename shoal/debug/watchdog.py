@@ -1,0 +1,188 @@
+"""The hang watchdog: a daemon thread per rank that publishes progress and notices a stalled job.
+
+Every `interval` seconds it writes this rank's record to the store (one fire-and-forget set: the
+hot path never touches the store). When this rank has made no progress for hang_timeout_s it reads
+every rank's small pulse; when none has progressed either (dead ranks count as stuck) it starts
+the incident: one report, a stack from every live rank, then exit with HANG_EXIT_CODE so an elastic
+restart can take over. Python threads keep running while the main thread waits inside a gloo or
+NCCL collective because c10d releases the GIL there; that is what makes this work.
+
+It also turns SIGTERM from the launcher (which stops all workers when one dies) into a report
+when this rank is stuck in a collective, since a rank stuck in C++ never runs Python signal
+handlers on its main thread.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import threading
+import time
+
+import torch.distributed as dist
+
+from shoal.debug import records
+from shoal.debug.incident import Incident, emit
+from shoal.debug.state import HANG_EXIT_CODE, STATE
+
+
+
+def interval_for(hang_timeout_s: float) -> float:
+    return min(2.0, max(0.2, hang_timeout_s / 10))
+
+
+class Watchdog:
+    def __init__(self, monitor, hang_timeout_s: float):
+        self.monitor, self.hang_timeout_s = monitor, hang_timeout_s
+        self.interval = interval_for(hang_timeout_s)
+        self.dead_after = max(2.0, 3 * self.interval)  # a heartbeat unchanged this long: the rank is gone
+        self._stop = threading.Event()
+        self._sigterm = False
+        self._wakeup_r = self._wakeup_w = None
+        self._old_handler = self._old_wakeup = None
+        self._seen: dict[int, tuple[str, float]] = {}
+        self.thread = threading.Thread(target=self._run, name="shoal-debug-watchdog", daemon=True)
+        self.incident = Incident(monitor, grace_s=self.dead_after)
+
+    # -- life cycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._install_sigterm()
+        self.thread.start()
+        self.monitor.on_failure = self._on_failure
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._wakeup_w is not None:
+            os.write(self._wakeup_w, b"\0")
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=timeout_s)
+        self._uninstall_sigterm()
+        self.monitor.on_failure = None
+
+    def _install_sigterm(self) -> None:
+        """Route SIGTERM to this thread (via the wakeup fd) when nobody else handles it."""
+        if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        self._wakeup_r, self._wakeup_w = os.pipe()
+        os.set_blocking(self._wakeup_w, False)
+        old = signal.set_wakeup_fd(self._wakeup_w, warn_on_full_buffer=False)
+        if old != -1:  # someone (asyncio) owns the wakeup fd: give it back and poll our flag instead
+            signal.set_wakeup_fd(old)
+        self._old_wakeup = old
+        self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _uninstall_sigterm(self) -> None:
+        if self._old_handler is None or threading.current_thread() is not threading.main_thread():
+            return
+        signal.signal(signal.SIGTERM, self._old_handler)
+        if self._old_wakeup == -1:
+            signal.set_wakeup_fd(-1)
+        self._old_handler = None
+        for fd in (self._wakeup_r, self._wakeup_w):
+            os.close(fd)
+        self._wakeup_r = self._wakeup_w = None
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._sigterm = True  # the watchdog thread acts on it; this handler may never run if main is in C++
+
+    # -- the loop -------------------------------------------------------------------------------
+    def _sleep(self) -> None:
+        if self._wakeup_r is None or self._old_wakeup != -1:
+            self._stop.wait(self.interval)
+            return
+        ready, _, _ = select.select([self._wakeup_r], [], [], self.interval)
+        if ready:
+            data = os.read(self._wakeup_r, 64)
+            if signal.SIGTERM.value in data:
+                self._sigterm = True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._sigterm:
+                self._on_terminate()
+            if dist.is_initialized():  # enable() may come before init_process_group
+                try:
+                    self._tick()
+                except Exception as e:  # the store went away (job over) or a transient error: retry
+                    if os.environ.get("SHOAL_DEBUG_VERBOSE"):
+                        emit(f"shoal: watchdog on rank {STATE.rank}: {type(e).__name__}: {e}")
+            self._sleep()
+
+    def _tick(self) -> None:
+        ch = self.monitor.bind()
+        if ch is None:
+            return
+        rank = STATE.rank
+        records.publish(ch, rank, STATE.snapshot())
+        ch.set(f"pulse/{rank}", STATE.pulse())
+        if self.incident.started:
+            return
+        if ch.present(["incident"])[0]:  # another rank started one
+            self.incident.run("(joined)", HANG_EXIT_CODE)
+            self._exit(HANG_EXIT_CODE)
+        stall = time.time() - STATE.progress_t
+        if stall >= self.hang_timeout_s and self._everyone_stuck(ch):
+            why = (f"no rank made progress for {stall:.1f} s (debug.hang_timeout_s = {self.hang_timeout_s:g}), "
+                   f"noticed by rank {rank}")
+            self.incident.run(why, HANG_EXIT_CODE)
+            self._exit(HANG_EXIT_CODE)
+
+    def _everyone_stuck(self, ch) -> bool:
+        """True when every rank is stalled past the timeout, dead, or gone."""
+        world = dist.get_world_size()
+        keys = [f"pulse/{r}" for r in range(world)]
+        every = ch.get_all(keys, timeout_s=0.5)  # one round trip when every rank has a pulse (the usual case)
+        if every is not None:
+            values = dict(enumerate(every))
+        else:
+            have = [r for r, p in enumerate(ch.present(keys)) if p]
+            values = dict(zip(have, ch.get_all([keys[r] for r in have], timeout_s=5.0) or []))
+        now = time.time()
+        check_grace = self.monitor.check_timeout_s + 2 * self.interval
+        for r, raw in values.items():
+            beat, progress_t, checking, exited = raw.decode().split()
+            hb, progress_t, checking = float(beat), float(progress_t), float(checking)
+            if self._seen.get(r, ("",))[0] != beat:  # heartbeat moved since we last looked
+                self._seen[r] = (beat, now)
+            if exited == "1" or now - self._seen[r][1] > self.dead_after:
+                continue  # gone: it cannot make progress, and is not "busy" either
+            if checking and hb - checking < check_grace:
+                return False  # it is in the checker's exchange; the checker will report
+            if hb - progress_t < self.hang_timeout_s:
+                return False
+        return True
+
+    # -- endings ----------------------------------------------------------------------------------
+    def _on_failure(self, rec, exc: BaseException) -> None:
+        """A collective raised (called on the thread that issued it); report before re-raising."""
+        if STATE.rank is None or self.monitor.channel is None:
+            return
+        if self.incident.started:  # a consequence of the incident (the reporter exited): leave quietly
+            self.incident.done.wait(self.incident.grace_s + 10)
+            self._exit(HANG_EXIT_CODE)
+        why = f"{records.describe(rec.to_dict())} failed on rank {STATE.rank}: {records.short_error(exc)}"
+        self.incident.run(why, None)
+        if self._sigterm:  # the launcher asked us to stop while we were reporting
+            self._exit(128 + signal.SIGTERM)
+
+    def _on_terminate(self) -> None:
+        """SIGTERM: report first if this rank is stuck in a collective, then go."""
+        cur = STATE.inflight
+        if self.incident.started:
+            self.incident.done.wait(self.incident.grace_s + 10)
+        elif cur is not None and cur.status in ("waiting", "issued", "checking"):
+            why = (f"the launcher is terminating rank {STATE.rank} while it is in "
+                   f"{records.describe(cur.to_dict())} (a rank failed or the job was stopped)")
+            self.incident.run(why, 128 + signal.SIGTERM)
+        self._exit(128 + signal.SIGTERM)
+
+    def _exit(self, code: int) -> None:
+        STATE.exit = f"exit code {code}"
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)

@@ -1,0 +1,53 @@
+"""model_state_bytes and comm_bytes against the ZeRO paper's memory and the ring-algorithm volumes."""
+
+import json
+
+import pytest
+
+from conftest import shoal_cli
+from shoal.model.analytics import param_counts
+from shoal.model.config import get_preset
+
+pytestmark = pytest.mark.timeout(400)
+N = 2
+P = param_counts(get_preset("debug")).total
+RING = (N - 1) / N
+ACCUMULATION = 2  # verify's runs: global batch 8 = micro-batch 2 x 2 micro-batches x 2 ranks
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("accounting")
+    layouts = ["dp_shard=2,zero=3", "dp_shard=2,zero=2", "dp_shard=2,zero=1", "dp_replicate=2,dp_shard=1,zero=0"]
+    r = shoal_cli("verify", "--nproc", str(N), "--steps", "3", "--layouts", ";".join(layouts), "--out", str(out),
+                  timeout=380)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    last = {}
+    for i, layout in enumerate(layouts):
+        rows = [json.loads(x) for x in (out / f"layout{i}" / "metrics.jsonl").read_text().splitlines()]
+        last[layout.split(",")[-1]] = rows[-1]  # step 3: optimizer state exists
+    return last
+
+
+@pytest.mark.parametrize("zero,expected", [
+    ("zero=3", 16 * P / N),              # params, grads and AdamW state all sharded (4 + 4 + 8 bytes)
+    ("zero=2", 16 * P / N),              # FSDP2 re-shards parameters after backward: at rest like zero=3
+    ("zero=1", 4 * P + 4 * P + 8 * P / N),  # ZeRO-1: only the optimizer state sharded
+    ("zero=0", 16 * P),                  # plain replication
+])
+def test_model_state_bytes(runs, zero, expected):
+    assert runs[zero]["model_state_bytes"] == pytest.approx(expected, rel=0.05)
+
+
+@pytest.mark.parametrize("zero,kind,expected", [
+    # ZeRO-3 gathers for forward and again for backward, in every micro-batch
+    ("zero=3", "all_gather", 2 * ACCUMULATION * RING * 4 * P),
+    ("zero=3", "reduce_scatter", RING * 4 * P),    # gradients reduced once per step, not per micro-batch
+    ("zero=2", "all_gather", RING * 4 * P),        # gathered once, kept through every micro-batch
+    ("zero=2", "reduce_scatter", RING * 4 * P),
+    ("zero=1", "all_reduce", 2 * RING * 4 * P),    # DDP's gradient all-reduce
+    ("zero=1", "broadcast", RING * 4 * P),         # each rank broadcasts the parameters it updated
+    ("zero=0", "all_reduce", 2 * RING * 4 * P),
+])
+def test_comm_bytes_match_ring_volumes(runs, zero, kind, expected):
+    assert runs[zero]["comm_bytes"].get(kind, 0) == pytest.approx(expected, rel=0.05)

@@ -1,0 +1,91 @@
+"""nccl-tests bandwidth formulas and the doctor's rows, against timings the test chooses."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from shoal.cli.doctor import render_rows, straggler_lines
+from shoal.debug import busbw, doctor, stragglers
+from shoal.errors import UserError
+from tests.conftest import shoal_cli
+
+GB = 1e9
+
+
+def test_bus_factors_follow_nccl_tests():
+    assert busbw.bus_factor("all_reduce", 4) == pytest.approx(1.5)  # 2(n-1)/n
+    assert busbw.bus_factor("all_reduce", 8) == pytest.approx(1.75)
+    for op in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert busbw.bus_factor(op, 4) == pytest.approx(0.75)  # (n-1)/n
+    for op in ("broadcast", "sendrecv"):
+        assert busbw.bus_factor(op, 4) == 1.0
+    assert busbw.busbw("all_reduce", 2 * 10**9, 1.0, 2) == pytest.approx(2e9)
+
+
+RAW = {  # four ranks; the test controls every time
+    "world": 4, "backend": "gloo",
+    "results": [
+        {"op": "all_reduce", "size": 2**20, "iters": 10, "times": [0.001, 0.002, 0.0015, 0.001]},
+        {"op": "all_gather", "size": 4 * 2**18, "iters": 10, "times": [0.0005] * 4},
+        {"op": "reduce_scatter", "size": 2**22, "iters": 5, "times": [0.004, 0.004, 0.004, 0.008]},
+        {"op": "all_to_all", "size": 2**20, "iters": 10, "times": [0.002] * 4},
+        {"op": "broadcast", "size": 2**20, "iters": 10, "times": [0.001] * 4},
+        {"op": "sendrecv", "size": 2**20, "iters": 10, "times": [0.001, 0.001, 0.001, 0.004]},
+    ],
+    "compute_gflops": [20.0, 21.0, 19.0, 9.0],
+}
+
+
+def test_summarize_uses_the_slowest_rank_and_nccl_tests_formulas():
+    rep = doctor.summarize(RAW)
+    rows = {r.op: r for r in rep.rows}
+    ar = rows["all_reduce"]
+    assert ar.time_s == 0.002  # the collective ends when the slowest rank does
+    assert ar.algbw == pytest.approx(2**20 / 0.002)
+    assert ar.busbw == pytest.approx(2**20 / 0.002 * 2 * 3 / 4)
+    assert rows["all_gather"].busbw == pytest.approx(2**20 / 0.0005 * 3 / 4)
+    assert rows["reduce_scatter"].busbw == pytest.approx(2**22 / 0.008 * 3 / 4)
+    assert rows["all_to_all"].busbw == pytest.approx(2**20 / 0.002 * 3 / 4)
+    assert rows["broadcast"].busbw == rows["broadcast"].algbw
+    assert rows["sendrecv"].busbw == pytest.approx(2**20 / 0.004)
+    assert rep.slow_compute == {3: pytest.approx(9.0 / 19.5)}  # below 0.7x the median speed
+    assert list(rep.slow_link) == [3]  # its own ring exchange took 4x as long
+
+
+def test_rendered_table_shows_those_numbers():
+    rep = doctor.summarize(RAW)
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(render_rows(rep))
+    text = buf.getvalue()
+    line = next(l for l in text.splitlines() if l.startswith("│ all_reduce"))
+    cells = [c.strip() for c in line.strip("│ ").split("│")]
+    assert cells[:3] == ["all_reduce", "1 MiB", "1048576"]
+    assert float(cells[3]) == pytest.approx(2000.0)  # us
+    assert float(cells[4]) == pytest.approx(2**20 / 0.002 / GB, rel=1e-3)
+    assert float(cells[5]) == pytest.approx(2**20 / 0.002 / GB * 1.5, rel=1e-3)
+    lines = straggler_lines(rep)
+    assert "straggler[/]: rank 3 compute 9 GFLOP/s" in lines and "rank 3 link" in lines
+
+
+def test_straggler_rule():
+    assert stragglers.slow_ranks([10, 10, 10, 6.9]) == {3: pytest.approx(0.69)}
+    assert stragglers.slow_ranks([10, 10, 10, 7.1]) == {}
+    s = stragglers.spread([0.10, 0.10, 0.30, 0.11])
+    assert s["slowest_rank"] == 2 and s["stragglers"] == [2]
+    assert s["compute_time_spread"] == pytest.approx(0.30 / 0.105)
+
+
+def test_sizes_and_units():
+    assert doctor.parse_size("256M") == 256 * 2**20 and doctor.parse_size("1K") == 1024
+    assert doctor.sizes(1024, 256 * 2**20, 4)[-1] == 256 * 2**20 and len(doctor.sizes(1024, 256 * 2**20, 4)) == 10
+    with pytest.raises(UserError):
+        doctor.parse_size("12Q")
+
+
+def test_doctor_bad_size_is_one_line_and_exit_2():
+    r = shoal_cli("doctor", "--max-size", "12Q", timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "--max-size" in r.stderr

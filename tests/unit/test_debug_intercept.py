@@ -1,0 +1,75 @@
+"""enable()/disable() in one process (a gloo world of 1): what is recorded, and that it all comes undone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch._C._distributed_c10d import ProcessGroup, Work
+
+import shoal.debug
+from shoal.debug import intercept
+from shoal.debug.state import STATE
+from tests.conftest import shoal_cli
+
+
+@pytest.fixture()
+def world_of_one():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    shoal.debug.disable()
+    dist.destroy_process_group()
+
+
+def test_records_call_sites_and_undoes_every_patch(world_of_one):
+    originals = {name: vars(ProcessGroup)[name] for name in ("allreduce", "send", "all_gather_single")}
+    wait, fc = vars(Work)["wait"], funcol.all_reduce
+    shoal.debug.enable(check_collectives=True, hang_timeout_s=0)
+    assert vars(ProcessGroup)["allreduce"] is not originals["allreduce"] and funcol.all_reduce is not fc
+
+    x = torch.ones(3)
+    dist.all_reduce(x); line = _lineno()  # noqa: E702  (the call and its line number together)
+    rec = STATE.recent[-1]
+    assert (rec.api, rec.group, rec.status) == ("all_reduce", "0", "done")
+    assert rec.site == f"tests/unit/test_debug_intercept.py:{line} in test_records_call_sites_and_undoes_every_patch"
+    seq = rec.seq
+    funcol.all_reduce(x, "sum", dist.group.WORLD).wait()
+    assert (STATE.recent[-1].api, STATE.recent[-1].seq) == ("funcol.all_reduce", seq + 1)
+
+    shoal.debug.progress(3, "forward")
+    assert (STATE.step, STATE.phase) == (3, "forward")
+
+    shoal.debug.disable()
+    assert {name: vars(ProcessGroup)[name] for name in originals} == originals
+    assert vars(Work)["wait"] is wait and funcol.all_reduce is fc
+    dist.all_reduce(x)  # the originals still work after being put back
+    assert STATE.recent[-1].seq == seq + 1  # and nothing is recorded any more
+
+
+def test_functional_collectives_dtensor_uses_are_covered():
+    """If torch renames what DTensor calls, this fails instead of the checker silently missing it."""
+    for name in ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single", "broadcast"):
+        assert callable(getattr(funcol, name, None)) and name in intercept.FUNCOL_OPS, name
+    for op in ("allreduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single", "send", "recv"):
+        assert hasattr(ProcessGroup, op) and op in intercept.PG_OPS, op
+
+
+def test_environment_overrides_arguments(monkeypatch):
+    monkeypatch.setenv("SHOAL_CHECK_COLLECTIVES", "1")
+    monkeypatch.setenv("SHOAL_HANG_TIMEOUT_S", "0")
+    try:
+        assert shoal.debug.enable(check_collectives=False, hang_timeout_s=60) == {
+            "check_collectives": True, "hang_timeout_s": 0.0, "check_timeout_s": 300.0}
+    finally:
+        shoal.debug.disable()
+
+
+def test_run_without_script_is_a_usage_error():
+    r = shoal_cli("run", "--nproc", "2", timeout=60)
+    assert r.returncode == 2 and "script" in r.stderr
+
+
+def _lineno() -> int:
+    import sys
+    return sys._getframe(1).f_lineno
