@@ -23,13 +23,14 @@ CANDIDATES = [
     "dp_replicate=2,dp_shard=N/2,zero=3", "tp=2,dp_shard=N/2", "tp=2,dp_shard=N/2,sequence_parallel=false",
     "pp=2,dp_shard=N/2,pp_schedule=1f1b", "pp=2,dp_shard=N/2,pp_schedule=gpipe",
     "pp=2,dp_shard=N/2,pp_schedule=interleaved-1f1b", "pp=2,dp_shard=N/2,pp_schedule=zero-bubble",
-    "tp=2,pp=2,dp_shard=N/4", "model=debug-moe,dp_shard=N,zero=3", "model=debug-moe,ep=2,dp_shard=N,zero=3",
-    "model=debug-moe,ep=N,dp_shard=N,zero=2",
+    "tp=2,pp=N/2,dp_shard=1", "tp=2,pp=2,dp_shard=N/4", "model=tiny-moe,dp_shard=N,zero=3",
+    "model=tiny-moe,ep=2,dp_shard=N,zero=3", "model=tiny-moe,ep=N,dp_shard=N,zero=2",
+    "model=tiny-moe,ep=2,pp=2,dp_shard=N/2",
 ]
 
 
-def base_overrides(steps: int) -> list[str]:
-    return ["model.preset=debug", f"train.steps={steps}", "train.micro_batch=2", "train.global_batch=8",
+def base_overrides(steps: int, global_batch: int) -> list[str]:
+    return ["model.preset=debug", f"train.steps={steps}", "train.micro_batch=2", f"train.global_batch={global_batch}",
             "train.seq_len=64", "train.lr=3e-3", "train.warmup_steps=2", "train.eval_every=0",
             "train.eval_batches=1", "train.sample_tokens=0"]
 
@@ -48,28 +49,31 @@ def layout_overrides(layout: str, nproc: int) -> list[str]:
     return out
 
 
-def config_for(layout: str | None, nproc: int, steps: int) -> JobConfig:
+def config_for(layout: str | None, nproc: int, steps: int, global_batch: int | None = None) -> JobConfig:
+    """The run for one layout. Global batch 4 x nproc sequences gives every layout on nproc ranks
+    at least two micro-batches per rank; the single-process reference passes the same batch."""
     extra = layout_overrides(layout, nproc) if layout else []
-    return load_config(None, base_overrides(steps) + extra)
+    return load_config(None, base_overrides(steps, global_batch or 4 * nproc) + extra)
 
 
-def fitting_layouts(nproc: int, steps: int) -> list[str]:
-    """The default layouts that are valid for nproc ranks (and not just the same layout twice)."""
-    keep, seen = [], set()
+def fitting_layouts(nproc: int, steps: int) -> tuple[list[str], list[tuple[str, str]]]:
+    """The default layouts valid on nproc ranks, and the others with the reason they do not fit."""
+    keep, skipped, seen = [], [], set()
     for layout in CANDIDATES:
+        resolved = ",".join(layout_overrides(layout, nproc))
+        if resolved in seen:
+            continue
+        seen.add(resolved)
         try:
             cfg = config_for(layout, nproc, steps)
-            dims = resolve_dims(cfg.parallel, nproc, cfg.model_config(), global_batch=cfg.train.global_batch,
-                                micro_batch=cfg.train.micro_batch)
-        except UserError:
+            resolve_dims(cfg.parallel, nproc, cfg.model_config(), global_batch=cfg.train.global_batch,
+                         micro_batch=cfg.train.micro_batch)
+        except UserError as e:
+            skipped.append((layout.replace("N/4", str(nproc // 4)).replace("N/2", str(nproc // 2))
+                            .replace("N", str(nproc)), str(e)))
             continue
-        if "N/" in layout and any(d == 0 for d in dims.shape):
-            continue
-        key = layout_overrides(layout, nproc).__repr__()
-        if key not in seen:
-            seen.add(key)
-            keep.append(layout)
-    return keep
+        keep.append(layout)
+    return keep, skipped
 
 
 @dataclass
