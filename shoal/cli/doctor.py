@@ -9,7 +9,7 @@ VERDICT_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "c
 
 def register(sub) -> None:
     p = sub.add_parser("doctor", help="check the environment and benchmark communication across N local ranks")
-    p.add_argument("--nproc", type=int, default=2, help="ranks for the benchmark (default 2; one per GPU on CUDA)")
+    p.add_argument("--nproc", type=int, default=None, help="ranks for the benchmark (default: one per GPU, else 2)")
     p.add_argument("--min-size", default="1K", help="smallest message (default 1K; binary units)")
     p.add_argument("--max-size", default="256M", help="largest message (default 256M)")
     p.add_argument("--factor", type=int, default=4, help="size step between messages (default 4)")
@@ -27,13 +27,14 @@ def run(args) -> int:
 
     from shoal.debug import busbw, doctor, envcheck
 
+    nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     sizes = doctor.sizes(doctor.parse_size(args.min_size, "--min-size"), doctor.parse_size(args.max_size), args.factor)
     ops = args.ops.split(",") if args.ops else list(busbw.OPS)
     console = Console(highlight=False)
     if args.checks_only:
-        rep = doctor.Report(checks=envcheck.run_all(args.nproc))
+        rep = doctor.Report(checks=envcheck.run_all(nproc))
     else:
-        rep = doctor.run(args.nproc, sizes, ops, Path(args.out), budget_s=args.budget)
+        rep = doctor.run(nproc, sizes, ops, Path(args.out), budget_s=args.budget)
 
     checks = Table(title="environment", title_justify="left")
     for col in ("check", "verdict", "detail"):

@@ -25,8 +25,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from shoal.errors import UserError
     from shoal.launch.local import launch
 
+    if not os.path.isfile(args.script):
+        raise UserError("script", args.script, "no such file; give the path of a Python script to run on every worker")
     argv = [args.script, *args.args]
     if args.check_collectives or args.hang_timeout is not None:
         if args.check_collectives:

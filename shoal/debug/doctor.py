@@ -70,6 +70,12 @@ class Report:
     figure: Path | None = None
 
 
+def default_nproc() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
 def summarize(raw: dict) -> Report:
     """Raw worker output -> rows with nccl-tests algbw/busbw, plus straggler verdicts."""
     n = raw["world"]

@@ -38,14 +38,14 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _describe(x) -> tuple[str, str] | None:
+def describe(x) -> tuple[str, str] | None:
     """(shapes, dtypes) of a tensor, a list of tensors or a list of lists; None if no tensor."""
     if isinstance(x, torch.Tensor):
         return _shape(x), _dtype(x)
     if isinstance(x, (list, tuple)) and len(x) == 1:  # c10d wraps single tensors in a list
-        return _describe(x[0])
+        return describe(x[0])
     if isinstance(x, (list, tuple)) and x:
-        parts = [_describe(y) for y in x]
+        parts = [describe(y) for y in x]
         if any(p is None for p in parts):
             return None
         shapes, dtypes = [p[0] for p in parts], [p[1] for p in parts]
@@ -103,7 +103,7 @@ def from_pg_call(op: str, args: tuple) -> dict[str, str]:
     roles = ROLES.get(op, ("",))
     described = []
     for i, role in enumerate(roles):
-        d = _describe(args[i]) if role is not None and i < len(args) else None
+        d = describe(args[i]) if role is not None and i < len(args) else None
         if d is not None:
             described.append((f"{role} " if len(roles) > 1 and role else "", d))
     fp["shapes"] = "; ".join(label + d[0] for label, d in described)
@@ -131,8 +131,24 @@ def _a2a(op: str, args: tuple) -> dict[str, str]:
             "out_splits": ",".join(str(t.shape[0] if t.dim() else 1) for t in outs)}
 
 
+def from_funcol(op: str, tensor, reduce, root, out_splits, in_splits) -> dict[str, str]:
+    """Fingerprint of a functional collective (DTensor's path): its input, reduce op, root, splits."""
+    d = describe(tensor) or ("", "")
+    fp = {"op": op, "shapes": d[0], "dtypes": d[1]}
+    if reduce is not None:
+        fp["reduce"] = str(reduce).upper()
+    if root is not None:
+        fp["root"] = str(root)
+    if op == "all_to_all_single" and isinstance(tensor, torch.Tensor):
+        dim0 = tensor.shape[0] if tensor.dim() else 0
+        fp["rows"] = str(tuple(tensor.shape[1:]))
+        fp["in_splits"] = ",".join(map(str, in_splits)) if in_splits else f"={dim0}"
+        fp["out_splits"] = ",".join(map(str, out_splits)) if out_splits else f"={dim0}"
+    return fp
+
+
 def from_p2p(op: str, tensors, tag: int) -> dict[str, str]:
-    d = _describe(list(tensors)) if len(tensors) > 1 else _describe(tensors[0])
+    d = describe(list(tensors)) if len(tensors) > 1 else describe(tensors[0])
     return {"op": op, "shapes": d[0], "dtypes": d[1], "tag": str(tag)}
 
 

@@ -32,7 +32,7 @@ def emit(text: str) -> None:
         data = data[os.write(2, data):]
 
 
-def _pid_gone(pid: int) -> bool:
+def pid_gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # zombie: dead, not yet reaped
@@ -68,9 +68,12 @@ class Incident:
             return
         try:
             self._run(why, exit_code)
-        except Exception as e:  # the store may be gone with the job: say what we know locally
-            emit(f"shoal: rank {STATE.rank}: could not assemble the hang report ({type(e).__name__}: {e}); "
-                 f"local stacks:\n{stacks.format_threads(stacks.threads())}")
+        except Exception as e:  # the store went away: its host (the agent, or rank 0) is likely dead
+            recent = "\n".join(f"    {c.status:>8}: {records.describe(c.to_dict())}" for c in list(STATE.recent)[-5:])
+            emit(f"shoal: rank {STATE.rank}: {why}\n  the job's c10d store is unreachable ({records.short_error(e)}): "
+                 "the process hosting it (the launcher's agent, or rank 0) is probably dead, so there is no "
+                 f"job-wide report; this rank: {records.where(STATE.snapshot())}\n  last collectives:\n"
+                 f"{recent or '    (none)'}\n{stacks.format_threads(stacks.threads())}")
         finally:
             self.done.set()
 
@@ -121,7 +124,7 @@ class Incident:
                 continue
             if rec is None:
                 out[r] = "NO RECORD: never reported progress (watchdog off there, or died before it started)"
-            elif rec["host"] == host and _pid_gone(rec["pid"]):
+            elif rec["host"] == host and pid_gone(rec["pid"]):
                 out[r] = f"DEAD: process {rec['pid']} on {host} is gone (killed or crashed)"
             else:
                 out[r] = (f"NOT ANSWERING: no stack within {self.grace_s:g} s, heartbeat {now - rec['hb']:.1f} s old "

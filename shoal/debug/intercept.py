@@ -149,15 +149,16 @@ def _coalescing(mon: Monitor, start: bool, original):
 
 def _wait(mon: Monitor, original):
     def wait(self, *args, **kwargs):
-        recs = mon.before_wait(self)
-        if recs is None:
+        tracked = mon.before_wait(self)
+        if tracked is None:
             return original(self, *args, **kwargs)
+        recs, pendings = tracked
         try:
             result = original(self, *args, **kwargs)
         except Exception as e:
             mon.failed(recs[-1], e)
             raise
-        mon.after_wait(recs)
+        mon.after_wait(recs, self, pendings)
         return result
     return wait
 
@@ -168,21 +169,6 @@ def _arg(args, kwargs, index: int | None, name: str, default=None):
     if index is not None and index < len(args):
         return args[index]
     return default
-
-
-def _funcol_fingerprint(op: str, tensor, reduce, root, out_splits, in_splits) -> dict:
-    shapes_dtypes = fingerprint._describe(tensor)
-    fp = {"op": op, "shapes": shapes_dtypes[0] if shapes_dtypes else "", "dtypes": shapes_dtypes[1] if shapes_dtypes else ""}
-    if reduce is not None:
-        fp["reduce"] = str(reduce).upper()
-    if root is not None:
-        fp["root"] = str(root)
-    if op == "all_to_all_single" and isinstance(tensor, torch.Tensor):
-        dim0 = tensor.shape[0] if tensor.dim() else 0
-        fp["rows"] = str(tuple(tensor.shape[1:]))
-        fp["in_splits"] = ",".join(map(str, in_splits)) if in_splits else f"={dim0}"
-        fp["out_splits"] = ",".join(map(str, out_splits)) if out_splits else f"={dim0}"
-    return fp
 
 
 def _funcol(mon: Monitor, funcol, name: str, original):
@@ -202,7 +188,7 @@ def _funcol(mon: Monitor, funcol, name: str, original):
         group = dist.group.WORLD if group is None else group
         g = mon.group_by_name(funcol._resolve_group_name(group, get("tag", "")))
         tensor = get("tensor")
-        rec = mon.begin(g, op, f"funcol.{name}", lambda: _funcol_fingerprint(
+        rec = mon.begin(g, op, f"funcol.{name}", lambda: fingerprint.from_funcol(
             op, tensor, get("reduce"), get("root"), get("out_splits"), get("in_splits")))
         _tls.inside = True
         try:
@@ -222,9 +208,9 @@ def _shard_dim_alltoall(mon: Monitor, original):
         if getattr(_tls, "inside", False) or torch.compiler.is_compiling():
             return original(input, gather_dim, shard_dim, mesh, mesh_dim)
         g = mon.group(mesh.get_group(mesh_dim))
-        rec = mon.begin(g, "shard_dim_alltoall", "shard_dim_alltoall", lambda: {
-            "op": "shard_dim_alltoall", "shapes": f"{fingerprint._describe(input)[0]} gather_dim={gather_dim} "
-                                                  f"shard_dim={shard_dim}", "dtypes": fingerprint._describe(input)[1]})
+        rec = mon.begin(g, "shard_dim_alltoall", "shard_dim_alltoall", lambda: dict(
+            fingerprint.from_funcol("shard_dim_alltoall", input, None, None, None, None),
+            root=f"gather_dim={gather_dim} shard_dim={shard_dim}"))
         _tls.inside = True
         try:
             out = original(input, gather_dim, shard_dim, mesh, mesh_dim)

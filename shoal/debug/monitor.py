@@ -22,11 +22,20 @@ from shoal.debug.checker import Checker, GroupInfo, Pending
 from shoal.debug.state import STATE, CollectiveRecord
 
 P2P = ("send", "recv", "recv_anysource")
-MAX_TRACKED_WORKS = 1024  # works issued and not yet waited that we remember (bounded: some are never waited)
+MAX_TRACKED_WORKS = 256  # issued, not yet waited works we remember (bounded: futures of comm hooks are never waited)
 # Key prefixes must never repeat within a process (enable/disable/enable, a second init_process_group),
 # or a rank would read the previous round's fingerprints: <monitor>/<default group> numbers, which
 # agree across ranks because every rank enables and initializes the same number of times.
 _monitors = itertools.count(1)
+
+
+class _AnySource:
+    """A recv from any source, posted once the sender is known."""
+
+    __slots__ = ("group", "rec", "fp")
+
+    def __init__(self, group: GroupInfo, rec: CollectiveRecord, fp: dict):
+        self.group, self.rec, self.fp = group, rec, fp
 
 
 class Monitor:
@@ -132,8 +141,10 @@ class Monitor:
         STATE.recent.append(rec)
         STATE.progress()
         pending = None
-        if self.checker is not None and peer is not None:
-            pending = self.checker.post_p2p(g, rec, fingerprint.from_p2p(op, tensors, tag), send, peer)
+        if self.checker is not None:
+            fp = fingerprint.from_p2p(op, tensors, tag)
+            # recv from any source: the sender is known only once it arrives (see after_wait)
+            pending = self.checker.post_p2p(g, rec, fp, send, peer) if peer is not None else _AnySource(g, rec, fp)
         rec.status = "issued"
         return rec, pending
 
@@ -159,7 +170,7 @@ class Monitor:
             if work is not None and batch:
                 self._works[id(work)] = (work, [r for r, _ in batch], [p for _, p in batch if p])
 
-    def before_wait(self, work) -> list[CollectiveRecord] | None:
+    def before_wait(self, work) -> tuple[list[CollectiveRecord], list] | None:
         entry = self._works.pop(id(work), None)
         if entry is None:
             return None
@@ -170,15 +181,25 @@ class Monitor:
         if pendings and self.checker is not None:
             try:
                 for p in pendings:
-                    self.checker.verify_p2p(p)
+                    if isinstance(p, Pending):
+                        self.checker.verify_p2p(p)
             except BaseException:
                 for rec in recs:
                     rec.status = "mismatch"
                 STATE.inflight = None
                 raise
-        return recs
+        return recs, pendings
 
-    def after_wait(self, recs: list[CollectiveRecord]) -> None:
+    def after_wait(self, recs: list[CollectiveRecord], work=None, pendings=()) -> None:
+        for p in pendings:
+            if isinstance(p, _AnySource) and self.checker is not None:
+                # post the receive under the sender's pair counter, which the sender's wait() reads;
+                # no check on this side: the data already arrived
+                src = work._source_rank()
+                key = (p.group.name, src, p.group.index, False)
+                p.rec.seq = next(self._p2p.get(key) or self._p2p.setdefault(key, itertools.count(1)))
+                p.rec.peer = p.group.ranks[src]
+                self.checker.post_p2p(p.group, p.rec, p.fp, False, src)
         for rec in recs:
             rec.status = "done"
         if STATE.inflight is recs[-1]:

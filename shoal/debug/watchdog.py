@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -24,9 +25,8 @@ import time
 import torch.distributed as dist
 
 from shoal.debug import records
-from shoal.debug.incident import Incident, emit
+from shoal.debug.incident import Incident, emit, pid_gone
 from shoal.debug.state import HANG_EXIT_CODE, STATE
-
 
 
 def interval_for(hang_timeout_s: float) -> float:
@@ -40,6 +40,7 @@ class Watchdog:
         self.dead_after = max(2.0, 3 * self.interval)  # a heartbeat unchanged this long: the rank is gone
         self._stop = threading.Event()
         self._sigterm = False
+        self._store_gone = False
         self._wakeup_r = self._wakeup_w = None
         self._old_handler = self._old_wakeup = None
         self._seen: dict[int, tuple[str, float]] = {}
@@ -102,10 +103,12 @@ class Watchdog:
         while not self._stop.is_set():
             if self._sigterm:
                 self._on_terminate()
-            if dist.is_initialized():  # enable() may come before init_process_group
+            if dist.is_initialized() and not self._store_gone:  # enable() may come before init_process_group
                 try:
                     self._tick()
-                except Exception as e:  # the store went away (job over) or a transient error: retry
+                except dist.DistNetworkError:  # the store's host is gone: nothing left to publish to
+                    self._store_gone = True
+                except Exception as e:  # a transient error: try again next time
                     if os.environ.get("SHOAL_DEBUG_VERBOSE"):
                         emit(f"shoal: watchdog on rank {STATE.rank}: {type(e).__name__}: {e}")
             self._sleep()
@@ -168,15 +171,34 @@ class Watchdog:
             self._exit(128 + signal.SIGTERM)
 
     def _on_terminate(self) -> None:
-        """SIGTERM: report first if this rank is stuck in a collective, then go."""
+        """SIGTERM: report first if this rank is stuck in a collective because a rank failed, then go.
+
+        A plain stop (Ctrl-C, a scheduler ending the job) exits quietly even mid-collective; a
+        report is for the launcher tearing the job down after a rank died or crashed.
+        """
         cur = STATE.inflight
         if self.incident.started:
             self.incident.done.wait(self.incident.grace_s + 10)
         elif cur is not None and cur.status in ("waiting", "issued", "checking"):
-            why = (f"the launcher is terminating rank {STATE.rank} while it is in "
-                   f"{records.describe(cur.to_dict())} (a rank failed or the job was stopped)")
-            self.incident.run(why, 128 + signal.SIGTERM)
+            failed = self._failed_ranks()
+            if failed:
+                why = (f"the launcher is terminating rank {STATE.rank} in {records.describe(cur.to_dict())} "
+                       f"after rank {failed[0]} failed")
+                self.incident.run(why, 128 + signal.SIGTERM)
         self._exit(128 + signal.SIGTERM)
+
+    def _failed_ranks(self) -> list[int]:
+        """Ranks whose process is gone (on this host) or that exited with an error."""
+        ch = self.monitor.channel
+        if ch is None:
+            return []
+        try:
+            recs = records.read(ch, list(range(dist.get_world_size())))
+        except Exception:
+            return []
+        host = socket.gethostname()
+        return [r for r, rec in sorted(recs.items()) if r != STATE.rank and (
+            str(rec.get("exit") or "").startswith("error") or (rec["host"] == host and pid_gone(rec["pid"])))]
 
     def _exit(self, code: int) -> None:
         STATE.exit = f"exit code {code}"

@@ -63,6 +63,35 @@ def init_runtime(cfg: JobConfig) -> Runtime:
     return Runtime(dist.get_rank(), world, device, dims, mesh, expert_mesh)
 
 
+def enable_debugging(cfg: JobConfig, rt: Runtime, modules) -> None:
+    """The hang watchdog (and, when asked, the collective checker) on every rank of a multi-rank job."""
+    if rt.world_size == 1:
+        return
+    import shoal.debug
+    from torch.nn.parallel import DistributedDataParallel
+
+    shoal.debug.enable(check_collectives=cfg.debug.check_collectives, hang_timeout_s=cfg.debug.hang_timeout_s)
+    for m in modules:
+        if isinstance(m, DistributedDataParallel):  # its gradient all-reduce runs in C++, out of the patches' sight
+            shoal.debug.watch_ddp(m)
+
+
+def straggler_stats(rt: Runtime, compute_time_s: float) -> dict:
+    """Per-step spread of compute time across ranks (one small all-gather); names ranks slower than 0.7x."""
+    if rt.world_size == 1:
+        return {}
+    from shoal.debug.stragglers import step_spread
+
+    return step_spread(compute_time_s)
+
+
+def mark(step: int, phase: str) -> None:
+    """Tell the hang watchdog where this rank is (two attribute writes; a no-op when it is off)."""
+    import shoal.debug
+
+    shoal.debug.progress(step, phase)
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.barrier()

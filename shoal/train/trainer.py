@@ -21,7 +21,7 @@ from shoal.model.moe import AuxLossInjector
 from shoal.model.transformer import build_model, cross_entropy
 from shoal.parallel.parallelize import ParallelModel, parallelize
 from shoal.train.comm_stats import CommCounter, model_state_bytes
-from shoal.train.distributed import Runtime, init_runtime, shutdown
+from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mark, shutdown, straggler_stats
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
 from shoal.train.peak_flops import peak_flops
@@ -153,6 +153,7 @@ def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: b
     data = build_data(cfg, model_cfg, rt.dp_rank, rt.dims.dp)
     pm = build_parallel_model(cfg, model_cfg, rt)
     optimizer = build_optimizer(pm, t, rt, cfg.parallel.zero)
+    enable_debugging(cfg, rt, pm.modules)
     counter = CommCounter()
     if rt.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -165,6 +166,7 @@ def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: b
     tokens_seen, started, eval_loss, row = start * t.global_batch * t.seq_len, time.perf_counter(), float("nan"), {}
     for step in range(start, t.steps):
         t0 = time.perf_counter()
+        mark(step + 1, "train")
         set_lr(optimizer, lr_at(step, t))
         counter.bytes.clear()
         with counter:  # everything the step sends, ZeRO-1's parameter broadcast in optimizer.step included
@@ -178,8 +180,9 @@ def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: b
         row = dict(step=step + 1, loss=rt.global_mean(loss), lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
                    tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
                    mfu=step_flops / step_time / peak, peak_mem_bytes=peak_mem_bytes(rt.device),
-                   model_state_bytes=state_bytes, comm_bytes=dict(counter.bytes))
+                   model_state_bytes=state_bytes, comm_bytes=dict(counter.bytes), **straggler_stats(rt, step_time))
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
+            mark(step + 1, "eval")
             row["eval_loss"] = eval_loss = evaluate(pm, data.eval_set, t.precision, t.micro_batch, rt)
         log.write(row)
         progress.update(row)

@@ -48,6 +48,10 @@ def healthy():  # every op, consistent on all ranks: must pass
     ops = [dist.P2POp(dist.isend, torch.ones(3), (rank + 1) % 3), dist.P2POp(dist.irecv, torch.zeros(3), (rank - 1) % 3)]
     for w in dist.batch_isend_irecv(ops):
         w.wait()
+    if rank == 0:
+        dist.send(torch.ones(5), 1)
+    elif rank == 1:
+        dist.recv(torch.zeros(5))  # from any source: checked on the sender's side once it arrives
     objs = [None] * 3
     dist.all_gather_object(objs, {"rank": rank})
     dist.barrier()
@@ -114,10 +118,12 @@ def spread():  # per-step compute time: rank 2 is 3x slower than the others
         results["spread_out"] = shoal.debug.stragglers.step_spread(0.3 if rank == 2 else 0.1)
     results["spread_warnings"] = [str(w.message) for w in caught if "straggler" in str(w.message)]
 
-def missing():  # rank 1 never reaches the barrier
+def missing():  # rank 1 never reaches the barrier; it waits (outside torch) until the others are done
     if rank == 1:
         shoal.debug.progress(7, "idle")
-        time.sleep(6)
+        deadline = time.time() + 20
+        while time.time() < deadline and not all(os.path.exists(os.path.join(out, f"rank{r}.json")) for r in (0, 2)):
+            time.sleep(0.1)
     else:
         dist.barrier()  # @missing
 

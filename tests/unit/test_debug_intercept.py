@@ -65,9 +65,19 @@ def test_environment_overrides_arguments(monkeypatch):
         shoal.debug.disable()
 
 
-def test_run_without_script_is_a_usage_error():
+def test_run_usage_errors_are_one_line_and_exit_2():
     r = shoal_cli("run", "--nproc", "2", timeout=60)
     assert r.returncode == 2 and "script" in r.stderr
+    r = shoal_cli("run", "--nproc", "2", "no_such_script.py", timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no_such_script.py" in r.stderr
+
+
+def test_importing_shoal_debug_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, shoal.debug; shoal.debug.progress(1, 'x'); assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
 def _lineno() -> int:
