@@ -68,6 +68,8 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from shoal.debug.busbw import busbw as bus_bandwidth
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     small = torch.zeros(1)
@@ -89,7 +91,7 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     big_op = (time.perf_counter() - t0) / reps
     if rank == 0:
         nbytes = big.numel() * 4
-        busbw = nbytes / big_op * 2 * (world - 1) / world
+        busbw = bus_bandwidth("all_reduce", nbytes, big_op, world)
         # A ring all_reduce has 2(n-1) steps; the alpha of the alpha-beta model is per step.
         Path(out_file).write_text(json.dumps({"gloo_busbw": busbw, "gloo_latency": latency_op / (2 * (world - 1))}))
     dist.destroy_process_group()

@@ -78,13 +78,15 @@ def wire_bytes(kind: str, payload: int, n: int, own_chunk: int | None = None) ->
 
     payload is the buffer this rank contributes (for all_gather: its input, a 1/n share of the output).
     """
+    from shoal.debug.busbw import bus_factor  # nccl-tests' factors, one place for them
+
     if n <= 1:
         return 0.0
-    if kind == "all_reduce":
-        return 2 * (n - 1) / n * payload
+    if kind in ("all_reduce", "reduce_scatter"):
+        return bus_factor(kind, n) * payload
     if kind == "all_gather":
-        return (n - 1) * payload
-    if kind in ("reduce_scatter", "broadcast"):
+        return bus_factor(kind, n) * payload * n  # of the n-times-larger output
+    if kind == "broadcast":
         return (n - 1) / n * payload
     if kind == "all_to_all":
         return payload - own_chunk if own_chunk is not None else (n - 1) / n * payload
