@@ -1,0 +1,63 @@
+"""The rank grid and the pipeline split: pure functions, no process group."""
+
+import pytest
+
+from shoal.config import ParallelConfig
+from shoal.errors import UserError
+from shoal.model.config import get_preset
+from shoal.parallel.mesh import resolve_dims
+from shoal.parallel.pipeline import layer_split, stage_indices
+
+
+def dims(world, **par):
+    return resolve_dims(ParallelConfig(**par), world, get_preset("debug-moe" if par.get("ep", 1) > 1 else "debug"),
+                        global_batch=64, micro_batch=1)
+
+
+def test_tp_is_innermost_and_pp_outermost():
+    d = dims(8, tp=2, pp=2)
+    g = d.groups()
+    assert d.dp_shard == 2  # -1 took what was left
+    assert g["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]  # neighbours: one machine
+    assert g["pp"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert g["dp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert d.coords(6) == {"pp": 1, "dp_replicate": 0, "dp_shard": 1, "tp": 0, "dp": 1}
+
+
+def test_hsdp_and_expert_groups():
+    d = dims(8, dp_replicate=2, ep=2)
+    assert d.dp == 8 and d.dp_shard == 4
+    g = d.groups()
+    assert g["dp"] == [list(range(8))]
+    assert g["ep"] == [[0, 1], [2, 3], [4, 5], [6, 7]]  # ep borrows neighbouring dp_shard ranks
+
+
+def test_every_rank_in_exactly_one_group_of_each_kind():
+    d = dims(16, tp=2, pp=2, dp_replicate=2)
+    for kind, groups in d.groups().items():
+        assert sorted(r for grp in groups for r in grp) == list(range(16)), kind
+
+
+def test_world_that_does_not_factor_says_what_would():
+    with pytest.raises(UserError, match="options: tp=1 pp=1 dp=6"):
+        dims(6, tp=4)
+
+
+@pytest.mark.parametrize("n_layers,n_stages", [(4, 2), (7, 3), (32, 8), (126, 16)])
+def test_layer_split_is_contiguous_and_balanced(n_layers, n_stages):
+    split = layer_split(n_layers, n_stages)
+    assert [i for r in split for i in r] == list(range(n_layers))
+    sizes = [len(r) for r in split]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_lighter_edges_move_layers_off_first_and_last_stage():
+    even = [len(r) for r in layer_split(32, 4)]
+    light = [len(r) for r in layer_split(32, 4, lighter_edges=2)]
+    assert even == [8, 8, 8, 8]
+    assert light == [6, 10, 10, 6]
+    assert sum(light) == 32
+
+
+def test_interleaved_stages_loop_over_ranks():
+    assert stage_indices(0, 4, 2) == [0, 4] and stage_indices(3, 4, 2) == [3, 7]
