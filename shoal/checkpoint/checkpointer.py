@@ -46,7 +46,7 @@ class Checkpointer:
         self.every, self.keep, self.total = c.every, c.keep, cfg.train.steps
         self._pending: Future | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="shoal-ckpt") if c.async_save and c.every else None
-        self.last_save_blocked_s = 0.0
+        self._stager = _host_stager() if self._pool else None
         if self.every and rt.is_main:
             store.remove_partials(self.root)  # before any rank can start a save: new_group below waits for all
         # Checkpoint collectives get their own gloo group: a background save must not interleave with
@@ -63,7 +63,8 @@ class Checkpointer:
             if restart_count() and self.rt.is_main:
                 lost = _last_logged_step(self.out)
                 store.warn(f"elastic restart {restart_count()} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: "
-                           f"no checkpoint yet, starting over from step 0 ({lost} steps lost)")
+                           f"no checkpoint yet, starting over; the failed attempt had reached step {lost}, "
+                           f"so {_steps(lost)} lost")
             return 0
         train_state = store.read_train_state(path)
         now = _model_fields(self.cfg)
@@ -95,12 +96,18 @@ class Checkpointer:
                 answer = ("ok", str(chosen) if chosen is not None else None)
             except UserError as e:
                 answer = ("error", (e.field, e.value, e.fix))
+            except Exception as e:  # tell the others before failing, rather than leave them waiting
+                answer = ("crash", f"{type(e).__name__}: {e}")
+                if self.rt.world_size == 1:
+                    raise
         if self.rt.world_size > 1:
             box = [answer]
             dist.broadcast_object_list(box, src=0, group=self.pg)
             answer = box[0]
         if answer[0] == "error":
             raise UserError(*answer[1])
+        if answer[0] == "crash":
+            raise RuntimeError(f"choosing a checkpoint failed on rank 0: {answer[1]}")
         return Path(answer[1]) if answer[1] is not None else None
 
     def _report_resume(self, path: Path, step: int, train_state: dict) -> None:
@@ -112,7 +119,7 @@ class Checkpointer:
         if restart_count():
             store.warn(f"elastic restart {restart_count()} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: "
                        f"resuming from step {step} ({path}){resharded}; the failed attempt had reached step "
-                       f"{reached}, so {max(0, reached - step)} steps are lost and recomputed")
+                       f"{reached}, so {_steps(max(0, reached - step))} lost")
         else:
             store.warn(f"resuming from step {step} ({path}){resharded}")
 
@@ -126,16 +133,14 @@ class Checkpointer:
         """After `step` optimizer steps: save if one is due (in the background with checkpoint.async)."""
         if not self.due(step):
             return
-        t0 = time.perf_counter()
         self.wait()  # one save in flight at a time
         live = ckpt_state.capture(self.pm.modules, self.optimizer, self.rt.rank)
         info = self._train_state(step, loss)
         if self._pool is None:
             self._write(live, step, info)
         else:
-            staged = _stage(live)  # a private copy: training goes on changing the live tensors
+            staged = self._stager.stage(live)  # a private copy: training goes on changing the live tensors
             self._pending = self._pool.submit(self._write, staged, step, info)
-        self.last_save_blocked_s = time.perf_counter() - t0
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed; re-raises its error."""
@@ -147,6 +152,7 @@ class Checkpointer:
         self.wait()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+            self._stager.close()
 
     def _train_state(self, step: int, loss: float | None) -> dict:
         return {"step": step, "loss": loss, "data": self.loader.state_dict(),
@@ -175,30 +181,33 @@ class Checkpointer:
             store.prune(self.root, self.keep)
 
 
-def _stage(state: dict) -> dict:
-    """Copy the state to host memory (pinned on CUDA) so the background thread writes a snapshot."""
+def _host_stager():
+    """Copies the state to host memory (pinned on CUDA) for the background thread to write. It keeps
+    its buffers from one save to the next, so later saves only copy (no allocation, no page faults)."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     cuda = torch.cuda.is_available()
-    stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
-                                          use_non_blocking_copy=False))
-    try:
-        return stager.stage(state)
-    finally:
-        stager.close()
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                                        use_non_blocking_copy=False))
 
 
 def layout_info(cfg: JobConfig, rt) -> dict:
     d = rt.dims
     return {"world_size": rt.world_size, "dp_replicate": d.dp_replicate, "dp_shard": d.dp_shard, "tp": d.tp,
-            "pp": d.pp, "ep": d.ep, "zero": cfg.parallel.zero, "pp_schedule": cfg.parallel.pp_schedule if d.pp > 1 else None}
+            "pp": d.pp, "ep": d.ep, "zero": cfg.parallel.zero,
+            "pp_schedule": cfg.parallel.pp_schedule if d.pp > 1 else None}
+
+
+def _steps(n: int) -> str:
+    return f"{n} step is" if n == 1 else f"{n} steps are"
 
 
 def _layout_text(layout: dict) -> str:
     if not layout:
         return "?"
     parts = [f"{k}={layout[k]}" for k in ("dp_replicate", "dp_shard", "tp", "pp", "ep") if layout.get(k, 1) != 1]
-    return f"{layout.get('world_size')} ranks" + (f" ({' x '.join(parts)})" if parts else "")
+    n = layout.get("world_size")
+    return f"{n} rank{'s' if n != 1 else ''}" + (f" ({' x '.join(parts)})" if parts else "")
 
 
 def _model_fields(cfg: JobConfig) -> dict:

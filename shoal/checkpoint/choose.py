@@ -27,6 +27,7 @@ def choose_checkpoint(resume: str, root: Path) -> Path | None:
     After an elastic restart the run always continues from its own newest checkpoint, if it has one.
     """
     if resume == "never" and not restart_count():
+        _refuse_existing(root)
         return None
     if resume in ("auto", "never"):
         return store.newest_valid(root)
@@ -41,6 +42,11 @@ def choose_checkpoint(resume: str, root: Path) -> Path | None:
     found = store.problems(path) if path.is_dir() else [f"{path} is not a directory"]
     if found:
         raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
+    step = store.read_train_state(path)["step"]
+    newer = [s for s, p in store.list_checkpoints(root) if s > step and p.resolve() != path.resolve()]
+    if newer:  # this run's saves would interleave with another timeline's, and `auto` would pick theirs
+        raise UserError("--resume", resume, f"is step {step}, but {root} already holds later checkpoints "
+                        f"(steps {', '.join(map(str, newer))}); resume into another --out or checkpoint.dir")
     return path
 
 
@@ -49,9 +55,15 @@ def check_resume(cfg, out: Path, resume: str) -> None:
     if restart_count() or int(os.environ.get("RANK", "0")) != 0:
         return
     root = checkpoint_root(cfg, out)
-    if resume == "never" and (existing := store.list_checkpoints(root)):
-        raise UserError("--resume", "never", f"{root} already holds checkpoints (newest: step {existing[-1][0]}); "
-                        "continue with --resume auto, or pick another --out or checkpoint.dir")
+    if resume == "never":
+        _refuse_existing(root)
     if resume not in ("auto", "never") and not Path(resume).is_dir():
         raise UserError("--resume", resume, "no such directory; pass auto, never, or a checkpoint directory "
                         f"(e.g. {root}/step_00000100)")
+
+
+def _refuse_existing(root: Path) -> None:
+    """Starting over next to another run's checkpoints would mix them (and `auto` would later pick theirs)."""
+    if existing := store.list_checkpoints(root):
+        raise UserError("--resume", "never", f"{root} already holds checkpoints (newest: step {existing[-1][0]}); "
+                        "continue with --resume auto, or pick another --out or checkpoint.dir")

@@ -86,7 +86,8 @@ def capture(modules: list[nn.Module], optimizer, rank: int) -> dict:
     if _is_zero1(optimizer):
         model = get_model_state_dict(view, options=_OPTIONS)
         owned = _zero1_owned(view, optimizer)
-        optim = {f"state.{name}.{k}": v for name, p in owned.items() for k, v in optimizer.optim.state.get(p, {}).items()}
+        optim = {f"state.{name}.{k}": v
+                 for name, p in owned.items() for k, v in optimizer.optim.state.get(p, {}).items()}
     else:
         model, optim = get_state_dict(view, optimizer, options=_OPTIONS)
         optim = {k: v for k, v in optim.items() if k.startswith("state.")}

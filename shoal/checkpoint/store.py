@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 FORMAT = "shoal-checkpoint/1"
@@ -113,7 +114,7 @@ def problems(directory: Path, checksums: bool = True) -> list[str]:
         assert manifest.get("format") == FORMAT and manifest.get("complete") is True and isinstance(files, dict)
     except Exception:
         return [f"{manifest_path} is unreadable or not a complete shoal manifest"]
-    found = []
+    found, to_hash = [], []
     for name, expect in sorted(files.items()):
         path = directory / name
         if "/" in name or "\\" in name or name in ("", ".", "..") or not inside(path, directory):
@@ -122,8 +123,12 @@ def problems(directory: Path, checksums: bool = True) -> list[str]:
             found.append(f"{path} is missing")
         elif path.stat().st_size != expect["bytes"]:
             found.append(f"{path} has {path.stat().st_size} bytes, the manifest says {expect['bytes']} (truncated?)")
-        elif checksums and digest(path)["sha256"] != expect["sha256"]:
-            found.append(f"{path} does not match its SHA-256 in the manifest (corrupted)")
+        elif checksums:
+            to_hash.append((path, expect["sha256"]))
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # hashlib releases the GIL: one file per core
+        for (path, sha), actual in zip(to_hash, pool.map(lambda item: digest(item[0])["sha256"], to_hash)):
+            if actual != sha:
+                found.append(f"{path} does not match its SHA-256 in the manifest (corrupted)")
     for required in (".metadata", TRAIN_STATE):
         if required not in files:
             found.append(f"{directory}: the manifest lists no {required}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import uuid
 
@@ -27,7 +28,15 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
 
     Rendezvous is a c10d store on localhost on a free port (like `torchrun --standalone`).
     When a worker fails the agent stops the others and, up to max_restarts times, starts all
-    workers again.
+    workers again (`shoal train` then resumes from its last checkpoint).
+
+    Restarts need a fresh store for the workers' process groups. By default (torch >= 2.4) the
+    agent hosts one TCPStore for the whole job and every attempt's workers connect to it: the
+    keys the dead attempt's process groups wrote (gloo's `default_pg/0//cpu//0/<rank>` = each
+    rank's listening address; NCCL's unique id) are still there, so a restarted rank can read a
+    dead peer's address and fail with "Connection refused" (pytorch#135712).
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 makes each rendezvous round publish a new MASTER_PORT
+    on which worker rank 0 hosts a new, empty store.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -35,6 +44,7 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     if nproc < 1:
         raise UserError("--nproc", nproc, "must be a positive integer")
     os.environ.update(worker_env(nproc))  # the agent passes its environment to the workers
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # a fresh store per attempt (see above)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_id or f"shoal-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", rdzv_configs={"timeout": 120},
@@ -42,6 +52,9 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     )
     # The agent logs every life-cycle event at INFO; keep only warnings and errors.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    report = _FailureReport(nproc, max_restarts)
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    agent_log.addFilter(report)
     try:
         elastic_launch(config, entrypoint=sys.executable)(*argv)
     except ChildFailedError as e:
@@ -49,4 +62,34 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
         print(f"shoal: worker rank {rank} failed (exit code {failure.exitcode}); "
               f"see its output above", file=sys.stderr)
         return failure.exitcode if failure.exitcode > 0 else 1
+    finally:
+        agent_log.removeFilter(report)
     return 0
+
+
+class _FailureReport(logging.Filter):
+    """Turns the agent's "failed (exitcode: -9) local_rank: 1 (pid: 123)" into one line saying what
+    happened and what comes next."""
+
+    def __init__(self, nproc: int, max_restarts: int):
+        super().__init__()
+        self.nproc, self.max_restarts, self.failures = nproc, max_restarts, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.max_restarts or not str(record.msg).startswith("failed (exitcode:") or len(record.args or ()) < 3:
+            return True  # without restarts, the launcher's own "worker rank N failed" line says it all
+        code, rank, pid = record.args[:3]
+        self.failures += 1
+        how = f"exited with code {code}"
+        if isinstance(code, int) and code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        if self.failures <= self.max_restarts:
+            then = (f"restarting all {self.nproc} workers "
+                    f"(restart {self.failures} of {self.max_restarts})")
+        else:
+            then = "no restarts left"
+        print(f"shoal: worker rank {rank} (pid {pid}) {how}; {then}", file=sys.stderr, flush=True)
+        return False

@@ -1,0 +1,142 @@
+"""How long does a checkpoint stop training, and how fast are saves and loads? Prints, never asserts.
+
+    .venv/bin/python bench/bench_checkpoint.py                 # ~330 MB of model + AdamW state
+    .venv/bin/python bench/bench_checkpoint.py --dim 256 --layers 4 --repeats 5
+
+One process, the trainer's own Checkpointer, on the file system of --dir (default: a temporary
+directory). Reported:
+
+- blocked: how long `maybe_save` holds up the training loop. Blocking mode writes, fsyncs, hashes
+  and commits; async mode only copies the state to host memory (the issue's target: async/blocking
+  <= 0.1).
+- save and load throughput (checkpoint bytes / time, including SHA-256 and, for load, verifying
+  every file first) next to a plain copy of the same files (read + write + fsync), the floor any
+  checkpoint format pays on this disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def build(dim: int, layers: int, root: Path, async_save: bool):
+    from shoal.checkpoint.checkpointer import Checkpointer
+    from shoal.config import load_config
+    from shoal.model.transformer import build_model
+    from shoal.parallel.mesh import resolve_dims
+    from shoal.parallel.parallelize import ParallelModel
+    from shoal.train.distributed import Runtime
+    from shoal.train.optim import build_optimizer
+
+    cfg = load_config(None, ["model.preset=debug", f"model.dim={dim}", f"model.n_layers={layers}",
+                             f"model.n_heads={max(1, dim // 64)}", f"model.n_kv_heads={max(1, dim // 128)}",
+                             f"model.ffn_hidden={dim * 8 // 3 // 64 * 64}", "train.steps=1000", "checkpoint.every=1",
+                             f"checkpoint.dir={root}", "checkpoint.keep=1",
+                             f"checkpoint.async={str(async_save).lower()}"])
+    dims = resolve_dims(cfg.parallel, 1, cfg.model_config(), global_batch=16, micro_batch=16)
+    rt = Runtime(0, 1, torch.device("cpu"), dims)
+    model = build_model(cfg.model_config())
+    optimizer = build_optimizer(model, cfg.train)
+    for p in model.parameters():  # one step so AdamW has its state
+        p.grad = torch.randn_like(p) * 1e-3
+    optimizer.step()
+
+    class Loader:
+        def state_dict(self):
+            return {"step": 0}
+
+        def load_state_dict(self, state):
+            pass
+
+    return Checkpointer(cfg, root, rt, ParallelModel([model]), optimizer, Loader(), resume="never")
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def plain_copy(src: Path, dst: Path) -> float:
+    """Seconds to copy every file of src to dst with an fsync per file, as a save would."""
+    dst.mkdir(parents=True)
+    t0 = time.perf_counter()
+    for f in src.iterdir():
+        if f.is_file():
+            shutil.copyfile(f, dst / f.name)
+            with open(dst / f.name, "rb+") as out:
+                os.fsync(out.fileno())
+    return time.perf_counter() - t0
+
+
+def plain_read(src: Path) -> float:
+    """Seconds to read every file of src into memory, as a load must."""
+    buffer = memoryview(bytearray(64 << 20))
+    t0 = time.perf_counter()
+    for f in src.iterdir():
+        if f.is_file():
+            with open(f, "rb", buffering=0) as stream:
+                while stream.readinto(buffer):
+                    pass
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dim", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    base = Path(tempfile.mkdtemp(prefix="shoal-bench-ckpt-", dir=args.dir))
+    try:
+        results = {"blocking": [], "async": [], "async_total": [], "load": [], "copy": [], "read": []}
+        step = 0
+        for mode in ("blocking", "async"):
+            ckpt = build(args.dim, args.layers, base / mode, async_save=mode == "async")
+            for _ in range(args.repeats):
+                step += 1
+                t0 = time.perf_counter()
+                ckpt.maybe_save(step)
+                blocked = time.perf_counter() - t0
+                ckpt.wait()
+                results[mode].append(blocked)
+                if mode == "async":
+                    results["async_total"].append(time.perf_counter() - t0)
+            ckpt.close()
+        saved = sorted((base / "blocking").glob("step_*"))[-1]
+        size = tree_bytes(saved)
+        for i in range(args.repeats):
+            results["copy"].append(plain_copy(saved, base / f"copy{i}"))
+            results["read"].append(plain_read(saved))
+            ckpt = build(args.dim, args.layers, base / "load", async_save=False)
+            ckpt.resume_from = str(saved)
+            t0 = time.perf_counter()
+            assert ckpt.resume() == int(saved.name.split("_")[1])
+            results["load"].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) for k, v in results.items()}
+        mb = size / 1e6
+        print(f"checkpoint: {mb:.0f} MB (model + AdamW state, dim={args.dim}, layers={args.layers}), "
+              f"median of {args.repeats}, on {base}")
+        print(f"  training blocked by a blocking save : {med['blocking'] * 1e3:8.1f} ms")
+        print(f"  training blocked by an async save   : {med['async'] * 1e3:8.1f} ms   "
+              f"(background write + commit took {med['async_total'] * 1e3:.0f} ms)")
+        print(f"  async / blocking                    : {med['async'] / med['blocking']:8.3f}   (target <= 0.1)")
+        print(f"  save throughput (write+fsync+hash)  : {mb / med['blocking']:8.0f} MB/s   "
+              f"= {med['copy'] / med['blocking']:.2f}x a plain copy of the same files (read+write+fsync): "
+              f"{mb / med['copy']:.0f} MB/s")
+        print(f"  load throughput (verify+read+place) : {mb / med['load']:8.0f} MB/s   "
+              f"= {med['read'] / med['load']:.2f}x a plain read of the same files: {mb / med['read']:.0f} MB/s")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""A sharded checkpoint read back in one process: what `shoal ckpt inspect` and `shoal ckpt export` use.
+
+No process group is needed: DCP assembles every full tensor from whichever rank files hold its
+pieces, whatever layout wrote them. Reading goes through safe_read (nothing is unpickled).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+from shoal.checkpoint import store
+from shoal.errors import UserError
+from shoal.model.config import ModelConfig
+
+
+def find_checkpoints(path: Path) -> list[Path]:
+    """A checkpoint directory itself, or every checkpoint under a checkpoint root or a run's --out."""
+    path = Path(path)
+    if (path / store.MANIFEST).exists() or (path / store.TRAIN_STATE).exists() or (path / ".metadata").exists():
+        return [path]
+    for root in (path, path / "checkpoints"):
+        found = [p for _, p in store.list_checkpoints(root)]
+        if found:
+            return found
+    raise UserError("checkpoint", str(path), "is neither a checkpoint directory nor a directory holding step_* "
+                                             "checkpoints (pass a `shoal train --out` directory or its checkpoints/)")
+
+
+def pick_checkpoint(path: Path) -> Path:
+    """The checkpoint PATH names, or the newest intact one under it."""
+    found = find_checkpoints(path)
+    if len(found) == 1 and found[0] == Path(path):
+        return found[0]
+    chosen = store.newest_valid(found[0].parent)
+    if chosen is None:
+        raise UserError("checkpoint", str(path), "holds no intact checkpoint (see `shoal ckpt inspect`)")
+    return chosen
+
+
+def describe(directory: Path, checksums: bool = True) -> dict:
+    """Step, layout, size and validity of one checkpoint."""
+    found = store.problems(directory, checksums)
+    info = {"path": str(directory), "valid": not found, "problems": found, "step": None, "layout": {},
+            "bytes": sum(f.stat().st_size for f in directory.iterdir() if f.is_file()), "loss": None}
+    try:
+        state = store.read_train_state(directory)
+        info.update(step=state.get("step"), layout=state.get("layout", {}), loss=state.get("loss"),
+                    time=state.get("time"), model=state.get("model"))
+    except (OSError, ValueError):
+        pass
+    return info
+
+
+def load_full_state(directory: Path) -> tuple[dict[str, torch.Tensor], ModelConfig]:
+    """The model's full (unsharded) weights from a checkpoint, by parameter name, and its config."""
+    import torch.distributed.checkpoint as dcp
+
+    from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
+
+    found = store.problems(directory)
+    if found:
+        raise UserError("checkpoint", str(directory), f"is damaged or incomplete: {found[0]}")
+    cfg = ModelConfig(**store.read_train_state(directory)["model"])
+    try:
+        metadata = read_metadata(directory)
+        targets = {key: torch.empty(meta.size, dtype=meta.properties.dtype)
+                   for key, meta in metadata.state_dict_metadata.items() if key.startswith("model.")}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
+            dcp.load(targets, storage_reader=SafeReader(directory), planner=TensorsOnlyLoadPlanner(), no_dist=True)
+    except UnsafeCheckpoint as e:
+        raise UserError("checkpoint", str(directory), f"refused: {e}") from None
+    return {key.removeprefix("model."): value for key, value in targets.items()}, cfg
+
+
+def export_hf(directory: Path, out: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """Write a consolidated Hugging Face Llama checkpoint (config.json + model.safetensors)."""
+    from shoal.model.hf import save_hf_llama
+
+    state, cfg = load_full_state(directory)
+    path = save_hf_llama(state, cfg, out, dtype=dtype)
+    (Path(out) / "shoal_checkpoint.json").write_text(json.dumps({"from": str(directory), "step": describe(
+        directory, checksums=False)["step"]}, indent=1) + "\n")
+    return path

@@ -1,0 +1,62 @@
+"""`shoal ckpt inspect PATH` and `shoal ckpt export PATH --hf DIR`: look at and convert checkpoints.
+
+PATH is a checkpoint directory (step_*), a checkpoint root, or a `shoal train --out` directory.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("ckpt", help="inspect sharded training checkpoints or export one to Hugging Face format")
+    cmds = p.add_subparsers(dest="ckpt_command", required=True)
+    i = cmds.add_parser("inspect", help="step, layout, size and validity of each checkpoint")
+    i.add_argument("path", help="a checkpoint, a checkpoint root or a `shoal train --out` directory")
+    i.add_argument("--no-checksums", action="store_true", help="check sizes only (fast for large checkpoints)")
+    i.set_defaults(func=inspect)
+    e = cmds.add_parser("export", help="write a consolidated Hugging Face Llama checkpoint")
+    e.add_argument("path", help="a checkpoint (default: the newest intact one under a root or --out directory)")
+    e.add_argument("--hf", required=True, metavar="DIR", help="output directory (config.json + model.safetensors)")
+    e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    e.set_defaults(func=export)
+
+
+def inspect(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from shoal.checkpoint.export import describe, find_checkpoints
+
+    infos = [describe(p, checksums=not args.no_checksums) for p in find_checkpoints(Path(args.path))]
+    roots = sorted({str(Path(info["path"]).parent) for info in infos})
+    table = Table(title=f"shoal checkpoints in {', '.join(roots)}")
+    for col in ("step", "layout", "size", "loss", "saved", "valid"):
+        table.add_column(col, justify="right" if col in ("step", "size", "loss") else "left", no_wrap=True)
+    for info in infos:
+        layout = info["layout"]
+        parts = [f"{k}={layout[k]}" for k in ("dp_replicate", "dp_shard", "tp", "pp", "ep") if layout.get(k, 1) != 1]
+        if layout.get("zero") is not None and layout.get("dp_shard", 1) * layout.get("dp_replicate", 1) > 1:
+            parts.append(f"zero={layout['zero']}")
+        saved = datetime.datetime.fromtimestamp(info["time"]).strftime("%m-%d %H:%M:%S") if info.get("time") else "?"
+        table.add_row(str(info["step"]), f"{layout.get('world_size', '?')}: " + " ".join(parts),
+                      f"{info['bytes'] / 1e6:.1f} MB", f"{info['loss']:.4f}" if info["loss"] is not None else "-",
+                      saved, "yes" if info["valid"] else "[bold red]NO[/]")
+    console = Console()
+    console.print(table)
+    for info in infos:
+        for problem in info["problems"]:
+            console.print(f"[bold red]damaged:[/] {problem}", highlight=False, soft_wrap=True)
+    return 0 if all(info["valid"] for info in infos) else 1
+
+
+def export(args) -> int:
+    import torch
+
+    from shoal.checkpoint.export import export_hf, pick_checkpoint
+
+    chosen = pick_checkpoint(Path(args.path))
+    out = export_hf(chosen, Path(args.hf), dtype=getattr(torch, args.dtype))
+    print(f"exported {chosen} -> {out} (Hugging Face LlamaForCausalLM, {args.dtype})")
+    return 0

@@ -1,0 +1,105 @@
+"""Chaos: SIGKILL workers of a 4-rank 2-D run at random steps; the elastic agent restarts them, they
+resume from the last checkpoint, and the run ends bitwise identical to one that was never interrupted."""
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.timeout(420)
+
+STEPS, EVERY = 12, 3
+RUN = ["--set", "model.preset=debug", "--set", f"train.steps={STEPS}", "--set", "train.micro_batch=4",
+       "--set", "train.global_batch=8", "--set", "train.seq_len=64", "--set", "train.warmup_steps=2",
+       "--set", "train.eval_every=0", "--set", "train.eval_batches=1", "--set", "train.sample_tokens=0",
+       "--set", "parallel.dp_shard=2", "--set", "parallel.tp=2", "--set", f"checkpoint.every={EVERY}", "--quiet"]
+
+
+def start(out: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, "-m", "shoal", "train", *RUN, "--nproc", "4", "--out", str(out), *extra],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def last_step(out: Path) -> int:
+    path, step = out / "metrics.jsonl", 0
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                step = json.loads(line)["step"]
+            except (ValueError, KeyError):
+                pass
+    return step
+
+
+def worker_pid(launcher: int, rank: int, attempt: int) -> int | None:
+    """The pid of training worker `rank` of restart `attempt`, a child of the launcher process."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid != launcher or b"shoal.train" not in (entry / "cmdline").read_bytes():
+                continue
+            env = dict(kv.split(b"=", 1) for kv in (entry / "environ").read_bytes().split(b"\0") if b"=" in kv)
+        except (OSError, IndexError, ValueError):
+            continue
+        if env.get(b"RANK") == str(rank).encode() and env.get(b"TORCHELASTIC_RESTART_COUNT") == str(attempt).encode():
+            return int(entry.name)
+    return None
+
+
+def test_sigkill_at_random_steps_resumes_bitwise(tmp_path):
+    rng = random.Random(int(os.environ.get("SHOAL_CHAOS_SEED", time.time_ns() % 10_000)))
+    kills = sorted(rng.sample(range(2, STEPS - 1), 3))
+    ranks = [rng.randrange(4) for _ in kills]
+    print(f"chaos plan: SIGKILL rank {ranks} at steps {kills}")
+
+    t0 = time.perf_counter()
+    chaos = start(tmp_path / "chaos", "--max-restarts", "3")
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(chaos.stdout), daemon=True)
+    reader.start()
+    for attempt, (step, rank) in enumerate(zip(kills, ranks)):
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and chaos.poll() is None:
+            resumed = attempt == 0 or sum(f"elastic restart {attempt} of" in line for line in output) > 0
+            if resumed and last_step(tmp_path / "chaos") >= step:
+                pid = worker_pid(chaos.pid, rank, attempt)
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
+                    break
+            time.sleep(0.02)
+        else:
+            chaos.kill()
+            pytest.fail(f"kill {attempt} at step {step} never happened:\n" + "".join(output)[-4000:])
+    assert chaos.wait(timeout=300) == 0, "".join(output)[-4000:]
+    reader.join(timeout=10)
+    chaos_s = time.perf_counter() - t0
+    text = "".join(output)
+
+    reference = start(tmp_path / "reference")
+    ref_out, _ = reference.communicate(timeout=300)
+    assert reference.returncode == 0, ref_out[-3000:]
+
+    # Every failure was noticed, restarted and resumed, losing at most checkpoint.every steps.
+    assert text.count("was killed by SIGKILL; restarting all 4 workers") == 3, text[-4000:]
+    lost = [int(n) for n in re.findall(r"so (\d+) steps? (?:is|are) lost", text)]
+    assert len(lost) == 3 and all(0 <= n <= EVERY for n in lost), text[-4000:]
+    print(f"chaos run {chaos_s:.0f}s, steps lost per failure: {lost}")
+
+    rows = lambda run: [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows("chaos")] == list(range(1, STEPS + 1))
+    assert [r["loss"] for r in rows("chaos")] == [r["loss"] for r in rows("reference")]  # bitwise
+    weights = lambda run: (tmp_path / run / "model" / "model.safetensors").read_bytes()
+    assert weights("chaos") == weights("reference")

@@ -1,0 +1,45 @@
+"""Resharding: a checkpoint written by one layout resumes in another and training continues as if
+nothing had changed (within the loss-parity tolerance of `shoal verify`)."""
+
+import json
+
+import pytest
+
+from conftest import shoal_cli
+
+pytestmark = pytest.mark.timeout(600)
+
+STEPS, TOLERANCE = 6, 1e-4
+BASE = ["model.preset=debug", f"train.steps={STEPS}", "train.micro_batch=2", "train.global_batch=8",
+        "train.seq_len=64", "train.warmup_steps=2", "train.eval_every=0", "train.eval_batches=1",
+        "train.sample_tokens=0", "checkpoint.every=3"]
+
+
+def train(out, nproc, *overrides, resume="auto"):
+    sets = [x for o in BASE + list(overrides) for x in ("--set", o)]
+    r = shoal_cli("train", *sets, "--nproc", str(nproc), "--out", str(out), "--resume", resume, "--quiet",
+                  timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r
+
+
+def losses(out):
+    return {row["step"]: row["loss"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_dp_shard_4_resumes_as_tp2_pp2_and_on_two_ranks(tmp_path):
+    train(tmp_path / "one", 0, "checkpoint.every=0")  # the uninterrupted single-process reference
+    reference = losses(tmp_path / "one")
+    train(tmp_path / "fsdp4", 4, "parallel.dp_shard=4")
+    saved = losses(tmp_path / "fsdp4")
+    assert max(abs(saved[s] - reference[s]) for s in reference) <= TOLERANCE
+    step3 = tmp_path / "fsdp4" / "checkpoints" / "step_00000003"
+
+    for name, nproc, layout in [("tp2pp2", 4, ["parallel.tp=2", "parallel.pp=2"]),
+                                ("two-ranks-zero1", 2, ["parallel.dp_shard=2", "parallel.zero=1"])]:
+        r = train(tmp_path / name, nproc, *layout, resume=str(step3))
+        assert "resuming from step 3" in r.stderr and "resharded from 4 ranks (dp_shard=4)" in r.stderr, r.stderr
+        resumed = losses(tmp_path / name)
+        assert sorted(resumed) == [4, 5, 6], name  # continues with the next batch, not from the start
+        diff = max(abs(resumed[s] - reference[s]) for s in resumed)
+        assert diff <= TOLERANCE, (name, diff, resumed, reference)
