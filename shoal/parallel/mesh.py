@@ -107,6 +107,9 @@ def resolve_dims(par, world_size: int, model: ModelConfig, *, global_batch: int,
     if par.zero == 1 and dims.dp == 1:
         raise UserError("parallel.zero", 1, "ZeRO-1 shards the optimizer over data-parallel ranks but dp=1; use zero=0 "
                         "or give data parallelism ranks (parallel.dp_shard)")
+    if par.zero == 1 and dims.pp > 1:
+        raise UserError("parallel.zero", 1, "ZeRO-1 (DDP + sharded optimizer) does not run under pipeline parallelism "
+                        "yet; use zero=0, 2 or 3 with pp>1")
     if par.zero == 1 and dims.tp > 1:
         raise UserError("parallel.zero", 1, "ZeRO-1 (DDP + sharded optimizer) does not compose with tp>1; use zero=0, 2 or 3")
     if dims.ep > 1:
