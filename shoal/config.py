@@ -63,7 +63,7 @@ class ParallelConfig:
 class TrainConfig:
     """Optimization and the training loop."""
 
-    steps: int = 160
+    steps: int = 144
     """Optimizer steps."""
     seed: int = 0
     """Seeds model init, data order and dropout-free sampling; a CPU run with a seed is bitwise reproducible."""
@@ -91,7 +91,7 @@ class TrainConfig:
     """fp32, or bf16 (autocast with fp32 master weights and optimizer state)."""
     activation_checkpoint: str = "none"
     """none | selective (recompute all but matmul and attention outputs) | full (recompute each layer)."""
-    eval_every: int = 40
+    eval_every: int = 48
     """Evaluate the held-out loss every this many steps (and at the end); 0 only at the end."""
     eval_batches: int = 4
     """Held-out batches (of global_batch sequences) per evaluation."""
