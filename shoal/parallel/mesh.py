@@ -122,6 +122,11 @@ def resolve_dims(par, world_size: int, model: ModelConfig, *, global_batch: int,
             raise UserError("parallel.zero", 1, "expert parallelism needs zero=0, 2 or 3")
     if par.pp_schedule not in SCHEDULES:
         raise UserError("parallel.pp_schedule", par.pp_schedule, f"use one of {', '.join(SCHEDULES)}")
+    if dims.pp > 1 and par.pp_schedule == "zero-bubble" and dims.dp > 1:
+        # Found by `shoal verify --nproc 8`: the deferred weight-gradient pass runs after FSDP has
+        # already reduced the gradients, so the update is wrong.
+        raise UserError("parallel.pp_schedule", "zero-bubble",
+                        f"does not compose with data parallelism yet (dp={dims.dp}); use interleaved-1f1b, or dp=1")
     stages = dims.pp * virtual_stages(par)
     if stages > m.n_layers:
         raise UserError("parallel.pp", dims.pp, f"{stages} pipeline stages but only n_layers={m.n_layers}")

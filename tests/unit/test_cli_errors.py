@@ -22,6 +22,8 @@ CASES = [
      "train.global_batch", "multiple"),
     (["train", "nonexistent.toml"], "recipe", "no such file"),
     (["train", "--set", "parallel.zero=1"], "parallel.zero", "dp=1"),
+    (["train", "--nproc", "4", "--set", "model.preset=debug", "--set", "parallel.pp=2", "--set", "train.micro_batch=1",
+      "--set", "parallel.pp_schedule=zero-bubble", "--set", "train.global_batch=8"], "parallel.pp_schedule", "dp=2"),
     (["train", "--nproc", "4", "--set", "model.preset=debug", "--set", "parallel.pp=2", "--set", "parallel.zero=1",
       "--set", "train.micro_batch=2", "--set", "train.global_batch=8"], "parallel.zero", "pipeline"),
     (["train", "--nproc", "4", "--set", "model.preset=debug", "--set", "parallel.pp=4", "--set", "parallel.dp_shard=1",
