@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shoal.cache import cache_dir
 from shoal.data.sources import Source, empty_corpus_error, list_documents, read_documents
 from shoal.data.tokenizer import Tokenizer
 from shoal.errors import UserError
@@ -59,7 +60,7 @@ class TokenCache:
 
 
 def default_cache_dir() -> str:
-    return os.path.join(os.environ.get("SHOAL_CACHE_DIR") or os.path.expanduser("~/.cache/shoal"), "tokens")
+    return os.fspath(cache_dir() / "tokens")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.cache import cache_dir
 from shoal.errors import UserError
 
 GiB = 2**30
@@ -242,10 +243,6 @@ def load_hw_file(path: str | os.PathLike, default_base: str | None) -> GPU:
 
 
 # --- the `local` profile: measured on this machine by shoal.debug.local_profile ---
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SHOAL_CACHE_DIR") or Path.home() / ".cache" / "shoal")
 
 
 def local_profile_path() -> Path:

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import torch
 
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SHOAL_CACHE_DIR", Path.home() / ".cache" / "shoal"))
+from shoal.cache import cache_dir
 
 
 def _cpu_name() -> str:
