@@ -1,7 +1,7 @@
 """Data parallelism by ZeRO stage, on PyTorch's own wrappers.
 
-zero=0  every rank holds everything; gradients all-reduced (FSDP2-based `replicate`, which also
-        composes with tensor-parallel DTensors).
+zero=0  every rank holds everything; gradients all-reduced: DDP when data parallelism is the only
+        split, else FSDP2's `replicate`, which composes with tensor-parallel DTensors and stages.
 zero=1  optimizer state sharded: DDP all-reduces gradients and ZeroRedundancyOptimizer gives each
         rank the optimizer state of its share of the parameters, then broadcasts updated ones.
 zero=2  + gradients sharded: FSDP2 `fully_shard` that keeps parameters gathered from forward
@@ -56,11 +56,18 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
 
 
 def apply_ddp(model: nn.Module, dp_group) -> nn.Module:
-    """zero=1's gradient half: bucketed all-reduce overlapping backward (25 MB buckets)."""
+    """Bucketed gradient all-reduce overlapping backward (25 MB buckets), for zero=0 and zero=1.
+
+    torch's default all-reduce hook, registered explicitly, does what DDP's built-in C++ one does but
+    issues the all-reduce from Python, where shoal's byte counter and hang watchdog see it.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(model, process_group=dp_group, bucket_cap_mb=25,
-                                   broadcast_buffers=False, gradient_as_bucket_view=True)
+    ddp = DistributedDataParallel(model, process_group=dp_group, bucket_cap_mb=25,
+                                  broadcast_buffers=False, gradient_as_bucket_view=True)
+    ddp.register_comm_hook(state=dp_group, hook=default_hooks.allreduce_hook)
+    return ddp
 
 
 def zero1_optimizer(params, dp_group, **adamw_kwargs):

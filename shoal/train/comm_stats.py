@@ -1,13 +1,20 @@
 """Counting the bytes this rank sends in collectives, per kind, without touching the call sites.
 
-A TorchDispatchMode sees every c10d and functional-collective op that goes through the
-dispatcher: FSDP2's all-gathers and reduce-scatters, DDP's bucketed all-reduce (its C++ reducer
-calls the same ops), DTensor's tensor-parallel collectives, the expert all-to-alls and the
-pipeline's send/recv. Each is converted to the bytes one rank puts on
-the wire under the ring algorithms nccl-tests assumes, for a group of n ranks and a buffer of S
-bytes: all_reduce 2(n-1)/n·S, all_gather (n-1)/n·S_out, reduce_scatter (n-1)/n·S_in,
-all_to_all S_in minus the rank's own chunk, broadcast (n-1)/n·S (a chain: every rank but the last
-forwards S), send S.
+Every collective shoal's layouts issue reaches C++ through one of two Python doors, and CommCounter
+wraps both for the duration of a step:
+* ProcessGroup methods: the c10d API (dist.all_reduce, all_gather_into_tensor, ...), hence FSDP2's
+  all-gathers and reduce-scatters, DDP's all-reduce (through its Python comm hook, see
+  data_parallel.apply_ddp), the pipeline's send/recv and ZeRO-1's broadcast.
+* Functional collectives (`torch.ops._c10d_functional.*`), which DTensor's tensor parallelism and
+  the expert all-to-alls call, including in their (Python) backward formulas.
+A TorchDispatchMode would see the same ops but puts every aten op of the step through Python:
+5% of a tiny model's step on CPU (bench/bench_vs_plain.py). tests/dist/test_comm_counter.py keeps
+such a mode as the reference the two doors are checked against.
+
+Each call is converted to the bytes one rank puts on the wire under the ring algorithms nccl-tests
+assumes, for a group of n ranks and a buffer of S bytes: all_reduce 2(n-1)/n·S, all_gather
+(n-1)/n·S_out, reduce_scatter (n-1)/n·S_in, all_to_all S_in minus the rank's own chunk, broadcast
+(n-1)/n·S (a chain: every rank but the last forwards S), send S.
 """
 
 from __future__ import annotations
@@ -15,62 +22,38 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+import torch.distributed as dist
 
-# op name -> (kind, index of the argument holding what this rank contributes)
-_COLLECTIVES = {
-    "c10d::allreduce_": ("all_reduce", 0),
-    "c10d::allreduce_coalesced_": ("all_reduce", 0),
-    "c10d::_allgather_base_": ("all_gather", 1),
-    "c10d::allgather_": ("all_gather", 1),
-    "c10d::allgather_into_tensor_coalesced_": ("all_gather", 1),
-    "c10d::_reduce_scatter_base_": ("reduce_scatter", 1),
-    "c10d::reduce_scatter_": ("reduce_scatter", 1),
-    "c10d::reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
-    "c10d::alltoall_base_": ("all_to_all", 1),
-    "c10d::broadcast_": ("broadcast", 0),
-    "c10d::send": ("send", 0),
-    "_c10d_functional::all_reduce": ("all_reduce", 0),
-    "_c10d_functional::all_reduce_coalesced": ("all_reduce", 0),
-    "_c10d_functional::all_gather_into_tensor": ("all_gather", 0),
-    "_c10d_functional::all_gather_into_tensor_coalesced": ("all_gather", 0),
-    "_c10d_functional::reduce_scatter_tensor": ("reduce_scatter", 0),
-    "_c10d_functional::reduce_scatter_tensor_coalesced": ("reduce_scatter", 0),
-    "_c10d_functional::all_to_all_single": ("all_to_all", 0),
-    "_c10d_functional::isend": ("send", 0),
-    "_c10d_functional_autograd::all_to_all_single": ("all_to_all", 0),
-    "_c10d_functional_autograd::all_gather_into_tensor": ("all_gather", 0),
-    "_c10d_functional_autograd::reduce_scatter_tensor": ("reduce_scatter", 0),
+# ProcessGroup method -> (kind, index of the argument holding what this rank contributes)
+PG_METHODS = {
+    "allreduce": ("all_reduce", 0), "allreduce_coalesced": ("all_reduce", 0),
+    "all_gather_single": ("all_gather", 1), "all_gather_single_coalesced": ("all_gather", 1),
+    "_allgather_base": ("all_gather", 1), "allgather": ("all_gather", 1),
+    "allgather_into_tensor_coalesced": ("all_gather", 1),
+    "reduce_scatter_single": ("reduce_scatter", 1), "reduce_scatter_single_coalesced": ("reduce_scatter", 1),
+    "_reduce_scatter_base": ("reduce_scatter", 1), "reduce_scatter": ("reduce_scatter", 1),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", 1),
+    "all_to_all_single": ("all_to_all", 1), "alltoall_base": ("all_to_all", 1),
+    "broadcast": ("broadcast", 0), "send": ("send", 0),
 }
+# functional collective -> (kind, index of the payload argument); the group name is the last argument
+FUNCTIONAL = {
+    "all_reduce": ("all_reduce", 0), "all_reduce_": ("all_reduce", 0), "all_reduce_coalesced": ("all_reduce", 0),
+    "all_gather_into_tensor": ("all_gather", 0), "all_gather_into_tensor_coalesced": ("all_gather", 0),
+    "reduce_scatter_tensor": ("reduce_scatter", 0), "reduce_scatter_tensor_coalesced": ("reduce_scatter", 0),
+    "all_to_all_single": ("all_to_all", 0), "broadcast": ("broadcast", 0), "isend": ("send", 0),
+}
+# all_to_all: index of the argument with this rank's input split sizes (None or empty: even splits)
+INPUT_SPLITS = {"all_to_all_single": 3, "alltoall_base": 3}
+FUNCTIONAL_INPUT_SPLITS = 2
 
-# all_to_all ops: index of the argument with this rank's input split sizes (empty: even splits)
-_INPUT_SPLITS = {"c10d::alltoall_base_": 4, "_c10d_functional::all_to_all_single": 2,
-                 "_c10d_functional_autograd::all_to_all_single": 2}
 
-
-def _nbytes(x) -> int:
+def nbytes(x) -> int:
     if isinstance(x, torch.Tensor):
         return x.numel() * x.element_size()
     if isinstance(x, (list, tuple)):
-        return sum(_nbytes(t) for t in x)
+        return sum(nbytes(t) for t in x)
     return 0
-
-
-def _group(args) -> tuple[int, int]:
-    """(size, my rank) of the process group an op runs on: a ProcessGroup object or a group name."""
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    for a in args:
-        if isinstance(a, torch.ScriptObject) and a._type().qualified_name().endswith("c10d.ProcessGroup"):
-            pg = torch.distributed.ProcessGroup.unbox(a)  # ops receive the group boxed as a TorchScript object
-            return pg.size(), pg.rank()
-        if isinstance(a, str):
-            try:
-                pg = _resolve_process_group(a)
-            except (ValueError, RuntimeError, KeyError):
-                continue
-            return pg.size(), pg.rank()
-    return 1, 0
 
 
 def wire_bytes(kind: str, payload: int, n: int, own_chunk: int | None = None) -> float:
@@ -93,28 +76,78 @@ def wire_bytes(kind: str, payload: int, n: int, own_chunk: int | None = None) ->
     return float(payload)  # send
 
 
-class CommCounter(TorchDispatchMode):
+def own_chunk(payload: int, splits, rank: int, n: int) -> int:
+    """The part of an all-to-all's input a rank sends itself (it never leaves the rank)."""
+    splits = list(splits or [])
+    return payload * splits[rank] // sum(splits) if splits and sum(splits) else payload // n
+
+
+class CommCounter:
     """with CommCounter() as c: ...; c.bytes -> {"all_gather": n, ...} (bytes this rank sent)."""
 
     def __init__(self):
-        super().__init__()
         self.bytes: Counter[str] = Counter()
+        self._undo: list[tuple[object, str, object]] = []
 
-    def add(self, kind: str, nbytes: float) -> None:
-        self.bytes[kind] += int(nbytes)
+    def add(self, kind: str, payload: int, n: int, rank: int, splits=None) -> None:
+        own = own_chunk(payload, splits, rank, n) if kind == "all_to_all" else None
+        self.bytes[kind] += int(wire_bytes(kind, payload, n, own))
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        spec = _COLLECTIVES.get(func._schema.name)
-        if spec is not None:
-            kind, index = spec
-            n, rank = _group(args)
-            payload = _nbytes(args[index])
-            own = None
-            if kind == "all_to_all":  # the chunk a rank sends itself never leaves it
-                splits = args[_INPUT_SPLITS[func._schema.name]]
-                own = payload * splits[rank] // sum(splits) if splits and sum(splits) else payload // n
-            self.add(kind, wire_bytes(kind, payload, n, own))
-        return func(*args, **(kwargs or {}))
+    def __enter__(self) -> CommCounter:
+        for name, spec in PG_METHODS.items():
+            self._wrap(dist.ProcessGroup, name, self._pg_method(name, *spec))
+        for name, spec in FUNCTIONAL.items():
+            self._wrap(torch.ops._c10d_functional, name, self._functional(name, *spec))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self._undo:
+            obj, name, original = self._undo.pop()
+            setattr(obj, name, original)
+
+    def _wrap(self, obj, name: str, make) -> None:
+        # The raw class attribute: getattr() on a pybind11 class returns an unbound function, and
+        # putting that back would lose the method binding.
+        original = vars(obj)[name] if name in vars(obj) else getattr(obj, name)
+        self._undo.append((obj, name, original))
+        setattr(obj, name, make(getattr(obj, name)))
+
+    def _pg_method(self, name: str, kind: str, index: int):
+        splits_at = INPUT_SPLITS.get(name)
+
+        def make(original):
+            def counted(pg, *args, **kwargs):
+                splits = args[splits_at] if splits_at is not None and len(args) > splits_at else None
+                self.add(kind, nbytes(args[index]), pg.size(), pg.rank(), splits)
+                return original(pg, *args, **kwargs)
+            return counted
+        return make
+
+    def _functional(self, name: str, kind: str, index: int):
+        def make(packet):
+            return _CountedOp(packet, lambda args, kwargs: self._count_functional(kind, index, args, kwargs))
+        return make
+
+    def _count_functional(self, kind: str, index: int, args, kwargs) -> None:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        pg = _resolve_process_group(kwargs.get("group_name", args[-1]))
+        splits = args[FUNCTIONAL_INPUT_SPLITS] if kind == "all_to_all" else None
+        self.add(kind, nbytes(args[index]), pg.size(), pg.rank(), splits)
+
+
+class _CountedOp:
+    """Stands in for an op packet (torch.ops._c10d_functional.X): counts calls, delegates the rest."""
+
+    def __init__(self, packet, count):
+        self._packet, self._count = packet, count
+
+    def __call__(self, *args, **kwargs):
+        self._count(args, kwargs)
+        return self._packet(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._packet, name)
 
 
 def model_state_bytes(params, optimizer) -> int:
@@ -126,10 +159,10 @@ def model_state_bytes(params, optimizer) -> int:
 
     total = 0
     for p in params:
-        total += _nbytes(local(p))
+        total += nbytes(local(p))
         if p.grad is not None:
-            total += _nbytes(local(p.grad))
+            total += nbytes(local(p.grad))
     opt = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's state inside
     for state in opt.state.values():
-        total += sum(_nbytes(local(v)) for v in state.values() if isinstance(v, torch.Tensor) and v.ndim > 0)
+        total += sum(nbytes(local(v)) for v in state.values() if isinstance(v, torch.Tensor) and v.ndim > 0)
     return total

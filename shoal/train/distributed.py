@@ -63,17 +63,14 @@ def init_runtime(cfg: JobConfig) -> Runtime:
     return Runtime(dist.get_rank(), world, device, dims, mesh, expert_mesh)
 
 
-def enable_debugging(cfg: JobConfig, rt: Runtime, modules) -> None:
+def enable_debugging(cfg: JobConfig, rt: Runtime) -> None:
     """The hang watchdog (and, when asked, the collective checker) on every rank of a multi-rank job."""
     if rt.world_size == 1:
         return
     import shoal.debug
-    from torch.nn.parallel import DistributedDataParallel
 
+    # DDP (zero=1) needs no watch_ddp here: apply_ddp already routes its all-reduce through Python.
     shoal.debug.enable(check_collectives=cfg.debug.check_collectives, hang_timeout_s=cfg.debug.hang_timeout_s)
-    for m in modules:
-        if isinstance(m, DistributedDataParallel):  # its gradient all-reduce runs in C++, out of the patches' sight
-            shoal.debug.watch_ddp(m)
 
 
 def straggler_stats(rt: Runtime, compute_time_s: float) -> dict:

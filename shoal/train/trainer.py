@@ -153,7 +153,7 @@ def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: b
     data = build_data(cfg, model_cfg, rt.dp_rank, rt.dims.dp)
     pm = build_parallel_model(cfg, model_cfg, rt)
     optimizer = build_optimizer(pm, t, rt, cfg.parallel.zero)
-    enable_debugging(cfg, rt, pm.modules)
+    enable_debugging(cfg, rt)
     counter = CommCounter()
     if rt.is_main:
         out.mkdir(parents=True, exist_ok=True)
