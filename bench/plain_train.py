@@ -52,4 +52,5 @@ for step in range(args.steps):
 if dist.get_rank() == 0:
     per_step = statistics.median(times[args.warmup:])
     print(json.dumps({"tokens_per_s": args.micro_batch * args.seq_len * dist.get_world_size() / per_step}))
+dist.barrier()  # both ranks done before gloo tears its threads down (an abort otherwise, now and then)
 dist.destroy_process_group()
