@@ -10,8 +10,8 @@ DCP save over all ranks writes the whole model once, and any other layout loads 
 DCP reads each rank's share of every tensor from whichever shards hold it.
 
 Optimizer state comes from torch.distributed.checkpoint.state_dict (get/set_state_dict), except
-under zero=1: ZeroRedundancyOptimizer keeps each parameter's state on one data-parallel rank only
-and its own state_dict() first gathers everything on one rank. There, each rank saves (and
+under zero=1: shoal's ShardedAdamW (parallel/zero1.py) keeps each parameter's state on one
+data-parallel rank only, which torch's state_dict helpers do not know. There, each rank saves (and
 loads) the state of the parameters it owns, under the same names as a plain optimizer would; so a
 zero=1 checkpoint loads into any layout and any layout's checkpoint loads into zero=1.
 
@@ -62,9 +62,9 @@ def canonical_name(name: str) -> str:
 
 
 def _is_zero1(optimizer) -> bool:
-    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from shoal.parallel.zero1 import ShardedAdamW
 
-    return isinstance(optimizer, ZeroRedundancyOptimizer)
+    return isinstance(optimizer, ShardedAdamW)
 
 
 def _zero1_owned(view: nn.Module, optimizer) -> dict[str, nn.Parameter]:

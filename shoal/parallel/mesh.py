@@ -107,11 +107,6 @@ def resolve_dims(par, world_size: int, model: ModelConfig, *, global_batch: int,
     if par.zero == 1 and dims.dp == 1:
         raise UserError("parallel.zero", 1, "ZeRO-1 shards the optimizer over data-parallel ranks but dp=1; use zero=0 "
                         "or give data parallelism ranks (parallel.dp_shard)")
-    if par.zero == 1 and dims.pp > 1:
-        raise UserError("parallel.zero", 1, "ZeRO-1 (DDP + sharded optimizer) does not run under pipeline parallelism "
-                        "yet; use zero=0, 2 or 3 with pp>1")
-    if par.zero == 1 and dims.tp > 1:
-        raise UserError("parallel.zero", 1, "ZeRO-1 (DDP + sharded optimizer) does not compose with tp>1; use zero=0, 2 or 3")
     if dims.ep > 1:
         if not m.is_moe:
             raise UserError("parallel.ep", dims.ep, "expert parallelism needs an MoE model (model.n_experts > 0)")
@@ -122,11 +117,6 @@ def resolve_dims(par, world_size: int, model: ModelConfig, *, global_batch: int,
             raise UserError("parallel.zero", 1, "expert parallelism needs zero=0, 2 or 3")
     if par.pp_schedule not in SCHEDULES:
         raise UserError("parallel.pp_schedule", par.pp_schedule, f"use one of {', '.join(SCHEDULES)}")
-    if dims.pp > 1 and par.pp_schedule == "zero-bubble" and dims.dp > 1:
-        # Found by `shoal verify --nproc 8`: the deferred weight-gradient pass runs after FSDP has
-        # already reduced the gradients, so the update is wrong.
-        raise UserError("parallel.pp_schedule", "zero-bubble",
-                        f"does not compose with data parallelism yet (dp={dims.dp}); use interleaved-1f1b, or dp=1")
     stages = dims.pp * virtual_stages(par)
     if stages > m.n_layers:
         raise UserError("parallel.pp", dims.pp, f"{stages} pipeline stages but only n_layers={m.n_layers}")

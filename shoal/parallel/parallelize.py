@@ -58,7 +58,8 @@ def parallelize(model: nn.Module, cfg: JobConfig, dims: ParallelDims, mesh, expe
         elif dims.dp > 1:
             apply_fsdp(m, dp_mesh(mesh, dims, par.zero), zero=data_parallel_zero(dims, par.zero),
                        precision=cfg.train.precision,
-                       expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None)
+                       expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None,
+                       deferred_weight_grads=dims.pp > 1 and par.pp_schedule == "zero-bubble")
         else:
             modules[i] = m.to(device)
     zero = data_parallel_zero(dims, par.zero) if dims.dp > 1 else 0
@@ -70,16 +71,17 @@ def parallelize(model: nn.Module, cfg: JobConfig, dims: ParallelDims, mesh, expe
 
 
 def data_parallel_zero(dims: ParallelDims, zero: int) -> int:
-    """With nothing to shard across (dp_shard == 1), ZeRO 2/3 degenerate to replication."""
-    return 0 if dims.dp_shard == 1 else zero
+    """What the model wrapper shards: with nothing to shard across (dp_shard == 1) ZeRO 2/3
+    degenerate to replication, and ZeRO-1 shards only the optimizer (see optim.py)."""
+    return 0 if dims.dp_shard == 1 or zero == 1 else zero
 
 
 def uses_ddp(dims: ParallelDims, zero: int) -> bool:
-    """ZeRO-1 always, and plain replication of a model that is not split any other way, run on DDP:
+    """Replication (zero=0, and ZeRO-1's gradient half) of a model split no other way runs on DDP:
     its bucketed all-reduce beats per-block `replicate` (7% of a tiny model's step on gloo,
-    bench/bench_vs_plain.py). Split models replicate through FSDP2, which understands DTensors and stages."""
-    pure_dp = dims.tp == dims.pp == dims.ep == 1
-    return zero == 1 or (data_parallel_zero(dims, zero) == 0 and pure_dp)
+    bench/bench_vs_plain.py). Split models replicate through FSDP2, which understands DTensors and
+    pipeline stages (DDP inside a GPipe stage trips an internal assert in its bucket rebuild)."""
+    return data_parallel_zero(dims, zero) == 0 and dims.tp == dims.pp == dims.ep == 1
 
 
 def dp_mesh(mesh, dims: ParallelDims, zero: int):

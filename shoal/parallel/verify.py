@@ -23,6 +23,7 @@ CANDIDATES = [
     "dp_replicate=2,dp_shard=N/2,zero=3", "tp=2,dp_shard=N/2", "tp=2,dp_shard=N/2,sequence_parallel=false",
     "pp=2,dp_shard=N/2,pp_schedule=1f1b", "pp=2,dp_shard=N/2,pp_schedule=gpipe",
     "pp=2,dp_shard=N/2,pp_schedule=interleaved-1f1b", "pp=2,dp_shard=N/2,pp_schedule=zero-bubble",
+    "pp=2,dp_shard=N/2,zero=1",
     "tp=2,pp=N/2,dp_shard=1", "tp=2,pp=2,dp_shard=N/4", "model=tiny-moe,dp_shard=N,zero=3",
     "model=tiny-moe,ep=2,dp_shard=N,zero=3", "model=tiny-moe,ep=N,dp_shard=N,zero=2",
     "model=tiny-moe,ep=2,pp=2,dp_shard=N/2",
@@ -30,8 +31,12 @@ CANDIDATES = [
 
 
 def base_overrides(steps: int, global_batch: int) -> list[str]:
+    # lr 1e-3, not higher: a router choice that is nearly tied flips on a last-bit difference in
+    # gradient summation order, and at 3e-3 tiny-moe then drifted past 1e-4 by step 7 on every
+    # layout, pure FSDP included. At 1e-3 the drift stays below 1e-5 while a real gradient bug
+    # still moves the loss by far more (tests/dist/test_parity.py catches a 1% lr change).
     return ["model.preset=debug", f"train.steps={steps}", "train.micro_batch=2", f"train.global_batch={global_batch}",
-            "train.seq_len=64", "train.lr=3e-3", "train.warmup_steps=2", "train.eval_every=0",
+            "train.seq_len=64", "train.lr=1e-3", "train.warmup_steps=2", "train.eval_every=0",
             "train.eval_batches=1", "train.sample_tokens=0"]
 
 

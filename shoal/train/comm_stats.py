@@ -162,7 +162,6 @@ def model_state_bytes(params, optimizer) -> int:
         total += nbytes(local(p))
         if p.grad is not None:
             total += nbytes(local(p.grad))
-    opt = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's state inside
-    for state in opt.state.values():
+    for state in optimizer.state.values():  # under zero=1 only this rank's share has state
         total += sum(nbytes(local(v)) for v in state.values() if isinstance(v, torch.Tensor) and v.ndim > 0)
     return total

@@ -19,9 +19,9 @@ def build_optimizer(model, cfg: TrainConfig, rt=None, zero: int = 0) -> torch.op
     # foreach=False: the same per-tensor update whether tensors are plain, sharded or replicated.
     kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, foreach=False)
     if zero == 1 and rt is not None and rt.dims.dp > 1:
-        from shoal.parallel.data_parallel import zero1_optimizer
+        from shoal.parallel.zero1 import ShardedAdamW
 
-        return zero1_optimizer(groups, rt.mesh["dp"].get_group(), **kwargs)
+        return ShardedAdamW(groups, rt.mesh["dp"].get_group(), **kwargs)
     return torch.optim.AdamW(groups, **kwargs)
 
 

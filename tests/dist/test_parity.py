@@ -33,16 +33,17 @@ def test_every_default_layout_on_two_ranks():
 def test_composed_layouts_on_four_ranks():
     layouts = (
         "tp=2,pp=2;tp=2,dp_shard=2,zero=2;dp_replicate=2,dp_shard=2,zero=3;model=debug-moe,ep=2,dp_shard=4,zero=3;"
-        "model=debug-moe,ep=2,dp_shard=2,pp=2,pp_schedule=gpipe")
+        "model=debug-moe,ep=2,dp_shard=2,pp=2,pp_schedule=gpipe;pp=2,dp_shard=2,zero=3,pp_schedule=zero-bubble;"
+        "pp=2,dp_shard=2,zero=1,pp_schedule=gpipe;tp=2,dp_shard=2,zero=1")
     r = shoal_cli("verify", "--nproc", "4", "--steps", "3", "--layouts", layouts, timeout=540, env={"COLUMNS": "200"})
     rows = _rows(r.stdout)
-    assert r.returncode == 0 and len(rows) == 5, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0 and len(rows) == 8, r.stdout[-3000:] + r.stderr[-3000:]
     assert all(result == "pass" for _, result in rows.values()), r.stdout
 
 
 def test_a_wrong_layout_fails_verification():
     """The check can fail: a 1% different learning rate on the parallel side must show as a mismatch."""
-    r = shoal_cli("verify", "--nproc", "2", "--steps", "3", "--layouts", "dp_shard=2,zero=3,train.lr=0.00303",
+    r = shoal_cli("verify", "--nproc", "2", "--steps", "3", "--layouts", "dp_shard=2,zero=3,train.lr=0.00101",
                   env={"COLUMNS": "200"}, timeout=300)
     assert r.returncode == 1, r.stdout[-2000:]
     assert "FAIL" in r.stdout
