@@ -70,7 +70,7 @@ def apply_ddp(model: nn.Module, dp_group) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     ddp = DistributedDataParallel(model, process_group=dp_group, bucket_cap_mb=25,
-                                  broadcast_buffers=False, gradient_as_bucket_view=True)
+                                  forward_sync_buffers=False, gradient_as_bucket_view=True)
     ddp.register_comm_hook(state=dp_group, hook=default_hooks.allreduce_hook)
     return ddp
 

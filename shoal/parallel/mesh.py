@@ -147,16 +147,27 @@ def virtual_stages(par) -> int:
     return 1
 
 
-def build_mesh(dims: ParallelDims, device_type: str):
+class Meshes:
+    """A mesh indexed by axis names, as DeviceMesh is, with its flattened axes kept here: torch
+    deprecates slicing a flattened axis back out of the root mesh."""
+
+    def __init__(self, root, flattened: dict):
+        self.root, self.flattened = root, flattened
+
+    def __getitem__(self, names):
+        return self.flattened[names] if names in self.flattened else self.root[names]
+
+
+def build_mesh(dims: ParallelDims, device_type: str) -> tuple[Meshes, Meshes | None]:
     """The world mesh (pp, dp_replicate, dp_shard, tp) and, with ep > 1, the expert mesh that splits dp_shard."""
     from torch.distributed.device_mesh import init_device_mesh
 
     world = init_device_mesh(device_type, dims.shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
-    world["dp_replicate", "dp_shard"]._flatten("dp")
+    world = Meshes(world, {"dp": world["dp_replicate", "dp_shard"]._flatten("dp")})
     expert = None
     if dims.ep > 1:
         expert = init_device_mesh(
             device_type, (dims.pp, dims.dp_replicate, dims.dp_shard // dims.ep, dims.ep, dims.tp),
             mesh_dim_names=("pp", "dp_replicate", "dp_shard_mod_ep", "ep", "tp"))
-        expert["dp_replicate", "dp_shard_mod_ep"]._flatten("dp_mod_ep")
+        expert = Meshes(expert, {"dp_mod_ep": expert["dp_replicate", "dp_shard_mod_ep"]._flatten("dp_mod_ep")})
     return world, expert
