@@ -31,8 +31,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from shoal.model.transformer import param_name
+
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
-_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
 
 
 class _Stages(nn.Module):
@@ -55,12 +56,6 @@ def model_view(modules: list[nn.Module]) -> nn.Module:
     return plain[0] if len(plain) == 1 else _Stages(plain)
 
 
-def canonical_name(name: str) -> str:
-    for part in _WRAPPER_PARTS:
-        name = name.replace(part, "")
-    return name
-
-
 def _is_zero1(optimizer) -> bool:
     from shoal.parallel.zero1 import ShardedAdamW
 
@@ -70,7 +65,7 @@ def _is_zero1(optimizer) -> bool:
 def _zero1_owned(view: nn.Module, optimizer) -> dict[str, nn.Parameter]:
     """The parameters whose optimizer state this rank holds under ZeRO-1, by name."""
     local = {id(p) for group in optimizer.optim.param_groups for p in group["params"]}
-    return {canonical_name(n): p for n, p in view.named_parameters() if id(p) in local}
+    return {param_name(n): p for n, p in view.named_parameters() if id(p) in local}
 
 
 def rng_state(rank: int) -> dict[str, torch.Tensor]:

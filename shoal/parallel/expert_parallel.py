@@ -63,7 +63,7 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
         if isinstance(module, MoE):
             experts = module.experts
             for name, param in list(experts.named_parameters(recurse=False)):
-                sharded = distribute_tensor(param.detach(), ep_mesh, [Shard(0)])
+                sharded = distribute_tensor(param.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
                 experts.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
             experts.dispatch = dispatch
 

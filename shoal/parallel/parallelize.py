@@ -34,6 +34,8 @@ class ParallelModel:
 
 def parallelize(model: nn.Module, cfg: JobConfig, dims: ParallelDims, mesh, expert_mesh, device: torch.device,
                 loss_fn=None, n_microbatches: int = 1) -> ParallelModel:
+    """`model` is built on the meta device: the steps below only decide what this rank holds, and
+    its share is allocated and initialized from cfg.train.seed at the end (materialize)."""
     par = cfg.parallel
     # 1. Pipeline: keep only this rank's stages. Everything after this works per stage.
     ids, modules, n_stages = [0], [model], 1
@@ -53,21 +55,32 @@ def parallelize(model: nn.Module, cfg: JobConfig, dims: ParallelDims, mesh, expe
         #    recomputed forward sits inside the block's FSDP unit and re-gathers nothing extra.
         apply_activation_checkpointing(m, cfg.train.activation_checkpoint)
         # 5. Data parallel last: it shards (or replicates) whatever the steps above produced.
-        if dims.dp > 1 and uses_ddp(dims, par.zero):
-            modules[i] = apply_ddp(m.to(device), mesh["dp"].get_group())
+        seed = cfg.train.seed
+        if dims.dp > 1 and uses_ddp(dims, par.zero):  # DDP wants real weights to start from
+            modules[i] = apply_ddp(materialize(m, device, seed), mesh["dp"].get_group())
         elif dims.dp > 1:
             apply_fsdp(m, dp_mesh(mesh, dims, par.zero), zero=data_parallel_zero(dims, par.zero),
                        precision=cfg.train.precision,
                        expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None,
                        deferred_weight_grads=dims.pp > 1 and par.pp_schedule == "zero-bubble")
+            materialize(m, device, seed)
         else:
-            modules[i] = m.to(device)
+            modules[i] = materialize(m, device, seed)
     zero = data_parallel_zero(dims, par.zero) if dims.dp > 1 else 0
     if dims.pp == 1:
         return ParallelModel(modules, zero=zero)
     schedule = build_schedule(modules, ids, n_stages, n_microbatches, loss_fn, par.pp_schedule, device,
                               mesh["pp"].get_group())
     return ParallelModel(modules, schedule, has_first_stage=0 in ids, has_last_stage=n_stages - 1 in ids, zero=zero)
+
+
+def materialize(model: nn.Module, device: torch.device, seed: int) -> nn.Module:
+    """Allocate this rank's share of a meta-device model and fill it with the values the whole
+    model would get from `seed` (init_weights draws each parameter by name, so shards and stages
+    match one process exactly)."""
+    model.to_empty(device=device)
+    model.init_weights(seed)
+    return model
 
 
 def data_parallel_zero(dims: ParallelDims, zero: int) -> int:

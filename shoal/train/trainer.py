@@ -57,9 +57,9 @@ def n_microbatches(cfg: JobConfig, rt: Runtime) -> int:
 
 
 def build_parallel_model(cfg: JobConfig, model_cfg: ModelConfig, rt: Runtime) -> ParallelModel:
-    # Every rank builds the same full model from the seed, then keeps its share: any layout starts
-    # from exactly the weights one process would (what loss parity needs).
-    model = build_model(model_cfg, device="cpu", seed=cfg.train.seed).train()
+    # Built on the meta device (nothing allocated); parallelize allocates this rank's share and
+    # initializes it with the values one process would give it (what loss parity needs).
+    model = build_model(model_cfg, device="meta").train()
     return parallelize(model, cfg, rt.dims, rt.mesh, rt.expert_mesh, rt.device, loss_fn=cross_entropy,
                        n_microbatches=n_microbatches(cfg, rt))
 

@@ -126,3 +126,19 @@ def test_activation_checkpointing_keeps_loss_and_grads(mode):
     assert grads["none"][1].keys() == grads[mode][1].keys()
     for name, g in grads["none"][1].items():
         torch.testing.assert_close(g, grads[mode][1][name], rtol=1e-6, atol=1e-7)
+
+
+def test_a_stage_materialized_from_meta_gets_the_whole_models_values():
+    """What lets every rank build on the meta device: each parameter's values depend only on the
+    seed and its name, not on what else was built."""
+    from shoal.parallel.parallelize import materialize
+    from shoal.parallel.pipeline import cut_stage
+
+    cfg = get_preset("debug-moe")
+    whole = dict(build_model(cfg, seed=3).named_parameters())
+    stage = materialize(cut_stage(build_model(cfg, device="meta"), 1, 2, range(2, 4)), torch.device("cpu"), seed=3)
+    names = [n for n, _ in stage.named_parameters()]
+    assert names and all(n.startswith(("layers.2.", "layers.3.", "norm.", "output.")) for n in names)
+    for name, p in stage.named_parameters():
+        assert torch.equal(p, whole[name]), name
+    assert not torch.equal(dict(build_model(cfg, seed=4).named_parameters())["output.weight"], whole["output.weight"])
