@@ -126,13 +126,14 @@ class Transformer(nn.Module):
         return self.output(h_BTD) if self.output is not None else h_BTD
 
     @torch.no_grad()
-    def init_weights(self, seed: int | None = None) -> None:
+    def init_weights(self, seed: int | None = None, assign=torch.Tensor.copy_) -> None:
         """Initialize every parameter in place (also after building on the meta device + to_empty).
 
         Normal(0, 0.02) everywhere; the projections that write into the residual stream (wo, w2)
         are scaled by 1/sqrt(2 * n_layers) so the residual variance does not grow with depth.
         Each parameter draws from its own generator, seeded by `seed` and its name: a pipeline
-        stage or a sharded parameter (DTensor) gets exactly the values the whole model would.
+        stage or a sharded parameter gets exactly the values the whole model would. `assign(p, value)`
+        puts a full value into a parameter (parallel/parallelize.py passes one that takes a DTensor's slice).
         """
         self.rope = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta, device=self.rope.device)
         residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
@@ -143,7 +144,7 @@ class Transformer(nn.Module):
             else:
                 std = residual_std if name.endswith(("wo.weight", "w2.weight", "w2")) else 0.02
                 value = torch.empty(p.shape).normal_(0.0, std, generator=_generator(seed, name))
-            _copy_full(p, value)
+            assign(p, value)
 
 
 WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -161,18 +162,6 @@ def _generator(seed: int | None, name: str) -> torch.Generator | None:
     if seed is None:
         return None  # the global generator: values do not matter (a checkpoint overwrites them)
     return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-
-
-def _copy_full(p: torch.Tensor, value: torch.Tensor) -> None:
-    """Copy a parameter's full value into it, or into this rank's shard of it."""
-    from torch.distributed.tensor import DTensor, Replicate
-
-    if isinstance(p, DTensor):  # Replicate -> the parameter's placements only slices, locally
-        full = DTensor.from_local(value.to(p.device), p.device_mesh, [Replicate()] * p.device_mesh.ndim,
-                                  run_check=False)
-        p.to_local().copy_(full.redistribute(p.device_mesh, p.placements).to_local())
-    else:
-        p.copy_(value)
 
 
 def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", seed: int | None = 0) -> Transformer:

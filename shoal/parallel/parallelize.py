@@ -79,8 +79,20 @@ def materialize(model: nn.Module, device: torch.device, seed: int) -> nn.Module:
     model would get from `seed` (init_weights draws each parameter by name, so shards and stages
     match one process exactly)."""
     model.to_empty(device=device)
-    model.init_weights(seed)
+    model.init_weights(seed, assign=assign_full_value)
     return model
+
+
+def assign_full_value(p: torch.Tensor, value: torch.Tensor) -> None:
+    """Copy a parameter's full value into it or, for a DTensor, into this rank's slice of it."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if not isinstance(p, DTensor):
+        p.copy_(value)
+        return
+    # Replicate -> the parameter's placements (FSDP and TP shards, strided or not) only slices, locally.
+    full = DTensor.from_local(value.to(p.device), p.device_mesh, [Replicate()] * p.device_mesh.ndim, run_check=False)
+    p.to_local().copy_(full.redistribute(p.device_mesh, p.placements).to_local())
 
 
 def data_parallel_zero(dims: ParallelDims, zero: int) -> int:
