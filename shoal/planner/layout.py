@@ -188,8 +188,8 @@ def trainer_limit(workload: Workload, layout: Layout) -> tuple[str, object, str]
         return ("tp", lay.tp, f"the vocab-parallel head needs tp to divide vocab_size={cfg.vocab_size}")
     if cfg.is_moe and lay.tp > 1:
         return ("tp", lay.tp, "shoal train has no tensor parallelism for MoE layers yet; use ep")
-    if lay.ep > 1 and lay.zero < 2:
-        return ("zero", lay.zero, "shoal train shards experts over dp_shard: ep > 1 needs zero 2 or 3")
+    if lay.ep > 1 and lay.zero == 1:
+        return ("zero", 1, "shoal train's ZeRO-1 does not run with expert parallelism; use zero 0, 2 or 3")
     if lay.pp > 1 and cfg.tie_embeddings:
         return ("pp", lay.pp, "shoal train cannot tie embeddings across pipeline stages; use pp 1")
     return None
