@@ -64,4 +64,7 @@ class ShardedAdamW:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:  # every rank holds every gradient, owned or not
-            p.grad = None if set_to_none else (p.grad.zero_() if p.grad is not None else None)
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
