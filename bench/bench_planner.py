@@ -65,7 +65,7 @@ def calibration() -> None:
     rows = []
     for h, a, l, tp, pp, n, B, pub in cal.NARAYANAN:
         wl = Workload(cal.gpt(h, a, l), 2048, B, attention="unfused")
-        best = search(wl, Cluster(a100, n, 8), Fixed(tp=tp, pp=pp, zero=0, recompute="full",
+        best = search(wl, Cluster(a100, n, 8), Fixed(tp=tp, pp=pp, zero=0, activation_checkpoint="full",
                                                      sequence_parallel=False)).best
         pred = analytics.megatron_flops_per_iteration(B, 2048, l, h, 51200) / best.time.step / n / 1e12
         rows.append((f"Narayanan T1 h={h} L={l}, {n} A100",
@@ -73,8 +73,8 @@ def calibration() -> None:
     for h, a, l, tp, pp, n, B, mb, v, full, present in cal.KORTHIKANTI_T5:
         wl = Workload(cal.gpt(h, a, l), 2048, B, attention="unfused")
         for rc, sp, pub in (("full", False, full), ("selective", True, present)):
-            lay = Layout(dp=1, tp=tp, pp=pp, zero=0, micro_batch=mb, pp_schedule="interleaved-1f1b" if v > 1 else "1f1b",
-                         pp_virtual=v, recompute=rc, sequence_parallel=sp)
+            lay = Layout(dp_shard=1, tp=tp, pp=pp, zero=0, micro_batch=mb, pp_schedule="interleaved-1f1b" if v > 1 else "1f1b",
+                         pp_virtual_stages=v, recompute=rc, sequence_parallel=sp)
             rows.append((f"Korthikanti T5 {l}L/{h}, {n} A100, {rc}", "s/iteration", pub,
                          evaluate(wl, lay, Cluster(a100, n, 8)).time.step, lay.short()))
     for sp, rc, fwd, bwd in ((False, "none", 7.7, 11.9), (True, "none", 7.2, 11.8), (False, "full", 7.7, 19.5),

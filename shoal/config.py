@@ -81,8 +81,9 @@ class TrainConfig:
     """AdamW second-moment decay."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this; 0 disables."""
-    micro_batch: int = 16
-    """Sequences per forward/backward on one rank."""
+    micro_batch: int = 0
+    """Sequences per forward/backward on one rank; 0: global_batch / dp (no accumulation), split into
+    pp micro-batches when pipelining, so changing only the rank count keeps the same training."""
     global_batch: int = 16
     """Sequences per optimizer step over all data-parallel ranks (= micro_batch * accumulation * dp)."""
     seq_len: int = 256
@@ -179,7 +180,7 @@ class JobConfig:
         _check(0 <= t.min_lr_ratio <= 1, "train.min_lr_ratio", t.min_lr_ratio, "must be between 0 and 1")
         _check(t.warmup_steps >= 0, "train.warmup_steps", t.warmup_steps, "must be >= 0")
         _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "must be >= 0 (0 disables clipping)")
-        _check(t.micro_batch > 0, "train.micro_batch", t.micro_batch, "must be a positive integer")
+        _check(t.micro_batch >= 0, "train.micro_batch", t.micro_batch, "must be >= 0 (0: global_batch / dp)")
         _check(t.global_batch > 0, "train.global_batch", t.global_batch, "must be a positive integer")
         _check(t.seq_len > 1, "train.seq_len", t.seq_len, "must be at least 2")
         _check(t.seq_len <= m.max_seq_len, "train.seq_len", t.seq_len,

@@ -22,9 +22,7 @@ def print_groups(dims) -> None:
 
 def run(args) -> int:
     from shoal.config import load_config
-    from shoal.parallel.mesh import resolve_dims
+    from shoal.job import resolve
 
-    cfg = load_config(args.recipe, args.overrides)
-    print_groups(resolve_dims(cfg.parallel, args.nproc, cfg.model_config(),
-                              global_batch=cfg.train.global_batch, micro_batch=cfg.train.micro_batch))
+    print_groups(resolve(load_config(args.recipe, args.overrides), args.nproc).dims)
     return 0

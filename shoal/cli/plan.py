@@ -10,12 +10,13 @@ import json
 import sys
 
 from shoal.errors import UserError
+from shoal.layout import ACTIVATION_CHECKPOINT, SCHEDULES
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
   shoal plan --model llama3-405b --seq-len 8192 --global-batch 2048 --gpu h100 --gpus 16384 --tokens 15e12 --usd-per-gpu-hour 2
   shoal plan --model llama3-70b --seq-len 4096 --global-batch 1024 --gpu h100 --gpus 512 --tp 8 --pp 4 --dp 16 \\
-             --zero 1 --micro-batch 1 --recompute selective --emit recipes/plan-70b.toml
+             --zero 1 --micro-batch 1 --activation-checkpoint selective --emit recipes/plan-70b.toml
   shoal plan --model llama3-70b --seq-len 4096 --global-batch 1024 --gpu h100 --scale 8:16384 --figures runs/plan
 """
 
@@ -59,9 +60,11 @@ def register(sub) -> None:
     lay.add_argument("--ep", type=int)
     lay.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
     lay.add_argument("--micro-batch", type=int)
-    lay.add_argument("--recompute", choices=("none", "selective", "full"))
-    lay.add_argument("--pp-schedule", choices=("1f1b", "interleaved-1f1b", "gpipe"))
-    lay.add_argument("--pp-virtual", type=int, help="chunks per pipeline rank (interleaved-1f1b)")
+    lay.add_argument("--activation-checkpoint", "--recompute", dest="activation_checkpoint",
+                     choices=ACTIVATION_CHECKPOINT, help="train.activation_checkpoint (--recompute is an alias)")
+    lay.add_argument("--pp-schedule", choices=SCHEDULES)
+    lay.add_argument("--pp-virtual-stages", "--pp-virtual", dest="pp_virtual_stages", type=int,
+                     help="stages per pipeline rank (interleaved schedules)")
     lay.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
 
     o = p.add_argument_group("budget and output")
@@ -131,7 +134,7 @@ def build(args):
     from shoal.planner.search import Fixed
 
     for name in ("seq_len", "global_batch", "gpus", "gpus_per_node", "tp", "pp", "dp", "ep", "micro_batch",
-                 "pp_virtual", "top"):
+                 "pp_virtual_stages", "top"):
         _positive(name, getattr(args, name))
     cfg = build_model(args)
     if args.hw_file:
@@ -149,11 +152,11 @@ def build(args):
     per_node = args.gpus_per_node or gpu.gpus_per_node
     cluster = Cluster(gpu, args.gpus, per_node) if args.gpus else Cluster(gpu, 1, per_node)
     schedule = args.pp_schedule
-    if schedule is None and args.pp_virtual and args.pp_virtual > 1:
+    if schedule is None and args.pp_virtual_stages and args.pp_virtual_stages > 1:
         schedule = "interleaved-1f1b"  # asking for virtual stages means interleaving
     fixed = Fixed(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep, zero=args.zero, micro_batch=args.micro_batch,
-                  recompute=args.recompute, pp_schedule=schedule, pp_virtual=args.pp_virtual,
-                  sequence_parallel=args.sequence_parallel)
+                  activation_checkpoint=args.activation_checkpoint, pp_schedule=schedule,
+                  pp_virtual_stages=args.pp_virtual_stages, sequence_parallel=args.sequence_parallel)
     if args.gpus:
         _check_pinned(fixed, args.gpus, workload)
     name = args.model or f"custom {cfg.n_layers}L/{cfg.dim}H/{cfg.n_heads}A"
@@ -162,19 +165,14 @@ def build(args):
 
 def _check_pinned(fixed, n_gpus: int, workload) -> None:
     """The pinned dimensions alone must fit the model, the batch and the GPU count."""
-    from shoal.planner.layout import Layout, invalid_reason
+    # The layout rules are shoal/layout.py's (the search applies them to whole layouts); the pinned
+    # tp and pp alone are checked first so their own mistake is named before the GPU arithmetic.
+    from shoal.layout import Layout, TrainerLimit, problems
 
-    cfg, B = workload.model, workload.global_batch
-    if fixed.tp:
-        bad = invalid_reason(workload, Layout(tp=fixed.tp, dp=1, pp=1), fixed.tp)
-        if bad and bad[0] == "tp":
-            raise UserError(*bad)
-    if fixed.pp and fixed.pp > cfg.n_layers:
-        raise UserError("pp", fixed.pp, f"more stages than n_layers={cfg.n_layers}; use at most {cfg.n_layers}")
-    if fixed.dp and B % (fixed.dp * (fixed.micro_batch or 1)):
-        unit = fixed.dp * (fixed.micro_batch or 1)
-        lower, upper = B // unit * unit, (B // unit + 1) * unit
-        raise UserError("global_batch", B, f"must be divisible by dp*micro_batch = {unit}; try {lower or upper} or {upper}")
+    probe = Layout(tp=fixed.tp or 1, pp=fixed.pp or 1, zero=0, pp_schedule="gpipe")
+    for p in problems(probe, workload.model, probe.world, workload.global_batch, workload.seq_len):
+        if p.field in ("parallel.tp", "parallel.pp") and not isinstance(p, TrainerLimit):
+            raise p
     pinned = {k: getattr(fixed, k) for k in ("dp", "tp", "pp") if getattr(fixed, k)}
     product = 1
     for v in pinned.values():
@@ -198,9 +196,10 @@ def run(args) -> int:
     result = single = None
     if args.gpus:
         if fixed.complete and (fixed.ep or not workload.model.is_moe):
-            layout = Layout(dp=fixed.dp, tp=fixed.tp, pp=fixed.pp, ep=fixed.ep or 1, zero=fixed.zero,
+            layout = Layout(dp_shard=fixed.dp, tp=fixed.tp, pp=fixed.pp, ep=fixed.ep or 1, zero=fixed.zero,
                             micro_batch=fixed.micro_batch, pp_schedule=fixed.pp_schedule or "1f1b",
-                            pp_virtual=fixed.pp_virtual or 1, recompute=fixed.recompute,
+                            pp_virtual_stages=fixed.pp_virtual_stages or 1,
+                            activation_checkpoint=fixed.activation_checkpoint,
                             sequence_parallel=fixed.tp > 1 if fixed.sequence_parallel is None else fixed.sequence_parallel)
             single = evaluate(workload, layout, cluster)
         else:

@@ -26,17 +26,15 @@ def register(sub) -> None:
 def run(args) -> int:
     from shoal.checkpoint.choose import check_resume
     from shoal.config import load_config
-    from shoal.parallel.mesh import resolve_dims
+    from shoal.job import env_world_size, resolve
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
-    world = args.nproc or int(os.environ.get("WORLD_SIZE", "1"))
-    dims = resolve_dims(cfg.parallel, world, cfg.model_config(), global_batch=cfg.train.global_batch,
-                        micro_batch=cfg.train.micro_batch)
+    job = resolve(cfg, args.nproc or env_world_size())
     check_resume(cfg, Path(args.out), args.resume)
     if args.print_mesh:
         from shoal.cli.mesh import print_groups
 
-        print_groups(dims)
+        print_groups(job.dims)
         return 0
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         from shoal.data.sources import list_documents
@@ -52,6 +50,6 @@ def run(args) -> int:
         return launch(argv, args.nproc, max_restarts=args.max_restarts)
     from shoal.train.trainer import train
 
-    train(cfg, Path(args.out), show=not args.quiet, resume=args.resume)
+    train(job, Path(args.out), show=not args.quiet, resume=args.resume)
     return 0
 

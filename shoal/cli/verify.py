@@ -23,7 +23,7 @@ def run(args) -> int:
 
     from shoal.errors import UserError
     from shoal.launch.local import launch
-    from shoal.parallel.mesh import resolve_dims
+    from shoal.job import resolve
     from shoal.parallel.verify import Result, config_for, fitting_layouts, losses_of
 
     if args.nproc < 2:
@@ -36,9 +36,7 @@ def run(args) -> int:
         raise UserError("--nproc", args.nproc, "no default layout fits; pass --layouts")
     by_model: dict[str, list[float]] = {}
     for layout in layouts:  # every mistake is reported before anything starts
-        cfg = config_for(layout, args.nproc, args.steps)
-        resolve_dims(cfg.parallel, args.nproc, cfg.model_config(), global_batch=cfg.train.global_batch,
-                     micro_batch=cfg.train.micro_batch)
+        cfg = resolve(config_for(layout, args.nproc, args.steps), args.nproc).cfg
         by_model.setdefault(cfg.model.preset, [])
     out = Path(args.out or tempfile.mkdtemp(prefix="shoal-verify-"))
     from shoal.train.trainer import train

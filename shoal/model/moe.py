@@ -18,16 +18,14 @@ from shoal.model.config import ModelConfig
 class AuxLossInjector(torch.autograd.Function):
     """Identity on `out`; backward also sends d(scale * aux)/d(aux) = scale into the aux loss."""
 
-    # Set by the trainer to 1 / gradient-accumulation steps, matching how the main loss is scaled.
-    grad_scale = 1.0
-
     @staticmethod
-    def forward(ctx, out: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        return grad_out, torch.full((), AuxLossInjector.grad_scale, device=grad_out.device)
+        return grad_out, torch.full((), ctx.scale, device=grad_out.device), None
 
 
 class GroupedExperts(nn.Module):
@@ -67,6 +65,9 @@ class MoE(nn.Module):
         self.shared = (FeedForward(cfg.dim, cfg.n_shared_experts * cfg.expert_hidden)
                        if cfg.n_shared_experts else None)
         self.aux_loss_coef = cfg.aux_loss_coef
+        # What the main loss is multiplied by per micro-batch (1 / accumulation steps); the training
+        # step sets it (ParallelModel) so the aux gradient is averaged the same way.
+        self.aux_grad_scale = 1.0
         self.last_aux_loss = torch.zeros(())
 
     def route(self, x_ND: torch.Tensor):
@@ -95,5 +96,5 @@ class MoE(nn.Module):
             y_ND = y_ND + self.shared(x_ND)
         self.last_aux_loss = aux.detach()
         if self.training and self.aux_loss_coef > 0 and torch.is_grad_enabled():
-            y_ND = AuxLossInjector.apply(y_ND, aux * self.aux_loss_coef)
+            y_ND = AuxLossInjector.apply(y_ND, aux * self.aux_loss_coef, self.aux_grad_scale)
         return y_ND.view(B, T, D)

@@ -2,76 +2,60 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from shoal.config import JobConfig
 from shoal.parallel.activation_checkpoint import apply_activation_checkpointing
 from shoal.parallel.data_parallel import apply_ddp, apply_fsdp
 from shoal.parallel.expert_parallel import apply_expert_parallel
-from shoal.parallel.mesh import ParallelDims, virtual_stages
+from shoal.parallel.mesh import ParallelDims
+from shoal.parallel.parallel_model import ParallelModel, set_aux_loss_scale
 from shoal.parallel.pipeline import build_schedule, split_model
 from shoal.parallel.tensor_parallel import apply_tensor_parallel
 
 
-@dataclass
-class ParallelModel:
-    modules: list[nn.Module]
-    """The whole model, or the pipeline stages this rank runs (each a model with some layers)."""
-    schedule: object | None = None
-    """The pipeline schedule when pp > 1."""
-    has_first_stage: bool = True
-    has_last_stage: bool = True
-    zero: int = 0
-    """The ZeRO stage in effect (0 when nothing is sharded)."""
-
-    def parameters(self):
-        for m in self.modules:
-            yield from m.parameters()
-
-
-def parallelize(model: nn.Module, cfg: JobConfig, dims: ParallelDims, mesh, expert_mesh, device: torch.device,
-                loss_fn=None, n_microbatches: int = 1) -> ParallelModel:
+def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, loss_fn=None) -> ParallelModel:
     """`model` is built on the meta device: the steps below only decide what this rank holds, and
-    its share is allocated and initialized from cfg.train.seed at the end (materialize)."""
-    par = cfg.parallel
+    its share is allocated and initialized from train.seed at the end (materialize).
+    `job` is a shoal.job.Job: its layout says how to split, its config the rest."""
+    lay, dims, train = job.layout, job.dims, job.cfg.train
     # 1. Pipeline: keep only this rank's stages. Everything after this works per stage.
     ids, modules, n_stages = [0], [model], 1
     if dims.pp > 1:
-        v = virtual_stages(par)
-        n_stages = dims.pp * v
-        ids, modules = split_model(model, mesh["pp"].get_local_rank(), dims.pp, v, par.pp_schedule,
-                                   par.pp_lighter_edges)
+        n_stages = dims.pp * lay.virtual_stages
+        ids, modules = split_model(model, mesh["pp"].get_local_rank(), dims.pp, lay.virtual_stages,
+                                   lay.pp_schedule, job.cfg.parallel.pp_lighter_edges)
     for i, m in enumerate(modules):
         # 2. Tensor parallel: turns weights into DTensors sharded over tp.
         if dims.tp > 1:
-            apply_tensor_parallel(m, mesh["tp"], par.sequence_parallel)
+            apply_tensor_parallel(m, mesh["tp"], lay.sequence_parallel)
         # 3. Expert parallel: each ep rank keeps n_experts/ep experts; tokens come by all-to-all.
         if dims.ep > 1:
             apply_expert_parallel(m, expert_mesh["ep"])
         # 4. Activation checkpointing wraps each block before data parallelism wraps it, so the
         #    recomputed forward sits inside the block's FSDP unit and re-gathers nothing extra.
-        apply_activation_checkpointing(m, cfg.train.activation_checkpoint)
+        apply_activation_checkpointing(m, lay.activation_checkpoint)
         # 5. Data parallel last: it shards (or replicates) whatever the steps above produced.
-        seed = cfg.train.seed
-        if dims.dp > 1 and uses_ddp(dims, par.zero):  # DDP wants real weights to start from
-            modules[i] = apply_ddp(materialize(m, device, seed), mesh["dp"].get_group())
+        if dims.dp > 1 and uses_ddp(dims, lay.zero):  # DDP wants real weights to start from
+            modules[i] = apply_ddp(materialize(m, device, train.seed), mesh["dp"].get_group())
         elif dims.dp > 1:
-            apply_fsdp(m, dp_mesh(mesh, dims, par.zero), zero=data_parallel_zero(dims, par.zero),
-                       precision=cfg.train.precision,
+            apply_fsdp(m, dp_mesh(mesh, dims, lay.zero), zero=data_parallel_zero(dims, lay.zero),
+                       precision=train.precision,
                        expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None,
-                       deferred_weight_grads=dims.pp > 1 and par.pp_schedule == "zero-bubble")
-            materialize(m, device, seed)
+                       deferred_weight_grads=dims.pp > 1 and lay.pp_schedule == "zero-bubble")
+            materialize(m, device, train.seed)
         else:
-            modules[i] = materialize(m, device, seed)
-    zero = data_parallel_zero(dims, par.zero) if dims.dp > 1 else 0
-    if dims.pp == 1:
-        return ParallelModel(modules, zero=zero)
-    schedule = build_schedule(modules, ids, n_stages, n_microbatches, loss_fn, par.pp_schedule, device,
-                              mesh["pp"].get_group())
-    return ParallelModel(modules, schedule, has_first_stage=0 in ids, has_last_stage=n_stages - 1 in ids, zero=zero)
+            modules[i] = materialize(m, device, train.seed)
+    wrapper = "none" if dims.dp == 1 else "ddp" if uses_ddp(dims, lay.zero) else "fsdp"
+    pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dims.dp > 1 else 0,
+                       wrapper=wrapper, vocab_parallel=dims.tp > 1)
+    n_micro = job.n_microbatches
+    set_aux_loss_scale(modules, 1.0 if dims.pp > 1 else 1.0 / n_micro)
+    if dims.pp > 1:
+        pm.schedule = build_schedule(modules, ids, n_stages, n_micro, loss_fn, lay.pp_schedule, device,
+                                     mesh["pp"].get_group())
+        pm.has_first_stage, pm.has_last_stage = 0 in ids, n_stages - 1 in ids
+    return pm
 
 
 def materialize(model: nn.Module, device: torch.device, seed: int) -> nn.Module:

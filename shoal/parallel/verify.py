@@ -14,7 +14,7 @@ from pathlib import Path
 
 from shoal.config import JobConfig, load_config
 from shoal.errors import UserError
-from shoal.parallel.mesh import resolve_dims
+from shoal.job import resolve
 
 # Layouts tried by default; each is "key=value,..." over parallel.* fields, plus model=PRESET and
 # section.key=value for anything else. N stands for the number of ranks.
@@ -70,9 +70,7 @@ def fitting_layouts(nproc: int, steps: int) -> tuple[list[str], list[tuple[str, 
             continue
         seen.add(resolved)
         try:
-            cfg = config_for(layout, nproc, steps)
-            resolve_dims(cfg.parallel, nproc, cfg.model_config(), global_batch=cfg.train.global_batch,
-                         micro_batch=cfg.train.micro_batch)
+            resolve(config_for(layout, nproc, steps), nproc)
         except UserError as e:
             skipped.append((layout.replace("N/4", str(nproc // 4)).replace("N/2", str(nproc // 2))
                             .replace("N", str(nproc)), str(e)))

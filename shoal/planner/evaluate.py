@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cached_property
 
 from shoal.errors import UserError
+from shoal.layout import TrainerLimit, problems
 from shoal.model import analytics
 from shoal.planner.hardware import GiB
-from shoal.planner.layout import Cluster, Layout, Workload, invalid_reason, trainer_limit
+from shoal.planner.layout import Cluster, Layout, Workload
 from shoal.planner.memory import MemoryBreakdown, memory
 from shoal.planner.timing import StepTime, step_time
 
@@ -35,7 +36,7 @@ class Plan:
 
     @property
     def hardware_flops_per_step(self) -> float:
-        extra = analytics.recompute_flops_per_token(self.workload.model, self.workload.seq_len, self.layout.recompute)
+        extra = analytics.recompute_flops_per_token(self.workload.model, self.workload.seq_len, self.layout.activation_checkpoint)
         return self.model_flops_per_step + extra * self.workload.tokens_per_step
 
     @property
@@ -71,7 +72,7 @@ class Plan:
             where = "on NVLink" if t.tp_on_nvlink else f"across nodes (tp {lay.tp} > {G} per node)"
             costs.append((t.tp_comm, f"TP comm {where} {t.tp_comm / t.step:.0%}"))
         if t.recompute > 0:
-            costs.append((t.recompute, f"{lay.recompute} recompute {t.recompute / t.step:.0%}"))
+            costs.append((t.recompute, f"{lay.activation_checkpoint} recompute {t.recompute / t.step:.0%}"))
         if t.ep_comm > 0:
             costs.append((t.ep_comm, f"all-to-all {t.ep_comm / t.step:.0%}"))
         if t.fsdp_comm > 0:
@@ -83,23 +84,27 @@ class Plan:
         if t.pp_comm / t.step >= 0.02:
             costs.append((t.pp_comm, f"PP send/recv {t.pp_comm / t.step:.0%}"))
         costs.sort(key=lambda c: -c[0])
-        limit = trainer_limit(self.workload, lay)
+        limit = self.trainer_limit
         if limit:
-            out.append(f"shoal train cannot run this yet ({limit[2]})")
+            out.append(f"shoal train cannot run this yet ({limit.fix})")
         out += [text for _, text in costs[:3]]
         if mem.fits:
             out.append(f"{mem.total / GiB:.0f}/{mem.capacity / GiB:.0f} GiB")
         return out
 
+    @cached_property
+    def trainer_limit(self) -> TrainerLimit | None:
+        """Why shoal train cannot run this sound layout yet, or None."""
+        wl = self.workload
+        found = problems(self.layout, wl.model, self.cluster.n_gpus, wl.global_batch, wl.seq_len)
+        return next((p for p in found if isinstance(p, TrainerLimit)), None)
+
     def as_dict(self) -> dict:
         lay = self.layout
         return {
-            "layout": {
-                "dp": lay.dp, "dp_replicate": 1 if lay.zero >= 1 else lay.dp, "dp_shard": lay.dp if lay.zero >= 1 else 1,
-                "tp": lay.tp, "pp": lay.pp, "ep": lay.ep, "zero": lay.zero, "micro_batch": lay.micro_batch,
-                "pp_schedule": lay.pp_schedule, "pp_virtual": lay.pp_virtual, "pp_microbatches": self.time.microbatches,
-                "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel,
-            },
+            # The trainer's field names (shoal/layout.py), plus the derived totals.
+            "layout": {**asdict(lay), "dp": lay.dp, "virtual_stages": lay.virtual_stages,
+                       "microbatches": self.time.microbatches},
             "fits": self.fits,
             "memory_bytes": self.memory.as_dict(),
             "time_s": self.time.as_dict(),
@@ -114,7 +119,8 @@ class Plan:
 def evaluate(workload: Workload, layout: Layout, cluster: Cluster, *, check: bool = True) -> Plan:
     """Memory and time of one layout. With check, a layout that cannot run raises UserError."""
     if check:
-        bad = invalid_reason(workload, layout, cluster.n_gpus)
-        if bad:
-            raise UserError(*bad)
+        found = [p for p in problems(layout, workload.model, cluster.n_gpus, workload.global_batch, workload.seq_len)
+                 if not isinstance(p, TrainerLimit)]  # sound layouts shoal train cannot run yet are still planned
+        if found:
+            raise found[0]
     return Plan(workload, layout, cluster, memory(workload, layout, cluster), step_time(workload, layout, cluster))

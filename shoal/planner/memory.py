@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
+from shoal.layout import INTERLEAVED
 from shoal.model import analytics
 from shoal.model.config import ModelConfig
 from shoal.planner.layout import Cluster, Layout, Workload, layers_per_rank, moe_layer_count
@@ -116,7 +117,7 @@ def activation_bytes_per_layer(workload: Workload, layout: Layout, recompute: st
     """Average bytes one layer saves for one micro-batch on one GPU (dense and MoE layers weighted)."""
     lay = layout
     return _activation_bytes_per_layer(workload.model, workload.seq_len, lay.micro_batch, lay.tp,
-                                       lay.sequence_parallel, lay.recompute if recompute is None else recompute,
+                                       lay.sequence_parallel, lay.activation_checkpoint if recompute is None else recompute,
                                        workload.attention, 4 if workload.precision == "fp32" else 2)
 
 
@@ -153,7 +154,8 @@ def inflight_layer_microbatches(n_layers: int, pp: int, virtual: int, schedule: 
         return float(per_rank), float(per_rank)
     if schedule == "gpipe":
         return float(per_rank * m), float(per_rank * m)
-    if schedule == "interleaved-1f1b":
+    if schedule in INTERLEAVED:  # zero-bubble is interleaved too; its deferred weight
+        # gradients hold no activations (only the inputs' gradients, freed by then), so the same count
         chunk = per_rank / virtual
         first = min(m * virtual, 2 * (pp - 1) + (virtual - 1) * pp + 1) * chunk
         last = min(m * virtual, (virtual - 1) * pp + 1) * chunk
@@ -169,8 +171,8 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
     T = workload.seq_len * lay.micro_batch
     sp = lay.tp if lay.sequence_parallel else 1
     act_layer = activation_bytes_per_layer(workload, layout)
-    first_n, last_n = inflight_layer_microbatches(cfg.n_layers, lay.pp, lay.pp_virtual, lay.pp_schedule, m)
-    if lay.recompute == "full":
+    first_n, last_n = inflight_layer_microbatches(cfg.n_layers, lay.pp, lay.virtual_stages, lay.pp_schedule, m)
+    if lay.activation_checkpoint == "full":
         # Checkpoints for every layer in flight, plus one layer's full activations while it is
         # recomputed during backward.
         working = activation_bytes_per_layer(workload, layout, recompute="none")
@@ -183,7 +185,7 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
     for stage, n_held, logits in (("first", first_n, embed_first), ("last", last_n, logits_last)):
         if lay.pp == 1:
             stage, logits = "only", embed_first + logits_last
-        params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.pp_virtual, "last" if stage == "only" else stage)
+        params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last" if stage == "only" else stage)
         w, g, o = model_state_bytes(params.dense, lay.dp, lay.zero, workload.precision)
         we, ge, oe = model_state_bytes(params.expert, max(1, lay.dp // lay.ep), lay.zero, workload.precision)
         activations = act_layer * n_held + working

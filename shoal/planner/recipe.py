@@ -1,7 +1,7 @@
 """Write a plan as a recipe `shoal train` runs unchanged: the trainer's sections and field names.
 
-The planner's `dp` becomes parallel.dp_shard when ZeRO >= 1 (FSDP-style sharding) and
-parallel.dp_replicate when ZeRO = 0 (plain DDP); `recompute` becomes train.activation_checkpoint.
+The plan's layout is the trainer's (shoal/layout.py), so it is written field by field as it is:
+`parallel.*`, plus `train.micro_batch` and `train.activation_checkpoint`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from shoal.errors import UserError
 from shoal.model.config import PRESETS
 from shoal.planner.evaluate import Plan
 from shoal.planner.hardware import GiB
-from shoal.planner.layout import trainer_limit
+from shoal.layout import CONFIG_FIELD
 
 TRAINER_DEFAULT_PRESET = "tiny"
 """What shoal train's [model] section starts from when it names no preset."""
@@ -33,9 +33,9 @@ def _toml(value) -> str:
 
 def recipe_sections(plan: Plan, preset: str | None = None, tokens: float | None = None) -> dict[str, dict]:
     cfg, lay, wl = plan.workload.model, plan.layout, plan.workload
-    limit = trainer_limit(wl, lay)
+    limit = plan.trainer_limit
     if limit:
-        raise UserError(limit[0], limit[1], f"cannot emit a recipe: {limit[2]}")
+        raise UserError(limit.field, limit.value, f"cannot emit a recipe: {limit.fix}")
     if preset is not None and preset in PRESETS:
         # The preset plus whatever the plan changed in it.
         base = PRESETS[preset]
@@ -54,19 +54,9 @@ def recipe_sections(plan: Plan, preset: str | None = None, tokens: float | None 
                       if f.name not in model and f.name != "note" and getattr(cfg, f.name) != getattr(base, f.name)})
     if wl.seq_len > cfg.max_seq_len:
         model["max_seq_len"] = wl.seq_len  # the trainer refuses sequences longer than the model's
-    parallel = {
-        "dp_replicate": lay.dp if lay.zero == 0 else 1,
-        "dp_shard": lay.dp if lay.zero >= 1 else 1,
-        "tp": lay.tp, "pp": lay.pp, "ep": lay.ep, "zero": lay.zero,
-        "pp_schedule": lay.pp_schedule,
-        "pp_microbatches": plan.time.microbatches,
-        "pp_virtual_stages": lay.pp_virtual,
-        "sequence_parallel": lay.sequence_parallel,
-    }
-    train = {
-        "micro_batch": lay.micro_batch, "global_batch": wl.global_batch, "seq_len": wl.seq_len,
-        "activation_checkpoint": lay.recompute, "precision": wl.precision,
-    }
+    parallel = {f.name: getattr(lay, f.name) for f in fields(lay) if f.name not in CONFIG_FIELD}
+    train = {f.split(".")[1]: getattr(lay, name) for name, f in CONFIG_FIELD.items()}
+    train.update(global_batch=wl.global_batch, seq_len=wl.seq_len, precision=wl.precision)
     if tokens:
         train["steps"] = math.ceil(tokens / wl.tokens_per_step)
     return {"model": model, "parallel": parallel, "train": train}

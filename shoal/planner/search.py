@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from shoal.errors import UserError
 from shoal.planner.evaluate import Plan
-from shoal.planner.layout import RECOMPUTE, Cluster, Layout, Workload, invalid_reason, trainer_limit
+from shoal.layout import ACTIVATION_CHECKPOINT, INTERLEAVED, TrainerLimit, problems
+from shoal.planner.layout import Cluster, Layout, Workload
 from shoal.planner.memory import memory
 from shoal.planner.timing import step_time
 
@@ -28,7 +29,8 @@ RANKINGS = ("throughput", "cost")
 
 @dataclass(frozen=True)
 class Fixed:
-    """Layout dimensions the user pinned (None: searched)."""
+    """Layout dimensions the user pinned (None: searched); the trainer's names, dp being the whole
+    data-parallel degree (the planner lays it on dp_shard; ZeRO decides whether it shards)."""
 
     dp: int | None = None
     tp: int | None = None
@@ -36,14 +38,15 @@ class Fixed:
     ep: int | None = None
     zero: int | None = None
     micro_batch: int | None = None
-    recompute: str | None = None
+    activation_checkpoint: str | None = None
     pp_schedule: str | None = None
-    pp_virtual: int | None = None
+    pp_virtual_stages: int | None = None
     sequence_parallel: bool | None = None
 
     @property
     def complete(self) -> bool:
-        return None not in (self.dp, self.tp, self.pp, self.zero, self.micro_batch, self.recompute)
+        pinned = (self.dp, self.tp, self.pp, self.zero, self.micro_batch, self.activation_checkpoint)
+        return None not in pinned and (self.pp == 1 or self.pp_schedule is not None)
 
 
 @dataclass
@@ -95,7 +98,7 @@ def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: C
     tps = [fixed.tp] if fixed.tp else [t for t in _divisors(n_gpus) if cfg.n_heads % t == 0 and cfg.n_kv_heads % t == 0
                                        and cfg.ffn_hidden % t == 0 and (not cfg.is_moe or cfg.expert_hidden % t == 0)
                                        and (max_tp is None or t <= max_tp)]
-    recomputes = [fixed.recompute] if fixed.recompute else list(RECOMPUTE)
+    recomputes = [fixed.activation_checkpoint] if fixed.activation_checkpoint else list(ACTIVATION_CHECKPOINT)
     for tp in tps:
         if n_gpus % tp:
             rejected["tp"] += 1
@@ -108,12 +111,11 @@ def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: C
             dp = n_gpus // (tp * pp)
             if fixed.dp and dp != fixed.dp:
                 continue
-            if B % dp:
-                rejected["global_batch"] += 1
-                continue
             eps = [fixed.ep] if fixed.ep else ([e for e in _powers_of_two(dp) if cfg.n_experts % e == 0] if cfg.is_moe else [1])
             zeros = [fixed.zero] if fixed.zero is not None else ([0, 1, 2, 3] if dp > 1 else [0])
-            mbs = [fixed.micro_batch] if fixed.micro_batch else [b for b in _powers_of_two(B // dp) if b <= MAX_MICRO_BATCH]
+            # A batch that does not divide still yields one layout: the layout rules name the fix.
+            mbs = ([fixed.micro_batch] if fixed.micro_batch else
+                   [b for b in _powers_of_two(B // dp) if b <= MAX_MICRO_BATCH] if B % dp == 0 else [1])
             sps = [fixed.sequence_parallel] if fixed.sequence_parallel is not None else [tp > 1]
             for mb in mbs:
                 m = B // (dp * mb) if B % (dp * mb) == 0 else 0
@@ -122,22 +124,24 @@ def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: C
                         for zero in zeros:
                             for rc in recomputes:
                                 for sp in sps:
-                                    yield Layout(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, micro_batch=mb,
-                                                 pp_schedule=sched, pp_virtual=v, recompute=rc, sequence_parallel=sp)
+                                    yield Layout(dp_shard=dp, tp=tp, pp=pp, ep=ep, zero=zero, micro_batch=mb,
+                                                 pp_schedule=sched, pp_virtual_stages=v, activation_checkpoint=rc,
+                                                 sequence_parallel=sp)
 
 
 def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed):
     if pp == 1:
-        yield (fixed.pp_schedule or "1f1b"), (fixed.pp_virtual or 1)
+        yield (fixed.pp_schedule or "1f1b"), (fixed.pp_virtual_stages or 1)
         return
-    names = [fixed.pp_schedule] if fixed.pp_schedule else ["1f1b", "interleaved-1f1b", "gpipe"]
+    names = [fixed.pp_schedule] if fixed.pp_schedule else ["1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"]
     for name in names:
-        if name != "interleaved-1f1b":
-            yield name, (fixed.pp_virtual or 1)
+        if name not in INTERLEAVED:
+            yield name, (fixed.pp_virtual_stages or 1)
             continue
         if m and m % pp:
             continue  # interleaving needs a multiple of pp micro-batches
-        vs = [fixed.pp_virtual] if fixed.pp_virtual else [v for v in VIRTUAL_STAGES if pp * v <= n_layers]
+        vs = ([fixed.pp_virtual_stages] if fixed.pp_virtual_stages
+              else [v for v in VIRTUAL_STAGES if pp * v <= n_layers])
         for v in vs:
             yield name, v
 
@@ -181,19 +185,21 @@ def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, ke
     fitting, missing = [], []
     fit_without_more_recompute = set()
     for layout in candidate_layouts(workload, cluster.n_gpus, fixed, result.rejected, max_tp=cluster.gpus_per_node):
-        bad = invalid_reason(workload, layout, cluster.n_gpus)
+        # The trainer's own rules (shoal/layout.py): a layout kept here is one shoal train accepts.
+        found = problems(layout, workload.model, cluster.n_gpus, workload.global_batch, workload.seq_len)
+        bad = next((p for p in found if not isinstance(p, TrainerLimit)), None)
         if bad:
-            invalid[bad[0]] += 1
+            invalid[bad.field] += 1
             first_invalid = first_invalid or bad
             continue
-        limit = trainer_limit(workload, layout) if trainer_only else None
-        if limit:  # valid, but shoal train cannot run it yet: keep emitted recipes runnable
+        limit = next((p for p in found if isinstance(p, TrainerLimit)), None) if trainer_only else None
+        if limit:  # sound, but shoal train cannot run it yet: keep emitted recipes runnable
             result.rejected["trainer"] += 1
             first_limit = first_limit or limit
             continue
         result.evaluated += 1
         lay = layout
-        key = (lay.dp, lay.tp, lay.pp, lay.ep, lay.zero, lay.micro_batch, lay.pp_schedule, lay.pp_virtual,
+        key = (lay.dp, lay.tp, lay.pp, lay.ep, lay.zero, lay.micro_batch, lay.pp_schedule, lay.pp_virtual_stages,
                lay.sequence_parallel)
         if key in fit_without_more_recompute:
             # The same layout already fits with less recomputation, which is never slower.
@@ -209,7 +215,7 @@ def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, ke
     result.rejected.update(invalid)
     if result.evaluated == 0:
         if first_invalid or first_limit:
-            raise UserError(*(first_invalid or first_limit))
+            raise first_invalid or first_limit
         raise UserError("gpus", cluster.n_gpus, _no_layout_fix(workload, cluster.n_gpus, fixed))
     fitting.sort(key=sort_key(rank_by))
     result.fitting = len(fitting)

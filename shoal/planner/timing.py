@@ -88,7 +88,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     L = cfg.n_layers
     n_moe = moe_layer_count(cfg)
     moe_share = n_moe / L
-    layers = min(L, layers_per_rank(L, lay.pp, lay.pp_virtual))
+    layers = min(L, layers_per_rank(L, lay.pp, lay.virtual_stages))
 
     # --- kernels of one average layer and the head, one micro-batch ---
     args = (cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel, workload.attention, prec)
@@ -101,7 +101,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         return (1 - moe_share) * d + moe_share * e
 
     fwd, bwd = avg("fwd"), avg("bwd")
-    recompute = {"none": 0.0, "selective": avg("attn_fwd"), "full": fwd}[lay.recompute]
+    recompute = {"none": 0.0, "selective": avg("attn_fwd"), "full": fwd}[lay.activation_checkpoint]
     head = head_time(cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, prec)
 
     # --- tensor parallel: per layer, on the critical path ---
@@ -113,19 +113,19 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         tp_fwd = 2 * coll.all_reduce(act, lay.tp, g_tp, net)
     else:
         tp_fwd = 0.0
-    tp_bwd = tp_fwd + (tp_fwd if lay.recompute == "full" else 0.0)
+    tp_bwd = tp_fwd + (tp_fwd if lay.activation_checkpoint == "full" else 0.0)
 
     # --- expert all-to-all: dispatch + combine, per MoE layer ---
     if n_moe and lay.ep > 1:
         g_ep = group_ranks_per_node(lay.ep, lay.tp, G)
         a2a = coll.all_to_all(T * cfg.top_k * cfg.dim * elem / lay.tp, lay.ep, g_ep, net)
         ep_fwd = moe_share * 2 * a2a
-        ep_bwd = ep_fwd + (ep_fwd if lay.recompute == "full" else 0.0)
+        ep_bwd = ep_fwd + (ep_fwd if lay.activation_checkpoint == "full" else 0.0)
     else:
         ep_fwd = ep_bwd = 0.0
 
     # --- data parallel ---
-    params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.pp_virtual, "last")
+    params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last")
     edp = max(1, lay.dp // lay.ep)
     g_dp = group_ranks_per_node(lay.dp, lay.tp, G)
     g_edp = group_ranks_per_node(edp, lay.tp * lay.ep, G)
@@ -151,10 +151,15 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         same_node = lay.tp * lay.dp < G
         # Only 1/tp of the activation crosses: sequence parallelism leaves it split, and without it
         # Megatron's scatter/gather sends a 1/tp slice and all-gathers it over NVLink (Narayanan §4.1).
-        p2p = lay.pp_virtual * coll.p2p(act / lay.tp, same_node, net)
+        p2p = lay.virtual_stages * coll.p2p(act / lay.tp, same_node, net)
     t_f = layers * (fwd + tp_fwd + ep_fwd + fsdp_fwd) + head.fwd + p2p
     t_b = layers * (bwd + recompute + tp_bwd + ep_bwd + fsdp_bwd) + head.bwd + p2p
-    bubble_mbs = 0.0 if lay.pp == 1 else (lay.pp - 1) / lay.pp_virtual
+    bubble_mbs = 0.0 if lay.pp == 1 else (lay.pp - 1) / lay.virtual_stages
+    if lay.pp_schedule == "zero-bubble":
+        # Splitting backward into input and weight gradients lets weight-gradient work fill the
+        # idle slots: ZB-H1 (same memory as 1F1B) leaves about a third of 1F1B's bubble
+        # (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Table 3 / Fig. 4).
+        bubble_mbs /= 3
     bubble = bubble_mbs * (t_f + t_b)
 
     # --- once per step: gradient reduction and (ZeRO-1/2) parameter gather ---

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.config import JobConfig
-from shoal.parallel.mesh import ParallelDims, build_mesh, resolve_dims
+from shoal.parallel.mesh import ParallelDims, build_mesh
 
 
 @dataclass
@@ -47,14 +47,13 @@ class Runtime:
         return float(value) / (self.dims.dp * self.dims.tp)
 
 
-def init_runtime(cfg: JobConfig) -> Runtime:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+def init_runtime(job) -> Runtime:
+    """Join the job's process group (a shoal.job.Job resolved for this world size) and build its meshes."""
+    world, dims = job.world, job.dims
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
-    t = cfg.train
-    dims = resolve_dims(cfg.parallel, world, cfg.model_config(), global_batch=t.global_batch, micro_batch=t.micro_batch)
     if world == 1:
         return Runtime(0, 1, device, dims)
     if not dist.is_initialized():

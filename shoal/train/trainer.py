@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,22 +10,23 @@ import torch
 
 from shoal.checkpoint.checkpointer import Checkpointer
 from shoal.config import JobConfig
+from shoal.job import Job, env_world_size, resolve
 from shoal.data.loader import TokenLoader, eval_batches
 from shoal.data.shards import build_token_cache
 from shoal.data.tokenizer import load_tokenizer
 from shoal.errors import UserError
 from shoal.model.analytics import flops_per_token, param_counts
 from shoal.model.config import ModelConfig
-from shoal.model.moe import AuxLossInjector
 from shoal.model.transformer import build_model, cross_entropy
-from shoal.parallel.parallelize import ParallelModel, parallelize
+from shoal.parallel.parallel_model import ParallelModel
+from shoal.parallel.parallelize import parallelize
 from shoal.train.comm_stats import CommCounter, model_state_bytes
 from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mark, shutdown, straggler_stats
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
 from shoal.train.peak_flops import peak_flops
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+from shoal.parallel.parallel_model import Batch
 
 
 @dataclass
@@ -36,7 +36,8 @@ class Data:
     eval_set: list[Batch]
 
 
-def build_data(cfg: JobConfig, model_cfg: ModelConfig, dp_rank: int = 0, dp_size: int = 1) -> Data:
+def build_data(job: Job, dp_rank: int = 0, dp_size: int = 1) -> Data:
+    cfg, model_cfg = job.cfg, job.model
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise UserError("data.tokenizer", cfg.data.tokenizer,
@@ -45,113 +46,33 @@ def build_data(cfg: JobConfig, model_cfg: ModelConfig, dp_rank: int = 0, dp_size
     cache = build_token_cache(cfg.data.path, tokenizer, cfg.data.cache_dir or None,
                               text_field=cfg.data.text_field, val_fraction=cfg.data.val_fraction)
     t, src = cfg.train, cfg.data.path
-    loader = TokenLoader(cache.train, t.seq_len, t.global_batch, t.micro_batch, dp_rank, dp_size, t.seed, source=src)
+    loader = TokenLoader(cache.train, t.seq_len, t.global_batch, job.layout.micro_batch, dp_rank, dp_size, t.seed, source=src)
     # Evaluation batches hold global_batch sequences, so every layout evaluates the same text.
     eval_set = eval_batches(cache.val, t.seq_len, t.global_batch, t.eval_batches, dp_rank, dp_size, source=src)
     return Data(tokenizer, loader, eval_set)
 
 
-def n_microbatches(cfg: JobConfig, rt: Runtime) -> int:
-    per_rank = cfg.train.global_batch // rt.dims.dp
-    return cfg.parallel.pp_microbatches or per_rank // cfg.train.micro_batch
-
-
-def build_parallel_model(cfg: JobConfig, model_cfg: ModelConfig, rt: Runtime) -> ParallelModel:
+def build_parallel_model(job: Job, rt: Runtime) -> ParallelModel:
     # Built on the meta device (nothing allocated); parallelize allocates this rank's share and
     # initializes it with the values one process would give it (what loss parity needs).
-    model = build_model(model_cfg, device="meta").train()
-    return parallelize(model, cfg, rt.dims, rt.mesh, rt.expert_mesh, rt.device, loss_fn=cross_entropy,
-                       n_microbatches=n_microbatches(cfg, rt))
+    model = build_model(job.model, device="meta").train()
+    return parallelize(model, job, rt.mesh, rt.expert_mesh, rt.device, loss_fn=cross_entropy)
 
 
-def autocast(precision: str, device: torch.device):
-    """bf16 autocast keeps fp32 master weights and optimizer state; fp32 runs as is."""
-    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
-
-
-def loss_context(rt: Runtime):
-    """Under tensor parallelism the logits stay sharded over the vocabulary; the loss is computed in place."""
-    if rt.dims.tp == 1:
-        return nullcontext()
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    return loss_parallel()
-
-
-def _scalar(loss: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach().float()
-
-
-def run_schedule(pm: ParallelModel, method: str, inputs, targets) -> torch.Tensor:
-    """One pipeline step (or forward-only pass) over the whole local batch; mean loss on the last stage."""
-    losses: list = []
-    run = getattr(pm.schedule, method)
-    if pm.has_first_stage and pm.has_last_stage:
-        run(inputs, target=targets, losses=losses)
-    elif pm.has_first_stage:
-        run(inputs)
-    elif pm.has_last_stage:
-        run(target=targets, losses=losses)
-    else:
-        run()
-    return torch.stack([_scalar(x) for x in losses]).mean() if losses else torch.zeros(())
-
-
-def train_step(pm: ParallelModel, batches: list[Batch], precision: str, rt: Runtime) -> torch.Tensor:
-    """Forward and backward over this step's micro-batches; returns this rank's mean loss (detached)."""
-    dev = rt.device
-    with autocast(precision, dev), loss_context(rt):
-        if pm.schedule is not None:
-            AuxLossInjector.grad_scale = 1.0  # the schedule itself divides gradients by the micro-batch count
-            return run_schedule(pm, "step", torch.cat([x for x, _ in batches]).to(dev),
-                                torch.cat([y for _, y in batches]).to(dev))
-        model, total = pm.modules[0], torch.zeros((), device=dev)
-        AuxLossInjector.grad_scale = 1.0 / len(batches)
-        for i, (inputs, targets) in enumerate(batches):
-            last = i == len(batches) - 1
-            if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce gradients once per step
-                model.set_requires_gradient_sync(last)
-                if pm.zero == 2:  # ZeRO-2 keeps parameters gathered until the step's last backward
-                    model.set_reshard_after_backward(last)
-            with model.no_sync() if hasattr(model, "no_sync") and not last else nullcontext():
-                loss = cross_entropy(model(inputs.to(dev)), targets.to(dev)) / len(batches)
-                loss.backward()
-            total += _scalar(loss)
-    return total
-
-
-@torch.no_grad()
-def evaluate(pm: ParallelModel, batches: list[Batch], precision: str, micro_batch: int, rt: Runtime) -> float:
-    for m in pm.modules:
-        m.eval()
-    losses = []
-    with autocast(precision, rt.device), loss_context(rt):
-        for inputs, targets in batches:
-            if pm.schedule is not None:
-                losses.append(run_schedule(pm, "eval", inputs.to(rt.device), targets.to(rt.device)))
-            else:  # in micro-batches, as training runs, to bound memory
-                for x, y in zip(inputs.split(micro_batch), targets.split(micro_batch)):
-                    losses.append(_scalar(cross_entropy(pm.modules[0](x.to(rt.device)), y.to(rt.device))))
-    for m in pm.modules:
-        m.train()
-    return rt.global_mean(torch.stack(losses).mean())
-
-
-def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: bool = False,
+def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_group: bool = False,
           resume: str = "auto") -> dict:
-    """Train `cfg` on this process's share of the job; rank 0 writes <out>/metrics.jsonl and <out>/model.
+    """Train on this process's share of the job; rank 0 writes <out>/metrics.jsonl and <out>/model.
 
+    job: a resolved Job, or a JobConfig, resolved here for this process's WORLD_SIZE.
     resume: `auto` continues from the newest intact checkpoint if there is one, `never` starts
     over, anything else is the path of a checkpoint to start from (see shoal/checkpoint/).
     """
-    t = cfg.train
-    rt = init_runtime(cfg)
+    job = job if isinstance(job, Job) else resolve(job, env_world_size())
+    cfg, t, model_cfg = job.cfg, job.cfg.train, job.model
+    rt = init_runtime(job)
     torch.manual_seed(t.seed)
-    model_cfg = cfg.model_config()
-    data = build_data(cfg, model_cfg, rt.dp_rank, rt.dims.dp)
-    pm = build_parallel_model(cfg, model_cfg, rt)
+    data = build_data(job, rt.dp_rank, rt.dims.dp)
+    pm = build_parallel_model(job, rt)
     optimizer = build_optimizer(pm, t, rt, cfg.parallel.zero)
     enable_debugging(cfg, rt)
     counter = CommCounter()
@@ -170,10 +91,10 @@ def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: b
         set_lr(optimizer, lr_at(step, t))
         counter.bytes.clear()
         with counter:  # everything the step sends, ZeRO-1's parameter broadcast in optimizer.step included
-            loss = train_step(pm, data.loader.next_step(), t.precision, rt)
+            loss = pm.forward_backward(data.loader.next_step())
             grad_norm = clip_grad_norm(list(pm.parameters()), t.grad_clip, rt)
-            state_bytes = model_state_bytes(pm.parameters(), optimizer)
             optimizer.step()
+        state_bytes = model_state_bytes(pm.parameters(), optimizer)  # after the step: AdamW state exists
         optimizer.zero_grad(set_to_none=True)
         step_time = time.perf_counter() - t0
         tokens_seen += t.global_batch * t.seq_len
@@ -183,7 +104,7 @@ def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: b
                    model_state_bytes=state_bytes, comm_bytes=dict(counter.bytes), **straggler_stats(rt, step_time))
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
-            row["eval_loss"] = eval_loss = evaluate(pm, data.eval_set, t.precision, t.micro_batch, rt)
+            row["eval_loss"] = eval_loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))
         log.write(row)
         progress.update(row)
         ckpt.maybe_save(step + 1, row["loss"])

@@ -23,7 +23,7 @@ CASES = [
     (["train", "nonexistent.toml"], "recipe", "no such file"),
     (["train", "--set", "parallel.zero=1"], "parallel.zero", "dp=1"),
     (["train", "--nproc", "4", "--set", "model.preset=debug", "--set", "parallel.pp=4", "--set", "parallel.dp_shard=1",
-      "--set", "train.micro_batch=4", "--set", "train.global_batch=8"], "parallel.pp_microbatches", "at least pp=4"),
+      "--set", "train.micro_batch=4", "--set", "train.global_batch=8"], "train.micro_batch", "at least pp=4"),
     (["train", "--nproc", "8", "--set", "model.preset=debug", "--set", "parallel.pp=8", "--set", "parallel.dp_shard=1"],
      "parallel.pp", "n_layers"),
     (["train", "--nproc", "2", "--set", "model.preset=debug-moe", "--set", "parallel.ep=2", "--set", "model.n_experts=3",

@@ -2,16 +2,16 @@
 
 import pytest
 
-from shoal.config import ParallelConfig
+from shoal.config import load_config
 from shoal.errors import UserError
-from shoal.model.config import get_preset
-from shoal.parallel.mesh import resolve_dims
+from shoal.job import resolve
 from shoal.parallel.pipeline import layer_split, stage_indices
 
 
 def dims(world, **par):
-    return resolve_dims(ParallelConfig(**par), world, get_preset("debug-moe" if par.get("ep", 1) > 1 else "debug"),
-                        global_batch=64, micro_batch=1)
+    preset = "debug-moe" if par.get("ep", 1) > 1 else "debug"
+    overrides = [f"model.preset={preset}", "train.global_batch=64", "train.micro_batch=1"]
+    return resolve(load_config(None, overrides + [f"parallel.{k}={v}" for k, v in par.items()]), world).dims
 
 
 def test_tp_is_innermost_and_pp_outermost():

@@ -43,7 +43,7 @@ def test_narayanan_table1_throughput(h, a, l, tp, pp, n, B, published):
     # Megatron 2021: full recomputation, plain data parallelism, unfused attention; micro-batch and
     # interleaving unpublished, so searched. The paper's metric is Eq. (3) FLOPs / time / GPUs.
     wl = Workload(gpt(h, a, l), 2048, B, attention="unfused")
-    best = search(wl, Cluster(A100, n, 8), Fixed(tp=tp, pp=pp, zero=0, recompute="full",
+    best = search(wl, Cluster(A100, n, 8), Fixed(tp=tp, pp=pp, zero=0, activation_checkpoint="full",
                                                  sequence_parallel=False)).best
     predicted = analytics.megatron_flops_per_iteration(B, 2048, l, h, 51200) / best.time.step / n / 1e12
     assert predicted == pytest.approx(published, rel=0.15)
@@ -92,8 +92,8 @@ def test_korthikanti_table5_iteration_time(h, a, l, tp, pp, n, B, mb, v, full, p
     cl = Cluster(A100, n, 8)
     sched = "interleaved-1f1b" if v > 1 else "1f1b"
     for recompute, sp, published in (("full", False, full), ("selective", True, present)):
-        lay = Layout(dp=1, tp=tp, pp=pp, zero=0, micro_batch=mb, pp_schedule=sched, pp_virtual=v,
-                     recompute=recompute, sequence_parallel=sp)
+        lay = Layout(dp_shard=1, tp=tp, pp=pp, zero=0, micro_batch=mb, pp_schedule=sched, pp_virtual_stages=v,
+                     activation_checkpoint=recompute, sequence_parallel=sp)
         plan = evaluate(wl, lay, cl)
         assert plan.fits
         assert plan.time.step == pytest.approx(published, rel=0.10), recompute
@@ -110,7 +110,7 @@ def test_llama3_405b_bf16(n, dp, published):
 
 def test_mfu_uses_design_convention():
     wl = Workload(PRESETS["llama3-8b"], 4096, 64)
-    plan = evaluate(wl, Layout(dp=8, tp=1, zero=1, micro_batch=1), Cluster(H100, 8, 8))
+    plan = evaluate(wl, Layout(dp_shard=8, tp=1, zero=1, micro_batch=1), Cluster(H100, 8, 8))
     flops = analytics.flops_per_token(PRESETS["llama3-8b"], 4096) * 4096 * 64
     assert plan.mfu == pytest.approx(flops / (plan.time.step * 8 * 989e12))
     assert plan.hfu == pytest.approx(plan.mfu)  # no recomputation: HFU equals MFU

@@ -34,20 +34,21 @@ def test_json_search_and_emitted_recipe(tmp_path):
     assert rec["model"] == {"preset": "llama3-8b"}
     for key in ("dp_replicate", "dp_shard", "tp", "pp", "ep", "zero", "pp_schedule", "pp_microbatches",
                 "pp_virtual_stages", "sequence_parallel"):
-        assert rec["parallel"][key] == lay[{"pp_microbatches": "pp_microbatches", "pp_virtual_stages": "pp_virtual"}.get(key, key)]
+        assert rec["parallel"][key] == lay[key]
     assert rec["parallel"]["dp_replicate"] * rec["parallel"]["dp_shard"] == lay["dp"]
-    assert rec["train"]["activation_checkpoint"] == lay["recompute"]
+    assert rec["train"]["activation_checkpoint"] == lay["activation_checkpoint"]
     assert rec["train"]["micro_batch"] == lay["micro_batch"] and rec["train"]["global_batch"] == 256
 
 
 def test_all_dimensions_given_evaluates_one_layout():
     out = plan("--layers", "24", "--hidden", "2048", "--heads", "16", *BASE, "--gpus", "16", "--tp", "2", "--pp", "2",
-               "--dp", "4", "--zero", "1", "--micro-batch", "2", "--recompute", "selective", "--json")
+               "--dp", "4", "--zero", "1", "--micro-batch", "2", "--recompute", "selective", "--pp-schedule", "1f1b",
+               "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["search"] is None and len(doc["layouts"]) == 1
     lay = doc["best"]["layout"]
-    assert (lay["dp"], lay["tp"], lay["pp"], lay["zero"], lay["micro_batch"], lay["recompute"]) == (4, 2, 2, 1, 2, "selective")
+    assert (lay["dp"], lay["tp"], lay["pp"], lay["zero"], lay["micro_batch"], lay["activation_checkpoint"]) == (4, 2, 2, 1, 2, "selective")
     assert lay["dp_shard"] == 4 and lay["dp_replicate"] == 1 and lay["sequence_parallel"] is True
 
 
@@ -121,14 +122,13 @@ def test_planner_imports_no_torch():
 def test_emitted_recipe_passes_the_trainers_checks(tmp_path, args):
     """The contract with shoal train: its config loader and layout validation accept the recipe."""
     from shoal.config import load_config
-    from shoal.parallel.mesh import resolve_dims
+    from shoal.job import resolve
 
     recipe = tmp_path / "plan.toml"
     out = plan(*args, "--json", "--emit", str(recipe))
     assert out.returncode == 0, out.stderr
     lay = json.loads(out.stdout)["best"]["layout"]
     cfg = load_config(recipe)
-    dims = resolve_dims(cfg.parallel, lay["dp"] * lay["tp"] * lay["pp"], cfg.model_config(),
-                        global_batch=cfg.train.global_batch, micro_batch=cfg.train.micro_batch)
-    assert (dims.tp, dims.pp, dims.ep) == (lay["tp"], lay["pp"], lay["ep"])
-    assert cfg.train.activation_checkpoint == lay["recompute"]
+    job = resolve(cfg, lay["dp"] * lay["tp"] * lay["pp"])
+    # The recipe is the plan's layout, field for field.
+    assert {k: v for k, v in vars(job.layout).items()} == {k: lay[k] for k in vars(job.layout)}

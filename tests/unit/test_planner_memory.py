@@ -86,13 +86,13 @@ def test_pipeline_inflight_eq5_eq6_and_interleaving():
     wl = Workload(cfg, 2048, 280, attention="unfused")
     cl = Cluster(get_gpu("a100"), 280, 8)
     sbh = 2048 * 1 * 20480
-    lay = Layout(dp=1, tp=8, pp=35, zero=0, recompute="selective", sequence_parallel=True)
+    lay = Layout(dp_shard=1, tp=8, pp=35, zero=0, activation_checkpoint="selective", sequence_parallel=True)
     assert memory(wl, lay, cl).activations == pytest.approx(34 * sbh * 105 / 8, rel=1e-12)
-    inter = Layout(dp=1, tp=8, pp=35, zero=0, recompute="selective", sequence_parallel=True,
-                   pp_schedule="interleaved-1f1b", pp_virtual=3)
+    inter = Layout(dp_shard=1, tp=8, pp=35, zero=0, activation_checkpoint="selective", sequence_parallel=True,
+                   pp_schedule="interleaved-1f1b", pp_virtual_stages=3)
     assert memory(wl, inter, cl).activations == pytest.approx(34 * sbh * 105 / 8 * (1 + 34 / (35 * 3)), rel=1e-12)
     # Eq. 5: no recompute, the S×S term included.
-    lay = Layout(dp=1, tp=8, pp=35, zero=0, recompute="none", sequence_parallel=True)
+    lay = Layout(dp_shard=1, tp=8, pp=35, zero=0, activation_checkpoint="none", sequence_parallel=True)
     expected = sbh * 105 / 8 * (34 + 5 * 128 * 2048 / 20480)
     assert memory(wl, lay, cl).activations == pytest.approx(expected, rel=1e-12)
 
@@ -107,9 +107,9 @@ def test_inflight_counts():
 def test_more_sharding_and_recompute_never_use_more_memory():
     wl = Workload(PRESETS["llama3-8b"], 4096, 256)
     cl = Cluster(get_gpu("h100"), 64, 8)
-    totals = [memory(wl, Layout(dp=8, tp=8, zero=z, sequence_parallel=True), cl).total for z in range(4)]
+    totals = [memory(wl, Layout(dp_shard=8, tp=8, zero=z, sequence_parallel=True), cl).total for z in range(4)]
     assert totals == sorted(totals, reverse=True)
-    totals = [memory(wl, Layout(dp=8, tp=8, zero=1, recompute=r, sequence_parallel=True), cl).total
+    totals = [memory(wl, Layout(dp_shard=8, tp=8, zero=1, activation_checkpoint=r, sequence_parallel=True), cl).total
               for r in ("none", "selective", "full")]
     assert totals == sorted(totals, reverse=True)
 
@@ -117,8 +117,8 @@ def test_more_sharding_and_recompute_never_use_more_memory():
 def test_moe_experts_are_split_by_ep():
     wl = Workload(PRESETS["mixtral-8x7b"], 4096, 256)
     cl = Cluster(get_gpu("h100"), 64, 8)
-    one = memory(wl, Layout(dp=64, ep=1, zero=0), cl)
-    eight = memory(wl, Layout(dp=64, ep=8, zero=0), cl)
+    one = memory(wl, Layout(dp_shard=64, ep=1, zero=0), cl)
+    eight = memory(wl, Layout(dp_shard=64, ep=8, zero=0), cl)
     expert = analytics.param_counts(PRESETS["mixtral-8x7b"]).expert
     assert one.params - eight.params == pytest.approx(2 * expert * (1 - 1 / 8), rel=1e-9)
 

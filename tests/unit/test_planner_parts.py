@@ -77,7 +77,7 @@ def test_local_profile_is_read_from_cache_not_measured(tmp_path, monkeypatch):
     assert (gpu.name, gpu.gpus_per_node, gpu.peak_fp32_flops, gpu.intra_node_bandwidth) == ("local", 4, 50e9, 2e9)
     assert gpu.hbm_bytes == 4 * 2**30
     wl = Workload(PRESETS["tiny"], 256, 16, precision="fp32")
-    plan = evaluate(wl, Layout(dp=2, zero=1), Cluster(gpu, 2, 4))
+    plan = evaluate(wl, Layout(dp_shard=2, zero=1), Cluster(gpu, 2, 4))
     assert plan.fits and plan.time.step > 0
 
 
@@ -118,12 +118,12 @@ def test_scaling_sweep_finds_the_wall():
 def test_recipe_uses_trainer_sections():
     wl = Workload(PRESETS["llama3-8b"], 4096, 64)
     cl = Cluster(hardware.get_gpu("h100"), 16, 8)
-    plan = evaluate(wl, Layout(dp=2, tp=4, pp=2, zero=0, micro_batch=2, recompute="selective",
-                               pp_schedule="interleaved-1f1b", pp_virtual=2, sequence_parallel=True), cl)
+    plan = evaluate(wl, Layout(dp_shard=2, tp=4, pp=2, zero=0, micro_batch=2, activation_checkpoint="selective",
+                               pp_schedule="interleaved-1f1b", pp_virtual_stages=2, sequence_parallel=True), cl)
     doc = tomllib.loads(recipe_text(plan, preset="llama3-8b", tokens=1e9))
     assert doc["model"] == {"preset": "llama3-8b"}
-    assert doc["parallel"] == {"dp_replicate": 2, "dp_shard": 1, "tp": 4, "pp": 2, "ep": 1, "zero": 0,
-                               "pp_schedule": "interleaved-1f1b", "pp_microbatches": 16, "pp_virtual_stages": 2,
+    assert doc["parallel"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 4, "pp": 2, "ep": 1, "zero": 0,
+                               "pp_schedule": "interleaved-1f1b", "pp_microbatches": 0, "pp_virtual_stages": 2,
                                "sequence_parallel": True}
     assert doc["train"] == {"micro_batch": 2, "global_batch": 64, "seq_len": 4096, "activation_checkpoint": "selective",
                             "precision": "bf16", "steps": 3815}
@@ -131,25 +131,24 @@ def test_recipe_uses_trainer_sections():
     # recipe must rebuild exactly the planned model from it (and allow the planned sequence length).
     moe = PRESETS["debug-moe"]
     wl = Workload(moe, 512, 8)
-    custom = tomllib.loads(recipe_text(evaluate(wl, Layout(dp=2, ep=2, zero=2), Cluster(hardware.get_gpu("h100"), 2, 8))))
+    custom = tomllib.loads(recipe_text(evaluate(wl, Layout(dp_shard=2, ep=2, zero=2), Cluster(hardware.get_gpu("h100"), 2, 8))))
     assert "preset" not in custom["model"] and custom["parallel"]["dp_shard"] == 2
     assert {"dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "mlp", "n_experts", "top_k",
             "expert_ffn_hidden", "n_shared_experts"} <= set(custom["model"])
     assert PRESETS["tiny"].replace(**custom["model"]) == moe.replace(max_seq_len=512)
     # What shoal train cannot run is not emitted.
     with pytest.raises(UserError) as e:
-        recipe_text(evaluate(wl, Layout(dp=2, ep=2, zero=1), Cluster(hardware.get_gpu("h100"), 2, 8)))
-    assert e.value.field == "zero"
+        recipe_text(evaluate(wl, Layout(dp_shard=2, ep=2, zero=1), Cluster(hardware.get_gpu("h100"), 2, 8)))
+    assert e.value.field == "parallel.zero"
 
 
 def test_search_keeps_to_what_the_trainer_runs():
-    from shoal.planner.layout import trainer_limit
     from shoal.planner.search import search
 
     h100 = hardware.get_gpu("h100")
     result = search(Workload(PRESETS["mixtral-8x7b"], 4096, 256), Cluster(h100, 64, 8))
     assert result.plans and not result.note and result.rejected["trainer"] > 0
-    assert all(trainer_limit(p.workload, p.layout) is None for p in result.plans)
+    assert all(p.trainer_limit is None for p in result.plans)
     # GPT-3's tied embeddings and 50,257-token vocabulary leave shoal train nothing on 1024 GPUs:
     # the planner still plans (for another trainer) and says so.
     gpt3 = search(Workload(PRESETS["gpt3-175b"], 2048, 1536), Cluster(hardware.get_gpu("a100"), 1024, 8))

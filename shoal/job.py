@@ -1,0 +1,96 @@
+"""A job: the config resolved once for a world size, then only read.
+
+`resolve(cfg, world)` fills what the config leaves open (dp_shard=-1, micro_batch=0), builds the
+model config and the layout, and checks the layout with shoal.layout's rules. The launcher does it
+before any worker starts (so every mistake is one line there); each worker does it once and passes
+the frozen Job down instead of re-deriving pieces of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from shoal.config import JobConfig
+from shoal.errors import UserError
+from shoal.layout import Layout, check, factorizations
+from shoal.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Job:
+    cfg: JobConfig
+    """The sections as loaded (train, data, checkpoint, debug are read from here)."""
+    model: ModelConfig
+    layout: Layout
+    world: int
+
+    @cached_property
+    def dims(self):
+        """The rank grid of the layout (shoal.parallel.mesh.ParallelDims)."""
+        from shoal.parallel.mesh import ParallelDims
+
+        return ParallelDims.of(self.layout)
+
+    @property
+    def n_microbatches(self) -> int:
+        return self.layout.microbatches(self.cfg.train.global_batch)
+
+
+def resolve_layout(cfg: JobConfig, world: int) -> Layout:
+    """The config's layout on `world` ranks, with dp_shard=-1 and micro_batch=0 filled in."""
+    par, t = cfg.parallel, cfg.train
+    fixed = par.dp_replicate * par.tp * par.pp
+    dp_shard = par.dp_shard
+    if dp_shard == -1:
+        if fixed < 1 or world % fixed:
+            raise UserError("parallel", f"dp_replicate*tp*pp={fixed}",
+                            f"does not divide the world size {world}; options: {factorizations(world)}")
+        dp_shard = world // fixed
+    micro_batch = t.micro_batch or auto_micro_batch(t.global_batch, par.dp_replicate * dp_shard, par.pp,
+                                                    par.pp_schedule)
+    return Layout(dp_replicate=par.dp_replicate, dp_shard=dp_shard, tp=par.tp, pp=par.pp, ep=par.ep, zero=par.zero,
+                  micro_batch=micro_batch, pp_schedule=par.pp_schedule, pp_microbatches=par.pp_microbatches,
+                  pp_virtual_stages=par.pp_virtual_stages, activation_checkpoint=t.activation_checkpoint,
+                  sequence_parallel=par.sequence_parallel)
+
+
+def auto_micro_batch(global_batch: int, dp: int, pp: int, schedule: str) -> int:
+    """train.micro_batch=0: each data-parallel rank takes its share of the batch in one micro-batch
+    (no accumulation), or in pp micro-batches (rounded up to a multiple of pp) when pipelining, so
+    changing only --nproc keeps the same global batch and therefore the same training."""
+    if dp < 1 or global_batch % dp:
+        return 1  # the batch rule then names train.global_batch with a fix
+    per_rank = global_batch // dp
+    if pp <= 1:
+        return per_rank
+    # The fewest micro-batches that fill the pipeline: at least pp, a multiple of pp when the
+    # schedule interleaves, and dividing the rank's share.
+    for n in range(pp, per_rank + 1):
+        if per_rank % n == 0 and (n % pp == 0 or schedule in ("gpipe", "1f1b")):
+            return per_rank // n
+    return 1
+
+
+def resolve(cfg: JobConfig, world: int) -> Job:
+    """Resolve and check the whole job for `world` ranks (raises the first UserError)."""
+    if world < 1:
+        raise UserError("world size", world, "must be a positive integer")
+    model = cfg.model_config()
+    layout = resolve_layout(cfg, world)
+    check(layout, model, world, cfg.train.global_batch, cfg.train.seq_len)
+    return Job(cfg, model, layout, world)
+
+
+def env_world_size() -> int:
+    """WORLD_SIZE as torchrun sets it (1 when unset)."""
+    import os
+
+    raw = os.environ.get("WORLD_SIZE", "1")
+    try:
+        world = int(raw)
+    except ValueError:
+        raise UserError("WORLD_SIZE", raw, "must be a positive integer (torchrun sets it; unset it to run one process)") from None
+    if world < 1:
+        raise UserError("WORLD_SIZE", raw, "must be a positive integer (torchrun sets it; unset it to run one process)")
+    return world

@@ -1,0 +1,229 @@
+"""The parallel layout: one vocabulary and one list of rules, for the trainer and the planner alike.
+
+A layout says how a job's ranks split the work: data parallelism (dp_replicate x dp_shard, with a
+ZeRO stage on the sharded part), tensor (+ sequence) parallelism, pipeline stages with a schedule,
+and expert parallelism borrowing data-parallel ranks. The names are the trainer's config fields
+(`parallel.*`, plus `train.micro_batch` and `train.activation_checkpoint`), so a plan is a recipe.
+
+`problems()` lists everything wrong with a layout for a model, a world size and a batch. Config
+validation (before any worker starts), the planner's search, `shoal plan`'s pinned dimensions and
+`--emit` all call it; there is no second copy of these rules. Torch-free: the planner imports it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shoal.errors import UserError
+from shoal.model.config import ModelConfig
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+INTERLEAVED = ("interleaved-1f1b", "zero-bubble")
+ACTIVATION_CHECKPOINT = ("none", "selective", "full")
+"""none: keep every activation. selective: keep the outputs of matmuls and of the attention kernel,
+recompute the element-wise work between them (norms, activation functions, rotary) in backward.
+full: keep only each block's input and recompute the whole block."""
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+class TrainerLimit(UserError):
+    """A layout that is sound but that shoal train cannot run yet (the planner can still evaluate
+    it for other trainers, and says so)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp_replicate: int = 1
+    """Data-parallel replicas (plain all-reduce across them; HSDP when dp_shard > 1 too)."""
+    dp_shard: int = 1
+    """Data-parallel ranks that shard state under ZeRO 1-3 (with zero=0 they replicate too)."""
+    tp: int = 1
+    """Tensor-parallel degree (innermost: neighbouring ranks)."""
+    pp: int = 1
+    """Pipeline stages (outermost)."""
+    ep: int = 1
+    """Expert-parallel degree; borrows ranks from dp_shard."""
+    zero: int = 3
+    """ZeRO stage of the sharded data-parallel dimension: 0 replicate, 1 optimizer, 2 +gradients, 3 +parameters."""
+    micro_batch: int = 1
+    """Sequences per forward/backward on one rank."""
+    pp_schedule: str = "1f1b"
+    """gpipe | 1f1b | interleaved-1f1b | zero-bubble."""
+    pp_microbatches: int = 0
+    """Micro-batches per pipeline step; 0: the gradient-accumulation count."""
+    pp_virtual_stages: int = 1
+    """Stages per pipeline rank for the interleaved schedules (1 there means 2)."""
+    activation_checkpoint: str = "none"
+    """none | selective | full (see ACTIVATION_CHECKPOINT)."""
+    sequence_parallel: bool = True
+    """Shard norms and residuals along the sequence over the TP group (ignored when tp = 1)."""
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def virtual_stages(self) -> int:
+        """Stages per pipeline rank: 1 for gpipe/1f1b, at least 2 for the interleaved schedules."""
+        return max(2, self.pp_virtual_stages) if self.pp_schedule in INTERLEAVED else 1
+
+    @property
+    def sequence_parallel_on(self) -> bool:
+        return self.sequence_parallel and self.tp > 1
+
+    def microbatches(self, global_batch: int) -> int:
+        """Micro-batches each pipeline (each data-parallel rank) runs per step."""
+        per_rank = global_batch // self.dp
+        return self.pp_microbatches or per_rank // self.micro_batch
+
+    def short(self) -> str:
+        parts = [f"dp{self.dp}" if self.dp_replicate == 1 or self.dp_shard == 1
+                 else f"dp{self.dp_replicate}x{self.dp_shard}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        parts += [f"z{self.zero}", f"mb{self.micro_batch}"]
+        if self.pp > 1:
+            parts.append(self.pp_schedule + (f"x{self.virtual_stages}" if self.virtual_stages > 1 else ""))
+        parts.append({"none": "noAC", "selective": "selAC", "full": "fullAC"}[self.activation_checkpoint])
+        if self.sequence_parallel_on:
+            parts.append("sp")
+        return " ".join(parts)
+
+
+# Where each layout field lives in the job config (the trainer's TOML).
+CONFIG_FIELD = {"micro_batch": "train.micro_batch", "activation_checkpoint": "train.activation_checkpoint"}
+
+
+def config_name(field: str) -> str:
+    return CONFIG_FIELD.get(field, field if "." in field else f"parallel.{field}")
+
+
+def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq_len: int) -> list[UserError]:
+    """Everything that stops `lay` from running `model` on `world` ranks with this batch, each a
+    UserError naming the config field, its value and a fix. Empty: shoal train runs it."""
+    out: list[UserError] = []
+
+    def bad(field: str, value: object, fix: str) -> None:
+        out.append(UserError(config_name(field), value, fix))
+
+    def limit(field: str, value: object, fix: str) -> None:
+        out.append(TrainerLimit(config_name(field), value, fix))
+
+    for name in ("dp_replicate", "dp_shard", "tp", "pp", "ep", "micro_batch", "pp_virtual_stages"):
+        if getattr(lay, name) < 1:
+            bad(name, getattr(lay, name), "must be a positive integer")
+    if out:
+        return out
+    m = model
+    if lay.world != world:
+        bad("dp_shard", lay.dp_shard, f"dp_replicate*dp_shard*tp*pp = {lay.dp_replicate}*{lay.dp_shard}*{lay.tp}*{lay.pp}"
+            f" = {lay.world}, but the world size is {world}; use dp_shard=-1 or one of: {factorizations(world)}")
+    if m.n_heads % lay.tp or m.n_kv_heads % lay.tp:
+        bad("tp", lay.tp, f"must divide n_heads={m.n_heads} and n_kv_heads={m.n_kv_heads}; "
+            f"try {divisors_upto(math.gcd(m.n_heads, m.n_kv_heads), world)}")
+    if m.ffn_hidden % lay.tp or (m.is_moe and m.expert_hidden % lay.tp):
+        bad("tp", lay.tp, f"must divide the MLP hidden size (model.ffn_hidden={m.ffn_hidden})")
+    if m.vocab_size % lay.tp:  # shoal's vocabulary-parallel embedding and head
+        limit("tp", lay.tp, f"must divide model.vocab_size={m.vocab_size}")
+    if lay.tp > 1 and m.is_moe:
+        limit("tp", lay.tp, "tensor parallelism of MoE layers is not supported yet; use parallel.ep")
+    if lay.sequence_parallel_on and seq_len % lay.tp:
+        bad("sequence_parallel", True, f"train.seq_len={seq_len} must be divisible by tp={lay.tp}; "
+            f"or set parallel.sequence_parallel=false")
+    if lay.zero not in ZERO_STAGES:
+        bad("zero", lay.zero, "use 0, 1, 2 or 3")
+    elif lay.zero == 1 and lay.dp == 1:
+        bad("zero", 1, "ZeRO-1 shards the optimizer over data-parallel ranks but dp=1; use zero=0 "
+            "or give data parallelism ranks (parallel.dp_shard)")
+    if lay.ep > 1:
+        if not m.is_moe:
+            bad("ep", lay.ep, "expert parallelism needs an MoE model (model.n_experts > 0); use ep=1")
+        elif lay.dp_shard % lay.ep or m.n_experts % lay.ep:
+            bad("ep", lay.ep, f"must divide dp_shard={lay.dp_shard} (ep borrows data-parallel ranks) and "
+                f"n_experts={m.n_experts}; try {divisors_upto(math.gcd(lay.dp_shard, m.n_experts), world)}")
+        if lay.zero == 1:
+            limit("zero", 1, "expert parallelism runs with zero=0, 2 or 3 (expert parameters differ across "
+                "the ZeRO-1 group)")
+    if lay.activation_checkpoint not in ACTIVATION_CHECKPOINT:
+        bad("activation_checkpoint", lay.activation_checkpoint, f"use one of {', '.join(ACTIVATION_CHECKPOINT)}")
+    out += _pipeline_problems(lay, m)
+    out += _batch_problems(lay, global_batch)
+    return out
+
+
+def _pipeline_problems(lay: Layout, m: ModelConfig) -> list[UserError]:
+    out = []
+    if lay.pp_schedule not in SCHEDULES:
+        return [UserError("parallel.pp_schedule", lay.pp_schedule, f"use one of {', '.join(SCHEDULES)}")]
+    if lay.pp_schedule in INTERLEAVED and lay.pp == 1:
+        out.append(UserError("parallel.pp_schedule", lay.pp_schedule, "interleaving needs pp > 1; raise parallel.pp "
+                             "or use 1f1b"))
+    if lay.pp_virtual_stages > 1 and lay.pp_schedule not in INTERLEAVED:
+        out.append(UserError("parallel.pp_virtual_stages", lay.pp_virtual_stages,
+                             f"only {' and '.join(INTERLEAVED)} have virtual stages; set parallel.pp_schedule "
+                             f"or pp_virtual_stages=1"))
+    stages = lay.pp * lay.virtual_stages
+    if lay.pp > 1 and stages > m.n_layers:
+        out.append(UserError("parallel.pp", lay.pp, f"{stages} pipeline stages (pp*virtual stages) but only "
+                             f"n_layers={m.n_layers}; use at most {max(1, m.n_layers // lay.virtual_stages)}"))
+    if lay.pp > 1 and m.tie_embeddings:
+        out.append(TrainerLimit("model.tie_embeddings", True,
+                             "tied embeddings cannot span pipeline stages; set it false or pp=1"))
+    return out
+
+
+def _batch_problems(lay: Layout, global_batch: int) -> list[UserError]:
+    unit = lay.micro_batch * lay.dp
+    if global_batch % unit:
+        lower, upper = global_batch // unit * unit, (global_batch // unit + 1) * unit
+        per_rank = global_batch // lay.dp
+        if global_batch % lay.dp == 0:
+            hint = f"try train.micro_batch in {divisors_upto(per_rank, per_rank)} or train.global_batch={upper}"
+        else:
+            hint = f"try train.global_batch={lower or upper} or {upper}"
+        return [UserError("train.global_batch", global_batch,
+                          f"must be a multiple of micro_batch*dp = {lay.micro_batch}*{lay.dp} = {unit}; {hint}")]
+    if lay.pp == 1:
+        return []
+    per_rank = global_batch // lay.dp
+    n = lay.microbatches(global_batch)
+    field = "parallel.pp_microbatches" if lay.pp_microbatches else "train.micro_batch"
+    value = lay.pp_microbatches or lay.micro_batch
+    if per_rank % n:
+        return [UserError(field, value, f"{n} micro-batches must divide the {per_rank} sequences each "
+                          f"data-parallel rank gets per step")]
+    if lay.pp_schedule != "gpipe" and n < lay.pp:
+        fit = [mb for mb in divisors_upto(per_rank, per_rank) if per_rank // mb >= lay.pp]
+        fix = (f"set train.micro_batch={fit[-1]}" if fit and not lay.pp_microbatches
+               else f"raise train.global_batch to {lay.pp * lay.micro_batch * lay.dp}")
+        return [UserError(field, value, f"{lay.pp_schedule} needs at least pp={lay.pp} micro-batches per step to "
+                          f"fill the pipeline, this gives {n}; {fix}")]
+    if lay.pp_schedule in INTERLEAVED and n % lay.pp:
+        return [UserError(field, value, f"{lay.pp_schedule} needs a multiple of pp={lay.pp} micro-batches per "
+                          f"step, this gives {n}")]
+    return []
+
+
+def check(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq_len: int) -> Layout:
+    """Raise the first problem, if any; otherwise return the layout."""
+    found = problems(lay, model, world, global_batch, seq_len)
+    if found:
+        raise found[0]
+    return lay
+
+
+def factorizations(world: int) -> str:
+    """A few tp x pp x dp factorizations of world, as a hint."""
+    options = [f"tp={tp} pp={pp} dp={world // (tp * pp)}"
+               for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) if world % (tp * pp) == 0]
+    return "; ".join(options[:6])
+
+
+def divisors_upto(n: int, upto: int) -> list[int]:
+    return [d for d in range(1, min(n, max(upto, 1)) + 1) if n % d == 0]
+

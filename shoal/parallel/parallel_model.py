@@ -1,0 +1,127 @@
+"""This rank's share of a parallel model, and how one step's micro-batches run through it.
+
+`parallelize` builds it and records which wrapper data parallelism used, so the training step and
+evaluation never probe wrappers: `forward_backward` runs a step's micro-batches (through the
+pipeline schedule, or one by one with gradient reduction deferred to the last), `eval_loss` the
+held-out batches, each under the run's precision and, with tensor parallelism, the vocabulary-
+parallel loss.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from shoal.model.moe import MoE
+from shoal.model.transformer import cross_entropy
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class ParallelModel:
+    modules: list[nn.Module]
+    """The whole model, or the pipeline stages this rank runs (each a model with some layers)."""
+    device: torch.device
+    precision: str = "fp32"
+    """fp32, or bf16: autocast over fp32 weights (see shoal/train/precision notes in the README)."""
+    schedule: object | None = None
+    """The pipeline schedule when pp > 1."""
+    has_first_stage: bool = True
+    has_last_stage: bool = True
+    zero: int = 0
+    """The ZeRO stage the data-parallel wrapper runs (0 when nothing is sharded)."""
+    wrapper: str = "none"
+    """How data parallelism wraps the model: none, ddp or fsdp (FSDP2, also its `replicate`)."""
+    vocab_parallel: bool = False
+    """Tensor parallelism keeps the logits sharded over the vocabulary; the loss is computed in place."""
+
+    def parameters(self):
+        for m in self.modules:
+            yield from m.parameters()
+
+    def forward_backward(self, batches: list[Batch]) -> torch.Tensor:
+        """Forward and backward over one step's micro-batches; this rank's mean loss (detached).
+        Gradients end up averaged over the micro-batches and reduced over data-parallel ranks."""
+        with self._compute():
+            if self.schedule is not None:  # the schedule divides gradients by the micro-batch count
+                return self._run_schedule("step", torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))
+            model, total, n = self.modules[0], torch.zeros((), device=self.device), len(batches)
+            for i, (inputs, targets) in enumerate(batches):
+                with self._reduce_gradients(model, last=i == n - 1):
+                    loss = cross_entropy(model(inputs.to(self.device)), targets.to(self.device)) / n
+                    loss.backward()
+                total += _scalar(loss)
+        return total
+
+    @torch.no_grad()
+    def eval_loss(self, batches: list[Batch], micro_batch: int) -> torch.Tensor:
+        """Mean held-out loss of this rank's batches (0 on ranks without the last pipeline stage)."""
+        for m in self.modules:
+            m.eval()
+        losses = []
+        with self._compute():
+            for inputs, targets in batches:
+                if self.schedule is not None:
+                    losses.append(self._run_schedule("eval", inputs, targets))
+                    continue
+                for x, y in zip(inputs.split(micro_batch), targets.split(micro_batch)):  # bounded memory
+                    losses.append(_scalar(cross_entropy(self.modules[0](x.to(self.device)), y.to(self.device))))
+        for m in self.modules:
+            m.train()
+        return torch.stack(losses).mean()
+
+    def _compute(self):
+        """Autocast for bf16 (fp32 master weights and optimizer state) and the vocabulary-parallel loss."""
+        stack = ExitStack()
+        if self.precision == "bf16":
+            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+        if self.vocab_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            stack.enter_context(loss_parallel())
+        return stack
+
+    def _reduce_gradients(self, model: nn.Module, last: bool):
+        """Gradient accumulation: reduce across data-parallel ranks only on the step's last micro-batch."""
+        if self.wrapper == "ddp":
+            return nullcontext() if last else model.no_sync()
+        if self.wrapper == "fsdp":
+            model.set_requires_gradient_sync(last)
+            if self.zero == 2:  # ZeRO-2 keeps parameters gathered until the step's last backward
+                model.set_reshard_after_backward(last)
+        return nullcontext()
+
+    def _run_schedule(self, method: str, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One pipeline step (or forward-only pass) over the local batch; mean loss on the last stage."""
+        losses: list = []
+        run = getattr(self.schedule, method)
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        if self.has_first_stage and self.has_last_stage:
+            run(inputs, target=targets, losses=losses)
+        elif self.has_first_stage:
+            run(inputs)
+        elif self.has_last_stage:
+            run(target=targets, losses=losses)
+        else:
+            run()
+        return torch.stack([_scalar(x) for x in losses]).mean() if losses else torch.zeros((), device=self.device)
+
+
+def set_aux_loss_scale(modules: list[nn.Module], scale: float) -> None:
+    """MoE load-balancing gradients are scaled as the main loss is: 1 / micro-batches per step
+    without a pipeline (the step divides each micro-batch's loss), 1 with one (the schedule scales
+    all gradients afterwards)."""
+    for m in modules:
+        for sub in m.modules():
+            if isinstance(sub, MoE):
+                sub.aux_grad_scale = scale
+
+
+def _scalar(loss: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach().float()
