@@ -12,7 +12,9 @@ def register(sub) -> None:
     p.add_argument("--nproc", type=int, default=4, help="ranks to run the layouts on")
     p.add_argument("--layouts", default="", help="';'-separated layouts of key=value,... (default: all that fit)")
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--tolerance", type=float, default=1e-4, help="max |loss difference| that passes (fp32)")
+    p.add_argument("--tolerance", type=float, default=1e-4,
+                   help="largest difference that passes, for the loss, the gradient norm (relative) and each final "
+                        "weight (fp32; see docs/parallelism.md for why 1e-4)")
     p.add_argument("--out", default="", help="keep each layout's metrics here")
     p.set_defaults(func=run)
 
@@ -24,7 +26,7 @@ def run(args) -> int:
     from shoal.errors import UserError
     from shoal.launch.local import launch
     from shoal.job import resolve
-    from shoal.parallel.verify import Result, config_for, fitting_layouts, losses_of
+    from shoal.parallel.verify import compare, config_for, fitting_layouts
 
     if args.nproc < 2:
         raise UserError("--nproc", args.nproc, "verify needs at least 2 ranks")
@@ -34,33 +36,35 @@ def run(args) -> int:
         layouts, skipped = fitting_layouts(args.nproc, args.steps)
     if not layouts:
         raise UserError("--nproc", args.nproc, "no default layout fits; pass --layouts")
-    by_model: dict[str, list[float]] = {}
+    by_layout = {}  # layout -> the preset its reference run uses
     for layout in layouts:  # every mistake is reported before anything starts
-        cfg = resolve(config_for(layout, args.nproc, args.steps), args.nproc).cfg
-        by_model.setdefault(cfg.model.preset, [])
+        by_layout[layout] = resolve(config_for(layout, args.nproc, args.steps), args.nproc).cfg.model.preset
+    by_model = dict.fromkeys(by_layout.values())
     out = Path(args.out or tempfile.mkdtemp(prefix="shoal-verify-"))
+    import torch
+
+    from shoal.launch.local import worker_env
     from shoal.train.trainer import train
 
+    # The reference gets the workers' threads: a different thread count splits sums differently
+    # (tiny-moe's losses then differed by 2e-4; with one thread each they match to 1e-6).
+    torch.set_num_threads(int(worker_env(args.nproc).get("OMP_NUM_THREADS", torch.get_num_threads())))
     console = Console()
     for preset in by_model:  # the single-process references, in this process
         ref_cfg = config_for(f"model={preset},dp_shard=1", 1, args.steps, global_batch=4 * args.nproc)
         train(ref_cfg, out / f"reference-{preset}", show=False)
-        by_model[preset] = losses_of(out / f"reference-{preset}" / "metrics.jsonl")
-    console.print(f"reference losses computed on 1 process; running {len(layouts)} layouts on {args.nproc} ranks ...")
+    console.print(f"reference runs done on 1 process; running {len(layouts)} layouts on {args.nproc} ranks ...")
     code = launch(["-m", "shoal.parallel.verify", str(out), str(args.nproc), str(args.steps), json.dumps(layouts)],
                   args.nproc)
-    results = []  # a layout whose run died or wrote too few rows shows as inf: failing, never skipped
-    for i, layout in enumerate(layouts):
-        metrics = out / f"layout{i}" / "metrics.jsonl"
-        ref = by_model[config_for(layout, args.nproc, args.steps).model.preset]
-        got = losses_of(metrics) if metrics.exists() else []
-        diff = max((abs(a - b) for a, b in zip(got, ref)), default=float("inf")) if len(got) == len(ref) else float("inf")
-        results.append(Result(layout, diff, got[-1] if got else float("nan"), diff <= args.tolerance))
-    table = Table(title=f"loss parity vs 1 process ({args.steps} steps, fp32, tolerance {args.tolerance:g})")
-    for col in ("layout", "max |loss diff|", "final loss", "result"):
+    results = [compare(layout, out / f"layout{i}", out / f"reference-{by_layout[layout]}", args.tolerance)
+               for i, layout in enumerate(layouts)]
+    table = Table(title=f"parity vs 1 process ({args.steps} steps, fp32, tolerance {args.tolerance:g}; "
+                        f"grad norm relative, weights at the end)")
+    for col in ("layout", "max |loss diff|", "max grad-norm diff", "max weight diff", "final loss", "result"):
         table.add_column(col)
     for r in results:
-        table.add_row(r.layout, f"{r.max_diff:.2e}", f"{r.final_loss:.6f}", "[green]pass" if r.passed else "[red]FAIL")
+        table.add_row(r.layout, f"{r.loss_diff:.2e}", f"{r.grad_diff:.2e}", f"{r.weight_diff:.2e}",
+                      f"{r.final_loss:.6f}", "[green]pass" if r.passed else "[red]FAIL")
     console.print(table)
     for layout, reason in skipped:
         console.print(f"not run on {args.nproc} ranks: {layout} ({reason})")

@@ -47,3 +47,36 @@ def test_a_wrong_layout_fails_verification():
                   env={"COLUMNS": "200"}, timeout=300)
     assert r.returncode == 1, r.stdout[-2000:]
     assert "FAIL" in r.stdout
+
+
+# A bug injected into the parallel workers only (WORLD_SIZE > 1; the reference runs in the launching
+# process): sitecustomize runs at every worker's start, before shoal trains.
+_INJECT = '''
+import os
+if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    from shoal.parallel import parallel_model
+
+    step, original = [0], parallel_model.ParallelModel.forward_backward
+
+    def injected(self, batches):
+        step[0] += 1
+        loss = original(self, batches)
+        if step[0] >= {from_step}:
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.mul_({factor})
+            loss = loss * {factor} if {factor} != {factor} else loss  # NaN reaches the loss too
+        return loss
+    parallel_model.ParallelModel.forward_backward = injected
+'''
+
+
+@pytest.mark.parametrize("factor,from_step", [("2.0", 1), ("float('nan')", 3)], ids=["grads-doubled", "nan-at-step-3"])
+def test_verify_sees_what_the_loss_hides(tmp_path, factor, from_step):
+    """Summing instead of averaging gradients over 2 ranks (x2: AdamW is scale-invariant, so the loss
+    barely moves) and a loss that turns NaN at step 3 must both fail verification."""
+    (tmp_path / "sitecustomize.py").write_text(_INJECT.format(factor=factor, from_step=from_step))
+    r = shoal_cli("verify", "--nproc", "2", "--steps", "4", "--layouts", "dp_shard=2,zero=3",
+                  env={"COLUMNS": "200", "PYTHONPATH": str(tmp_path)}, timeout=300)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "FAIL" in r.stdout

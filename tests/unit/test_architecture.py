@@ -27,6 +27,20 @@ def test_no_torch_distributed(package):
     assert not {k: v for k, v in offenders.items() if v}
 
 
+@pytest.mark.parametrize("module", ["layout.py", "job.py", "config.py", "errors.py"])
+def test_the_layout_rules_import_no_torch(module):
+    """The rules the planner shares with the trainer must load where torch is not installed."""
+    assert not {i for i in imports_of(SHOAL / module) if i == "torch" or i.startswith("torch.")}
+
+
+def test_layout_rules_have_one_home():
+    """Only shoal/layout.py raises about how a layout divides; nothing else restates its rules."""
+    needles = ("needs at least pp=", "must divide n_heads={", "borrows data-parallel ranks")
+    homes = {p.relative_to(SHOAL).as_posix() for p in SHOAL.rglob("*.py")
+             if any(n in p.read_text() for n in needles)}
+    assert homes == {"layout.py"}, homes
+
+
 def test_planner_runs_without_torch():
     """Importing the planner and planning a 405B model must not load torch at all."""
     code = ("import sys; from shoal.cli.main import main; "
