@@ -65,14 +65,15 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     return 6.0 * n_matmul + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
 
 
-def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str) -> float:
+def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str, attention: str = "flash") -> float:
     """Extra FLOPs spent re-running the forward pass under activation checkpointing (HFU - MFU)."""
     forward_layers = flops_per_token(cfg, seq_len) / 3  # forward is a third of forward + backward
     if recompute == "full":
         return forward_layers
-    if recompute == "selective":
-        # Only the attention core (the S×S part) is recomputed; matmul outputs are kept.
+    if recompute == "selective" and attention == "unfused":
+        # Korthikanti's selective recompute: the attention core (the S×S GEMMs) runs again.
         return 4.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+    # shoal's selective recompute repeats only element-wise work (no matmul FLOPs).
     return 0.0
 
 

@@ -27,9 +27,14 @@ class KernelTime:
     bwd: float
     """Backward kernels (no recomputation)."""
     attn_fwd: float
-    """The part of fwd that selective recomputation repeats: the attention core (and its softmax)."""
+    """The attention core (and, unfused, its softmax and dropout over S×S)."""
     gemm_fwd: float
     """The part of fwd spent in GEMMs (for the breakdown)."""
+    selective_fwd: float = 0.0
+    """What selective activation checkpointing repeats in backward (shoal/layout.py's meaning): the
+    element-wise kernels between the saved GEMM and fused-attention outputs. With unfused attention
+    it is Korthikanti's selective recompute instead, the S×S attention core, as the 2021-22 runs
+    this mode is for did it."""
 
 
 def gemm_time(m: float, k: float, n: float, gpu: GPU, precision: str) -> float:
@@ -107,8 +112,9 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
     kernels = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + 2 * cfg.n_experts / ep if moe else 0)
     gaps = kernels * gpu.kernel_gap
+    selective = elementwise if attention == "flash" else attn_fwd
     return KernelTime(fwd=gemm + attn_fwd + elementwise + gaps, bwd=2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps,
-                      attn_fwd=attn_fwd, gemm_fwd=gemm)
+                      attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective)
 
 
 @lru_cache(maxsize=4096)
