@@ -25,11 +25,12 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from shoal.debug import busbw, doctor, envcheck
+    from shoal.comm.ops import BENCH_OPS
+    from shoal.measure import doctor, envcheck
 
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     sizes = doctor.sizes(doctor.parse_size(args.min_size, "--min-size"), doctor.parse_size(args.max_size), args.factor)
-    ops = args.ops.split(",") if args.ops else list(busbw.OPS)
+    ops = args.ops.split(",") if args.ops else list(BENCH_OPS)
     console = Console(highlight=False)
     if args.checks_only:
         rep = doctor.Report(checks=envcheck.run_all(nproc))
@@ -53,7 +54,7 @@ def render_rows(rep):
     """The nccl-tests style table: size, time, algbw, busbw per op (GB = 1e9 bytes)."""
     from rich.table import Table
 
-    from shoal.debug.doctor import human_bytes
+    from shoal.measure.doctor import human_bytes
 
     t = Table(title=f"communication: {rep.world} ranks, {rep.backend}  "
                     "(busbw as nccl-tests: all_reduce x2(n-1)/n; all_gather, reduce_scatter, all_to_all x(n-1)/n)",

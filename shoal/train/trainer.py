@@ -10,21 +10,22 @@ from pathlib import Path
 import torch
 
 from shoal.checkpoint.checkpointer import Checkpointer
+from shoal.comm.counter import CommCounter
 from shoal.config import JobConfig
 from shoal.data.loader import TokenLoader, eval_batches
 from shoal.data.shards import build_token_cache
 from shoal.data.tokenizer import load_tokenizer
 from shoal.errors import UserError
+from shoal.measure.peak import peak_flops
 from shoal.model.analytics import flops_per_token, param_counts
 from shoal.model.config import ModelConfig
 from shoal.model.moe import AuxLossInjector
 from shoal.model.transformer import build_model, cross_entropy
 from shoal.parallel.parallelize import ParallelModel, parallelize
-from shoal.train.comm_stats import CommCounter, model_state_bytes
 from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mark, shutdown, straggler_stats
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
+from shoal.train.memory import model_state_bytes
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
-from shoal.train.peak_flops import peak_flops
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

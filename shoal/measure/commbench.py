@@ -1,9 +1,9 @@
 """The worker side of `shoal doctor`'s benchmark: run as N ranks by the launcher.
 
-    python -m shoal.debug.commbench --out bench.json --sizes 1024,4096 [--ops all_reduce,...]
+    python -m shoal.measure.commbench --out bench.json --sizes 1024,4096 [--ops all_reduce,...]
 
 For every op and size it times the collective on every rank and rank 0 writes the raw per-rank
-seconds per iteration to JSON; `shoal.debug.doctor.summarize` turns them into algbw/busbw rows.
+seconds per iteration to JSON; `shoal.measure.doctor.summarize` turns them into algbw/busbw rows.
 It also times a matmul per rank (compute speed, for stragglers). NCCL on CUDA devices, gloo on CPU.
 """
 
@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from shoal.debug.busbw import OPS
+from shoal.comm.ops import BENCH_OPS
 
 ELEM = 4  # float32 bytes
 
@@ -110,7 +110,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--sizes", required=True, help="comma-separated byte counts")
-    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--ops", default=",".join(BENCH_OPS))
     p.add_argument("--budget", type=float, default=0.1, help="seconds of timed iterations per point")
     p.add_argument("--max-iters", type=int, default=50)
     args = p.parse_args()

@@ -1,6 +1,6 @@
 """Measure this machine for the planner's `local` profile: matmul rate, memory bandwidth, gloo links.
 
-Run as `python -m shoal.debug.local_profile --out PATH` (the planner does this in a subprocess, so
+Run as `python -m shoal.measure.local_profile --out PATH` (the planner does this in a subprocess, so
 the planner itself never imports torch.distributed). Takes a few seconds:
 - matmul FLOP/s on one thread, bf16 and fp32 (one rank per core is how shoal runs on a CPU);
 - copy bandwidth (read + write) of a 64 MiB tensor on one thread;
@@ -68,7 +68,7 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from shoal.debug.busbw import busbw as bus_bandwidth
+    from shoal.comm.ops import busbw as bus_bandwidth
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
