@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.comm.ops import BENCH_OPS
+from shoal.measure.matmul import matmul_flops
 
 ELEM = 4  # float32 bytes
 
@@ -92,18 +93,10 @@ class Bench:
 
     def compute_gflops(self) -> float:
         """This rank's matmul speed: what a straggler check compares."""
-        dim = 4096 if self.device.type == "cuda" else 384
-        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        a = torch.randn(dim, dim, device=self.device, dtype=dtype)
-        b = torch.randn(dim, dim, device=self.device, dtype=dtype)
-        a @ b
-        self.sync()
-        iters, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < self.budget_s or iters < 3:
-            a @ b
-            iters += 1
-            self.sync()
-        return 2 * dim ** 3 * iters / (time.perf_counter() - t0) / 1e9
+        cuda = self.device.type == "cuda"
+        rate = matmul_flops(4096 if cuda else 384, torch.bfloat16 if cuda else torch.float32, self.device,
+                            seconds=self.budget_s, min_reps=3)
+        return rate.mean / 1e9  # sustained, not the best single one: a straggler is slow on average
 
 
 def main() -> None:
