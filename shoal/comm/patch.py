@@ -98,7 +98,9 @@ def _where(fn) -> dict[str, tuple[str, int | None]]:
 
 # -- the registry ------------------------------------------------------------------------------
 _lock = threading.Lock()
-_listeners: dict[str, list[Observer]] = {door: [] for door in DOORS}  # mutated in place: wrappers hold them
+# door -> [tuple of observers]: wrappers hold the one-element list and read the tuple, which
+# attach/detach replace whole, so a collective on another thread never sees a half-changed list
+_listeners: dict[str, list[tuple[Observer, ...]]] = {door: [()] for door in DOORS}
 _installed: dict[str, "_Patches"] = {}
 _tls = threading.local()  # funcol/dtensor: only the outermost call reaches observers
 
@@ -107,7 +109,7 @@ def attach(observer: Observer) -> None:
     """Start calling `observer` at its doors (patching a door when it gets its first listener)."""
     with _lock:
         for door in observer.doors:
-            _listeners[door].append(observer)
+            _listeners[door][0] += (observer,)
             if door not in _installed:
                 _installed[door] = _INSTALL[door]()
 
@@ -116,9 +118,8 @@ def detach(observer: Observer) -> None:
     """Stop calling `observer`; a door nobody listens at any more gets its originals back."""
     with _lock:
         for door in observer.doors:
-            if observer in _listeners[door]:
-                _listeners[door].remove(observer)
-            if not _listeners[door] and door in _installed:
+            _listeners[door][0] = tuple(o for o in _listeners[door][0] if o is not observer)
+            if not _listeners[door][0] and door in _installed:
                 _installed.pop(door).undo()
 
 
@@ -127,7 +128,7 @@ def patched_doors() -> list[str]:
 
 
 # -- wrappers ----------------------------------------------------------------------------------
-def _around(door: str, name: str, listeners: list[Observer], original, target, args: tuple, kwargs: dict, call):
+def _around(door: str, name: str, listeners: tuple[Observer, ...], target, args: tuple, kwargs: dict, call):
     """Call the observers, then `call()`; observers that returned a token hear how it ended."""
     tokens = None
     for o in listeners:
@@ -150,9 +151,10 @@ def _around(door: str, name: str, listeners: list[Observer], original, target, a
 
 
 def _method(door: str, name: str, original):
-    listeners = _listeners[door]
+    cell = _listeners[door]
 
     def method(self, *args, **kwargs):
+        listeners = cell[0]
         if len(listeners) == 1:  # the common case, spelled out: this is on every collective's path
             o = listeners[0]
             token = o.before(door, name, self, args, kwargs)
@@ -165,12 +167,12 @@ def _method(door: str, name: str, original):
                 raise
             o.after(token, result)
             return result
-        return _around(door, name, listeners, original, self, args, kwargs, lambda: original(self, *args, **kwargs))
+        return _around(door, name, listeners, self, args, kwargs, lambda: original(self, *args, **kwargs))
     return method
 
 
 def _outermost(door: str, name: str, funcol, original, where: dict):
-    listeners = _listeners[door]
+    cell = _listeners[door]
 
     def wrapper(*args, **kwargs):
         if getattr(_tls, "inside", False) or torch.compiler.is_compiling():
@@ -182,7 +184,7 @@ def _outermost(door: str, name: str, funcol, original, where: dict):
                 return original(*args, **kwargs)
             finally:
                 _tls.inside = False
-        return _around(door, name, listeners, original, FuncolCall(funcol, name, args, kwargs, where), args, kwargs, call)
+        return _around(door, name, cell[0], FuncolCall(funcol, name, args, kwargs, where), args, kwargs, call)
     return wrapper
 
 
@@ -190,10 +192,10 @@ class _Packet:
     """Stands in for an op packet (torch.ops._c10d_functional.X): tells observers, delegates the rest."""
 
     def __init__(self, name: str, packet):
-        self._name, self._packet, self._listeners = name, packet, _listeners["op"]
+        self._name, self._packet, self._cell = name, packet, _listeners["op"]
 
     def __call__(self, *args, **kwargs):
-        for o in self._listeners:
+        for o in self._cell[0]:
             o.before("op", self._name, None, args, kwargs)  # nobody needs more than a look here
         return self._packet(*args, **kwargs)
 
