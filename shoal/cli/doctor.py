@@ -1,4 +1,5 @@
-"""`shoal doctor [--nproc N] [--max-size 256M] [--out DIR]`: check the environment, benchmark the links."""
+"""`shoal doctor [--nproc N] [--max-size 256M] [--out DIR]`: check the environment, benchmark the links.
+`shoal doctor --peak`: the peak FLOP/s MFU is against, beside a measured matmul."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ def register(sub) -> None:
                    "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,sendrecv")
     p.add_argument("--budget", type=float, default=0.1, help="seconds of timed iterations per size (default 0.1)")
     p.add_argument("--checks-only", action="store_true", help="environment checks only, no benchmark")
+    p.add_argument("--peak", action="store_true", help="print the datasheet peak FLOP/s that MFU is against, "
+                   "beside a measured matmul on this process's cores; no benchmark")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="for --peak (default fp32)")
     p.add_argument("--out", default="runs/doctor", help="where the raw timings and the plot go")
     p.set_defaults(func=run)
 
@@ -25,11 +29,14 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from shoal.debug import busbw, doctor, envcheck
+    from shoal.comm.ops import BENCH_OPS
+    from shoal.measure import doctor, envcheck
 
+    if args.peak:
+        return show_peak(args.precision)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     sizes = doctor.sizes(doctor.parse_size(args.min_size, "--min-size"), doctor.parse_size(args.max_size), args.factor)
-    ops = args.ops.split(",") if args.ops else list(busbw.OPS)
+    ops = args.ops.split(",") if args.ops else list(BENCH_OPS)
     console = Console(highlight=False)
     if args.checks_only:
         rep = doctor.Report(checks=envcheck.run_all(nproc))
@@ -53,7 +60,7 @@ def render_rows(rep):
     """The nccl-tests style table: size, time, algbw, busbw per op (GB = 1e9 bytes)."""
     from rich.table import Table
 
-    from shoal.debug.doctor import human_bytes
+    from shoal.measure.doctor import human_bytes
 
     t = Table(title=f"communication: {rep.world} ranks, {rep.backend}  "
                     "(busbw as nccl-tests: all_reduce x2(n-1)/n; all_gather, reduce_scatter, all_to_all x(n-1)/n)",
@@ -80,3 +87,18 @@ def straggler_lines(rep) -> str:
             lines.append(f"{what}: no straggler (all ranks within 0.7x of the median {unit}: "
                          + ", ".join(f"{v:.3g}" for v in values) + ")")
     return "\n".join(lines)
+
+
+def show_peak(precision: str) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from shoal.measure.peak import compare
+
+    t = Table(title=f"peak {precision} FLOP/s (MFU in `shoal train` divides by the datasheet one)", title_justify="left")
+    for col in ("", "GFLOP/s", "how"):
+        t.add_column(col, justify="right" if col == "GFLOP/s" else "left")
+    for what, flops, how in compare(precision):
+        t.add_row(what, f"{flops / 1e9:,.1f}", how)
+    Console(highlight=False).print(t)
+    return 0

@@ -1,4 +1,4 @@
-"""Debugging communication: the collective checker, the hang watchdog, stragglers, `shoal doctor`.
+"""The runtime guard: the collective checker, the hang watchdog, stragglers (measuring a machine: shoal.measure).
 
 Any torch.distributed program gets the checker and the watchdog with two lines at its top, under
 torchrun or `shoal run --nproc N script.py`:
@@ -150,7 +150,7 @@ def __getattr__(name: str):
     if name == "CollectiveMismatchError":
         from shoal.debug.checker import CollectiveMismatchError
         return CollectiveMismatchError
-    if name in ("stragglers", "doctor"):  # `shoal.debug.stragglers.step_spread(...)` after `import shoal.debug`
+    if name == "stragglers":  # `shoal.debug.stragglers.step_spread(...)` after `import shoal.debug`
         import importlib
         return importlib.import_module(f"shoal.debug.{name}")
     raise AttributeError(name)

@@ -2,7 +2,7 @@
 
 A collective is reached through layers: user code -> maybe a torch library (FSDP, pipelining,
 DTensor) -> the torch.distributed API function -> our wrapper. The report wants the first frame
-outside torch and outside shoal.debug ("site"), the public API name (`all_reduce`), and when a
+outside torch, shoal.debug and shoal.comm.patch ("site"), the public API name (`all_reduce`), and when a
 torch library sat in between, where in that library ("via").
 """
 
@@ -15,6 +15,7 @@ import torch
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _SELF_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PATCH_FILE = os.path.join(os.path.dirname(_SELF_DIR.rstrip(os.sep)), "comm", "patch.py")  # the wrappers
 _C10D_FILES = {os.path.join(_TORCH_DIR, "distributed", "distributed_c10d.py")}
 # Decorators and context managers that wrap API functions; never a call site.
 _PLUMBING = ("typing_extensions.py", os.sep + "contextlib.py", os.sep + "functools.py", os.sep + "warnings.py")
@@ -46,7 +47,7 @@ def find() -> tuple[str | None, str | None, str | None]:
     api = via = None
     while f is not None:
         fn = f.f_code.co_filename
-        if fn.startswith(_SELF_DIR) or fn.endswith(_PLUMBING):
+        if fn.startswith(_SELF_DIR) or fn == _PATCH_FILE or fn.endswith(_PLUMBING):
             pass
         elif fn.startswith(_TORCH_DIR):
             if fn in _C10D_FILES:

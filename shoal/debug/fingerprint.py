@@ -11,21 +11,8 @@ from __future__ import annotations
 
 import torch
 
-# ProcessGroup method -> the name users know it by (when no torch.distributed API frame names it)
-FRIENDLY = {
-    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced", "allgather": "all_gather",
-    "_allgather_base": "all_gather_into_tensor", "allgather_coalesced": "all_gather_coalesced",
-    "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
-    "_reduce_scatter_base": "reduce_scatter_tensor", "alltoall_base": "all_to_all_single",
-    "alltoall": "all_to_all", "recv_anysource": "recv",
-}
-# Every op name a rank can be in, canonical for comparison: the PG method and its funcol twins.
-CANONICAL = {
-    "_allgather_base": "all_gather_single", "allgather_into_tensor_coalesced": "all_gather_single_coalesced",
-    "_reduce_scatter_base": "reduce_scatter_single", "reduce_scatter_tensor_coalesced": "reduce_scatter_single_coalesced",
-    "alltoall_base": "all_to_all_single", "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced",
-    "allgather": "all_gather", "alltoall": "all_to_all",
-}
+from shoal.comm.ops import PG_METHODS
+
 COMPARED = ("op", "shapes", "dtypes", "reduce", "root")
 _A2A = {"all_to_all_single", "all_to_all"}
 
@@ -78,29 +65,17 @@ def _options(args) -> dict[str, str]:
     return out
 
 
-# Roles of the leading tensor arguments of each ProcessGroup method; None = not compared,
-# because only the root passes it (gather's outputs, scatter's inputs).
-ROLES = {
-    "allgather": ("out", "in"), "all_gather_single": ("out", "in"), "_allgather_base": ("out", "in"),
-    "allgather_coalesced": ("out", "in"), "allgather_into_tensor_coalesced": ("out", "in"),
-    "all_gather_single_coalesced": ("out", "in"), "reduce_scatter": ("out", "in"),
-    "reduce_scatter_single": ("out", "in"), "_reduce_scatter_base": ("out", "in"),
-    "reduce_scatter_tensor_coalesced": ("out", "in"), "reduce_scatter_single_coalesced": ("out", "in"),
-    "alltoall_base": ("out", "in"), "all_to_all_single": ("out", "in"), "alltoall": ("out", "in"),
-    "gather": (None, "in"), "scatter": ("out", None),
-}
-
-
 def from_pg_call(op: str, args: tuple) -> dict[str, str]:
     """Fingerprint of `ProcessGroup.<op>(*args)` as torch.distributed calls it."""
-    fp = {"op": CANONICAL.get(op, op)}
+    method = PG_METHODS[op]
+    fp = {"op": method.op}
     fp.update(_options(args))
     if "root" not in fp and op in ("broadcast", "reduce", "gather", "scatter"):
         # the (tensor, root, ...) overloads pass the root as the first int
         ints = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
         if ints:
             fp["root"] = str(ints[0])
-    roles = ROLES.get(op, ("",))
+    roles = method.roles  # None: only the root passes it (gather's outputs, scatter's inputs), not compared
     described = []
     for i, role in enumerate(roles):
         d = describe(args[i]) if role is not None and i < len(args) else None

@@ -1,6 +1,6 @@
 """The hub every intercepted collective passes through: number it, record it, check it.
 
-`intercept.py` decides *where* calls are caught; this module decides *what happens*: a sequence
+`shoal.comm.patch` decides *where* calls are caught (`intercept.py` connects it to this hub); this module decides *what happens*: a sequence
 number per group (per sender/receiver pair for point-to-point), a `CollectiveRecord` in the
 rank's state for the watchdog, the checker's exchange when checking is on, and a report when a
 collective fails (a dead peer makes gloo raise "Connection closed by peer").
@@ -16,12 +16,12 @@ from typing import Callable
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from shoal.comm import ops
 from shoal.debug import callsite, fingerprint, records, tables
 from shoal.debug.channel import Channel
 from shoal.debug.checker import Checker, GroupInfo, Pending
 from shoal.debug.state import STATE, CollectiveRecord
 
-P2P = ("send", "recv", "recv_anysource")
 MAX_TRACKED_WORKS = 256  # issued, not yet waited works we remember (bounded: futures of comm hooks are never waited)
 # Key prefixes must never repeat within a process (enable/disable/enable, a second init_process_group),
 # or a rank would read the previous round's fingerprints: <monitor>/<default group> numbers, which
@@ -112,7 +112,7 @@ class Monitor:
         site, frame_api, via = callsite.find()
         counter = self._counters.get(g.name) or self._counters.setdefault(g.name, itertools.count(1))
         seq = STATE.seqs[g.name] = next(counter)  # next() is atomic under the GIL: no lock on the hot path
-        rec = CollectiveRecord(op, api or frame_api or fingerprint.FRIENDLY.get(op, op), g.name, seq, site, via)
+        rec = CollectiveRecord(op, api or frame_api or ops.friendly(op), g.name, seq, site, via)
         STATE.inflight = rec
         STATE.recent.append(rec)
         STATE.progress()
@@ -136,7 +136,7 @@ class Monitor:
         peer_rank = g.ranks[peer] if peer is not None else None
         key = (g.name, g.index if send else peer, peer if send else g.index, send)
         n = next(self._p2p.get(key) or self._p2p.setdefault(key, itertools.count(1)))
-        rec = CollectiveRecord(op, api or fingerprint.FRIENDLY.get(op, op), g.name, n, site, via, peer=peer_rank)
+        rec = CollectiveRecord(op, api or ops.friendly(op), g.name, n, site, via, peer=peer_rank)
         STATE.inflight = rec
         STATE.recent.append(rec)
         STATE.progress()

@@ -1,7 +1,7 @@
 """Alpha-beta times for collectives, with nccl-tests bus-bandwidth conventions.
 
 A collective over n ranks moving S bytes takes  latency + S * factor / busbw,  where factor is the
-nccl-tests one: all_reduce 2(n-1)/n with S the per-rank buffer; all_gather and reduce_scatter
+nccl-tests one (shoal.comm.ops, the one table of them): all_reduce 2(n-1)/n with S the per-rank buffer; all_gather and reduce_scatter
 (n-1)/n with S the full (gathered) buffer; all_to_all (n-1)/n with S the per-rank send buffer.
 So the bus bandwidth a nccl-tests run reports on a tier is exactly the busbw used here.
 
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from shoal.comm.ops import bus_factor
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,8 @@ def all_reduce(nbytes: float, n: int, per_node: int, net: Network) -> float:
         return 0.0
     g, k = min(per_node, n), max(1, n // min(per_node, n))
     if k == 1:
-        return 2 * _intra_steps(g) * net.intra_latency + nbytes * 2 * (g - 1) / g / net.intra_busbw
-    inter = 2 * _inter_steps(k) * net.inter_latency + (nbytes / g) * 2 * (k - 1) / k / net.inter_busbw
+        return 2 * _intra_steps(g) * net.intra_latency + nbytes * bus_factor("all_reduce", g) / net.intra_busbw
+    inter = 2 * _inter_steps(k) * net.inter_latency + (nbytes / g) * bus_factor("all_reduce", k) / net.inter_busbw
     if g == 1:
         return inter
     return 2 * reduce_scatter(nbytes, g, g, net) + inter  # reduce-scatter and all-gather inside the node
@@ -55,11 +57,11 @@ def all_gather(nbytes: float, n: int, per_node: int, net: Network) -> float:
     if n <= 1 or nbytes <= 0:
         return 0.0
     g, k = min(per_node, n), max(1, n // min(per_node, n))
-    intra = 0.0 if g == 1 else _intra_steps(g) * net.intra_latency + nbytes * (g - 1) / g / net.intra_busbw
+    intra = 0.0 if g == 1 else _intra_steps(g) * net.intra_latency + nbytes * bus_factor("all_gather", g) / net.intra_busbw
     if k == 1:
         return intra
     # Across nodes first, on each GPU's own NIC: every GPU ends up with its node-slot's 1/g share.
-    inter = (k - 1) * net.inter_latency + (nbytes / g) * (k - 1) / k / net.inter_busbw
+    inter = (k - 1) * net.inter_latency + (nbytes / g) * bus_factor("all_gather", k) / net.inter_busbw
     return inter + intra
 
 

@@ -242,7 +242,7 @@ def load_hw_file(path: str | os.PathLike, default_base: str | None) -> GPU:
     return apply_overrides(base, data, source="hw_file")
 
 
-# --- the `local` profile: measured on this machine by shoal.debug.local_profile ---
+# --- the `local` profile: measured on this machine by shoal.measure.local_profile ---
 
 
 def local_profile_path() -> Path:
@@ -257,7 +257,7 @@ def local_gpu(*, remeasure: bool = False) -> GPU:
     path = local_profile_path()
     if remeasure or not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([sys.executable, "-m", "shoal.debug.local_profile", "--out", str(path)],
+        proc = subprocess.run([sys.executable, "-m", "shoal.measure.local_profile", "--out", str(path)],
                               capture_output=True, text=True)
         if proc.returncode != 0 or not path.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]

@@ -9,22 +9,23 @@ from pathlib import Path
 import torch
 
 from shoal.checkpoint.checkpointer import Checkpointer
+from shoal.comm.counter import CommCounter
 from shoal.config import JobConfig
 from shoal.job import Job, env_world_size, resolve
 from shoal.data.loader import TokenLoader, eval_batches
 from shoal.data.shards import build_token_cache
 from shoal.data.tokenizer import load_tokenizer
 from shoal.errors import UserError
+from shoal.measure.peak import job_peak
 from shoal.model.analytics import flops_per_token, param_counts
 from shoal.model.config import ModelConfig
 from shoal.model.transformer import build_model, cross_entropy
 from shoal.parallel.parallel_model import ParallelModel
 from shoal.parallel.parallelize import parallelize
-from shoal.train.comm_stats import CommCounter, model_state_bytes
 from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mark, shutdown, straggler_stats
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
+from shoal.train.memory import model_state_bytes
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
-from shoal.train.peak_flops import peak_flops
 
 from shoal.parallel.parallel_model import Batch
 
@@ -83,7 +84,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     log = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main, append=start > 0)
     progress = Progress(t.steps, start, enabled=show and rt.is_main)
     step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
-    peak = peak_flops(rt.device, t.precision) * rt.world_size
+    peak = job_peak(rt.device, t.precision, rt.world_size)  # the job's hardware: 4 ranks on 2 cores get 2
     tokens_seen, started, eval_loss, row = start * t.global_batch * t.seq_len, time.perf_counter(), float("nan"), {}
     for step in range(start, t.steps):
         t0 = time.perf_counter()
@@ -100,7 +101,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         tokens_seen += t.global_batch * t.seq_len
         row = dict(step=step + 1, loss=rt.global_mean(loss), lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
                    tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
-                   mfu=step_flops / step_time / peak, peak_mem_bytes=peak_mem_bytes(rt.device),
+                   mfu=step_flops / step_time / peak.flops, peak_mem_bytes=peak_mem_bytes(rt.device),
                    model_state_bytes=state_bytes, comm_bytes=dict(counter.bytes), **straggler_stats(rt, step_time))
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
@@ -119,7 +120,8 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         save_weights(out / "model", final, model_cfg, cfg.data.tokenizer)
     summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
                "time (s)": elapsed, "tokens/s": (t.steps - start) * t.global_batch * t.seq_len / elapsed,
-               "MFU (model FLOPs)": step_flops * (t.steps - start) / elapsed / peak, "params": param_counts(model_cfg).total,
+               f"MFU (model FLOPs, vs {peak.label})": step_flops * (t.steps - start) / elapsed / peak.flops,
+               "params": param_counts(model_cfg).total,
                "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem_bytes(rt.device) / 2**30, "output": str(out)}
     if show and rt.is_main:
         print_summary(summary)

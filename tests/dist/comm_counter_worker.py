@@ -13,7 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import shoal.train.trainer as trainer
 from shoal.parallel.verify import config_for
-from shoal.train.comm_stats import CommCounter, nbytes, wire_bytes
+from shoal.comm.counter import CommCounter, nbytes
+from shoal.comm.ops import wire_bytes
 
 OPS = {  # dispatcher op -> (kind, payload argument, input-splits argument for all_to_all)
     "c10d::allreduce_": ("all_reduce", 0, None), "c10d::allreduce_coalesced_": ("all_reduce", 0, None),

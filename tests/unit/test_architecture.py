@@ -49,3 +49,29 @@ def test_planner_runs_without_torch():
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_collective_table_is_torch_free():
+    """The planner reads bus factors from shoal/comm/ops.py, so that file imports no torch either."""
+    for path in [SHOAL / "comm" / "ops.py", *(SHOAL / "planner").glob("*.py")]:
+        assert not {i for i in imports_of(path) if i.split(".")[0] == "torch"}, path
+
+
+def test_one_table_of_bus_factors():
+    """nccl-tests' bus factors live in shoal/comm/ops.py only; everyone else imports them."""
+    owners = {}
+    for path in SHOAL.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else [
+                t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            for name in names:
+                if name.lower() in ("bus_factor", "busbw", "algbw") or "BUS_FACTOR" in name.upper():
+                    owners.setdefault(name, set()).add(str(path.relative_to(SHOAL)))
+    assert owners and all(files == {"comm/ops.py"} for files in owners.values()), owners
+
+
+def test_one_patch_layer():
+    """Only shoal/comm/patch.py replaces ProcessGroup methods or functional collectives."""
+    patchers = sorted(str(p.relative_to(SHOAL)) for p in SHOAL.rglob("*.py")
+                      if "setattr(" in p.read_text() and ("ProcessGroup" in p.read_text() or "_c10d_functional" in p.read_text()))
+    assert patchers == ["comm/patch.py"], patchers

@@ -9,7 +9,7 @@ import torch.distributed._functional_collectives as funcol
 from torch._C._distributed_c10d import ProcessGroup, Work
 
 import shoal.debug
-from shoal.debug import intercept
+from shoal.comm import ops
 from shoal.debug.state import STATE
 from tests.conftest import shoal_cli
 
@@ -50,9 +50,9 @@ def test_records_call_sites_and_undoes_every_patch(world_of_one):
 def test_functional_collectives_dtensor_uses_are_covered():
     """If torch renames what DTensor calls, this fails instead of the checker silently missing it."""
     for name in ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single", "broadcast"):
-        assert callable(getattr(funcol, name, None)) and name in intercept.FUNCOL_OPS, name
+        assert callable(getattr(funcol, name, None)) and name in ops.FUNCOL, name
     for op in ("allreduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single", "send", "recv"):
-        assert hasattr(ProcessGroup, op) and op in intercept.PG_OPS, op
+        assert hasattr(ProcessGroup, op) and op in ops.PG_METHODS, op
 
 
 def test_environment_overrides_arguments(monkeypatch):

@@ -1,9 +1,9 @@
 """The worker side of `shoal doctor`'s benchmark: run as N ranks by the launcher.
 
-    python -m shoal.debug.commbench --out bench.json --sizes 1024,4096 [--ops all_reduce,...]
+    python -m shoal.measure.commbench --out bench.json --sizes 1024,4096 [--ops all_reduce,...]
 
 For every op and size it times the collective on every rank and rank 0 writes the raw per-rank
-seconds per iteration to JSON; `shoal.debug.doctor.summarize` turns them into algbw/busbw rows.
+seconds per iteration to JSON; `shoal.measure.doctor.summarize` turns them into algbw/busbw rows.
 It also times a matmul per rank (compute speed, for stragglers). NCCL on CUDA devices, gloo on CPU.
 """
 
@@ -17,7 +17,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from shoal.debug.busbw import OPS
+from shoal.comm.ops import BENCH_OPS
+from shoal.measure.matmul import matmul_flops
 
 ELEM = 4  # float32 bytes
 
@@ -92,25 +93,17 @@ class Bench:
 
     def compute_gflops(self) -> float:
         """This rank's matmul speed: what a straggler check compares."""
-        dim = 4096 if self.device.type == "cuda" else 384
-        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        a = torch.randn(dim, dim, device=self.device, dtype=dtype)
-        b = torch.randn(dim, dim, device=self.device, dtype=dtype)
-        a @ b
-        self.sync()
-        iters, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < self.budget_s or iters < 3:
-            a @ b
-            iters += 1
-            self.sync()
-        return 2 * dim ** 3 * iters / (time.perf_counter() - t0) / 1e9
+        cuda = self.device.type == "cuda"
+        rate = matmul_flops(4096 if cuda else 384, torch.bfloat16 if cuda else torch.float32, self.device,
+                            seconds=self.budget_s, min_reps=3)
+        return rate.mean / 1e9  # sustained, not the best single one: a straggler is slow on average
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--sizes", required=True, help="comma-separated byte counts")
-    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--ops", default=",".join(BENCH_OPS))
     p.add_argument("--budget", type=float, default=0.1, help="seconds of timed iterations per point")
     p.add_argument("--max-iters", type=int, default=50)
     args = p.parse_args()

@@ -1,6 +1,6 @@
 """Measure this machine for the planner's `local` profile: matmul rate, memory bandwidth, gloo links.
 
-Run as `python -m shoal.debug.local_profile --out PATH` (the planner does this in a subprocess, so
+Run as `python -m shoal.measure.local_profile --out PATH` (the planner does this in a subprocess, so
 the planner itself never imports torch.distributed). Takes a few seconds:
 - matmul FLOP/s on one thread, bf16 and fp32 (one rank per core is how shoal runs on a CPU);
 - copy bandwidth (read + write) of a 64 MiB tensor on one thread;
@@ -35,11 +35,9 @@ def _best_time(fn, repeats: int) -> float:
 def measure_matmul(dtype_name: str, n: int = 512, repeats: int = 5) -> float:
     import torch
 
-    dtype = getattr(torch, dtype_name)
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    t = _best_time(lambda: torch.mm(a, b), repeats)
-    return 2.0 * n ** 3 / t
+    from shoal.measure.matmul import matmul_flops
+
+    return matmul_flops(n, getattr(torch, dtype_name), seconds=0.0, min_reps=repeats).best
 
 
 def measure_copy(nbytes: int = 64 * 2**20, repeats: int = 5) -> float:
@@ -68,7 +66,7 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from shoal.debug.busbw import busbw as bus_bandwidth
+    from shoal.comm.ops import busbw as bus_bandwidth
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -91,9 +89,9 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     big_op = (time.perf_counter() - t0) / reps
     if rank == 0:
         nbytes = big.numel() * 4
-        busbw = bus_bandwidth("all_reduce", nbytes, big_op, world)
+        bw = bus_bandwidth("all_reduce", nbytes, big_op, world)
         # A ring all_reduce has 2(n-1) steps; the alpha of the alpha-beta model is per step.
-        Path(out_file).write_text(json.dumps({"gloo_busbw": busbw, "gloo_latency": latency_op / (2 * (world - 1))}))
+        Path(out_file).write_text(json.dumps({"gloo_busbw": bw, "gloo_latency": latency_op / (2 * (world - 1))}))
     dist.destroy_process_group()
 
 

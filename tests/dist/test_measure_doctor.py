@@ -1,7 +1,7 @@
 """`shoal doctor --nproc 4` end to end: environment verdicts, a busbw table that follows nccl-tests, a plot.
 
 Small sizes only (the default goes to 256 MiB); the formulas themselves are checked against
-timings the test chooses in tests/unit/test_debug_busbw.py. Here every printed row must be
+timings the test chooses in tests/unit/test_measure_doctor.py. Here every printed row must be
 self-consistent: algbw = bytes / time and busbw = algbw x the op's nccl-tests factor for n = 4.
 """
 
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from shoal.debug.busbw import OPS, bus_factor
+from shoal.comm.ops import BENCH_OPS as OPS, bus_factor
 from tests.conftest import shoal_cli
 
 ROW = re.compile(r"^│ (\w+)\s+│ ([\d.]+ \w+)\s+│\s+(\d+) │\s+([\d.]+) │\s+([\d.e+-]+) │\s+([\d.e+-]+) │$")

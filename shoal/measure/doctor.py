@@ -1,6 +1,6 @@
 """`shoal doctor`: environment checks, then a communication benchmark across N local ranks.
 
-The benchmark runs as N workers (shoal.debug.commbench) through the same launcher as `shoal run`;
+The benchmark runs as N workers (shoal.measure.commbench) through the same launcher as `shoal run`;
 this module turns their raw per-rank timings into nccl-tests rows (`summarize`, a pure function
 the tests feed with timings they choose) and names stragglers.
 """
@@ -12,7 +12,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shoal.debug import busbw, envcheck, stragglers
+from shoal.comm.ops import BENCH_OPS, busbw
+from shoal.debug import stragglers
+from shoal.measure import envcheck
 from shoal.errors import UserError
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
@@ -82,7 +84,7 @@ def summarize(raw: dict) -> Report:
     rep = Report(checks=[], world=n, backend=raw.get("backend", ""), compute_gflops=raw.get("compute_gflops", []))
     for r in raw["results"]:
         t = max(r["times"])
-        rep.rows.append(Row(r["op"], r["size"], t, busbw.algbw(r["size"], t), busbw.busbw(r["op"], r["size"], t, n),
+        rep.rows.append(Row(r["op"], r["size"], t, r["size"] / t, busbw(r["op"], r["size"], t, n),
                             r.get("iters", 0)))
     ring = [r for r in raw["results"] if r["op"] == "sendrecv"]
     if ring:  # each rank's own view of its links at the largest size
@@ -101,16 +103,16 @@ def run(nproc: int, size_list: list[int], ops: list[str], out_dir: Path, budget_
 
     if nproc < 1:
         raise UserError("--nproc", nproc, "must be a positive integer")
-    unknown = [op for op in ops if op not in busbw.OPS]
+    unknown = [op for op in ops if op not in BENCH_OPS]
     if unknown:
-        raise UserError("--ops", ",".join(unknown), f"choose from {','.join(busbw.OPS)}")
+        raise UserError("--ops", ",".join(unknown), f"choose from {','.join(BENCH_OPS)}")
     checks = envcheck.run_all(nproc)
     if any(c.verdict == "fail" for c in checks):
         return Report(checks=checks)
     out_dir.mkdir(parents=True, exist_ok=True)
     raw_path = out_dir / "comm_bench.json"
     raw_path.unlink(missing_ok=True)
-    code = launch(["-m", "shoal.debug.commbench", "--out", str(raw_path), "--sizes", ",".join(map(str, size_list)),
+    code = launch(["-m", "shoal.measure.commbench", "--out", str(raw_path), "--sizes", ",".join(map(str, size_list)),
                    "--ops", ",".join(ops), "--budget", str(budget_s), "--max-iters", str(max_iters)], nproc)
     if code != 0 or not raw_path.exists():
         checks.append(envcheck.Check("benchmark", "fail", f"the {nproc}-rank benchmark failed (exit code {code}); see above"))

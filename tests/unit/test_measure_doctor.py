@@ -8,21 +8,23 @@ import pytest
 from rich.console import Console
 
 from shoal.cli.doctor import render_rows, straggler_lines
-from shoal.debug import busbw, doctor, stragglers
+from shoal.comm import ops
+from shoal.debug import stragglers
 from shoal.errors import UserError
+from shoal.measure import doctor
 from tests.conftest import shoal_cli
 
 GB = 1e9
 
 
 def test_bus_factors_follow_nccl_tests():
-    assert busbw.bus_factor("all_reduce", 4) == pytest.approx(1.5)  # 2(n-1)/n
-    assert busbw.bus_factor("all_reduce", 8) == pytest.approx(1.75)
+    assert ops.bus_factor("all_reduce", 4) == pytest.approx(1.5)  # 2(n-1)/n
+    assert ops.bus_factor("all_reduce", 8) == pytest.approx(1.75)
     for op in ("all_gather", "reduce_scatter", "all_to_all"):
-        assert busbw.bus_factor(op, 4) == pytest.approx(0.75)  # (n-1)/n
+        assert ops.bus_factor(op, 4) == pytest.approx(0.75)  # (n-1)/n
     for op in ("broadcast", "sendrecv"):
-        assert busbw.bus_factor(op, 4) == 1.0
-    assert busbw.busbw("all_reduce", 2 * 10**9, 1.0, 2) == pytest.approx(2e9)
+        assert ops.bus_factor(op, 4) == 1.0
+    assert ops.busbw("all_reduce", 2 * 10**9, 1.0, 2) == pytest.approx(2e9)
 
 
 RAW = {  # four ranks; the test controls every time
