@@ -26,7 +26,7 @@ def run(args) -> int:
     from shoal.errors import UserError
     from shoal.launch.local import launch
     from shoal.job import resolve
-    from shoal.parallel.verify import compare, config_for, fitting_layouts
+    from shoal.train.verify import compare, config_for, fitting_layouts
 
     if args.nproc < 2:
         raise UserError("--nproc", args.nproc, "verify needs at least 2 ranks")
@@ -54,7 +54,7 @@ def run(args) -> int:
         ref_cfg = config_for(f"model={preset},dp_shard=1", 1, args.steps, global_batch=4 * args.nproc)
         train(ref_cfg, out / f"reference-{preset}", show=False)
     console.print(f"reference runs done on 1 process; running {len(layouts)} layouts on {args.nproc} ranks ...")
-    code = launch(["-m", "shoal.parallel.verify", str(out), str(args.nproc), str(args.steps), json.dumps(layouts)],
+    code = launch(["-m", "shoal.train.verify", str(out), str(args.nproc), str(args.steps), json.dumps(layouts)],
                   args.nproc)
     results = [compare(layout, out / f"layout{i}", out / f"reference-{by_layout[layout]}", args.tolerance)
                for i, layout in enumerate(layouts)]

@@ -12,7 +12,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import shoal.train.trainer as trainer
-from shoal.parallel.verify import config_for
+from shoal.train.verify import config_for
 from shoal.comm.counter import CommCounter, nbytes
 from shoal.comm.ops import wire_bytes
 
