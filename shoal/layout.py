@@ -34,30 +34,22 @@ class TrainerLimit(UserError):
 
 @dataclass(frozen=True)
 class Layout:
+    """A resolved layout. Each field means what the config field of the same name means
+    (`shoal config` prints them: parallel.*, train.micro_batch, train.activation_checkpoint), with
+    nothing left open: dp_shard is a count, micro_batch at least 1."""
+
     dp_replicate: int = 1
-    """Data-parallel replicas (plain all-reduce across them; HSDP when dp_shard > 1 too)."""
     dp_shard: int = 1
-    """Data-parallel ranks that shard state under ZeRO 1-3 (with zero=0 they replicate too)."""
     tp: int = 1
-    """Tensor-parallel degree (innermost: neighbouring ranks)."""
     pp: int = 1
-    """Pipeline stages (outermost)."""
     ep: int = 1
-    """Expert-parallel degree; borrows ranks from dp_shard."""
     zero: int = 3
-    """ZeRO stage of the sharded data-parallel dimension: 0 replicate, 1 optimizer, 2 +gradients, 3 +parameters."""
     micro_batch: int = 1
-    """Sequences per forward/backward on one rank."""
     pp_schedule: str = "1f1b"
-    """gpipe | 1f1b | interleaved-1f1b | zero-bubble."""
     pp_microbatches: int = 0
-    """Micro-batches per pipeline step; 0: the gradient-accumulation count."""
     pp_virtual_stages: int = 1
-    """Stages per pipeline rank for the interleaved schedules (1 there means 2)."""
     activation_checkpoint: str = "none"
-    """none | selective | full (see ACTIVATION_CHECKPOINT)."""
     sequence_parallel: bool = True
-    """Shard norms and residuals along the sequence over the TP group (ignored when tp = 1)."""
 
     @property
     def dp(self) -> int:
