@@ -48,18 +48,22 @@ def local_device(local_ranks: int) -> Device | None:
         # (no fork of an initialized CUDA), and reading properties allocates nothing on the device.
         n = torch.cuda.device_count()
         props = torch.cuda.get_device_properties(0)
-        from shoal.planner.hardware import lookup_gpu
-
-        entry = lookup_gpu(props.name)
         sharing = -(-local_ranks // n)  # more ranks than GPUs share one
-        return Device("cuda", props.total_memory / sharing,
-                      entry.reserved_bytes if entry else 2.5 * GiB,
+        return Device("cuda", props.total_memory / sharing, cuda_reserved_bytes(props.name),
                       f"{props.name}" + (f" shared by {sharing} ranks" if sharing > 1 else ""))
     available = mem_available()
     if available is None:
         return None
     return Device("cpu", available / local_ranks, CPU_RESERVED_BYTES,
                   f"MemAvailable {available / GiB:.1f} GiB / {local_ranks} local rank{'s' * (local_ranks > 1)}")
+
+
+def cuda_reserved_bytes(device_name: str) -> float:
+    """The catalog's reserved bytes for this GPU (CUDA context, NCCL, workspaces), or the default."""
+    from shoal.planner.hardware import GPU, lookup_gpu
+
+    entry = lookup_gpu(device_name)
+    return entry.reserved_bytes if entry else GPU.reserved_bytes
 
 
 def _torch_if_cuda():
@@ -98,6 +102,16 @@ def predict_peak(job, device: Device):
     t = job.cfg.train
     workload = Workload(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash")
     return memory(workload, job.layout, Cluster(gpu, job.world, job.world))
+
+
+def predicted_peak_bytes(job, device) -> float:
+    """The planner's peak for this job on a torch.device, to print beside the measured one."""
+    reserved = CPU_RESERVED_BYTES
+    if device.type == "cuda":
+        import torch
+
+        reserved = cuda_reserved_bytes(torch.cuda.get_device_name(device))
+    return predict_peak(job, Device(device.type, float("inf"), reserved, "")).total
 
 
 def check_memory(job, local_ranks: int, device: Device | None = None) -> float | None:
