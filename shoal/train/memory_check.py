@@ -130,8 +130,10 @@ def check_memory(job, local_ranks: int, device: Device | None = None) -> float |
 
 
 def suggest(job, device: Device) -> str:
-    """The first single change that the memory model says would fit."""
-    lay = job.layout
+    """The first single change that the layout rules accept and the memory model says would fit."""
+    from shoal.layout import problems
+
+    lay, t = job.layout, job.cfg.train
     tries = []
     if lay.dp > 1 and lay.zero < 3:
         tries.append(("parallel.zero=3", {"zero": 3}))
@@ -140,7 +142,9 @@ def suggest(job, device: Device) -> str:
     if lay.micro_batch > 1:
         tries.append(("train.micro_batch=1", {"micro_batch": 1}))
     for text, change in tries:
-        if predict_peak(replace(job, layout=replace(lay, **change)), device).fits:
+        changed = replace(lay, **change)
+        if (not problems(changed, job.model, job.world, t.global_batch, t.seq_len)
+                and predict_peak(replace(job, layout=changed), device).fits):
             return f"set {text}"
     peak = predict_peak(job, device)
     states = (peak.params + peak.grads + peak.optimizer) / GiB
