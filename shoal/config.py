@@ -92,6 +92,9 @@ class TrainConfig:
     """fp32, or bf16 (autocast with fp32 master weights and optimizer state)."""
     activation_checkpoint: str = "none"
     """none | selective (recompute all but matmul and attention outputs) | full (recompute each layer)."""
+    memory_check: bool = True
+    """Before starting, refuse a run whose predicted per-rank peak memory (the planner's model) exceeds
+    the GPU's memory, or on CPU the host's available memory shared by the local ranks; false skips it."""
     eval_every: int = 48
     """Evaluate the held-out loss every this many steps (and at the end); 0 only at the end."""
     eval_batches: int = 4

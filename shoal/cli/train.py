@@ -27,6 +27,7 @@ def run(args) -> int:
     from shoal.checkpoint.choose import check_resume
     from shoal.config import load_config
     from shoal.job import env_world_size, resolve
+    from shoal.train.memory_check import CHECKED_ENV, check_memory, local_world_size
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
     job = resolve(cfg, args.nproc or env_world_size())
@@ -36,6 +37,8 @@ def run(args) -> int:
 
         print_groups(job.dims)
         return 0
+    if cfg.train.memory_check and not os.environ.get(CHECKED_ENV):  # the launcher's workers skip it
+        check_memory(job, local_world_size(args.nproc))
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         from shoal.data.sources import list_documents
         from shoal.data.tokenizer import load_tokenizer
@@ -47,7 +50,11 @@ def run(args) -> int:
         argv = ["-m", "shoal.train", *([args.recipe] if args.recipe else []),
                 *[f"--set={o}" for o in args.overrides], "--out", args.out, "--resume", args.resume,
                 *(["--quiet"] if args.quiet else [])]
-        return launch(argv, args.nproc, max_restarts=args.max_restarts)
+        os.environ[CHECKED_ENV] = "1"  # the workers inherit the environment: checked once, here
+        try:
+            return launch(argv, args.nproc, max_restarts=args.max_restarts)
+        finally:
+            os.environ.pop(CHECKED_ENV, None)
     from shoal.train.trainer import train
 
     train(job, Path(args.out), show=not args.quiet, resume=args.resume)

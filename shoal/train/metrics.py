@@ -18,14 +18,22 @@ def peak_mem_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+WARMUP_STEPS = 2
+"""Steps of a process left out of the summary's throughput: the first ones allocate memory, warm
+caches and (on GPU) pick kernels, so they are slower than every step after them."""
+
+
 class MetricsLog:
-    """Appends one JSON object per step to <out>/metrics.jsonl (only rank 0 writes)."""
+    """Appends one JSON object per step to <out>/metrics.jsonl (only rank 0 writes); every rank keeps
+    the step times for the summary's steady-state throughput."""
 
     def __init__(self, path: Path, enabled: bool = True, append: bool = False):
         self.path = path
         self._file = open(path, "a" if append else "w") if enabled else None
+        self.step_times: list[float] = []
 
     def write(self, row: dict) -> None:
+        self.step_times.append(row["step_time_s"])
         if self._file:
             self._file.write(json.dumps(row) + "\n")
             self._file.flush()
@@ -33,6 +41,13 @@ class MetricsLog:
     def close(self) -> None:
         if self._file:
             self._file.close()
+
+    def steady_step_time(self) -> tuple[float, int]:
+        """(mean step time after the warm-up steps, how many steps were left out). A run too short
+        to have steps after the warm-up keeps them all (and says 0 were left out)."""
+        skip = WARMUP_STEPS if len(self.step_times) > WARMUP_STEPS else 0
+        steady = self.step_times[skip:]
+        return (sum(steady) / len(steady) if steady else float("nan")), skip
 
 
 class Progress:

@@ -3,12 +3,28 @@ clipping that works on any layout."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 import torch.distributed as dist
 
 from shoal.config import TrainConfig
+
+
+class _SequentialNormReduce(logging.Filter):
+    """Drops DTensor's "2 sequential all_reduce operations ... may give inconsistent results between
+    ranks" warning, printed once per rank by every tp x dp run. Its source is clip_grad_norm below:
+    the gradient norm is partial over dp_shard and tp and is summed one mesh dim at a time. That is
+    benign here: every rank runs the same all-reduces in the same order and an all-reduce hands each
+    member the same bits, so the ranks agree; the extra collective is one scalar's latency per step.
+    Other redistribution warnings (all-gathers, reduce-scatters) still show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "sequential all_reduce operations" not in record.getMessage()
+
+
+logging.getLogger("torch.distributed.tensor._redistribute").addFilter(_SequentialNormReduce())
 
 
 def build_optimizer(model, cfg: TrainConfig, rt=None, zero: int = 0) -> torch.optim.Optimizer:

@@ -23,6 +23,7 @@ from shoal.model.transformer import build_model, cross_entropy
 from shoal.parallel.parallel_model import ParallelModel
 from shoal.parallel.parallelize import parallelize
 from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mark, shutdown, straggler_stats
+from shoal.train.memory_check import predicted_peak_bytes
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
 from shoal.train.memory import model_state_bytes
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
@@ -118,11 +119,14 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         from shoal.checkpoint.weights import save_weights
 
         save_weights(out / "model", final, model_cfg, cfg.data.tokenizer)
+    step_time, warmup = log.steady_step_time()  # what the progress line shows, without the warm-up steps
+    which = f"without {warmup} warm-up steps" if warmup else "all steps"
     summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
-               "time (s)": elapsed, "tokens/s": (t.steps - start) * t.global_batch * t.seq_len / elapsed,
-               f"MFU (model FLOPs, vs {peak.label})": step_flops * (t.steps - start) / elapsed / peak.flops,
+               "time (s)": elapsed, f"tokens/s ({which})": t.global_batch * t.seq_len / step_time,
+               f"MFU (model FLOPs, same steps, vs {peak.label})": step_flops / step_time / peak.flops,
                "params": param_counts(model_cfg).total,
-               "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem_bytes(rt.device) / 2**30, "output": str(out)}
+               "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem_bytes(rt.device) / 2**30,
+               "predicted peak memory (GiB, planner)": predicted_peak_bytes(job, rt.device) / 2**30, "output": str(out)}
     if show and rt.is_main:
         print_summary(summary)
         if t.sample_tokens:

@@ -1,0 +1,166 @@
+"""Refuse a run that will not fit, before any worker starts.
+
+The planner's memory model (shoal/planner/memory.py) predicts the busiest rank's peak for the run's
+own layout, precision and flash attention; it is compared with what this machine offers each local
+rank: the GPU's memory on CUDA, or the host's MemAvailable shared by the local ranks on CPU. A run
+that does not fit gets one line naming both numbers and the first single change that would fit,
+instead of an allocator error minutes later or the OOM killer. The model is a prediction, so
+`train.memory_check=false` skips it.
+
+The launcher checks once and sets CHECKED_ENV for its workers, which do not check again (their
+siblings' allocations would shrink MemAvailable under them); under torchrun each rank checks.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from shoal.errors import UserError
+
+GiB = 2**30
+CHECKED_ENV = "SHOAL_MEMORY_CHECKED"
+CPU_RESERVED_BYTES = 0.3 * GiB
+"""A CPU rank's own footprint beyond the model: the interpreter, torch's libraries, gloo. (The
+planner's 2.5 GiB default is a GPU's CUDA context, NCCL and cuBLAS workspaces.)"""
+
+
+@dataclass(frozen=True)
+class Device:
+    """What one local rank can use."""
+
+    kind: str
+    """'cuda' or 'cpu'."""
+    capacity: float
+    """Bytes one rank may use."""
+    reserved: float
+    """Bytes the runtime takes before the model does."""
+    what: str
+    """Where the capacity comes from, for the message."""
+
+
+def local_device(local_ranks: int) -> Device | None:
+    """This machine's memory per local rank, as the workers will see it (None: unknown)."""
+    torch = _torch_if_cuda()
+    if torch is not None:
+        # Asking for the device's properties initializes the CUDA runtime in this (launcher)
+        # process. That is safe: the workers are new interpreters that the elastic agent starts
+        # (no fork of an initialized CUDA), and reading properties allocates nothing on the device.
+        n = torch.cuda.device_count()
+        props = torch.cuda.get_device_properties(0)
+        sharing = -(-local_ranks // n)  # more ranks than GPUs share one
+        return Device("cuda", props.total_memory / sharing, cuda_reserved_bytes(props.name),
+                      f"{props.name}" + (f" shared by {sharing} ranks" if sharing > 1 else ""))
+    available = mem_available()
+    if available is None:
+        return None
+    return Device("cpu", available / local_ranks, CPU_RESERVED_BYTES,
+                  f"MemAvailable {available / GiB:.1f} GiB / {local_ranks} local rank{'s' * (local_ranks > 1)}")
+
+
+def cuda_reserved_bytes(device_name: str) -> float:
+    """The catalog's reserved bytes for this GPU (CUDA context, NCCL, workspaces), or the default."""
+    from shoal.planner.hardware import GPU, lookup_gpu
+
+    entry = lookup_gpu(device_name)
+    return entry.reserved_bytes if entry else GPU.reserved_bytes
+
+
+def _torch_if_cuda():
+    """torch when a CUDA device is usable, else None. torch is imported only where an NVIDIA driver
+    is loaded, so a CPU machine's refusal stays well under a second (importing torch takes longer)."""
+    if not (os.path.isdir("/proc/driver/nvidia/gpus") or os.path.exists("/dev/nvidiactl")):
+        return None
+    import torch
+
+    return torch if torch.cuda.is_available() else None
+
+
+def mem_available() -> float | None:
+    """The host's MemAvailable in bytes (the kernel's estimate of what can be allocated without
+    swapping); None where there is no /proc/meminfo (not Linux): the check is then skipped."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def predict_peak(job, device: Device):
+    """The planner's MemoryBreakdown of the busiest rank for this job on this device."""
+    from shoal.planner.hardware import CATALOG
+    from shoal.planner.layout import Cluster, Workload
+    from shoal.planner.memory import memory
+
+    # The memory model reads only the device's capacity and reserved bytes; the rest of the entry
+    # (rates, links) is the time model's and does not matter here.
+    gpu = replace(next(iter(CATALOG.values())), name=device.kind, hbm_bytes=device.capacity,
+                  reserved_bytes=device.reserved)
+    t = job.cfg.train
+    workload = Workload(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash")
+    return memory(workload, job.layout, Cluster(gpu, job.world, job.world))
+
+
+def predicted_peak_bytes(job, device) -> float:
+    """The planner's peak for this job on a torch.device, to print beside the measured one."""
+    reserved = CPU_RESERVED_BYTES
+    if device.type == "cuda":
+        import torch
+
+        reserved = cuda_reserved_bytes(torch.cuda.get_device_name(device))
+    return predict_peak(job, Device(device.type, float("inf"), reserved, "")).total
+
+
+def check_memory(job, local_ranks: int, device: Device | None = None) -> float | None:
+    """Raise UserError if the predicted peak exceeds the device; return the predicted bytes per rank
+    (None where this machine's memory is unknown)."""
+    device = device or local_device(local_ranks)
+    if device is None:
+        return None
+    peak = predict_peak(job, device)
+    if peak.fits:
+        return peak.total
+    raise UserError(
+        "memory", _Text(f"{peak.total / GiB:.1f} GiB per rank predicted"),
+        f"more than the {device.capacity / GiB:.1f} GiB available ({device.what}); {suggest(job, device)}, "
+        f"or set train.memory_check=false to run anyway")
+
+
+def suggest(job, device: Device) -> str:
+    """The first single change that the layout rules accept and the memory model says would fit."""
+    from shoal.layout import problems
+
+    lay, t = job.layout, job.cfg.train
+    tries = []
+    if lay.dp > 1 and lay.zero < 3:
+        tries.append(("parallel.zero=3", {"zero": 3}))
+    if lay.activation_checkpoint != "full":
+        tries.append(("train.activation_checkpoint=full", {"activation_checkpoint": "full"}))
+    if lay.micro_batch > 1:
+        tries.append(("train.micro_batch=1", {"micro_batch": 1}))
+    for text, change in tries:
+        changed = replace(lay, **change)
+        if (not problems(changed, job.model, job.world, t.global_batch, t.seq_len)
+                and predict_peak(replace(job, layout=changed), device).fits):
+            return f"set {text}"
+    peak = predict_peak(job, device)
+    states = (peak.params + peak.grads + peak.optimizer) / GiB
+    more = ("shard it over more GPUs (parallel.dp_shard with parallel.zero=3, parallel.tp or parallel.pp)"
+            if device.kind == "cuda" else "ranks on one host share its memory, so use more machines")
+    return (f"no single setting fits it (parameters, gradients and optimizer state alone take {states:.1f} GiB): "
+            f"use a smaller model (model.preset, model.dim, model.n_layers) or {more}")
+
+
+class _Text(str):
+    """A value printed without quotes in the UserError line."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def local_world_size(nproc: int) -> int:
+    """Ranks on this machine: --nproc, torchrun's LOCAL_WORLD_SIZE, or 1."""
+    return nproc or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

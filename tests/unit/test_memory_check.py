@@ -1,0 +1,53 @@
+"""The pre-launch memory check: the planner's prediction for the run's own layout against this machine."""
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from shoal.cli.main import main
+from shoal.config import load_config
+from shoal.errors import UserError
+from shoal.job import resolve
+from shoal.train.memory_check import GiB, Device, check_memory, local_device, predict_peak
+
+ABSURD = ["--set", "model.dim=16384", "--set", "model.n_layers=64"]
+
+
+def test_absurd_model_is_refused_at_once(capsys, tmp_path):
+    start = time.perf_counter()
+    rc = main(["train", *ABSURD, "--nproc", "2", "--out", str(tmp_path), "--quiet"])
+    elapsed = time.perf_counter() - start
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert elapsed < 1.0, elapsed  # before any worker starts (no torch import either)
+    assert len(err.splitlines()) == 1, err
+    assert "GiB per rank predicted" in err and "GiB available" in err
+    assert "train.memory_check=false" in err and "smaller model" in err
+
+
+def test_memory_check_false_skips_it(capsys, tmp_path):
+    # With the check off the same run gets past it, to the next pre-launch check (the data path).
+    rc = main(["train", *ABSURD, "--nproc", "2", "--set", "train.memory_check=false",
+               "--set", "data.path=/no/such/dir/*.txt", "--out", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "data.path" in err and "GiB" not in err
+
+
+def test_demo_on_two_ranks_fits_this_machine():
+    job = resolve(load_config(None, []), 2)
+    predicted = check_memory(job, 2)
+    assert predicted is not None and 0.3 * GiB < predicted < 2 * GiB  # ~0.5 GiB: 0.3 runtime + the tiny model
+    assert predicted < local_device(2).capacity
+
+
+def test_fix_is_the_first_change_that_fits():
+    job = resolve(load_config(None, []), 1)
+    cpu = Device("cpu", 1e15, 0.3 * GiB, "test")
+    plain = predict_peak(job, cpu).total
+    full_ac = predict_peak(replace(job, layout=replace(job.layout, activation_checkpoint="full")), cpu).total
+    assert full_ac < plain
+    between = Device("cpu", (full_ac + plain) / 2, 0.3 * GiB, "a small machine")
+    with pytest.raises(UserError, match="set train.activation_checkpoint=full") as e:
+        check_memory(job, 1, between)
+    assert "a small machine" in str(e.value)
