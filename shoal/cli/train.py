@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from shoal.cli.argtypes import nonnegative_int
+
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a model (no recipe: the CPU demo)")
@@ -12,8 +14,9 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config field, e.g. --set train.steps=50 (repeatable)")
     p.add_argument("--out", default="runs/train", help="output directory (metrics.jsonl, model/)")
-    p.add_argument("--nproc", type=int, default=0, help="start this many local workers (elastic launcher)")
-    p.add_argument("--max-restarts", type=int, default=0,
+    p.add_argument("--nproc", type=nonnegative_int, default=0,
+                   help="start this many local workers (elastic launcher); 0: run in this process")
+    p.add_argument("--max-restarts", type=nonnegative_int, default=0,
                    help="when a worker dies, restart all workers from the last checkpoint, up to this many times")
     p.add_argument("--resume", default="auto", metavar="auto|never|PATH",
                    help="auto: continue from the newest intact checkpoint if there is one (default); never: start "
@@ -26,10 +29,12 @@ def register(sub) -> None:
 def run(args) -> int:
     from shoal.checkpoint.choose import check_resume
     from shoal.config import load_config
+    from shoal.launch.env import world_size
     from shoal.parallel.mesh import resolve_dims
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
-    world = args.nproc or int(os.environ.get("WORLD_SIZE", "1"))
+    env_world = world_size()  # checks WORLD_SIZE, RANK and LOCAL_RANK whenever they are set
+    world = args.nproc or env_world
     dims = resolve_dims(cfg.parallel, world, cfg.model_config(), global_batch=cfg.train.global_batch,
                         micro_batch=cfg.train.micro_batch)
     check_resume(cfg, Path(args.out), args.resume)
@@ -38,13 +43,11 @@ def run(args) -> int:
 
         print_groups(dims)
         return 0
-    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        from shoal.data.sources import list_documents
-        from shoal.data.tokenizer import load_tokenizer
-        from shoal.launch.local import launch
+    from shoal.data.shards import load_data
 
-        load_tokenizer(cfg.data.tokenizer)  # data mistakes too are reported once, before N workers start
-        list_documents(cfg.data.path, cfg.data.text_field)
+    load_data(cfg.data, cfg.model_config().vocab_size)  # data mistakes too: once, before any worker starts
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        from shoal.launch.local import launch
 
         argv = ["-m", "shoal.train", *([args.recipe] if args.recipe else []),
                 *[f"--set={o}" for o in args.overrides], "--out", args.out, "--resume", args.resume,

@@ -12,8 +12,7 @@ import torch
 from shoal.checkpoint.checkpointer import Checkpointer
 from shoal.config import JobConfig
 from shoal.data.loader import TokenLoader, eval_batches
-from shoal.data.shards import build_token_cache
-from shoal.data.tokenizer import load_tokenizer
+from shoal.data.shards import load_data
 from shoal.errors import UserError
 from shoal.model.analytics import flops_per_token, param_counts
 from shoal.model.config import ModelConfig
@@ -37,13 +36,7 @@ class Data:
 
 
 def build_data(cfg: JobConfig, model_cfg: ModelConfig, dp_rank: int = 0, dp_size: int = 1) -> Data:
-    tokenizer = load_tokenizer(cfg.data.tokenizer)
-    if tokenizer.vocab_size > model_cfg.vocab_size:
-        raise UserError("data.tokenizer", cfg.data.tokenizer,
-                        f"has {tokenizer.vocab_size} tokens but model.vocab_size={model_cfg.vocab_size}; "
-                        f"--set model.vocab_size={tokenizer.vocab_size}")
-    cache = build_token_cache(cfg.data.path, tokenizer, cfg.data.cache_dir or None,
-                              text_field=cfg.data.text_field, val_fraction=cfg.data.val_fraction)
+    tokenizer, cache = load_data(cfg.data, model_cfg.vocab_size)
     t, src = cfg.train, cfg.data.path
     loader = TokenLoader(cache.train, t.seq_len, t.global_batch, t.micro_batch, dp_rank, dp_size, t.seed, source=src)
     # Evaluation batches hold global_batch sequences, so every layout evaluates the same text.
