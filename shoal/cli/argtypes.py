@@ -60,3 +60,35 @@ def float_at_least(low: float, *, strict: bool = False, what: str = ""):
 
 positive_float = float_at_least(0, strict=True)
 nonnegative_float = float_at_least(0)
+
+
+def check_output_dir(flag: str, path: str) -> None:
+    """A folder a command will write into: it, or its nearest existing ancestor, must be a writable
+    folder. Checked before any work, without creating anything."""
+    import os
+
+    from shoal.errors import UserError
+
+    p = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(p) and not os.path.isdir(p):
+        raise UserError(flag, path, "is a file, not a folder; give a folder to write into")
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    if not os.path.isdir(p):
+        raise UserError(flag, path, f"{p} is a file, so the folder cannot be created there; pick another path")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise UserError(flag, path, f"{p} is not writable; pick a folder you can write to")
+
+
+def check_output_file(flag: str, path: str) -> None:
+    """A file a command will write: not a folder, in a folder that can be written (or created)."""
+    import os
+
+    from shoal.errors import UserError
+
+    p = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(p) or path.endswith(("/", os.sep)):
+        raise UserError(flag, path, "is a folder; give a file name, e.g. recipes/plan.toml")
+    if os.path.exists(p) and not os.access(p, os.W_OK):
+        raise UserError(flag, path, "is not writable; pick another file name")
+    check_output_dir(flag, os.path.dirname(p))
