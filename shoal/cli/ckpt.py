@@ -56,6 +56,9 @@ def export(args) -> int:
 
     from shoal.checkpoint.export import export_hf, pick_checkpoint
 
+    from shoal.cli.argtypes import check_output_dir
+
+    check_output_dir("--hf", args.hf)
     chosen = pick_checkpoint(Path(args.path))
     out = export_hf(chosen, Path(args.hf), dtype=getattr(torch, args.dtype))
     print(f"exported {chosen} -> {out} (Hugging Face LlamaForCausalLM, {args.dtype})")

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shoal.cli.argtypes import int_at_least, positive_float, positive_int
+
 VERDICT_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
 
 
 def register(sub) -> None:
     p = sub.add_parser("doctor", help="check the environment and benchmark communication across N local ranks")
-    p.add_argument("--nproc", type=int, default=None, help="ranks for the benchmark (default: one per GPU, else 2)")
+    p.add_argument("--nproc", type=positive_int, default=None, help="ranks for the benchmark (default: one per GPU, else 2)")
     p.add_argument("--min-size", default="1K", help="smallest message (default 1K; binary units)")
     p.add_argument("--max-size", default="256M", help="largest message (default 256M)")
-    p.add_argument("--factor", type=int, default=4, help="size step between messages (default 4)")
+    p.add_argument("--factor", type=int_at_least(2), default=4, help="size step between messages (default 4)")
     p.add_argument("--ops", default=None, help="comma-separated subset of "
                    "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,sendrecv")
-    p.add_argument("--budget", type=float, default=0.1, help="seconds of timed iterations per size (default 0.1)")
+    p.add_argument("--budget", type=positive_float, default=0.1, help="seconds of timed iterations per size (default 0.1)")
     p.add_argument("--checks-only", action="store_true", help="environment checks only, no benchmark")
     p.add_argument("--out", default="runs/doctor", help="where the raw timings and the plot go")
     p.set_defaults(func=run)
@@ -27,6 +29,10 @@ def run(args) -> int:
 
     from shoal.debug import busbw, doctor, envcheck
 
+    from shoal.cli.argtypes import check_output_dir
+
+    if not args.checks_only:
+        check_output_dir("--out", args.out)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     sizes = doctor.sizes(doctor.parse_size(args.min_size, "--min-size"), doctor.parse_size(args.max_size), args.factor)
     ops = args.ops.split(",") if args.ops else list(busbw.OPS)

@@ -6,13 +6,16 @@ import json
 import tempfile
 from pathlib import Path
 
+from shoal.cli.argtypes import check_output_dir, int_at_least, nonnegative_float, positive_int
+
 
 def register(sub) -> None:
     p = sub.add_parser("verify", help="prove parallel layouts compute what one process computes")
-    p.add_argument("--nproc", type=int, default=4, help="ranks to run the layouts on")
+    p.add_argument("--nproc", type=int_at_least(2, "verify compares against 1 process"), default=4,
+                   help="ranks to run the layouts on")
     p.add_argument("--layouts", default="", help="';'-separated layouts of key=value,... (default: all that fit)")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--tolerance", type=float, default=1e-4, help="max |loss difference| that passes (fp32)")
+    p.add_argument("--steps", type=positive_int, default=10)
+    p.add_argument("--tolerance", type=nonnegative_float, default=1e-4, help="max |loss difference| that passes (fp32)")
     p.add_argument("--out", default="", help="keep each layout's metrics here")
     p.set_defaults(func=run)
 
@@ -28,6 +31,8 @@ def run(args) -> int:
 
     if args.nproc < 2:
         raise UserError("--nproc", args.nproc, "verify needs at least 2 ranks")
+    if args.out:
+        check_output_dir("--out", args.out)
     layouts = [x.strip() for x in args.layouts.split(";") if x.strip()]
     skipped = []
     if not layouts:
