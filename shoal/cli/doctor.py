@@ -24,8 +24,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
     from rich.table import Table
+
+    from shoal.cli.console import console as make_console
 
     from shoal.debug import busbw, doctor, envcheck
 
@@ -36,7 +37,7 @@ def run(args) -> int:
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     sizes = doctor.sizes(doctor.parse_size(args.min_size, "--min-size"), doctor.parse_size(args.max_size), args.factor)
     ops = args.ops.split(",") if args.ops else list(busbw.OPS)
-    console = Console(highlight=False)
+    console = make_console(highlight=False)
     if args.checks_only:
         rep = doctor.Report(checks=envcheck.run_all(nproc))
     else:

@@ -21,8 +21,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
     from rich.table import Table
+
+    from shoal.cli.console import console as make_console
 
     from shoal.errors import UserError
     from shoal.launch.local import launch
@@ -48,7 +49,7 @@ def run(args) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="shoal-verify-"))
     from shoal.train.trainer import train
 
-    console = Console()
+    console = make_console()
     for preset in by_model:  # the single-process references, in this process
         ref_cfg = config_for(f"model={preset},dp_shard=1", 1, args.steps, global_batch=4 * args.nproc)
         train(ref_cfg, out / f"reference-{preset}", show=False)
