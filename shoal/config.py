@@ -200,6 +200,9 @@ class JobConfig:
         _check(t.eval_batches > 0, "train.eval_batches", t.eval_batches, "must be a positive integer")
         _check(0 <= t.sample_tokens <= m.max_new_tokens, "train.sample_tokens", t.sample_tokens,
                f"must be from 0 (no sample) to the model's max_seq_len={m.max_new_tokens}")
+        p = self.parallel  # the layout's own rules (degrees, divisibility) live with the layout; these are signs
+        for name in ("pp_microbatches", "pp_lighter_edges"):
+            _check(getattr(p, name) >= 0, f"parallel.{name}", getattr(p, name), "must be >= 0 (see `shoal config`)")
         d = self.data
         for name in ("path", "tokenizer", "text_field"):
             _check(getattr(d, name).strip() != "", f"data.{name}", getattr(d, name), "may not be empty (see `shoal config`)")
