@@ -41,6 +41,8 @@ HEADER_BYTES = 64  # HEADER padded, so the token arrays start aligned
 BATCH_DOCS, BATCH_CHARS = 1024, 16 << 20
 # In the fallback split (see _split_tail), held-out text never takes more than this of the corpus.
 MAX_VAL_SHARE = 0.5
+# Corpora at least this big get a line on stderr when tokenizing starts (about a second of work).
+TELL_ABOVE_MB = 32
 
 
 @dataclass
@@ -84,6 +86,8 @@ def build_token_cache(
     sources = list_documents(path, text_field)
     cache_dir = check_cache_dir(os.fspath(cache_dir) if cache_dir is not None else default_cache_dir())
     file = os.path.join(cache_dir, f"{_slug(path)}-{cache_key(sources, tokenizer, val_fraction)}.bin")
+    if os.path.isdir(file):  # cannot be replaced by a file, so no rebuild can help
+        raise UserError("data.cache_dir", cache_dir, f"{file} is a folder where the token cache file belongs; remove it")
     if os.path.exists(file):
         try:
             return open_token_cache(file, built=False)
@@ -187,8 +191,12 @@ def _build(file: str, path: str, sources: list[Source], tokenizer: Tokenizer, va
     dtype = token_dtype(tokenizer.vocab_size)
     eos = np.array([tokenizer.eos_id], dtype=dtype)
     mb = sum(s.size for s in sources) / 1e6
-    print(f"shoal: tokenizing {path} ({len(sources)} files, {mb:.1f} MB) with {tokenizer.identity} "
-          f"into {file}", file=sys.stderr, flush=True)
+    # Said only where a person would wonder what is taking so long: a small corpus caches in well under
+    # a second, and a line there would only push a real error further up the screen.
+    tell = mb >= TELL_ABOVE_MB
+    if tell:
+        print(f"shoal: tokenizing {path} ({len(sources)} files, {mb:.1f} MB) with {tokenizer.identity} "
+              f"into {file}", file=sys.stderr, flush=True)
     cache_dir, base = os.path.split(file)
     fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=base + ".", suffix=".tmp")
     val_fd, val_tmp = tempfile.mkstemp(dir=cache_dir, prefix=base + ".", suffix=".val.tmp")
@@ -228,8 +236,9 @@ def _build(file: str, path: str, sources: list[Source], tokenizer: Tokenizer, va
         for t in (tmp, val_tmp):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(t)
-    print(f"shoal: cached {n_train:,} train tokens ({train_docs} docs) + {n_val:,} val tokens ({val_docs} docs) "
-          f"in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+    if tell or time.perf_counter() - t0 > 2:
+        print(f"shoal: cached {n_train:,} train tokens ({train_docs} docs) + {n_val:,} val tokens ({val_docs} docs) "
+              f"in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
 
 
 def _split_tail(tmp: str, dtype: np.dtype, eos_id: int, val_fraction: float, out, val_out,
