@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -222,6 +223,41 @@ class JobConfig:
 MAX_SEED = 2**32 - 1  # numpy's and torch's seeds both take it; model init multiplies the seed, so no more
 # TOML and --set integers must fit the int64 the tensors and file formats hold them in.
 _INT_LIMIT = 2**63
+
+
+def check_fits_host(cfg: JobConfig, world: int) -> None:
+    """Sizes no layout can fit in this machine's memory, refused before anything is allocated.
+
+    Each term is a lower bound on what one rank holds (model state sharded over every rank, the
+    logits of one micro-batch, the held-out batches, the rotary tables), compared with the physical
+    memory of this host: a GPU has less, so a job refused here could not run on this machine's
+    GPUs either. Without the check such a run swaps for minutes or is killed without a word.
+    """
+    from shoal.model.analytics import param_counts
+
+    ram = _physical_memory()
+    if not ram:
+        return
+    m, t = cfg.model_config(), cfg.train
+    terms = [  # (field, value, bytes per rank, fix)
+        ("model", f"{param_counts(m).total:,} parameters", 16 * param_counts(m).total / world,
+         "fp32 weights, gradients and AdamW's two moments; pick a smaller model or spread it over more ranks"),
+        ("train.micro_batch", t.micro_batch, 12 * t.micro_batch * t.seq_len * m.vocab_size,
+         "fp32 logits, their softmax and gradient for one micro-batch; lower micro_batch or seq_len"),
+        ("train.eval_batches", t.eval_batches, 16 * t.eval_batches * t.global_batch * (t.seq_len + 1),
+         "held-out inputs and targets kept for every evaluation; lower eval_batches"),
+        ("model.max_seq_len", m.max_seq_len, 8 * m.max_seq_len * m.head_dim, "rotary tables; lower it"),
+    ]
+    for name, value, need, fix in terms:
+        _check(need <= ram, name, value, f"needs about {need / 2**30:,.0f} GiB per rank, more than this "
+                                         f"machine's {ram / 2**30:,.0f} GiB of memory ({fix})")
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not POSIX
+        return None
 
 
 def _finite(x: object) -> bool:

@@ -28,13 +28,13 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from shoal.checkpoint.choose import check_resume
-    from shoal.config import load_config
+    from shoal.config import check_fits_host, load_config
     from shoal.launch.env import world_size
     from shoal.parallel.mesh import resolve_dims
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
-    env_world = world_size()  # checks WORLD_SIZE, RANK and LOCAL_RANK whenever they are set
-    world = args.nproc or env_world
+    world = world_size(args.nproc)  # --nproc, or the launcher's WORLD_SIZE (checked with RANK & co)
+    check_fits_host(cfg, world)
     dims = resolve_dims(cfg.parallel, world, cfg.model_config(), global_batch=cfg.train.global_batch,
                         micro_batch=cfg.train.micro_batch)
     check_resume(cfg, Path(args.out), args.resume)
@@ -43,18 +43,16 @@ def run(args) -> int:
 
         print_groups(dims)
         return 0
-    from shoal.data.shards import load_data
+    from shoal.train.trainer import build_data, train
 
-    load_data(cfg.data, cfg.model_config().vocab_size)  # data mistakes too: once, before any worker starts
-    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+    build_data(cfg, cfg.model_config())  # data mistakes too: once, before any worker starts
+    if args.nproc > 1:
         from shoal.launch.local import launch
 
         argv = ["-m", "shoal.train", *([args.recipe] if args.recipe else []),
                 *[f"--set={o}" for o in args.overrides], "--out", args.out, "--resume", args.resume,
                 *(["--quiet"] if args.quiet else [])]
         return launch(argv, args.nproc, max_restarts=args.max_restarts)
-    from shoal.train.trainer import train
-
     train(cfg, Path(args.out), show=not args.quiet, resume=args.resume)
     return 0
 

@@ -26,11 +26,22 @@ def _read(name: str, default: int, low: int) -> int:
     return value
 
 
-def world_size() -> int:
-    """WORLD_SIZE (1 when unset), after checking RANK and LOCAL_RANK agree with it."""
+def world_size(nproc: int = 0) -> int:
+    """The job's world size: --nproc when it starts local workers, else WORLD_SIZE (1 when unset),
+    after checking that the launcher's variables are integers that agree with each other."""
     world = _read("WORLD_SIZE", 1, 1)
     rank = _read("RANK", 0, 0)
     if rank >= world:
         raise UserError("RANK", os.environ.get("RANK"), f"environment variable must be below WORLD_SIZE={world}; {_FIX}")
     _read("LOCAL_RANK", 0, 0)
-    return world
+    _read("TORCHELASTIC_RESTART_COUNT", 0, 0)
+    if nproc and "WORLD_SIZE" in os.environ:  # this process is already one worker of some launcher
+        raise UserError("--nproc", nproc, f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set, so this is already a "
+                                          "worker of another launcher; drop --nproc or unset WORLD_SIZE")
+    if world > 1 and not nproc:
+        for name in ("MASTER_ADDR", "MASTER_PORT"):  # what torch's env:// rendezvous reads
+            if not os.environ.get(name):
+                raise UserError(name, None, f"environment variable is not set but WORLD_SIZE={world}; torchrun sets "
+                                            "both; unset WORLD_SIZE to run one process, or use --nproc N")
+        _read("MASTER_PORT", 0, 1)
+    return nproc or world

@@ -152,6 +152,9 @@ FIELD_CASES = [
     ("model.note", "x"),
     ("parallel.tp", "0"), ("parallel.pp", "-1"), ("parallel.zero", "4"), ("parallel.pp_schedule", "1f2b"),
     ("parallel.pp_microbatches", "-1"), ("parallel.pp_lighter_edges", "-1"), ("parallel.sequence_parallel", "2"),
+    # valid numbers no machine's memory holds: refused instead of swapping or being killed
+    ("model.dim", "65536"), ("model.vocab_size", "100000000"), ("train.eval_batches", "100000000"),
+    ("model.max_seq_len", "2000000000"), ("train.micro_batch", "100000000"),
 ]
 # Combinations where each value is fine alone.
 COMBO_CASES = [
@@ -325,8 +328,6 @@ NEEDS_PERMISSIONS = {"unreadable_file", "unreadable_dir", "cache_unwritable"}
 def test_bad_data(kind, nproc, tmp_path, corpus, unchanged, capsys):
     if kind in NEEDS_PERMISSIONS and ROOT:
         pytest.skip("root reads and writes whatever the permissions")
-    if kind == "tiny_corpus" and nproc == "2":
-        pytest.skip("the corpus length is checked by the loader, on each rank")
     overrides, hint = _data_case(kind, tmp_path)
     argv = base(corpus, unchanged) + ["--nproc", nproc] + [a for o in overrides for a in ("--set", o)]
     assert_one_line(*run_cli(capsys, argv), hint=hint)
@@ -420,7 +421,9 @@ def test_bad_flag(argv, files, corpus, unchanged, capsys):
 
 
 ENV_CASES = [{"WORLD_SIZE": "abc"}, {"WORLD_SIZE": "0"}, {"WORLD_SIZE": "-1"}, {"WORLD_SIZE": ""},
-             {"RANK": "x"}, {"RANK": "-1"}, {"WORLD_SIZE": "2", "RANK": "5"}, {"LOCAL_RANK": "one"}]
+             {"RANK": "x"}, {"RANK": "-1"}, {"WORLD_SIZE": "2", "RANK": "5"}, {"LOCAL_RANK": "one"},
+             {"WORLD_SIZE": "2", "RANK": "0"}, {"WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "http"},
+             {"TORCHELASTIC_RESTART_COUNT": "x"}]
 
 
 @pytest.mark.parametrize("env", ENV_CASES, ids=[",".join(f"{k}={v}" for k, v in e.items()) for e in ENV_CASES])
@@ -428,7 +431,12 @@ def test_bad_environment(env, corpus, unchanged, capsys, monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     line = assert_one_line(*run_cli(capsys, base(corpus, unchanged)))
-    assert any(k in line for k in env)
+    assert any(k in line for k in env) or "MASTER_ADDR" in line
+
+
+def test_nproc_inside_a_launcher(corpus, unchanged, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")  # a leftover: --nproc would silently run one process
+    assert_one_line(*run_cli(capsys, base(corpus, unchanged) + ["--nproc", "2"]), hint="--nproc")
 
 
 def test_bad_environment_fresh_process(tmp_path, corpus):
