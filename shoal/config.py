@@ -356,7 +356,7 @@ def _read_recipe(path: Path) -> dict:
     except OSError as e:
         raise UserError("recipe", name, f"cannot be read ({e.strerror}); check its permissions") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark (some Windows editors) is not a mistake
     except UnicodeDecodeError as e:
         raise UserError("recipe", name, f"is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); "
                                         "TOML recipes are UTF-8") from None

@@ -101,7 +101,8 @@ class ModelConfig:
             check(_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be an integer >= 0")
         for name in ("top_k", "moe_every"):
             check(_int(getattr(self, name)) and getattr(self, name) >= 1, name, "must be a positive integer")
-        check(_finite(self.rope_theta) and self.rope_theta > 0, "rope_theta", "must be a finite number > 0, e.g. 10000")
+        # Frequencies are theta^(-k/d): below 1 they grow past one turn per token (and overflow near 0).
+        check(_finite(self.rope_theta) and self.rope_theta >= 1, "rope_theta", "must be a finite number >= 1, e.g. 10000")
         # RMSNorm divides by sqrt(mean(x^2) + eps): eps 0 divides by zero on a zero vector, a large one flattens.
         check(_finite(self.norm_eps) and 0 < self.norm_eps < 1, "norm_eps", "must be in (0, 1), e.g. 1e-5")
         check(_finite(self.aux_loss_coef) and self.aux_loss_coef >= 0, "aux_loss_coef",

@@ -143,7 +143,7 @@ FIELD_CASES = [
     ("model.vocab_size", "0"), ("model.vocab_size", "100"),
     ("model.ffn_hidden", "0"), ("model.ffn_hidden", "-4"),
     ("model.max_seq_len", "0"), ("model.max_seq_len", "8"),
-    ("model.rope_theta", "0"), ("model.rope_theta", "-1"), ("model.rope_theta", "nan"), ("model.rope_theta", "inf"),
+    ("model.rope_theta", "0"), ("model.rope_theta", "-1"), ("model.rope_theta", "1e-300"), ("model.rope_theta", "nan"), ("model.rope_theta", "inf"),
     ("model.norm_eps", "0"), ("model.norm_eps", "-1e-5"), ("model.norm_eps", "nan"), ("model.norm_eps", "1"),
     ("model.mlp", "relu"),
     ("model.n_experts", "-1"), ("model.top_k", "0"), ("model.top_k", "-1"), ("model.moe_every", "0"),
@@ -155,6 +155,7 @@ FIELD_CASES = [
     # valid numbers no machine's memory holds: refused instead of swapping or being killed
     ("model.dim", "65536"), ("model.vocab_size", "100000000"), ("train.eval_batches", "100000000"),
     ("model.max_seq_len", "2000000000"), ("train.micro_batch", "100000000"),
+    ("checkpoint.dir", "{file}"),
 ]
 # Combinations where each value is fine alone.
 COMBO_CASES = [
@@ -176,7 +177,8 @@ def unchanged(run_dir):
 
 
 @pytest.mark.parametrize("field,value", FIELD_CASES, ids=[f"{f}={v}" for f, v in FIELD_CASES])
-def test_bad_field(field, value, corpus, unchanged, capsys):
+def test_bad_field(field, value, corpus, files, unchanged, capsys):
+    value = value.format(file=files["file"])
     line = assert_one_line(*run_cli(capsys, base(corpus, unchanged) + ["--set", f"{field}={value}"]))
     assert field.split(".")[0] in line
 
@@ -227,6 +229,12 @@ def test_bad_recipe_file(kind, files, corpus, unchanged, capsys):
     path = files["under_file"] if kind == "file_parent" else files[kind]
     line = assert_one_line(*run_cli(capsys, base(corpus, unchanged) + [str(path)]))
     assert line.startswith("shoal train: error: recipe=")
+
+
+def test_byte_order_mark_is_not_a_mistake(tmp_path, corpus, unchanged, capsys):
+    recipe = tmp_path / "bom.toml"
+    recipe.write_bytes(b"\xef\xbb\xbf[train]\nbeta1 = 1.0\n")  # read past the BOM: the error is the value
+    assert_one_line(*run_cli(capsys, base(corpus, unchanged) + [str(recipe)]), hint="train.beta1=1.0")
 
 
 def test_async_is_echoed_as_written(corpus, unchanged, capsys):
@@ -380,6 +388,8 @@ FLAG_CASES = [
     [*PLAN, "--usd-per-gpu-hour", "inf"], [*PLAN, "--figures", "{file}"], [*PLAN, "--figures", "{under_file}"],
     [*PLAN, "--emit", "{dir}"], [*PLAN, "--emit", "{under_file}/plan.toml"], [*PLAN, "--top", "0"],
     [*PLAN[:-4], "--gpus", "0"], [*PLAN, "--seq-len", "0"], [*PLAN, "--global-batch", "-1"],
+    [*PLAN, "--hw", "hbm_bytes=nan"], [*PLAN, "--hw", "hbm_bytes=-1"], [*PLAN, "--hw", "nonsense"],
+    [*PLAN, "--hw-file", "{dir}"], [*PLAN, "--hw-file", "{binary}"], [*PLAN, "--hw-file", "{missing}"],
     [*PLAN[:-4], "--scale", "16:8"], [*PLAN[:-4], "--scale", "8-16"], [*PLAN, "--gpu", "h1000"],
     ["plan", "--model", "llama9", "--seq-len", "8", "--global-batch", "8", "--gpu", "h100", "--gpus", "8"],
     ["generate", "{run}", "--tokens", "0"], ["generate", "{run}", "--tokens", "-1"],
