@@ -530,6 +530,15 @@ def test_generate_streams_and_bounds(run_dir, capsys):
     assert code == 2 and "max_seq_len=256" in err
 
 
+def test_generation_is_streamed(run_dir):
+    """Tokens come out as they are made: the first of a billion arrives at once (else: the timeout)."""
+    from shoal.checkpoint.weights import load_weights
+    from shoal.train.generate import generate_ids
+
+    model, _, _ = load_weights(run_dir)
+    assert isinstance(next(generate_ids(model, [100], 10**9, temperature=0)), int)
+
+
 # ----------------------------------------------------------------------------------------------
 # 5. Checkpoint JSON of any shape: damaged, reported, and skipped by --resume auto
 
