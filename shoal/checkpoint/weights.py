@@ -73,7 +73,7 @@ def _read_config(path: Path, damaged) -> tuple[ModelConfig, str]:
         meta = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise damaged(f"{CONFIG} is not readable JSON: {_first_line(e)}") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict) or not isinstance(meta.get("tokenizer"), str):
+    if not (isinstance(meta, dict) and isinstance(meta.get("model"), dict) and isinstance(meta.get("tokenizer"), str)):
         raise damaged(f'{CONFIG} is not {{"model": {{...}}, "tokenizer": "..."}}')
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     if unknown := sorted(set(meta["model"]) - known):

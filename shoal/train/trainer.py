@@ -13,7 +13,6 @@ from shoal.checkpoint.checkpointer import Checkpointer
 from shoal.config import JobConfig
 from shoal.data.loader import TokenLoader, eval_batches
 from shoal.data.shards import load_data
-from shoal.errors import UserError
 from shoal.model.analytics import flops_per_token, param_counts
 from shoal.model.config import ModelConfig
 from shoal.model.moe import AuxLossInjector
