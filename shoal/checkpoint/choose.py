@@ -55,11 +55,17 @@ def check_resume(cfg, out: Path, resume: str) -> None:
     if restart_count() or int(os.environ.get("RANK", "0")) != 0:
         return
     root = checkpoint_root(cfg, out)
+    if root.exists() and not root.is_dir():  # found here, not by the first save minutes into the run
+        raise UserError("checkpoint.dir", str(root), "is a file, not a folder; give a folder for the checkpoints")
     if resume == "never":
         _refuse_existing(root)
     if resume not in ("auto", "never") and not Path(resume).is_dir():
         raise UserError("--resume", resume, "no such directory; pass auto, never, or a checkpoint directory "
                         f"(e.g. {root}/step_00000100)")
+    if resume not in ("auto", "never") and (Path(resume) / store.MANIFEST).exists():
+        # sizes and shapes now, cheaply; checksums when it is loaded
+        if found := store.problems(Path(resume), checksums=False):
+            raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
 
 
 def _refuse_existing(root: Path) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from shoal.cli.argtypes import positive_int
+
 
 def register(sub) -> None:
     p = sub.add_parser("mesh", help="print the rank grid and the TP/PP/DP/EP groups of a layout")
     p.add_argument("recipe", nargs="?")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--nproc", type=int, required=True, help="world size")
+    p.add_argument("--nproc", type=positive_int, required=True, help="world size")
     p.set_defaults(func=run)
 
 

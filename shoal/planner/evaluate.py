@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-from shoal.errors import UserError
 from shoal.layout import TrainerLimit, problems
 from shoal.model import analytics
 from shoal.planner.hardware import GiB

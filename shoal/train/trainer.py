@@ -11,11 +11,10 @@ import torch
 from shoal.checkpoint.checkpointer import Checkpointer
 from shoal.comm.counter import CommCounter
 from shoal.config import JobConfig
-from shoal.job import Job, env_world_size, resolve
+from shoal.job import Job, resolve
+from shoal.launch.env import world_size
 from shoal.data.loader import TokenLoader, eval_batches
-from shoal.data.shards import build_token_cache
-from shoal.data.tokenizer import load_tokenizer
-from shoal.errors import UserError
+from shoal.data.shards import load_data
 from shoal.measure.peak import job_peak
 from shoal.model.analytics import flops_per_token, param_counts
 from shoal.model.config import ModelConfig
@@ -39,14 +38,8 @@ class Data:
 
 
 def build_data(job: Job, dp_rank: int = 0, dp_size: int = 1) -> Data:
-    cfg, model_cfg = job.cfg, job.model
-    tokenizer = load_tokenizer(cfg.data.tokenizer)
-    if tokenizer.vocab_size > model_cfg.vocab_size:
-        raise UserError("data.tokenizer", cfg.data.tokenizer,
-                        f"has {tokenizer.vocab_size} tokens but model.vocab_size={model_cfg.vocab_size}; "
-                        f"--set model.vocab_size={tokenizer.vocab_size}")
-    cache = build_token_cache(cfg.data.path, tokenizer, cfg.data.cache_dir or None,
-                              text_field=cfg.data.text_field, val_fraction=cfg.data.val_fraction)
+    cfg = job.cfg
+    tokenizer, cache = load_data(cfg.data, job.model.vocab_size)
     t, src = cfg.train, cfg.data.path
     loader = TokenLoader(cache.train, t.seq_len, t.global_batch, job.layout.micro_batch, dp_rank, dp_size, t.seed, source=src)
     # Evaluation batches hold global_batch sequences, so every layout evaluates the same text.
@@ -69,7 +62,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     resume: `auto` continues from the newest intact checkpoint if there is one, `never` starts
     over, anything else is the path of a checkpoint to start from (see shoal/checkpoint/).
     """
-    job = job if isinstance(job, Job) else resolve(job, env_world_size())
+    job = job if isinstance(job, Job) else resolve(job, world_size())
     cfg, t, model_cfg = job.cfg, job.cfg.train, job.model
     rt = init_runtime(job)
     torch.manual_seed(t.seed)
