@@ -72,4 +72,4 @@ def peak_flops(device: torch.device, precision: str) -> float:
         if entry is not None:
             return entry.peak_bf16_flops
         return measure_matmul_flops(torch.bfloat16, device, size=8192)  # a GPU the catalog does not know
-    return cpu_peak_flops(torch.bfloat16 if precision == "bf16" else torch.float32)
+    return cpu_peak_flops(torch.float32 if precision == "fp32" else torch.bfloat16)
