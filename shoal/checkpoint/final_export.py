@@ -8,8 +8,9 @@ one full tensor beyond its own shard, whatever the model's size; `LiveBytes` mea
 tests/dist/test_final_export.py checks it. Under pipeline parallelism each stage's lowest rank
 sends its stage's tensors as rank 0 reaches them in the file's order.
 
-The file is the one `safetensors.torch.save_model` writes for the one-process model (tied weights
-kept once, under the name it keeps), so `shoal generate` and load_weights read it unchanged.
+The file reads back as the one `safetensors.torch.save_model` writes for the one-process model (the
+same tensors and metadata; a tied weight kept once, under the name save_model keeps), so
+`shoal generate` and load_weights read it unchanged.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-import torch
 from safetensors.torch import load_model
 
 from shoal.errors import UserError
