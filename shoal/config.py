@@ -32,6 +32,9 @@ ModelSection = dataclasses.make_dataclass(
 ModelSection.__doc__ = "A model preset (`shoal presets`) and any ModelConfig field that overrides it."
 
 
+PRECISIONS = ("fp32", "bf16", "bf16-params")  # see TrainConfig.precision
+
+
 @dataclass
 class ParallelConfig:
     """How the job is split across ranks. World size = dp_replicate * dp_shard * tp * pp."""
@@ -90,7 +93,11 @@ class TrainConfig:
     seq_len: int = 256
     """Tokens per sequence."""
     precision: str = "fp32"
-    """fp32, or bf16 (autocast with fp32 master weights and optimizer state)."""
+    """fp32; bf16: autocast over fp32 master weights and optimizer state, the same computation in every
+    layout (FSDP gathers fp32 parameters); bf16-params: as bf16, and FSDP (zero 2/3) also gathers and
+    computes with bf16 copies of the parameters (half the all-gather bytes; embedding, norms and head
+    then run in bf16, so losses differ from 1 process by ~1e-3, not bitwise-comparable). Without FSDP
+    bf16-params is bf16."""
     activation_checkpoint: str = "none"
     """none | selective (recompute all but matmul and attention outputs) | full (recompute each layer)."""
     memory_check: bool = True
@@ -197,7 +204,7 @@ class JobConfig:
         _check(t.seq_len > 1, "train.seq_len", t.seq_len, "must be at least 2")
         _check(t.seq_len <= m.max_seq_len, "train.seq_len", t.seq_len,
                f"exceeds the model's max_seq_len={m.max_seq_len}; lower it or set model.max_seq_len")
-        _check(t.precision in ("fp32", "bf16"), "train.precision", t.precision, "use 'fp32' or 'bf16'")
+        _check(t.precision in PRECISIONS, "train.precision", t.precision, "use 'fp32', 'bf16' or 'bf16-params'")
         _check(t.activation_checkpoint in ("none", "selective", "full"), "train.activation_checkpoint",
                t.activation_checkpoint, "use 'none', 'selective' or 'full'")
         _check(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model
 
 from shoal.errors import UserError
 from shoal.model.config import ModelConfig
@@ -21,9 +21,8 @@ from shoal.model.transformer import Transformer, build_model
 WEIGHTS, CONFIG = "model.safetensors", "shoal_model.json"
 
 
-def save_weights(directory: Path, model: Transformer, cfg: ModelConfig, tokenizer: str) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(directory / WEIGHTS))  # handles the tied embedding/output weight
+def write_config(directory: Path, cfg: ModelConfig, tokenizer: str) -> None:
+    """The JSON beside the weights (final_export.py writes the weights, one tensor at a time)."""
     (directory / CONFIG).write_text(json.dumps({"model": dataclasses.asdict(cfg), "tokenizer": tokenizer}, indent=1))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import torch
 
 from shoal.checkpoint.checkpointer import Checkpointer
+from shoal.checkpoint.final_export import write_final_weights
 from shoal.comm.counter import CommCounter
 from shoal.config import JobConfig
 from shoal.job import Job, resolve
@@ -17,7 +19,6 @@ from shoal.data.loader import TokenLoader, eval_batches
 from shoal.data.shards import load_data
 from shoal.measure.peak import job_peak
 from shoal.model.analytics import flops_per_token, param_counts
-from shoal.model.config import ModelConfig
 from shoal.model.transformer import build_model, cross_entropy
 from shoal.parallel.parallel_model import ParallelModel
 from shoal.parallel.parallelize import parallelize
@@ -107,11 +108,8 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     progress.close()
     log.close()
     elapsed = time.perf_counter() - started
-    final = gather_full_model(pm, model_cfg, rt)
-    if rt.is_main:
-        from shoal.checkpoint.weights import save_weights
-
-        save_weights(out / "model", final, model_cfg, cfg.data.tokenizer)
+    # Tensor by tensor: rank 0 never holds more than one full tensor beyond its own shard.
+    write_final_weights(pm.modules, model_cfg, cfg.data.tokenizer, out / "model", rt)
     step_time, warmup = log.steady_step_time()  # what the progress line shows, without the warm-up steps
     which = f"without {warmup} warm-up steps" if warmup else "all steps"
     summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
@@ -123,43 +121,26 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     if show and rt.is_main:
         print_summary(summary)
         if t.sample_tokens:
-            show_sample(final, data.tokenizer, t.sample_tokens, t.seed)
+            show_sample(out / "model", data.tokenizer, t.sample_tokens, t.seed)
     if not keep_process_group:
         shutdown()
     return summary
 
 
-def gather_full_model(pm: ParallelModel, model_cfg: ModelConfig, rt: Runtime):
-    """The trained weights as one plain model on rank 0 (None elsewhere): for export and sampling."""
-    if rt.world_size == 1:
-        return pm.modules[0]
-    import logging
-
-    import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    # Gathering 2-D sharded (FSDP x EP) weights takes two all-gathers; DTensor warns about it, once per tensor.
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-
-    # cpu_offload would keep the result on global rank 0 only; each pipeline rank needs its stages'.
-    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
-    local = {}
-    for m in pm.modules:  # every rank takes part: gathering shards is collective
-        local.update({k: v.cpu() for k, v in get_model_state_dict(m, options=options).items()})
-    pieces = [None] * rt.world_size if rt.is_main else None
-    dist.gather_object(local if rt.dims.coords(rt.rank)["dp"] == 0 and rt.dims.coords(rt.rank)["tp"] == 0 else {},
-                       pieces, dst=0)
-    if not rt.is_main:
-        return None
-    model = build_model(model_cfg, device="cpu", seed=None)
-    merged = {k: v for piece in pieces for k, v in piece.items()}
-    model.load_state_dict(merged, strict=not model_cfg.tie_embeddings)
-    return model.eval()
+SAMPLE_MAX_BYTES = 2e9
 
 
-def show_sample(model, tokenizer, n_tokens: int, seed: int, prompt: str = "def ") -> None:
+def show_sample(model_dir: Path, tokenizer, n_tokens: int, seed: int, prompt: str = "def ") -> None:
+    """Sample from the weights just written, on rank 0's CPU: a whole model in one process, so only
+    for models up to SAMPLE_MAX_BYTES (larger ones would not fit beside training, or take too long)."""
+    from shoal.checkpoint.weights import WEIGHTS, load_weights
     from shoal.train.generate import sample
 
-    model.eval()
+    size = (model_dir / WEIGHTS).stat().st_size
+    if size > SAMPLE_MAX_BYTES:
+        print(f"sample skipped: the model is {size / 1e9:.1f} GB (over {SAMPLE_MAX_BYTES / 1e9:.0f} GB); "
+              f"run `shoal generate {model_dir.parent}` instead", file=sys.stderr)
+        return
+    model, _, _ = load_weights(model_dir)
     ids = sample(model, tokenizer.encode(prompt), n_tokens, seed=seed, stop_id=tokenizer.eos_id)
     print("sample:\n" + prompt + tokenizer.decode(ids))
