@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import sys
 
 
 def register(sub) -> None:
@@ -11,7 +11,8 @@ def register(sub) -> None:
     p.add_argument("recipe", nargs="?", help="TOML recipe (see recipes/); default: the demo settings")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config field, e.g. --set train.steps=50 (repeatable)")
-    p.add_argument("--out", default="runs/train", help="output directory (metrics.jsonl, model/)")
+    p.add_argument("--out", default=None, help="output directory (metrics.jsonl, checkpoints/, model/), one per run; "
+                                               "default: a new runs/<recipe>-<YYYYmmdd-HHMMSS>")
     p.add_argument("--nproc", type=int, default=0, help="start this many local workers (elastic launcher)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="when a worker dies, restart all workers from the last checkpoint, up to this many times")
@@ -27,17 +28,20 @@ def run(args) -> int:
     from shoal.checkpoint.choose import check_resume
     from shoal.config import load_config
     from shoal.parallel.mesh import resolve_dims
+    from shoal.train import rundir
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
     world = args.nproc or int(os.environ.get("WORLD_SIZE", "1"))
     dims = resolve_dims(cfg.parallel, world, cfg.model_config(), global_batch=cfg.train.global_batch,
                         micro_batch=cfg.train.micro_batch)
-    check_resume(cfg, Path(args.out), args.resume)
     if args.print_mesh:
         from shoal.cli.mesh import print_groups
 
         print_groups(dims)
         return 0
+    out = rundir.check_out(_out(args))
+    rundir.claim(out)  # one live run per directory; held until this process (the launcher, if any) exits
+    check_resume(cfg, out, args.resume)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         from shoal.data.sources import list_documents
         from shoal.data.tokenizer import load_tokenizer
@@ -47,11 +51,31 @@ def run(args) -> int:
         list_documents(cfg.data.path, cfg.data.text_field)
 
         argv = ["-m", "shoal.train", *([args.recipe] if args.recipe else []),
-                *[f"--set={o}" for o in args.overrides], "--out", args.out, "--resume", args.resume,
+                *[f"--set={o}" for o in args.overrides], "--out", str(out), "--resume", args.resume,
                 *(["--quiet"] if args.quiet else [])]
         return launch(argv, args.nproc, max_restarts=args.max_restarts)
+    from shoal.train.nonfinite import EXIT_CODE, NonFiniteStep
     from shoal.train.trainer import train
 
-    train(cfg, Path(args.out), show=not args.quiet, resume=args.resume)
+    try:
+        train(cfg, out, show=not args.quiet, resume=args.resume)
+    except NonFiniteStep as e:  # every rank stops at the same step; one of them says so
+        if os.environ.get("RANK", "0") == "0":
+            print(f"shoal train: error: {e}", file=sys.stderr)
+        return EXIT_CODE
     return 0
 
+
+def _out(args) -> str:
+    """--out, or a fresh directory per run, so a run never silently replaces the previous one."""
+    from shoal.errors import UserError
+    from shoal.train.rundir import default_out
+
+    if args.out is not None:
+        return args.out
+    if "WORLD_SIZE" in os.environ:  # each rank (and each restart) would pick its own timestamp
+        raise UserError("--out", "(not given)", "under torchrun every rank must write the same directory: "
+                        "pass --out DIR")
+    out = default_out(args.recipe)
+    print(f"shoal: writing to {out} (choose with --out)", file=sys.stderr, flush=True)
+    return str(out)

@@ -13,6 +13,7 @@ import sys
 import uuid
 
 from shoal.errors import UserError
+from shoal.train.rundir import LAUNCHER_ENV
 
 
 def worker_env(nproc: int) -> dict[str, str]:
@@ -38,12 +39,14 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 makes each rendezvous round publish a new MASTER_PORT
     on which worker rank 0 hosts a new, empty store.
     """
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if nproc < 1:
         raise UserError("--nproc", nproc, "must be a positive integer")
     os.environ.update(worker_env(nproc))  # the agent passes its environment to the workers
+    os.environ[LAUNCHER_ENV] = str(os.getpid())  # workers die with this process, and use its --out lock
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # a fresh store per attempt (see above)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_id or f"shoal-{uuid.uuid4().hex[:8]}",
@@ -55,8 +58,14 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     report = _FailureReport(nproc, max_restarts)
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     agent_log.addFilter(report)
+    quiet_signals, chatty = _DropSignalChatter(), [agent_log, logging.getLogger("torch.distributed.elastic.agent.server.api")]
+    for log in chatty:
+        log.addFilter(quiet_signals)
     try:
         elastic_launch(config, entrypoint=sys.executable)(*argv)
+    except SignalException as e:  # the agent turns SIGINT/SIGTERM/SIGHUP into this, after stopping the workers
+        print(f"shoal: stopped by {e.sigval.name}; all {nproc} workers were stopped", file=sys.stderr)
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         print(f"shoal: worker rank {rank} failed (exit code {failure.exitcode}); "
@@ -64,7 +73,18 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
         return failure.exitcode if failure.exitcode > 0 else 1
     finally:
         agent_log.removeFilter(report)
+        for log in chatty:
+            log.removeFilter(quiet_signals)
     return 0
+
+
+class _DropSignalChatter(logging.Filter):
+    """The agent logs each step of a signal shutdown (received, closing pid ..., sending ...); the
+    launcher's one line says it instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not ("death signal" in msg or msg.startswith(("Closing process", "Sending process")))
 
 
 class _FailureReport(logging.Filter):

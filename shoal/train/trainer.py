@@ -23,8 +23,10 @@ from shoal.parallel.parallelize import ParallelModel, parallelize
 from shoal.train.comm_stats import CommCounter, model_state_bytes
 from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mark, shutdown, straggler_stats
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
+from shoal.train.nonfinite import NonFiniteGuard
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
 from shoal.train.peak_flops import peak_flops
+from shoal.train.rundir import no_space_left
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -161,6 +163,7 @@ def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: b
     start = ckpt.resume()  # steps already done (0 for a fresh run)
     log = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main, append=start > 0)
     progress = Progress(t.steps, start, enabled=show and rt.is_main)
+    guard = NonFiniteGuard(t.on_nonfinite, before_stop=lambda: (ckpt.close(), progress.close()), report=rt.is_main)
     step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
     peak = peak_flops(rt.device, t.precision) * rt.world_size
     tokens_seen, started, eval_loss, row = start * t.global_batch * t.seq_len, time.perf_counter(), float("nan"), {}
@@ -173,18 +176,21 @@ def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: b
             loss = train_step(pm, data.loader.next_step(), t.precision, rt)
             grad_norm = clip_grad_norm(list(pm.parameters()), t.grad_clip, rt)
             state_bytes = model_state_bytes(pm.parameters(), optimizer)
-            optimizer.step()
+        loss = rt.global_mean(loss)  # equal on every rank, so every rank's guard decides alike
+        with counter:
+            if guard.allows_update(step + 1, loss, grad_norm):  # NaN/Inf: stop (raises) or skip the update
+                optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step_time = time.perf_counter() - t0
         tokens_seen += t.global_batch * t.seq_len
-        row = dict(step=step + 1, loss=rt.global_mean(loss), lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
+        row = dict(step=step + 1, loss=loss, lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
                    tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
                    mfu=step_flops / step_time / peak, peak_mem_bytes=peak_mem_bytes(rt.device),
                    model_state_bytes=state_bytes, comm_bytes=dict(counter.bytes), **straggler_stats(rt, step_time))
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
             row["eval_loss"] = eval_loss = evaluate(pm, data.eval_set, t.precision, t.micro_batch, rt)
-        log.write(row)
+        log.write(row, sync=ckpt.due(step + 1))  # on disk at least as far as the checkpoint
         progress.update(row)
         ckpt.maybe_save(step + 1, row["loss"])
     ckpt.close()  # waits for a save still being written in the background
@@ -195,7 +201,8 @@ def train(cfg: JobConfig, out: Path, *, show: bool = True, keep_process_group: b
     if rt.is_main:
         from shoal.checkpoint.weights import save_weights
 
-        save_weights(out / "model", final, model_cfg, cfg.data.tokenizer)
+        with no_space_left(out / "model"):
+            save_weights(out / "model", final, model_cfg, cfg.data.tokenizer)
     summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
                "time (s)": elapsed, "tokens/s": (t.steps - start) * t.global_batch * t.seq_len / elapsed,
                "MFU (model FLOPs)": step_flops * (t.steps - start) / elapsed / peak, "params": param_counts(model_cfg).total,
