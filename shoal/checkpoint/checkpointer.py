@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,7 +33,7 @@ from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, Unsaf
 from shoal.config import JobConfig
 from shoal.errors import UserError
 from shoal.train.metrics import truncate_metrics
-from shoal.train.rundir import no_space_left
+from shoal.train.rundir import DiskFull, no_space_left
 
 # DCP warns on every single-process save and load; that is the intent here, not a mistake.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -165,9 +166,14 @@ class Checkpointer:
     def _write(self, state: dict, step: int, info: dict) -> None:
         """Collective: write, hash, and (rank 0) commit one checkpoint."""
         partial = self.root / (store.PARTIAL + store.step_dir_name(step))
-        with no_space_left(partial, fix="the checkpoints before it are intact; free some space, or set "
-                                        "checkpoint.dir or --out on another disk"):
-            self._write_and_commit(partial, state, step, info)
+        try:
+            with no_space_left(partial, fix="the checkpoints before it are intact; free some space, or set "
+                                            "checkpoint.dir or --out on another disk"):
+                self._write_and_commit(partial, state, step, info)
+        except DiskFull:
+            if self.rt.is_main:  # give the space back: a partial save is never loaded
+                shutil.rmtree(partial, ignore_errors=True)
+            raise
 
     def _write_and_commit(self, partial: Path, state: dict, step: int, info: dict) -> None:
         writer = dcp.FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=1)

@@ -13,7 +13,13 @@ import sys
 import uuid
 
 from shoal.errors import UserError
+from shoal.train.nonfinite import EXIT_CODE as NONFINITE_EXIT
 from shoal.train.rundir import LAUNCHER_ENV
+
+
+# Worker exit codes that follow a one-line explanation from rank 0 (a user mistake; a non-finite
+# loss, shoal/train/nonfinite.py): the launcher adds nothing.
+SAID_WHY = (2, NONFINITE_EXIT)
 
 
 def worker_env(nproc: int) -> dict[str, str]:
@@ -68,6 +74,8 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
         return 128 + int(e.sigval)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        if failure.exitcode in SAID_WHY:
+            return failure.exitcode
         print(f"shoal: worker rank {rank} failed (exit code {failure.exitcode}); "
               f"see its output above", file=sys.stderr)
         return failure.exitcode if failure.exitcode > 0 else 1
@@ -96,6 +104,8 @@ class _FailureReport(logging.Filter):
         self.nproc, self.max_restarts, self.failures = nproc, max_restarts, 0
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("failed (exitcode:") and (record.args or (None,))[0] in SAID_WHY:
+            return False
         if not self.max_restarts or not str(record.msg).startswith("failed (exitcode:") or len(record.args or ()) < 3:
             return True  # without restarts, the launcher's own "worker rank N failed" line says it all
         code, rank, pid = record.args[:3]

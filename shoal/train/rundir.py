@@ -67,8 +67,9 @@ def lock(out: Path) -> None:
         os.close(fd)
         raise UserError("--out", str(out), f"is in use by a running shoal train (pid {holder[0]} on host "
                         f"{holder[-1]}); wait for it or stop it, or pick another --out") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+    with no_space_left(out / LOCK):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
     _held.append(fd)
 
 
@@ -111,28 +112,31 @@ class DiskFull(UserError):
 def no_space_left(path: Path, fix: str = "free some space, or pick an --out on another disk"):
     """Turn a write that failed on a full disk into one line naming `path`.
 
-    Python reports ENOSPC as OSError; torch's zip writer (torch.save, DCP's metadata) only as
-    RuntimeError "[enforce fail at inline_container.cc] unexpected pos ..." and safetensors as
-    "os error 28", so for those the file system's free space decides.
+    Python reports ENOSPC as OSError, DCP wraps each rank's error in a CheckpointException (a
+    BaseException), torch's zip writer says only "[enforce fail at inline_container.cc] unexpected
+    pos ..." and safetensors "os error 28": when the words are missing, the free space decides.
     """
     try:
         yield
-    except Exception as e:
+    except (KeyboardInterrupt, SystemExit, UserError):
+        raise
+    except BaseException as e:
         if _is_disk_full(e, path):
             raise DiskFull("--out", str(path), fix) from None
         raise
 
 
 def _is_disk_full(e: BaseException, path: Path) -> bool:
-    seen = e
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+    pending, seen = [e], set()
+    while pending:
+        err = pending.pop()
+        if err is None or id(err) in seen:
+            continue
+        seen.add(id(err))
+        text = str(err)
+        if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "No space left on device" in text \
+                or "os error 28" in text:
             return True
-        text = str(seen)
-        if "No space left on device" in text or "os error 28" in text:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    if not isinstance(e, (OSError, RuntimeError)) and type(e).__name__ != "CheckpointException":
-        return False
+        pending += [err.__cause__, err.__context__, *(pair[0] for pair in getattr(err, "failures", {}).values())]
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    return existing is not None and shutil.disk_usage(existing).free < 1 << 20
+    return existing is not None and shutil.disk_usage(existing).free < 1 << 20  # a write failed on a full disk
