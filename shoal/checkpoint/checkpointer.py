@@ -70,7 +70,6 @@ class Checkpointer:
                            f"so {_steps(lost)} lost")
             return 0
         train_state = store.read_train_state(path)
-        check_not_finished(int(train_state["step"]), self.total, path)
         now = _model_fields(self.cfg)
         diff = {k: v for k, v in train_state["model"].items() if k in now and now[k] != v}
         if diff:
@@ -78,6 +77,7 @@ class Checkpointer:
                                                    "and another --out, or the model settings it was saved with")
         try:
             metadata = read_metadata(path)
+            check_not_finished(int(train_state["step"]), self.total, path)  # before the long load
             saved = {k: v for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size")}
             targets = ckpt_state.load_targets(self.pm.modules, self.optimizer, self.rt.rank, saved)
             dcp.load(targets, storage_reader=SafeReader(path), planner=TensorsOnlyLoadPlanner(),

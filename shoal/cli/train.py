@@ -39,16 +39,16 @@ def run(args) -> int:
 
         print_groups(dims)
         return 0
+    from shoal.data.sources import list_documents
+    from shoal.data.tokenizer import load_tokenizer
+
+    load_tokenizer(cfg.data.tokenizer)  # data mistakes too: reported once, before N workers start or --out is made
+    list_documents(cfg.data.path, cfg.data.text_field)
     out = rundir.check_out(_out(args))
     rundir.claim(out)  # one live run per directory; held until this process (the launcher, if any) exits
     check_resume(cfg, out, args.resume)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        from shoal.data.sources import list_documents
-        from shoal.data.tokenizer import load_tokenizer
         from shoal.launch.local import launch
-
-        load_tokenizer(cfg.data.tokenizer)  # data mistakes too are reported once, before N workers start
-        list_documents(cfg.data.path, cfg.data.text_field)
 
         argv = ["-m", "shoal.train", *([args.recipe] if args.recipe else []),
                 *[f"--set={o}" for o in args.overrides], "--out", str(out), "--resume", args.resume,
