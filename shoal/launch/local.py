@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import uuid
+from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.train.nonfinite import EXIT_CODE as NONFINITE_EXIT
@@ -67,11 +68,13 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     quiet_signals, chatty = _DropSignalChatter(), [agent_log, logging.getLogger("torch.distributed.elastic.agent.server.api")]
     for log in chatty:
         log.addFilter(quiet_signals)
+    stopped_by, previous = _stop_workers_outright_on(signal.SIGINT, signal.SIGTERM)
     try:
         elastic_launch(config, entrypoint=sys.executable)(*argv)
-    except SignalException as e:  # the agent turns SIGINT/SIGTERM/SIGHUP into this, after stopping the workers
-        print(f"shoal: stopped by {e.sigval.name}; all {nproc} workers were stopped", file=sys.stderr)
-        return 128 + int(e.sigval)
+    except SignalException as e:  # raised by the signal handlers, caught by the agent after it stopped the workers
+        sig = signal.Signals(stopped_by[0] if stopped_by else e.sigval)
+        print(f"shoal: stopped by {sig.name}; all {nproc} workers were stopped", file=sys.stderr)
+        return 128 + int(sig)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         if failure.exitcode in SAID_WHY:
@@ -83,7 +86,51 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
         agent_log.removeFilter(report)
         for log in chatty:
             log.removeFilter(quiet_signals)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
+
+
+def _stop_workers_outright_on(*signals: signal.Signals) -> tuple[list[int], dict]:
+    """Ctrl-C or SIGTERM to the launcher ends the workers with SIGKILL, at once and in silence.
+
+    The agent's own handlers forward the signal itself; a worker then either sits out a collective
+    its dead peer never joins, or its hang watchdog (shoal/debug/watchdog.py) takes the peer's
+    exit for a failure and writes an incident report. Nothing in a worker needs a clean exit:
+    checkpoints commit atomically and metrics rows are whole lines. The agent keeps SIGHUP and
+    SIGQUIT; we take these, kill the workers (this process's children) and hand the agent a
+    SignalException asking for SIGKILL, which it sends to any it started since. Returns the list
+    the received signal goes into, and the handlers to put back.
+    """
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    received: list[int] = []
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"  # read when the agent starts the workers
+
+    def stop(signum, frame):
+        received.append(signum)
+        workers = _children(os.getpid())
+        for sig in (signal.SIGSTOP, signal.SIGKILL):  # all frozen first: none sees a peer die and complains
+            for pid in workers:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        raise SignalException(f"shoal launcher got {signal.Signals(signum).name}", sigval=signal.SIGKILL)
+
+    return received, {sig: signal.signal(sig, stop) for sig in signals}
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        try:
+            stat = Path(entry.path, "stat").read_text() if entry.name.isdigit() else ")"
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            pass  # gone meanwhile
+    return found
 
 
 class _DropSignalChatter(logging.Filter):

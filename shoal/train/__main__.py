@@ -5,8 +5,8 @@ Slurm/Kubernetes calling it) does the same with the same arguments.
 
 A worker dies with the process that started it: the kernel sends it SIGKILL when its parent exits
 (prctl PR_SET_PDEATHSIG), so killing the launcher, even with SIGKILL, leaves no orphan training
-on. SIGINT and SIGTERM (what the launcher forwards when it is stopped) end it at once, without a
-traceback: checkpoints are committed atomically, so nothing is lost that a save had finished.
+on; stopping the launcher (Ctrl-C, SIGTERM) ends its workers with SIGKILL (shoal/launch/local.py).
+Checkpoints commit atomically, so nothing that a save had finished is lost.
 A user mistake is the same on every rank: rank 0 says it in one line, every rank exits 2.
 """
 
@@ -48,8 +48,7 @@ def _gone(pid: str | None) -> bool:
 def main() -> int:
     if "WORLD_SIZE" in os.environ:  # started by a launcher
         die_with_parent()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # never a KeyboardInterrupt traceback per rank
     argv = ["train", *sys.argv[1:]]
     args = build_parser(argv).parse_args(argv)
     try:
