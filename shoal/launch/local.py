@@ -124,9 +124,10 @@ def _stop_workers_outright_on(*signals: signal.Signals) -> tuple[list[int], dict
 def _children(pid: int) -> list[int]:
     found = []
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
         try:
-            stat = Path(entry.path, "stat").read_text() if entry.name.isdigit() else ")"
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            if int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(entry.name))
         except (OSError, IndexError, ValueError):
             pass  # gone meanwhile
