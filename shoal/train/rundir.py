@@ -58,7 +58,7 @@ def lock(out: Path) -> None:
     """Take `<out>/.lock` for the life of this process, or refuse naming the live run that holds it."""
     try:
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as e:  # a read-only directory (root ignores permission bits, not a read-only mount)
+    except OSError as e:  # e.g. a read-only mount (permission bits alone do not stop root)
         raise UserError("--out", str(out), f"is not writable ({e.strerror}); pick a writable directory") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
