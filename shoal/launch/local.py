@@ -59,6 +59,7 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_id or f"shoal-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", rdzv_configs={"timeout": 120},
         max_restarts=max_restarts, monitor_interval=0.1, start_method="spawn",
+        signals_to_handle="SIGHUP,SIGQUIT",  # SIGINT and SIGTERM: _stop_workers_outright_on below
     )
     # The agent logs every life-cycle event at INFO; keep only warnings and errors.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
@@ -105,7 +106,6 @@ def _stop_workers_outright_on(*signals: signal.Signals) -> tuple[list[int], dict
     from torch.distributed.elastic.multiprocessing import SignalException
 
     received: list[int] = []
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGHUP,SIGQUIT"  # read when the agent starts the workers
 
     def stop(signum, frame):
         received.append(signum)
