@@ -83,3 +83,15 @@ def test_workers_die_with_their_launcher(sig, tmp_path):
     else:
         assert code == 128 + getattr(signal, sig), (code, err)
         assert err.strip().splitlines() == [f"shoal: stopped by {sig}; all 2 workers were stopped"], err
+
+
+def test_a_nonfinite_loss_in_the_workers_is_one_line(tmp_path):
+    """Every rank stops at the same step (no rank left waiting); rank 0 alone says why; exit code 3."""
+    r = shoal_cli("train", *RUN, "--set", "train.steps=6", "--set", "train.lr=1e30", "--set", "checkpoint.every=1",
+                  "--nproc", "2", "--out", str(tmp_path / "run"), timeout=120)
+    errors = [line for line in r.stderr.splitlines() if "error" in line or "failed" in line]
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    assert len(errors) == 1 and "stopping before it reaches a checkpoint" in errors[0], r.stderr
+    step = int(errors[0].split("step ")[1].split(":")[0])
+    saved = sorted(int(p.name.split("_")[1]) for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
+    assert max(saved, default=0) == step - 1 and not (tmp_path / "run" / "model").exists()  # the last good step
