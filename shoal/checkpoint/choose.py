@@ -32,7 +32,7 @@ def choose_checkpoint(resume: str, root: Path) -> Path | None:
     if resume in ("auto", "never"):
         newest = store.newest_valid(root)
         if newest is None and (existing := store.list_checkpoints(root)):
-            _refuse_all_damaged(root, len(existing))
+            _refuse_all_damaged(resume, root, len(existing))
         return newest
     if restart_count() and (newest := store.newest_valid(root)) is not None:
         return newest
@@ -40,7 +40,7 @@ def choose_checkpoint(resume: str, root: Path) -> Path | None:
     if path.is_dir() and not (path / store.MANIFEST).exists() and store.list_checkpoints(path):
         chosen = store.newest_valid(path)
         if chosen is None:
-            raise UserError("--resume", resume, "holds checkpoints, but none is intact (see the messages above)")
+            _refuse_all_damaged(resume, path, len(store.list_checkpoints(path)))
         return chosen
     found = store.problems(path) if path.is_dir() else [f"{path} is not a directory"]
     if found:
@@ -91,20 +91,22 @@ def _likely_start(root: Path, resume: str) -> Path | None:
     if resume != "auto":
         path = Path(resume)
         if (path / store.MANIFEST).exists():
-            return path if not store.problems(path, checksums=False) else None
+            if found := store.problems(path, checksums=False):
+                raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
+            return path
         root = path
     existing = store.list_checkpoints(root)
     for _, path in reversed(existing):
         if not store.problems(path, checksums=False):
             return path
-    if existing and resume == "auto":
-        _refuse_all_damaged(root, len(existing))
+    if existing:
+        _refuse_all_damaged(resume, root, len(existing))
     return None
 
 
-def _refuse_all_damaged(root: Path, n: int) -> None:
+def _refuse_all_damaged(resume: str, root: Path, n: int) -> None:
     """Starting over silently would overwrite the checkpoints and the metrics of the run they belong to."""
-    raise UserError("--resume", "auto", f"{root} holds {n} checkpoint{'s' if n != 1 else ''} but none is intact "
+    raise UserError("--resume", resume, f"{root} holds {n} checkpoint{'s' if n != 1 else ''} and none is intact "
                     "(`shoal ckpt inspect` says why); resume from a good copy with --resume PATH, or start over "
                     "with another --out")
 

@@ -39,8 +39,8 @@ class MetricsLog:
             return
         line = (json.dumps(row) + "\n").encode()
         with no_space_left(self.path):
-            written = os.write(self._fd, line)
-            assert written == len(line), (written, len(line))  # a regular file takes a short line whole
+            while line:  # one write takes it all, except on a nearly full disk (then ENOSPC follows)
+                line = line[os.write(self._fd, line):]
             if sync:
                 os.fsync(self._fd)
 

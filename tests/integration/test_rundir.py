@@ -145,6 +145,8 @@ def test_every_checkpoint_damaged_is_refused_not_started_over(done, tmp_path):
         shard.write_bytes(shard.read_bytes()[:100])
     before = (out / "metrics.jsonl").read_bytes()
     one_line(shoal_cli(*CLI, "--set", "train.steps=6", "--out", str(out)), 2, "--resume", "none is intact")
+    one_line(shoal_cli(*CLI, "--set", "train.steps=6", "--out", str(tmp_path / "new"), "--resume",
+                       str(out / "checkpoints" / "step_00000004")), 2, "--resume", "not an intact", "truncated")
     with pytest.raises(UserError, match="none is intact"):  # and the verified choice at start says the same
         choose_checkpoint("auto", out / "checkpoints")
     assert (out / "metrics.jsonl").read_bytes() == before
