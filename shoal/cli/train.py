@@ -47,14 +47,16 @@ def run(args) -> int:
     out = rundir.check_out(_out(args))
     rundir.claim(out)  # one live run per directory; held until this process (the launcher, if any) exits
     check_resume(cfg, out, args.resume)
+    from shoal.train.nonfinite import EXIT_CODE, NonFiniteStep
+
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         from shoal.launch.local import launch
 
         argv = ["-m", "shoal.train", *([args.recipe] if args.recipe else []),
                 *[f"--set={o}" for o in args.overrides], "--out", str(out), "--resume", args.resume,
                 *(["--quiet"] if args.quiet else [])]
-        return launch(argv, args.nproc, max_restarts=args.max_restarts)
-    from shoal.train.nonfinite import EXIT_CODE, NonFiniteStep
+        # Workers exiting 2 (a user mistake) or 3 (a non-finite loss) have said why in one line.
+        return launch(argv, args.nproc, max_restarts=args.max_restarts, said_why=(2, EXIT_CODE))
     from shoal.train.trainer import train
 
     try:

@@ -14,13 +14,7 @@ import uuid
 from pathlib import Path
 
 from shoal.errors import UserError
-from shoal.train.nonfinite import EXIT_CODE as NONFINITE_EXIT
 from shoal.train.rundir import LAUNCHER_ENV
-
-
-# Worker exit codes that follow a one-line explanation from rank 0 (a user mistake; a non-finite
-# loss, shoal/train/nonfinite.py): the launcher adds nothing.
-SAID_WHY = (2, NONFINITE_EXIT)
 
 
 def worker_env(nproc: int) -> dict[str, str]:
@@ -31,12 +25,14 @@ def worker_env(nproc: int) -> dict[str, str]:
     return env
 
 
-def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | None = None) -> int:
+def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | None = None,
+           said_why: tuple[int, ...] = ()) -> int:
     """Run `python ARGV...` as `nproc` workers on this machine; returns the job's exit code.
 
     Rendezvous is a c10d store on localhost on a free port (like `torchrun --standalone`).
     When a worker fails the agent stops the others and, up to max_restarts times, starts all
-    workers again (`shoal train` then resumes from its last checkpoint).
+    workers again (`shoal train` then resumes from its last checkpoint). said_why: worker exit
+    codes that follow the worker's own one-line explanation; the launcher adds nothing to those.
 
     Restarts need a fresh store for the workers' process groups. By default (torch >= 2.4) the
     agent hosts one TCPStore for the whole job and every attempt's workers connect to it: the
@@ -63,10 +59,11 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     )
     # The agent logs every life-cycle event at INFO; keep only warnings and errors.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
-    report = _FailureReport(nproc, max_restarts)
+    report = _FailureReport(nproc, max_restarts, said_why)
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     agent_log.addFilter(report)
-    quiet_signals, chatty = _DropSignalChatter(), [agent_log, logging.getLogger("torch.distributed.elastic.agent.server.api")]
+    quiet_signals = _DropSignalChatter()
+    chatty = [agent_log, logging.getLogger("torch.distributed.elastic.agent.server.api")]
     for log in chatty:
         log.addFilter(quiet_signals)
     stopped_by, previous = _stop_workers_outright_on(signal.SIGINT, signal.SIGTERM)
@@ -78,7 +75,7 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
         return 128 + int(sig)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
-        if failure.exitcode in SAID_WHY:
+        if failure.exitcode in said_why:
             return failure.exitcode
         print(f"shoal: worker rank {rank} failed (exit code {failure.exitcode}); "
               f"see its output above", file=sys.stderr)
@@ -147,13 +144,14 @@ class _FailureReport(logging.Filter):
     """Turns the agent's "failed (exitcode: -9) local_rank: 1 (pid: 123)" into one line saying what
     happened and what comes next."""
 
-    def __init__(self, nproc: int, max_restarts: int):
+    def __init__(self, nproc: int, max_restarts: int, said_why: tuple[int, ...] = ()):
         super().__init__()
-        self.nproc, self.max_restarts, self.failures = nproc, max_restarts, 0
+        self.nproc, self.max_restarts, self.said_why, self.failures = nproc, max_restarts, said_why, 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if str(record.msg).startswith("failed (exitcode:") and (record.args or (None,))[0] in SAID_WHY:
-            return False
+        if str(record.msg).startswith("failed (exitcode:") and (record.args or (None,))[0] in self.said_why \
+                and not self.max_restarts:
+            return False  # the worker's own line says it all (with restarts, the line below says what comes next)
         if not self.max_restarts or not str(record.msg).startswith("failed (exitcode:") or len(record.args or ()) < 3:
             return True  # without restarts, the launcher's own "worker rank N failed" line says it all
         code, rank, pid = record.args[:3]

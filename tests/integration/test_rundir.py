@@ -217,7 +217,8 @@ def test_disk_full_is_one_line_and_the_previous_checkpoint_survives(small_disk, 
     out = small_disk / "run"
     with pytest.raises(DiskFull) as e:
         run(out, f"checkpoint.async={async_save}")
-    assert str(e.value).startswith(f"no space left on device while writing {out / 'checkpoints' / '.partial-step_00000004'}")
+    partial = out / "checkpoints" / ".partial-step_00000004"
+    assert str(e.value).startswith(f"no space left on device while writing {partial};")
     assert [s for s, _ in store.list_checkpoints(out / "checkpoints")] == [2]
     assert store.problems(out / "checkpoints" / "step_00000002") == []
     assert not list((out / "checkpoints").glob(".partial-*")) and not (out / "model").exists()
