@@ -7,6 +7,7 @@ TORCH ?= torch==2.13.0
 
 .PHONY: demo test
 demo: $(STAMP)
+	rm -rf runs/demo  # a fresh demo each time (shoal refuses to start over another run's metrics)
 	$(VENV)/bin/shoal train --out runs/demo
 
 test: $(STAMP)

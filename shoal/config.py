@@ -109,6 +109,9 @@ class TrainConfig:
     """Held-out batches (of global_batch sequences) per evaluation."""
     sample_tokens: int = 200
     """Tokens of text generated at the end of a run (0: none)."""
+    on_nonfinite: str = "stop"
+    """A step whose loss or gradient norm is NaN or infinite: `stop` the run (exit code 3, nothing saved from it),
+    or `skip` its update and go on (each skip is reported)."""
 
 
 @dataclass
@@ -205,6 +208,7 @@ class JobConfig:
         _check(t.seq_len <= m.max_seq_len, "train.seq_len", t.seq_len,
                f"exceeds the model's max_seq_len={m.max_seq_len}; lower it or set model.max_seq_len")
         _check(t.precision in PRECISIONS, "train.precision", t.precision, "use 'fp32', 'bf16' or 'bf16-params'")
+        _check(t.on_nonfinite in ("stop", "skip"), "train.on_nonfinite", t.on_nonfinite, "use 'stop' or 'skip'")
         _check(t.activation_checkpoint in ("none", "selective", "full"), "train.activation_checkpoint",
                t.activation_checkpoint, "use 'none', 'selective' or 'full'")
         _check(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")

@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shoal {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print(f"shoal {args.command}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -192,7 +192,7 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
 def run(args) -> int:
     from shoal.planner import cost, scaling
     from shoal.planner.evaluate import evaluate
-    from shoal.planner.layout import Layout
+    from shoal.layout import Layout
     from shoal.planner.render import plan_json
     from shoal.planner.search import search
 

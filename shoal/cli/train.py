@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import sys
 
 from shoal.cli.argtypes import nonnegative_int
 
@@ -13,7 +13,8 @@ def register(sub) -> None:
     p.add_argument("recipe", nargs="?", help="TOML recipe (see recipes/); default: the demo settings")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config field, e.g. --set train.steps=50 (repeatable)")
-    p.add_argument("--out", default="runs/train", help="output directory (metrics.jsonl, model/)")
+    p.add_argument("--out", default=None, help="output directory (metrics.jsonl, checkpoints/, model/), one per run; "
+                                               "default: a new runs/<recipe>-<YYYYmmdd-HHMMSS>")
     p.add_argument("--nproc", type=nonnegative_int, default=0,
                    help="start this many local workers (elastic launcher); 0: run in this process")
     p.add_argument("--max-restarts", type=nonnegative_int, default=0,
@@ -31,12 +32,11 @@ def run(args) -> int:
     from shoal.config import load_config
     from shoal.job import resolve
     from shoal.launch.env import world_size
+    from shoal.train import rundir
     from shoal.train.memory_check import CHECKED_ENV, check_memory, local_world_size
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
-    world = world_size(args.nproc)  # --nproc, or the launcher's WORLD_SIZE (checked with RANK & co)
-    job = resolve(cfg, world)
-    check_resume(cfg, Path(args.out), args.resume)
+    job = resolve(cfg, world_size(args.nproc))  # --nproc, or the launcher's WORLD_SIZE (checked with RANK & co)
     if args.print_mesh:
         from shoal.cli.mesh import print_groups
 
@@ -44,20 +44,55 @@ def run(args) -> int:
         return 0
     if cfg.train.memory_check and not os.environ.get(CHECKED_ENV):  # the launcher's workers skip it
         check_memory(job, local_world_size(args.nproc))
-    from shoal.train.trainer import build_data, train
+    from shoal.train.trainer import build_data
+
+    if "WORLD_SIZE" not in os.environ:  # data mistakes too: in the process the user started, before
+        build_data(job)                  # any worker starts or --out is made (workers build their own)
+    out = rundir.check_out(_out(args))
+    rundir.claim(out)  # one live run per directory, held by the launcher if there is one
+    try:
+        check_resume(cfg, out, args.resume)
+        return _launch_or_train(args, job, out)
+    finally:
+        rundir.release(out)
+
+
+def _launch_or_train(args, job, out) -> int:
+    from shoal.train.memory_check import CHECKED_ENV
+    from shoal.train.nonfinite import EXIT_CODE, NonFiniteStep
+    from shoal.train.trainer import train
 
     if args.nproc > 1:
         from shoal.launch.local import launch
 
-        build_data(job)  # data mistakes too: once, before any worker starts
         argv = ["-m", "shoal.train", *([args.recipe] if args.recipe else []),
-                *[f"--set={o}" for o in args.overrides], "--out", args.out, "--resume", args.resume,
+                *[f"--set={o}" for o in args.overrides], "--out", str(out), "--resume", args.resume,
                 *(["--quiet"] if args.quiet else [])]
         os.environ[CHECKED_ENV] = "1"  # the workers inherit the environment: checked once, here
         try:
-            return launch(argv, args.nproc, max_restarts=args.max_restarts)
+            # Workers exiting 2 (a user mistake) or 3 (a non-finite loss) have said why in one line.
+            return launch(argv, args.nproc, max_restarts=args.max_restarts, said_why=(2, EXIT_CODE))
         finally:
             os.environ.pop(CHECKED_ENV, None)
-    train(job, Path(args.out), show=not args.quiet, resume=args.resume)
+    try:
+        train(job, out, show=not args.quiet, resume=args.resume)
+    except NonFiniteStep as e:  # every rank stops at the same step; one of them says so
+        if os.environ.get("RANK", "0") == "0":
+            print(f"shoal train: error: {e}", file=sys.stderr)
+        return EXIT_CODE
     return 0
 
+
+def _out(args) -> str:
+    """--out, or a fresh directory per run, so a run never silently replaces the previous one."""
+    from shoal.errors import UserError
+    from shoal.train.rundir import default_out
+
+    if args.out is not None:
+        return args.out
+    if "WORLD_SIZE" in os.environ:  # each rank (and each restart) would pick its own timestamp
+        raise UserError("--out", "(not given)", "under torchrun every rank must write the same directory: "
+                        "pass --out DIR")
+    out = default_out(args.recipe)
+    print(f"shoal: writing to {out} (choose with --out)", file=sys.stderr, flush=True)
+    return str(out)

@@ -26,7 +26,9 @@ from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mar
 from shoal.train.memory_check import predicted_peak_bytes
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
 from shoal.train.memory import model_state_bytes
+from shoal.train.nonfinite import NonFiniteGuard
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
+from shoal.train.rundir import no_space_left
 
 from shoal.parallel.parallel_model import Batch
 
@@ -78,6 +80,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     start = ckpt.resume()  # steps already done (0 for a fresh run)
     log = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main, append=start > 0)
     progress = Progress(t.steps, start, enabled=show and rt.is_main)
+    guard = NonFiniteGuard(t.on_nonfinite, before_stop=lambda: (ckpt.close(), progress.close()), report=rt.is_main)
     step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
     peak = job_peak(rt.device, t.precision, rt.world_size)  # the job's hardware: 4 ranks on 2 cores get 2
     tokens_seen, started, eval_loss, row = start * t.global_batch * t.seq_len, time.perf_counter(), float("nan"), {}
@@ -89,19 +92,22 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         with counter:  # everything the step sends, ZeRO-1's parameter broadcast in optimizer.step included
             loss = pm.forward_backward(data.loader.next_step())
             grad_norm = clip_grad_norm(list(pm.parameters()), t.grad_clip, rt)
-            optimizer.step()
+        loss = rt.global_mean(loss)  # equal on every rank, so every rank's guard decides alike
+        with counter:
+            if guard.allows_update(step + 1, loss, grad_norm):  # NaN/Inf: stop (raises) or skip the update
+                optimizer.step()
         state_bytes = model_state_bytes(pm.parameters(), optimizer)  # after the step: AdamW state exists
         optimizer.zero_grad(set_to_none=True)
         step_time = time.perf_counter() - t0
         tokens_seen += t.global_batch * t.seq_len
-        row = dict(step=step + 1, loss=rt.global_mean(loss), lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
+        row = dict(step=step + 1, loss=loss, lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
                    tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
                    mfu=step_flops / step_time / peak.flops, peak_mem_bytes=peak_mem_bytes(rt.device),
                    model_state_bytes=state_bytes, comm_bytes=dict(counter.bytes), **straggler_stats(rt, step_time))
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
             row["eval_loss"] = eval_loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))
-        log.write(row)
+        log.write(row, sync=ckpt.due(step + 1))  # on disk at least as far as the checkpoint
         progress.update(row)
         ckpt.maybe_save(step + 1, row["loss"])
     ckpt.close()  # waits for a save still being written in the background
@@ -109,7 +115,8 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     log.close()
     elapsed = time.perf_counter() - started
     # Tensor by tensor: rank 0 never holds more than one full tensor beyond its own shard.
-    write_final_weights(pm.modules, model_cfg, cfg.data.tokenizer, out / "model", rt)
+    with no_space_left(out / "model"):
+        write_final_weights(pm.modules, model_cfg, cfg.data.tokenizer, out / "model", rt)
     step_time, warmup = log.steady_step_time()  # what the progress line shows, without the warm-up steps
     which = f"without {warmup} warm-up steps" if warmup else "all steps"
     summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
