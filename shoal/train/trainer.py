@@ -27,6 +27,7 @@ from shoal.train.memory_check import predicted_peak_bytes
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
 from shoal.train.memory import model_state_bytes
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
+from shoal.train.run_info import write_run_info
 
 from shoal.parallel.parallel_model import Batch
 
@@ -82,6 +83,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         out.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(cfg, out, rt, pm, optimizer, data.loader, resume)
     start = ckpt.resume()  # steps already done (0 for a fresh run)
+    write_run_info(job, rt, out, start)  # <out>/run.json for `shoal report`
     log = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main, append=start > 0)
     progress = Progress(t.steps, start, enabled=show and rt.is_main)
     step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
