@@ -33,13 +33,15 @@ def shown_kinds(dims) -> list[str]:
     return [k for k in KINDS if sizes[k] > 1] or ["dp"]
 
 
-def rank_grid_figure(dims, per_node: int, stem: Path, title: str = "", formats=("png", "svg")) -> list[Path]:
+def rank_grid_figure(dims, per_node: int, stem: Path, title: str = "", formats=("png", "svg"),
+                     max_nodes: int = 4) -> list[Path]:
+    """Draw the grid; a cluster bigger than max_nodes shows its first max_nodes nodes (the pattern repeats)."""
     from matplotlib.patches import Rectangle
 
     plt = pyplot()
     geo = grid_geometry(dims, per_node)
     kinds = shown_kinds(dims)
-    nodes, cols = geo["nodes"], geo["per_node"]
+    nodes, cols = min(geo["nodes"], max_nodes), geo["per_node"]
     cell_w = 1.35 if cols <= 8 else 0.9
     # one panel per kind, stacked: the same ranks in the same places, coloured by a different group
     fig, axes = plt.subplots(len(kinds), 1, figsize=(max(4.0, cols * cell_w + 1.0), (0.9 * nodes + 0.9) * len(kinds) + 0.4),
@@ -49,6 +51,8 @@ def rank_grid_figure(dims, per_node: int, stem: Path, title: str = "", formats=(
         group_of = {r: i for i, g in enumerate(geo["groups"][kind]) for r in g}
         cross = {r for g in geo["crossing"][kind] for r in g}
         for r, (node, dev) in geo["place"].items():
+            if node >= nodes:
+                break
             y = nodes - 1 - node
             ax.add_patch(Rectangle((dev + 0.06, y + 0.08), 0.88, 0.8, facecolor=cmap(group_of[r] % 20),
                                    edgecolor="#c0392b" if r in cross else "white", linewidth=3 if r in cross else 1))
@@ -70,5 +74,7 @@ def rank_grid_figure(dims, per_node: int, stem: Path, title: str = "", formats=(
         ax.set_ylim(-0.05, nodes + 0.05)
         ax.set_aspect("equal")
         ax.axis("off")
-    fig.suptitle(title or f"{dims.world_size} ranks on {nodes} node{'s' * (nodes > 1)} x {cols} devices", fontsize=10)
+    shown = f" (nodes 0-{nodes - 1} shown)" if nodes < geo["nodes"] else ""
+    fig.suptitle(title or f"{dims.world_size} ranks on {geo['nodes']} node{'s' * (geo['nodes'] > 1)} x {cols} devices{shown}",
+                 fontsize=10)
     return save(fig, stem, formats)
