@@ -69,12 +69,13 @@ def rank_grid_figure(dims, per_node: int, stem: Path, title: str = "", formats=(
         sub = f"{TITLES[kind]}: {n_groups} group{'s' * (n_groups > 1)} of {len(geo['groups'][kind][0])}"
         if geo["crossing"][kind]:
             sub += f"\n{len(geo['crossing'][kind])} cross a node (red)"
+        if kind == kinds[0]:  # the headline sits above the first panel (a suptitle collides with it)
+            shown = f" (nodes 0-{nodes - 1} shown)" if nodes < geo["nodes"] else ""
+            sub = (title or f"{dims.world_size} ranks on {geo['nodes']} node{'s' * (geo['nodes'] > 1)} x {cols} "
+                            f"devices{shown}") + "\n" + sub
         ax.set_title(sub, fontsize=9)
         ax.set_xlim(-0.9, cols + 0.05)
         ax.set_ylim(-0.05, nodes + 0.05)
         ax.set_aspect("equal")
         ax.axis("off")
-    shown = f" (nodes 0-{nodes - 1} shown)" if nodes < geo["nodes"] else ""
-    fig.suptitle(title or f"{dims.world_size} ranks on {geo['nodes']} node{'s' * (geo['nodes'] > 1)} x {cols} devices{shown}",
-                 fontsize=10)
     return save(fig, stem, formats)
