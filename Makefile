@@ -5,15 +5,21 @@ STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 # The CPU wheel on these machines; on a GPU machine: make TORCH=torch demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test
+.PHONY: demo test browser
 demo: $(STAMP)
 	$(VENV)/bin/shoal train --out runs/demo
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml | browser
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check "$(TORCH)"
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
+
+# The report tests open pages in a real headless browser: Debian's chromium, installed once when
+# make runs as root (a no-op when it is there; the tests skip where it cannot be installed).
+browser:
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
