@@ -5,12 +5,16 @@ STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 # The CPU wheel on these machines; on a GPU machine: make TORCH=torch demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test browser
+.PHONY: demo test browser docs
 demo: $(STAMP)
 	$(VENV)/bin/shoal train --out runs/demo
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest
+
+# the guide's pictures (docs/img), drawn by shoal's code; tests/unit/test_guide_figures.py fails when they are stale
+docs: $(STAMP)
+	$(VENV)/bin/python -m shoal.report.guide_figures docs/img
 
 $(STAMP): pyproject.toml | browser
 	python3 -m venv $(VENV)

@@ -26,7 +26,10 @@ def write_plan_report(out: str | Path, best, cluster, model_name: str, points=No
     summary = Section("summary", "Summary", paragraphs=[headline(best.workload, cluster, model_name)] if best else [])
     grid, mem, time = Section("rank-grid", "Rank grid"), Section("memory", "Memory"), Section("step-time", "Step time")
     scaling = Section("scaling", "Scaling")
-    if best is None:
+    if best is None and points:
+        summary.notes.append("the scaling sweep only: give --gpus N (a count where a layout fits) for that layout's "
+                             "rank grid, memory and step time")
+    elif best is None:
         summary.notes.append("no layout fits in memory: add GPUs, use a larger device, or shorten the sequence")
     else:
         summary.table = [("best layout", best.layout.short()), ("fits", "yes" if best.fits else "NO")]
