@@ -22,17 +22,19 @@ BASE = ["--set", "model.preset=debug", "--set", "train.steps=6", "--set", "train
         "--set", "train.seq_len=64", "--set", "train.sample_tokens=0", "--set", "train.eval_every=3", "--quiet"]
 
 
-def train(out, *args, nproc=1):
-    r = shoal_cli("train", *BASE, *args, "--out", str(out), *(["--nproc", str(nproc)] if nproc > 1 else []),
-                  timeout=240)
+def train(out, *args, nproc=1, quiet=True):
+    r = shoal_cli("train", *BASE[: len(BASE) - (not quiet)], *args, "--out", str(out),
+                  *(["--nproc", str(nproc)] if nproc > 1 else []), timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
+    return r
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("report-runs")
     # One rank, killed after step 6 before its final save: the rerun resumes from the step-4 checkpoint.
-    train(root / "restart", "--set", "checkpoint.every=2")
+    r = train(root / "restart", "--set", "checkpoint.every=2", quiet=False)
+    assert f"pictures of this run: shoal report {root / 'restart'}" in r.stdout  # the summary points here
     shutil.rmtree(root / "restart" / "model")
     shutil.rmtree(root / "restart" / "checkpoints" / "step_00000006")
     train(root / "restart", "--set", "checkpoint.every=2")

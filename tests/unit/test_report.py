@@ -104,3 +104,26 @@ def test_a_run_in_progress_is_read_as_far_as_it_goes(tmp_path):
 def test_restarts_are_found_from_steps_that_go_back(tmp_path):
     run = load_run(write_run(tmp_path / "run", [1, 2, 3, 4, 3, 4, 5]))
     assert run.restarts == [2]  # the second attempt resumed after step 2
+
+
+def test_cli_says_what_is_wrong_in_one_line_and_exits_2(tmp_path):
+    from conftest import shoal_cli
+
+    r = shoal_cli("report", str(tmp_path / "nope"))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_plan_report_imports_no_torch(tmp_path):
+    """`shoal plan` never imports torch (DESIGN.md); its --report page must not either."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from shoal.cli.main import main; "
+            f"main(['plan', '--model', 'llama3-8b', '--seq-len', '4096', '--global-batch', '64', '--gpu', 'h100', "
+            f"'--gpus', '16', '--report', {str(tmp_path)!r}]); "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    page = (tmp_path / "index.html").read_text()
+    assert page.count("<figure") == 3 and "plan_rank_grid.png" in page
