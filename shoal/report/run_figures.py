@@ -24,12 +24,24 @@ def _marks(ax, run, label: bool) -> None:
                        label=name if label and i == 0 else None)
 
 
+def _attempts(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) with a gap (NaN) where a restart goes back to an earlier step, so each
+    attempt is its own line instead of a line drawn back across the redone steps."""
+    xs, ys = [], []
+    for prev, row in zip([None, *rows], rows):
+        if prev is not None and row["step"] <= prev["step"]:
+            xs.append(float("nan"))
+            ys.append(float("nan"))
+        xs.append(row["step"])
+        ys.append(row.get(key, 0.0))
+    return xs, ys
+
+
 def training_figure(run, stem: Path) -> list[Path]:
     """Loss and eval loss; tokens/s and MFU; over steps, with evaluations, checkpoints and restarts marked."""
     plt = pyplot()
     fig, (ax_loss, ax_tps) = plt.subplots(1, 2, figsize=(11, 3.8))
-    steps = [r["step"] for r in run.rows]
-    ax_loss.plot(steps, [r["loss"] for r in run.rows], ".-", ms=3, color="#4c72b0", label="train loss")
+    ax_loss.plot(*_attempts(run.rows, "loss"), ".-", ms=3, color="#4c72b0", label="train loss")
     ev = [r for r in run.rows if "eval_loss" in r]
     if ev:
         ax_loss.plot([r["step"] for r in ev], [r["eval_loss"] for r in ev], "s", color="#dd8452", label="eval loss")
@@ -38,11 +50,12 @@ def training_figure(run, stem: Path) -> list[Path]:
     ax_loss.set_ylabel("loss (nats/token)")
     ax_loss.set_title("loss")
     ax_loss.legend(fontsize=7)
-    ax_tps.plot(steps, [r.get("tokens_per_s", 0) for r in run.rows], ".-", ms=3, color="#55a868", label="tokens/s")
+    ax_tps.plot(*_attempts(run.rows, "tokens_per_s"), ".-", ms=3, color="#55a868", label="tokens/s")
     ax_tps.set_xlabel("step")
     ax_tps.set_ylabel("tokens/s (whole job)")
     ax_mfu = ax_tps.twinx()
-    ax_mfu.plot(steps, [100 * r.get("mfu", 0) for r in run.rows], ".--", ms=3, color="#c44e52", label="MFU")
+    steps, mfu = _attempts(run.rows, "mfu")
+    ax_mfu.plot(steps, [100 * v for v in mfu], ".--", ms=3, color="#c44e52", label="MFU")
     ax_mfu.set_ylabel("MFU (% of the job's peak, model FLOPs)")
     _marks(ax_tps, run, label=False)
     ax_tps.set_title("throughput")
