@@ -110,7 +110,7 @@ def comm_figure(run, stem: Path) -> list[Path]:
     return save(fig, stem)
 
 
-def straggler_figure(run, stem: Path) -> list[Path]:
+def straggler_figure(run, stem: Path, world: int | None = None) -> list[Path]:
     """Slowest rank's compute time over the median per step, and how often each rank was the slowest."""
     plt = pyplot()
     rows = [r for r in run.rows if "compute_time_spread" in r]
@@ -122,7 +122,7 @@ def straggler_figure(run, stem: Path) -> list[Path]:
     ax.set_title("step-time spread across ranks")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    world = max([r["slowest_rank"] for r in rows] + [0]) + 1
+    world = world or max([r["slowest_rank"] for r in rows] + [0]) + 1
     counts = [sum(r["slowest_rank"] == k for r in rows) for k in range(world)]
     ax_r.bar([str(k) for k in range(world)], counts, color="#8c8c8c")
     ax_r.set_xlabel("rank")

@@ -103,7 +103,11 @@ def pipeline_section(run: Run, out: Path) -> Section:
                             if lay else "The layout is unknown (no run.json).")
         return s
     m = lay.microbatches(run.info["config"]["train"]["global_batch"])
-    tl = simulate(lay.pp_schedule, lay.pp, m, lay.virtual_stages)
+    try:
+        tl = simulate(lay.pp_schedule, lay.pp, m, lay.virtual_stages)
+    except (AssertionError, ValueError) as e:  # one picture that cannot be laid out must not cost the page
+        s.notes.append(f"the {lay.pp_schedule} schedule for pp={lay.pp}, {m} micro-batches could not be laid out: {e}")
+        return s
     png = schedule_figure(tl, out / "pipeline")[0]
     text = f"{lay.pp_schedule} with {lay.pp} stages and {m} micro-batches: bubble {tl.bubble_fraction:.1%} of the step"
     if lay.pp_schedule in ("gpipe", "1f1b"):
@@ -164,7 +168,7 @@ def measured_sections(run: Run, out: Path) -> list[Section]:
         named = sorted({k for r in rows for k in r.get("stragglers", [])})
         strag.paragraphs.append(("Stragglers (below 0.7x the median speed on some step): ranks "
                                  + ", ".join(map(str, named))) if named else "No rank fell below 0.7x the median speed.")
-        png = rf.straggler_figure(run, out / "stragglers")[0]
+        png = rf.straggler_figure(run, out / "stragglers", world=run.info["world"] if run.info else None)[0]
         strag.figures.append(Figure(png, "Left: the slowest rank's compute time over the median, per step, with the "
                                          "straggler threshold. Right: how many steps each rank was the slowest.",
                                     "Step-time spread across ranks and the slowest rank per step."))

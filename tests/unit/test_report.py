@@ -127,3 +127,24 @@ def test_plan_report_imports_no_torch(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     page = (tmp_path / "index.html").read_text()
     assert page.count("<figure") == 3 and "plan_rank_grid.png" in page
+
+
+def test_prediction_for_a_gpu_run_has_step_time_and_mfu(tmp_path, monkeypatch):
+    """A CUDA run on a catalog GPU gets the planner's step time and MFU beside its memory."""
+    import dataclasses
+
+    from shoal.config import JobConfig
+    from shoal.job import resolve
+    from shoal.report.predict import predict
+
+    cfg = JobConfig()
+    cfg.model.preset, cfg.parallel.tp = "debug", 2
+    job = resolve(cfg, 4)
+    info = {"config": cfg.to_dict(), "model": dataclasses.asdict(job.model), "layout": dataclasses.asdict(job.layout),
+            "world": 4, "local_world": 4, "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}
+    pred = predict(info)
+    assert pred.plan is not None and pred.plan.time.step > 0 and 0 < pred.plan.mfu < 1
+    assert pred.memory.total == pred.plan.memory.total > 0
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))  # no `local` profile measured here
+    cpu = predict(dict(info, device="cpu", device_name="cpu"))
+    assert cpu.plan is None and "shoal plan --gpu local" in cpu.why_no_time and cpu.memory.total > 0
