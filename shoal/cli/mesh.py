@@ -1,8 +1,10 @@
-"""`shoal mesh --nproc N [RECIPE] [--set parallel.tp=2 ...]`: which global ranks form each group."""
+"""`shoal mesh --nproc N [RECIPE] [--set parallel.tp=2 ...] [--svg FILE]`: which global ranks form each group."""
 
 from __future__ import annotations
 
-from shoal.cli.argtypes import positive_int
+from pathlib import Path
+
+from shoal.cli.argtypes import nonnegative_int, positive_int
 
 
 def register(sub) -> None:
@@ -10,6 +12,9 @@ def register(sub) -> None:
     p.add_argument("recipe", nargs="?")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--nproc", type=positive_int, required=True, help="world size")
+    p.add_argument("--svg", metavar="FILE", help="also draw the rank grid on its nodes into this SVG file")
+    p.add_argument("--per-node", type=nonnegative_int, default=0, metavar="N",
+                   help="ranks per node for --svg (default: all on one node)")
     p.set_defaults(func=run)
 
 
@@ -24,7 +29,18 @@ def print_groups(dims) -> None:
 
 def run(args) -> int:
     from shoal.config import load_config
+    from shoal.errors import UserError
     from shoal.job import resolve
 
-    print_groups(resolve(load_config(args.recipe, args.overrides), args.nproc).dims)
+    dims = resolve(load_config(args.recipe, args.overrides), args.nproc).dims
+    path = Path(args.svg) if args.svg else None
+    if path and path.suffix.lower() != ".svg":
+        raise UserError("--svg", args.svg, f"must name an .svg file, e.g. --svg {path.with_suffix('.svg')}")
+    if args.per_node < 0:
+        raise UserError("--per-node", args.per_node, "must be a positive number of ranks per node")
+    print_groups(dims)
+    if path:
+        from shoal.report.rank_grid import rank_grid_figure
+
+        print(f"rank grid: {rank_grid_figure(dims, args.per_node or dims.world_size, path.with_suffix(''), formats=('svg',))[0]}")
     return 0

@@ -84,6 +84,8 @@ def register(sub) -> None:
     o.add_argument("--emit", metavar="FILE", help="write the best layout as a `shoal train` recipe (TOML)")
     o.add_argument("--scale", metavar="A:B", help="sweep GPU counts A, 2A, ... B at fixed global and per-GPU batch")
     o.add_argument("--figures", metavar="DIR", help="save memory/time/scaling pictures (PNG and SVG) here")
+    o.add_argument("--report", metavar="DIR", help="write a page with the best layout's rank grid, memory, step time "
+                                                 "and scaling pictures (DIR/index.html)")
     p.set_defaults(func=run)
 
 
@@ -250,6 +252,11 @@ def run(args) -> int:
             figures += plan_figures.time_figure(shown, out / "plan_time")
         if points:
             figures += plan_figures.scaling_figure(points, out / "plan_scaling")
+
+    if args.report:
+        from shoal.report.plan_report import write_plan_report
+
+        figures.append(write_plan_report(args.report, best, cluster, name, points))
 
     if args.json:
         doc = plan_json(workload, cluster, name, result=result, single=single, top=args.top, training=training,

@@ -135,3 +135,5 @@ def print_summary(summary: dict) -> None:
             value = f"{value:.4g}"
         table.add_row(key, str(value))
     Console(stderr=False).print(table)
+    if "output" in summary:
+        print(f"pictures of this run: shoal report {summary['output']}")

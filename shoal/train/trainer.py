@@ -29,6 +29,7 @@ from shoal.train.memory import model_state_bytes
 from shoal.train.nonfinite import NonFiniteGuard
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
 from shoal.train.rundir import no_space_left
+from shoal.train.run_info import write_run_info
 
 from shoal.parallel.parallel_model import Batch
 
@@ -78,6 +79,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         out.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(cfg, out, rt, pm, optimizer, data.loader, resume)
     start = ckpt.resume()  # steps already done (0 for a fresh run)
+    write_run_info(job, rt, out, start)  # <out>/run.json for `shoal report`
     log = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main, append=start > 0)
     progress = Progress(t.steps, start, enabled=show and rt.is_main)
     guard = NonFiniteGuard(t.on_nonfinite, before_stop=lambda: (ckpt.close(), progress.close()), report=rt.is_main)
