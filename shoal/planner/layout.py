@@ -28,11 +28,16 @@ class Workload:
     global_batch: int
     """Sequences per optimizer step, over all data-parallel ranks."""
     precision: str = "bf16"
-    """`bf16` mixed precision (fp32 master weights and Adam state) or plain `fp32`."""
+    """`bf16` mixed precision (fp32 master weights and Adam state) or plain `fp32`. The trainer's
+    `bf16-params` plans as `bf16`: both compute in 16 bits over fp32 master state."""
     attention: str = "flash"
     """`flash`: fused attention that keeps no S×S matrix (what shoal runs). `unfused`: the S×S scores,
     softmax and dropout are materialised, as in Megatron-LM before flash attention (Korthikanti's
     Table 2 layer); use it to compare with runs from 2021-2022."""
+
+    def __post_init__(self):
+        if self.precision == "bf16-params":
+            object.__setattr__(self, "precision", "bf16")
 
     @property
     def tokens_per_step(self) -> int:

@@ -18,14 +18,14 @@ def losses(metrics):
 
 @pytest.mark.timeout(300)
 def test_bf16_losses_agree_across_layouts(tmp_path):
-    from shoal.parallel.verify import config_for
+    from shoal.train.verify import config_for
     from shoal.train.trainer import train
 
     reference_cfg = config_for("train.precision=bf16", 1, STEPS, global_batch=8)
     train(reference_cfg, tmp_path / "one", show=False)
     reference = losses(tmp_path / "one" / "metrics.jsonl")
     layouts = [f"train.precision=bf16,{layout}" for layout in LAYOUTS]
-    r = shoal_cli("run", "--nproc", "2", str(REPO / "shoal" / "parallel" / "verify.py"), str(tmp_path), "2",
+    r = shoal_cli("run", "--nproc", "2", str(REPO / "shoal" / "train" / "verify.py"), str(tmp_path), "2",
                   str(STEPS), json.dumps(layouts), timeout=280)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     diff = {layout: max(abs(a - b) for a, b in zip(losses(tmp_path / f"layout{i}" / "metrics.jsonl"), reference))

@@ -50,7 +50,7 @@ def test_out_mistakes_are_one_line_before_anything_is_built(tmp_path):
     one_line(shoal_cli(*CLI, "--out", str(tmp_path / "file")), 2, "--out", "is a file")
     one_line(shoal_cli(*CLI, "--out", str(tmp_path / "file" / "x")), 2, "--out", "which is a file")
     # Under torchrun every rank must name the same directory: no per-rank timestamped default.
-    one_line(shoal_cli(*CLI, env={"WORLD_SIZE": "2", "RANK": "1"}), 2, "--out", "torchrun")
+    one_line(shoal_cli(*CLI, env={"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29541"}), 2, "--out", "torchrun")
 
 
 def test_read_only_out_is_refused(tmp_path):
