@@ -69,7 +69,7 @@ def register(sub) -> None:
 
     o = p.add_argument_group("budget and output")
     o.add_argument("--tokens", type=_amount, help="tokens to train, e.g. 15e12 or 15T")
-    o.add_argument("--usd-per-gpu-hour", type=float)
+    o.add_argument("--usd-per-gpu-hour", type=float, help="default: the catalog's on-demand list price")
     o.add_argument("--mtbf-hours", type=float, default=None, help="per-GPU mean time between failures (default 50000)")
     o.add_argument("--checkpoint-every-min", type=float, default=60.0)
     o.add_argument("--checkpoint-write-min", type=float, default=1.0, help="blocking checkpoint write time")
@@ -206,13 +206,17 @@ def run(args) -> int:
             result = search(workload, cluster, fixed, rank_by=args.rank_by, keep=max(args.top, 10))
     best = single or (result.best if result else None)
 
-    training = None
-    if args.tokens and best and best.fits:
-        training = cost.estimate(
-            args.tokens, best.tokens_per_s, cluster.n_gpus, usd_per_gpu_hour=args.usd_per_gpu_hour,
-            mtbf_gpu_hours=args.mtbf_hours or cost.DEFAULT_MTBF_GPU_HOURS,
-            checkpoint_interval_hours=args.checkpoint_every_min / 60, restart_hours=args.restart_min / 60,
-            checkpoint_write_hours=args.checkpoint_write_min / 60)
+    # No price given: the catalog's on-demand list price for the device (hardware.py), if it has one.
+    price = args.usd_per_gpu_hour if args.usd_per_gpu_hour is not None else (cluster.gpu.usd_per_gpu_hour or None)
+    budget = None
+    if args.tokens:
+        def budget(plan):
+            return cost.estimate(
+                args.tokens, plan.tokens_per_s, cluster.n_gpus, usd_per_gpu_hour=price,
+                mtbf_gpu_hours=args.mtbf_hours or cost.DEFAULT_MTBF_GPU_HOURS,
+                checkpoint_interval_hours=args.checkpoint_every_min / 60, restart_hours=args.restart_min / 60,
+                checkpoint_write_hours=args.checkpoint_write_min / 60)
+    training = budget(best) if budget and best and best.fits else None
 
     points = None
     if args.scale:
@@ -245,13 +249,12 @@ def run(args) -> int:
 
     if args.json:
         doc = plan_json(workload, cluster, name, result=result, single=single, top=args.top, training=training,
-                        scale=points, usd_per_gpu_hour=args.usd_per_gpu_hour)
+                        scale=points, usd_per_gpu_hour=price, budget=budget)
         doc["emitted"] = str(emitted) if emitted else None
         doc["figures"] = [str(f) for f in figures]
         print(json.dumps(doc, indent=2))
         return 0
-    _print_text(workload, cluster, name, result, single, training, points, emitted, figures, args.top,
-                args.usd_per_gpu_hour)
+    _print_text(workload, cluster, name, result, single, training, points, emitted, figures, args.top, price)
     return 0
 
 

@@ -65,6 +65,12 @@ class GPU:
     """Memory that is never the model's: CUDA context, NCCL buffers, cuBLAS workspaces."""
     peak_fp32_flops: float = 0.0
     """Peak for fp32 training; 0 means half the BF16 peak (the TF32 tensor-core rate on NVIDIA)."""
+    power_watts: float = 0.0
+    """Board power at full training load (the TDP: training holds GPUs at their power limit, see the
+    matmul_efficiency note), watts; with the job's PUE it gives the energy of a run (energy.py)."""
+    usd_per_gpu_hour: float = 0.0
+    """On-demand cloud price per device-hour, USD, used when no --usd-per-gpu-hour is given (0: none).
+    List prices move; these are approximate public 2024 rates, a default to overwrite, not a quote."""
     note: str = ""
     """Where the numbers come from."""
 
@@ -88,7 +94,13 @@ class GPU:
 # H200's die and power limit, so 0.72 too. A100 has no sustained measurement: its burst MAMF (85.9%)
 # times the sustained/burst ratio seen on H200 and B200 (~0.85) gives 0.73. MI300X saturates its power
 # cap within one kernel, so its MAMF (60%) is already sustained. NVLink bus efficiency from nccl-tests all_reduce on 8-GPU NVSwitch nodes
-# (~235 GB/s on A100, ~360 GB/s on H100 without NVLS). HBM efficiency from the copy measurements in
+# (~235 GB/s on A100, ~360 GB/s on H100 without NVLS).
+# Power (board TDP, the vendors' datasheets): A100 SXM 400 W, H100 SXM and H200 SXM 700 W, B200 1000 W,
+# MI300X 750 W. TPUs have no published TDP: v4 ~200 W is the mean power per chip reported in Jouppi et
+# al., "TPU v4" (ISCA 2023, ~170-192 W measured); v5p 450 W is a guess scaled by peak FLOPs (approximate).
+# Prices (on-demand, USD per device-hour, 2024, approximate): Lambda's public list, A100 SXM 80GB 1.79
+# and H100 SXM 2.99; H200 3.50, B200 5.99 and MI300X 2.50 are typical neocloud quotes of 2024-25
+# (approximate); Google Cloud's list price per chip-hour, TPU v4 3.22 and v5p 4.20. HBM efficiency from the copy measurements in
 # calibration.md (3.0 of 3.35 TB/s on H100, 4.3 of 4.8 TB/s on H200).
 CATALOG: dict[str, GPU] = {
     "a100-80gb": GPU(
@@ -96,36 +108,42 @@ CATALOG: dict[str, GPU] = {
         hbm_bytes=80 * GiB, hbm_bandwidth=2.039e12, hbm_efficiency=0.85,
         gpus_per_node=8, intra_node_bandwidth=300e9, intra_node_efficiency=0.78, intra_node_latency=5e-6,
         inter_node_bandwidth=25e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        power_watts=400, usd_per_gpu_hour=1.79,
         note="DGX A100: NVLink3 600 GB/s bidirectional, one 200 Gb/s HDR InfiniBand NIC per GPU (Selene)"),
     "h100-sxm": GPU(
         name="h100-sxm", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.45,
         hbm_bytes=81559 * 2**20, hbm_bandwidth=3.35e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        power_watts=700, usd_per_gpu_hour=2.99,
         note="HGX H100: NVLink4 900 GB/s bidirectional, one 400 Gb/s NDR InfiniBand/RoCE NIC per GPU"),
     "h200": GPU(
         name="h200", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.45,
         hbm_bytes=143771 * 2**20, hbm_bandwidth=4.8e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        power_watts=700, usd_per_gpu_hour=3.50,
         note="HGX H200: H100 compute with 141 GB HBM3e; 400 Gb/s per GPU between nodes"),
     "b200": GPU(
         name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.45,
         hbm_bytes=180 * GiB, hbm_bandwidth=8.0e12, hbm_efficiency=0.85,
         gpus_per_node=8, intra_node_bandwidth=900e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        power_watts=1000, usd_per_gpu_hour=5.99,
         note="HGX B200: NVLink5 1.8 TB/s bidirectional, 400 Gb/s per GPU between nodes; ~180 GiB usable"),
     "mi300x": GPU(
         name="mi300x", peak_bf16_flops=1307e12, matmul_efficiency=0.60, attention_efficiency=0.35,
         hbm_bytes=192 * GiB, hbm_bandwidth=5.3e12, hbm_efficiency=0.8,
         gpus_per_node=8, intra_node_bandwidth=448e9, intra_node_efficiency=0.7, intra_node_latency=8e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.85, inter_node_latency=12e-6,
+        power_watts=750, usd_per_gpu_hour=2.50,
         note="8x MI300X: Infinity Fabric 7 x 64 GB/s per direction to peers, 400 Gb/s per GPU between nodes"),
     "tpu-v5p": GPU(
         name="tpu-v5p", peak_bf16_flops=459e12, matmul_efficiency=0.75, attention_efficiency=0.5,
         hbm_bytes=95e9, hbm_bandwidth=2.765e12, hbm_efficiency=0.85,
         gpus_per_node=64, intra_node_bandwidth=300e9, intra_node_efficiency=0.7, intra_node_latency=5e-6,
         inter_node_bandwidth=100e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
+        power_watts=450, usd_per_gpu_hour=4.20,
         note="TPU-v5p-like, approximate: a 4x4x4 ICI cube (4800 Gb/s ICI per chip) taken as one 'node'; "
              "traffic between cubes given a third of the per-chip ICI bandwidth"),
     "tpu-v4": GPU(
@@ -133,6 +151,7 @@ CATALOG: dict[str, GPU] = {
         hbm_bytes=32 * GiB, hbm_bandwidth=1.2e12, hbm_efficiency=0.85,
         gpus_per_node=64, intra_node_bandwidth=150e9, intra_node_efficiency=0.7, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
+        power_watts=200, usd_per_gpu_hour=3.22,
         note="TPU-v4-like, approximate: 64-chip ICI cubes as 'nodes'"),
 }
 
@@ -205,7 +224,8 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
                 value = float(raw)
         except (TypeError, ValueError):
             raise UserError(f"{source}.{key}", raw, f"must be a number ({kind})") from None
-        if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap"):
+        if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "power_watts",
+                                                                     "usd_per_gpu_hour"):
             raise UserError(f"{source}.{key}", raw, "must be positive")
         if key.endswith("_efficiency") and not 0 < value <= 1:
             raise UserError(f"{source}.{key}", raw, "an efficiency is a fraction in (0, 1]")

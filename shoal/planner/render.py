@@ -7,14 +7,12 @@ import math
 
 from shoal.model.analytics import param_counts
 from shoal.planner.cost import TrainingEstimate
-from shoal.planner.evaluate import Plan
+from shoal.planner.evaluate import MEMORY_PARTS, TIME_PARTS, Plan
 from shoal.planner.hardware import GiB
 from shoal.planner.layout import Cluster, Workload
 from shoal.planner.scaling import ScalePoint, efficiency, knee
 from shoal.planner.search import SearchResult
 
-MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
-TIME_PARTS = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "fsdp_comm", "bubble", "dp_comm", "optimizer")
 
 
 def human(n: float, unit: str = "") -> str:
@@ -138,20 +136,33 @@ def model_dict(workload: Workload, name: str) -> dict:
     return {"name": name, "params_total": counts.total, "params_active": counts.active, "config": cfg}
 
 
+def plan_dict(plan: Plan, budget=None) -> dict:
+    """One plan of the --json contract; with a budget (plan -> TrainingEstimate), `days` and `usd`:
+    the wall-clock and cost with no failures (tokens / tokens_per_s), and beside them the expected
+    ones with failures, restarts and checkpoint writes (cost.py)."""
+    out = plan.as_dict()
+    est = budget(plan) if budget is not None and plan.fits else None
+    if est is not None:
+        out.update(days=est.ideal_days, usd=est.ideal_cost, expected_days=est.as_dict()["expected_days"],
+                   expected_usd=est.as_dict()["expected_cost_usd"], usd_per_gpu_hour=est.usd_per_gpu_hour)
+    return out
+
+
 def plan_json(workload: Workload, cluster: Cluster, model_name: str, *, result: SearchResult | None = None,
               single: Plan | None = None, top: int = 10, training: TrainingEstimate | None = None,
-              scale: list[ScalePoint] | None = None, usd_per_gpu_hour: float | None = None) -> dict:
-    best = single if single is not None else (result.best if result else None)
+              scale: list[ScalePoint] | None = None, usd_per_gpu_hour: float | None = None, budget=None) -> dict:
+    """The `shoal plan --json` document: `plans`, best first (the contract, docs/planner.md), then
+    what was planned and how the search went."""
+    plans = result.plans[:top] if result else ([single] if single else [])
     out = {
+        "plans": [plan_dict(p, budget) for p in plans],
         "model": model_dict(workload, model_name),
         "workload": {"seq_len": workload.seq_len, "global_batch": workload.global_batch,
                      "tokens_per_step": workload.tokens_per_step, "precision": workload.precision,
                      "attention": workload.attention},
         "cluster": {"gpu": dataclasses.asdict(cluster.gpu), "n_gpus": cluster.n_gpus,
                     "gpus_per_node": cluster.gpus_per_node, "n_nodes": cluster.n_nodes},
-        "best": best.as_dict() if best else None,
-        "layouts": [p.as_dict() for p in (result.plans[:top] if result else ([single] if single else []))],
-        "closest_misses": [p.as_dict() for p in (result.closest_misses if result else [])],
+        "closest_misses": [plan_dict(p) for p in (result.closest_misses if result else [])],
         "search": None if result is None else {
             "evaluated": result.evaluated, "fitting": result.fitting, "dominated": result.dominated,
             "note": result.note or None,
@@ -170,7 +181,7 @@ def plan_json(workload: Workload, cluster: Cluster, model_name: str, *, result: 
                              "per_gpu_efficiency": eff[p.n_gpus] if p.best else None,
                              "mfu": p.best.mfu if p.best else None,
                              "usd_per_million_tokens": usd_per_million_tokens(p, usd_per_gpu_hour),
-                             "best": p.best.as_dict() if p.best else None, "why_none": p.why_none or None})
+                             "best": plan_dict(p.best) if p.best else None, "why_none": p.why_none or None})
             dim, wall = knee(pts)
             out.setdefault("scale_knee", {})[mode] = {"efficiency_below_80pct_at": dim, "throughput_stalls_at": wall}
         out["scale"] = rows
