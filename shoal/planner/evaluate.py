@@ -15,7 +15,7 @@ from shoal.planner.timing import StepTime, step_time
 
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
 """MemoryBreakdown's parts, which add up to its total."""
-TIME_PARTS = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "fsdp_comm", "bubble", "dp_comm", "optimizer")
+TIME_PARTS = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "fsdp_comm", "bubble", "dp_comm", "optimizer", "tail")
 """StepTime's parts, which add up to its step."""
 
 

@@ -95,6 +95,12 @@ class GPU:
 # times the sustained/burst ratio seen on H200 and B200 (~0.85) gives 0.73. MI300X saturates its power
 # cap within one kernel, so its MAMF (60%) is already sustained. NVLink bus efficiency from nccl-tests all_reduce on 8-GPU NVSwitch nodes
 # (~235 GB/s on A100, ~360 GB/s on H100 without NVLS).
+# Attention efficiency, in FlashAttention's own FLOP count (causal = half, backward 2.5x forward):
+# FlashAttention-2 reaches 50-73% of the A100 peak forward and less backward (Dao 2023, arXiv:2307.08691,
+# abstract and Fig. 4-6: fwd+bwd ~170-190 TFLOP/s at head dim 128), so 0.55; on H100 it reaches "only 35%"
+# (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, abstract), so 0.35 for H100 and H200 (same die);
+# FA3 would be ~0.6-0.75 there: raise it with --hw attention_efficiency=0.6 for FA3/cuDNN runs. B200 and
+# MI300X have no published measurement read here: the H100 FA2 share is assumed (approximate).
 # Power (board TDP, the vendors' datasheets): A100 SXM 400 W, H100 SXM and H200 SXM 700 W, B200 1000 W,
 # MI300X 750 W. TPUs have no published TDP: v4 ~200 W is the mean power per chip reported in Jouppi et
 # al., "TPU v4" (ISCA 2023, ~170-192 W measured); v5p 450 W is a guess scaled by peak FLOPs (approximate).
@@ -111,21 +117,21 @@ CATALOG: dict[str, GPU] = {
         power_watts=400, usd_per_gpu_hour=1.79,
         note="DGX A100: NVLink3 600 GB/s bidirectional, one 200 Gb/s HDR InfiniBand NIC per GPU (Selene)"),
     "h100-sxm": GPU(
-        name="h100-sxm", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.45,
+        name="h100-sxm", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.35,
         hbm_bytes=81559 * 2**20, hbm_bandwidth=3.35e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
         power_watts=700, usd_per_gpu_hour=2.99,
         note="HGX H100: NVLink4 900 GB/s bidirectional, one 400 Gb/s NDR InfiniBand/RoCE NIC per GPU"),
     "h200": GPU(
-        name="h200", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.45,
+        name="h200", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.35,
         hbm_bytes=143771 * 2**20, hbm_bandwidth=4.8e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
         power_watts=700, usd_per_gpu_hour=3.50,
         note="HGX H200: H100 compute with 141 GB HBM3e; 400 Gb/s per GPU between nodes"),
     "b200": GPU(
-        name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.45,
+        name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.35,
         hbm_bytes=180 * GiB, hbm_bandwidth=8.0e12, hbm_efficiency=0.85,
         gpus_per_node=8, intra_node_bandwidth=900e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
