@@ -76,6 +76,10 @@ def register(sub) -> None:
     o.add_argument("--restart-min", type=float, default=15.0)
     o.add_argument("--rank-by", choices=("throughput", "cost"), default="throughput",
                    help="at a fixed GPU count both give the same order; --scale then shows $/M tokens per count")
+    o.add_argument("--region", help="grid region for CO2 (annual average gCO2/kWh, shoal/planner/energy.py)")
+    o.add_argument("--pue", type=float, help="data-centre power usage effectiveness (default 1.2, see energy.py)")
+    o.add_argument("--carbon-trace", metavar="CSV",
+                   help="hourly grid intensity (time,gco2_per_kwh per line): pick the start hour with least CO2")
     o.add_argument("--top", type=int, default=10)
     o.add_argument("--json", action="store_true", help="print JSON instead of tables")
     o.add_argument("--emit", metavar="FILE", help="write the best layout as a `shoal train` recipe (TOML)")
@@ -185,8 +189,27 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
         raise UserError("gpus", n_gpus, f"{expr} = {product} ranks, not {n_gpus}; change --dp, --tp or --pp")
 
 
+def _carbon_inputs(args, cluster):
+    """Check --pue, --region and --carbon-trace before any work; the trace, if one is given."""
+    from shoal.planner import energy
+
+    args.pue = energy.DEFAULT_PUE if args.pue is None else energy.check_pue(args.pue)
+    if args.region:
+        energy.region_intensity(args.region)
+    if args.region and args.carbon_trace:
+        raise UserError("region", args.region, "give --region (an annual average) or --carbon-trace (hourly), not both")
+    if (args.region or args.carbon_trace) and not args.tokens:
+        raise UserError("tokens", None, "energy and CO2 are for a whole run: give its size with --tokens (e.g. 1T)")
+    if (args.region or args.carbon_trace) and not cluster.gpu.power_watts:
+        raise UserError("hw.power_watts", 0, f"{cluster.gpu.name} has no power figure; set one with --hw power_watts=700")
+    return energy.read_trace(args.carbon_trace) if args.carbon_trace else None
+
+
 def run(args) -> int:
-    from shoal.planner import cost, scaling
+    import dataclasses
+    import math
+
+    from shoal.planner import cost, energy, scaling
     from shoal.planner.evaluate import evaluate
     from shoal.planner.layout import Layout
     from shoal.planner.render import plan_json
@@ -208,15 +231,26 @@ def run(args) -> int:
 
     # No price given: the catalog's on-demand list price for the device (hardware.py), if it has one.
     price = args.usd_per_gpu_hour if args.usd_per_gpu_hour is not None else (cluster.gpu.usd_per_gpu_hour or None)
+    trace = _carbon_inputs(args, cluster)
     budget = None
     if args.tokens:
         def budget(plan):
-            return cost.estimate(
+            """(time-to-train and cost, energy and CO2) of one plan."""
+            est = cost.estimate(
                 args.tokens, plan.tokens_per_s, cluster.n_gpus, usd_per_gpu_hour=price,
                 mtbf_gpu_hours=args.mtbf_hours or cost.DEFAULT_MTBF_GPU_HOURS,
                 checkpoint_interval_hours=args.checkpoint_every_min / 60, restart_hours=args.restart_min / 60,
                 checkpoint_write_hours=args.checkpoint_write_min / 60)
-    training = budget(best) if budget and best and best.fits else None
+            if not cluster.gpu.power_watts:
+                return est, None
+            # The expected wall-clock (failures included: lost work burns energy too), else the ideal one.
+            hours = est.expected_hours if math.isfinite(est.expected_hours) else est.ideal_hours
+            used = energy.energy(cluster.n_gpus, cluster.gpu.power_watts, hours, pue=args.pue, region=args.region)
+            if trace is not None:
+                used = dataclasses.replace(used, grams_per_kwh=energy.best_start(trace, hours).grams_per_kwh)
+            return est, used
+    training, used = budget(best) if budget and best and best.fits else (None, None)
+    window = energy.best_start(trace, used.hours) if trace is not None and used is not None else None
 
     points = None
     if args.scale:
@@ -249,20 +283,24 @@ def run(args) -> int:
 
     if args.json:
         doc = plan_json(workload, cluster, name, result=result, single=single, top=args.top, training=training,
-                        scale=points, usd_per_gpu_hour=price, budget=budget)
+                        scale=points, usd_per_gpu_hour=price, budget=budget,
+                        carbon_window=window)
         doc["emitted"] = str(emitted) if emitted else None
         doc["figures"] = [str(f) for f in figures]
         print(json.dumps(doc, indent=2))
         return 0
-    _print_text(workload, cluster, name, result, single, training, points, emitted, figures, args.top, price)
+    _print_text(workload, cluster, name, result, single, training, points, emitted, figures, args.top, price,
+                used, window)
     return 0
 
 
-def _print_text(workload, cluster, name, result, single, training, points, emitted, figures, top, usd) -> None:
+def _print_text(workload, cluster, name, result, single, training, points, emitted, figures, top, usd,
+                used=None, window=None) -> None:
     from rich.console import Console
 
     from shoal.planner.hardware import GiB
-    from shoal.planner.render import breakdown_lines, headline, layouts_table, scale_table, training_lines
+    from shoal.planner.render import (breakdown_lines, energy_lines, headline, layouts_table, scale_table,
+                                      training_lines)
 
     con = Console()
     if not con.is_terminal:
@@ -301,7 +339,7 @@ def _print_text(workload, cluster, name, result, single, training, points, emitt
         for line in breakdown_lines(best):
             con.print("  " + line)
     if training:
-        for line in training_lines(training):
+        for line in training_lines(training) + energy_lines(used, window):
             con.print(line)
     if points:
         con.print(scale_table(points, usd))

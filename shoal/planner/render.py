@@ -137,20 +137,41 @@ def model_dict(workload: Workload, name: str) -> dict:
 
 
 def plan_dict(plan: Plan, budget=None) -> dict:
-    """One plan of the --json contract; with a budget (plan -> TrainingEstimate), `days` and `usd`:
-    the wall-clock and cost with no failures (tokens / tokens_per_s), and beside them the expected
-    ones with failures, restarts and checkpoint writes (cost.py)."""
+    """One plan of the --json contract; with a budget (plan -> (TrainingEstimate, Energy or None)),
+    `days` and `usd`: the wall-clock and cost with no failures (tokens / tokens_per_s), and beside
+    them the expected ones with failures, restarts and checkpoint writes (cost.py), and the run's
+    energy and CO2 (energy.py)."""
     out = plan.as_dict()
-    est = budget(plan) if budget is not None and plan.fits else None
-    if est is not None:
-        out.update(days=est.ideal_days, usd=est.ideal_cost, expected_days=est.as_dict()["expected_days"],
-                   expected_usd=est.as_dict()["expected_cost_usd"], usd_per_gpu_hour=est.usd_per_gpu_hour)
+    if budget is None or not plan.fits:
+        return out
+    est, used = budget(plan)
+    full = est.as_dict()
+    out.update(days=est.ideal_days, usd=est.ideal_cost, expected_days=full["expected_days"],
+               expected_usd=full["expected_cost_usd"], usd_per_gpu_hour=est.usd_per_gpu_hour)
+    if used is not None:
+        out.update(energy_kwh=used.kwh, energy_hours=used.hours, pue=used.pue, gpu_power_watts=used.gpu_power_watts,
+                   co2_kg=used.co2_kg, grid_gco2_per_kwh=used.grams_per_kwh)
     return out
+
+
+def energy_lines(used, window=None) -> list[str]:
+    if used is None:
+        return []
+    where = f" in {used.region}" if used.region else (" over the chosen window" if window else "")
+    co2 = f", {used.co2_kg / 1000:,.1f} t CO2 at {used.grams_per_kwh:.0f} g/kWh{where}" if used.co2_kg is not None else ""
+    lines = [f"energy: {used.kwh / 1000:,.1f} MWh ({used.gpu_power_watts:.0f} W per GPU x {duration(used.hours * 3600)} "
+             f"x PUE {used.pue:g}){co2}"]
+    if window is not None:
+        lines.append(f"carbon-aware start: hour {window.start_index} ({window.start_label}) of the trace: "
+                     f"{window.grams_per_kwh:.0f} g/kWh over the run vs {window.now_grams_per_kwh:.0f} starting at once "
+                     f"({window.saving:.0%} less CO2)")
+    return lines
 
 
 def plan_json(workload: Workload, cluster: Cluster, model_name: str, *, result: SearchResult | None = None,
               single: Plan | None = None, top: int = 10, training: TrainingEstimate | None = None,
-              scale: list[ScalePoint] | None = None, usd_per_gpu_hour: float | None = None, budget=None) -> dict:
+              scale: list[ScalePoint] | None = None, usd_per_gpu_hour: float | None = None, budget=None,
+              carbon_window=None) -> dict:
     """The `shoal plan --json` document: `plans`, best first (the contract, docs/planner.md), then
     what was planned and how the search went."""
     plans = result.plans[:top] if result else ([single] if single else [])
@@ -170,6 +191,11 @@ def plan_json(workload: Workload, cluster: Cluster, model_name: str, *, result: 
             "seconds": result.seconds},
         "training": training.as_dict() if training else None,
     }
+    if carbon_window is not None:
+        w = carbon_window
+        out["carbon_window"] = {"start_index": w.start_index, "start_label": w.start_label, "hours": w.hours,
+                                "gco2_per_kwh": w.grams_per_kwh, "gco2_per_kwh_starting_now": w.now_grams_per_kwh,
+                                "saving": w.saving}
     if scale is not None:
         rows = []
         for mode in ("fixed-global-batch", "fixed-per-gpu-batch"):
