@@ -58,6 +58,10 @@ class GPU:
     """nccl-tests bus bandwidth across nodes as a fraction of inter_node_bandwidth."""
     inter_node_latency: float
     """Seconds per step of a collective across nodes."""
+    nodes_per_leaf: int = 0
+    """Nodes with full bisection bandwidth among themselves (a leaf or rail group); 0: one non-blocking fabric."""
+    oversubscription: float = 1.0
+    """Leaf downlink : uplink bandwidth ratio above nodes_per_leaf (1: non-blocking, Llama 3's pods: 7)."""
     kernel_gap: float = 2e-6
     """Seconds each kernel costs beyond its work: launch and the idle gap between dependent kernels
     (eager PyTorch on a CPU: the per-op dispatch cost). What makes tiny models slow."""
@@ -230,7 +234,7 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
                 value = float(raw)
         except (TypeError, ValueError):
             raise UserError(f"{source}.{key}", raw, f"must be a number ({kind})") from None
-        if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "power_watts",
+        if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "power_watts", "nodes_per_leaf",
                                                                      "usd_per_gpu_hour"):
             raise UserError(f"{source}.{key}", raw, "must be positive")
         if key.endswith("_efficiency") and not 0 < value <= 1:

@@ -93,7 +93,8 @@ class StepTime:
 
 def network(cluster: Cluster) -> coll.Network:
     gpu = cluster.gpu
-    return coll.Network(gpu.intra_busbw, gpu.intra_node_latency, gpu.inter_busbw, gpu.inter_node_latency)
+    return coll.Network(gpu.intra_busbw, gpu.intra_node_latency, gpu.inter_busbw, gpu.inter_node_latency,
+                        gpu.nodes_per_leaf, gpu.oversubscription)
 
 
 def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:

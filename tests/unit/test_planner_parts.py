@@ -40,6 +40,17 @@ def test_latency_terms():
     assert coll.all_gather(8, 1024, 1, net) == pytest.approx(1023 * 1e-5)  # ring only for all_gather
 
 
+def test_groups_wider_than_a_leaf_share_the_spine():
+    tiered = coll.Network(intra_busbw=100e9, intra_latency=0.0, inter_busbw=10e9, inter_latency=1e-5,
+                          nodes_per_leaf=32, oversubscription=4)
+    S = 1e9
+    inside = coll.all_gather(S, 32 * 8, 8, tiered)  # 32 nodes: one leaf, full bandwidth
+    assert inside == pytest.approx(coll.all_gather(S, 32 * 8, 8, NET) + 31 * 1e-5)
+    wide = coll.all_gather(S, 64 * 8, 8, tiered)  # 64 nodes: through the 4:1 spine, two more hops per step
+    assert wide == pytest.approx(S * 7 / 8 / 100e9 + (S / 8) * 63 / 64 / (10e9 / 4) + 63 * 1.5e-5)
+    assert coll.all_reduce(S, 64 * 8, 8, tiered) > 2 * coll.all_reduce(S, 64 * 8, 8, NET)  # NVLink part unchanged
+
+
 def test_lookup_gpu_from_cuda_names():
     assert hardware.lookup_gpu("NVIDIA H100 80GB HBM3").peak_bf16_flops == 989e12
     assert hardware.lookup_gpu("NVIDIA A100-SXM4-80GB").peak_bf16_flops == 312e12
