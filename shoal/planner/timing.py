@@ -194,10 +194,21 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
             regather = gather(params.dense, params.expert)  # updated weights back to every rank
             # ZeRO-2 reduced its gradients per micro-batch
             sync = gather(params.dense, params.expert, grad) if lay.zero == 1 else 0.0
-        window = max(0.0, t_b - (bwd + recompute + tp_bwd))  # the last backward, all but its last layer
+        layer_bwd = bwd + recompute + tp_bwd
         last_bucket = sync / max(layers, 1)
+        v = lay.virtual_stages
         dp_total = sync + regather + (m * layers * gather(layer_dense, layer_expert, grad) if lay.zero == 2 else 0.0)
-        dp_exposed = last_bucket + _overlap(sync - last_bucket, window) + _overlap(regather, t_f)
+        if v == 1:
+            # The last micro-batch's backward, all but its last layer, hides the reduction.
+            dp_exposed = last_bucket + _overlap(sync - last_bucket, max(0.0, t_b - layer_bwd))
+        else:
+            # Interleaved: a chunk's gradients are final only after the last micro-batch's backward through
+            # that chunk. The chunk that finishes last (1/v of the rank's parameters) has only its own
+            # backward, t_b/v, to hide behind; the others overlap the rest of the cool-down.
+            chunk = sync / v
+            dp_exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - layer_bwd))
+                          + _overlap(sync - chunk, t_b * (v - 1) / v))
+        dp_exposed += _overlap(regather, t_f)
     elif lay.dp > 1:
         dp_total = m * layers * (2 * gather(layer_dense, layer_expert) + gather(layer_dense, layer_expert, grad))
 
