@@ -64,7 +64,9 @@ class GPU:
     """Leaf downlink : uplink bandwidth ratio above nodes_per_leaf (1: non-blocking, Llama 3's pods: 7)."""
     kernel_gap: float = 2e-6
     """Seconds each kernel costs beyond its work: launch and the idle gap between dependent kernels
-    (eager PyTorch on a CPU: the per-op dispatch cost). What makes tiny models slow."""
+    (eager PyTorch on a CPU: the per-op dispatch cost). What makes tiny models slow. 2 us is the order
+    of a CUDA launch seen back-to-back on the GPU (a few microseconds, NVIDIA's CUDA graphs notes);
+    approximate: the `local` entry measures its own (op_overhead)."""
     reserved_bytes: float = 2.5 * GiB
     """Memory that is never the model's: CUDA context, NCCL buffers, cuBLAS workspaces."""
     peak_fp32_flops: float = 0.0
@@ -96,22 +98,32 @@ class GPU:
 # the node busy): H200 ~703-727 TFLOP/s of 989 (0.71-0.735) and B200 ~1430-1456 of 2250 (0.64), while
 # short bursts reach 80-84% (MAMF; this project measured 81% on one H100, 80% on one H200). H100 has
 # H200's die and power limit, so 0.72 too. A100 has no sustained measurement: its burst MAMF (85.9%)
-# times the sustained/burst ratio seen on H200 and B200 (~0.85) gives 0.73. MI300X saturates its power
-# cap within one kernel, so its MAMF (60%) is already sustained. NVLink bus efficiency from nccl-tests all_reduce on 8-GPU NVSwitch nodes
-# (~235 GB/s on A100, ~360 GB/s on H100 without NVLS).
+# times the sustained/burst ratio seen on H200 and B200 (~0.85) gives 0.73 (that product, not a fit; it
+# happens to land within 1% of one Korthikanti layer time). MI300X saturates its power cap within one
+# kernel, so its MAMF (60%) is already sustained.
+#
+# NVLink bus efficiency from nccl-tests all_reduce on 8-GPU NVSwitch nodes (~235 GB/s on A100, ~360 GB/s
+# on H100 without NVLS). Inter-node efficiency 0.9: nccl-tests across nodes with one NIC per GPU reports
+# busbw near 90% of line rate (~22-23 GB/s per GPU of HDR's 25; approximate).
+#
+# HBM efficiency from the copy measurements in calibration.md (3.0 of 3.35 TB/s on H100, 4.3 of 4.8 TB/s
+# on H200); A100's 0.85 and the others' are not measured here: STREAM/BabelStream-class copies reach
+# 85-90% of datasheet bandwidth on HBM parts, 0.85 the lower end (approximate).
+#
 # Attention efficiency, in FlashAttention's own FLOP count (causal = half, backward 2.5x forward):
 # FlashAttention-2 reaches 50-73% of the A100 peak forward and less backward (Dao 2023, arXiv:2307.08691,
-# abstract and Fig. 4-6: fwd+bwd ~170-190 TFLOP/s at head dim 128), so 0.55; on H100 it reaches "only 35%"
-# (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, abstract), so 0.35 for H100 and H200 (same die);
-# FA3 would be ~0.6-0.75 there: raise it with --hw attention_efficiency=0.6 for FA3/cuDNN runs. B200 and
+# abstract and its A100 benchmarks, fwd+bwd ~170-190 TFLOP/s at head dim 128), so 0.55; on H100 it reaches
+# "only 35%" (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, abstract), so 0.35 for H100 and H200
+# (same die). FA3 would be ~0.6-0.75 there: --hw attention_efficiency=0.6 for FA3/cuDNN runs. B200 and
 # MI300X have no published measurement read here: the H100 FA2 share is assumed (approximate).
+#
 # Power (board TDP, the vendors' datasheets): A100 SXM 400 W, H100 SXM and H200 SXM 700 W, B200 1000 W,
 # MI300X 750 W. TPUs have no published TDP: v4 ~200 W is the mean power per chip reported in Jouppi et
 # al., "TPU v4" (ISCA 2023, ~170-192 W measured); v5p 450 W is a guess scaled by peak FLOPs (approximate).
+#
 # Prices (on-demand, USD per device-hour, 2024, approximate): Lambda's public list, A100 SXM 80GB 1.79
 # and H100 SXM 2.99; H200 3.50, B200 5.99 and MI300X 2.50 are typical neocloud quotes of 2024-25
-# (approximate); Google Cloud's list price per chip-hour, TPU v4 3.22 and v5p 4.20. HBM efficiency from the copy measurements in
-# calibration.md (3.0 of 3.35 TB/s on H100, 4.3 of 4.8 TB/s on H200).
+# (approximate); Google Cloud's list price per chip-hour, TPU v4 3.22 and v5p 4.20.
 CATALOG: dict[str, GPU] = {
     "a100-80gb": GPU(
         name="a100-80gb", peak_bf16_flops=312e12, matmul_efficiency=0.73, attention_efficiency=0.55,

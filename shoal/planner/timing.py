@@ -28,9 +28,11 @@ from shoal.planner.layout import Cluster, Layout, Workload, group_ranks_per_node
 from shoal.planner.memory import rank_params
 
 OVERLAP_SLOWDOWN = 0.15
-"""Hidden communication is not free: NCCL's kernels occupy SMs (16-24 of an H100's 132) and HBM
-bandwidth while they run, so compute overlapped with a collective slows by about this fraction of
-the collective's duration."""
+"""Hidden communication is not free: NCCL runs one thread block per channel, each on its own SM, and
+opens 16-32 channels on NVSwitch nodes (NCCL_MIN_NCHANNELS/NCCL_MAX_NCHANNELS; nccl-tests prints the
+count), i.e. 12-24% of an H100's 132 SMs or 15-30% of an A100's 108, and it streams its buffers
+through HBM. Compute overlapped with a collective loses about that share of the SMs for the
+collective's duration: 0.15 is the low end of the SM share (derived, not measured here)."""
 
 GRAD_REDUCE_BYTES = 4
 """Gradients are reduced in fp32 under bf16 mixed precision: shoal's FSDP2 policy (reduce_dtype=float32,
