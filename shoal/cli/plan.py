@@ -39,8 +39,8 @@ def register(sub) -> None:
     m.add_argument("--shared-experts", type=int)
 
     w = p.add_argument_group("workload and cluster")
-    w.add_argument("--seq-len", type=int, required=True)
-    w.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    w.add_argument("--seq-len", type=int, help="tokens per sequence (required unless --validate)")
+    w.add_argument("--global-batch", type=int, help="sequences per optimizer step (required unless --validate)")
     w.add_argument("--gpu", metavar="NAME", help="a100, h100, h200, b200, mi300x, tpu-v5p, tpu-v4, local")
     w.add_argument("--gpus", type=int, help="GPU count (optional with --scale)")
     w.add_argument("--gpus-per-node", type=int)
@@ -85,6 +85,13 @@ def register(sub) -> None:
     o.add_argument("--emit", metavar="FILE", help="write the best layout as a `shoal train` recipe (TOML)")
     o.add_argument("--scale", metavar="A:B", help="sweep GPU counts A, 2A, ... B at fixed global and per-GPU batch")
     o.add_argument("--figures", metavar="DIR", help="save memory/time/scaling pictures (PNG and SVG) here")
+    v = p.add_argument_group("predicted vs measured")
+    v.add_argument("--validate", metavar="RUN_DIR",
+                   help="compare the plan for a finished `shoal train --out RUN_DIR` run with what it measured "
+                        "(its config from its newest checkpoint, or --recipe; hardware from --gpu, default local)")
+    v.add_argument("--recipe", metavar="TOML", help="with --validate: the recipe the run was started with")
+    v.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="with --validate --recipe: the run's --set overrides (repeatable)")
     p.set_defaults(func=run)
 
 
@@ -137,6 +144,9 @@ def build(args):
     from shoal.planner.layout import Cluster, Workload
     from shoal.planner.search import Fixed
 
+    for name in ("seq_len", "global_batch"):
+        if getattr(args, name) is None:
+            raise UserError(name, None, f"give --{name.replace('_', '-')} N (or --validate RUN_DIR)")
     for name in ("seq_len", "global_batch", "gpus", "gpus_per_node", "tp", "pp", "dp", "ep", "micro_batch",
                  "pp_virtual_stages", "top"):
         _positive(name, getattr(args, name))
@@ -205,6 +215,31 @@ def _carbon_inputs(args, cluster):
     return energy.read_trace(args.carbon_trace) if args.carbon_trace else None
 
 
+def validate(args) -> int:
+    from shoal.planner import hardware
+    from shoal.planner.validate import compare
+
+    if args.hw_file:
+        gpu = hardware.load_hw_file(args.hw_file, args.gpu)
+    else:
+        gpu = hardware.get_gpu(args.gpu or "local", remeasure=args.remeasure)
+    if args.hw:
+        gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
+    c = compare(args.validate, gpu, recipe=args.recipe, overrides=args.overrides, gpus=args.gpus,
+                gpus_per_node=args.gpus_per_node)
+    if args.json:
+        print(json.dumps({"validate": c.as_dict()}, indent=2))
+        return 0
+    mfu = f"{c.measured_mfu:.2%}" if c.measured_mfu is not None else "-"
+    pred_mfu = f"{c.predicted_mfu:.2%}" if c.predicted_mfu is not None else "-"
+    print(f"shoal plan --validate {c.run_dir}: {c.layout} on {c.world} x {gpu.name}, {c.steps_measured} steady steps")
+    print(f"  {'':12} {'predicted':>10} {'measured':>10} {'ratio':>6}")
+    print(f"  {'step (s)':12} {c.predicted_step_s:10.4g} {c.measured_step_s:10.4g} {c.step_ratio:6.2f}")
+    print(f"  {'peak GiB':12} {c.predicted_peak_gib:10.3g} {c.measured_peak_gib:10.3g} {c.memory_ratio:6.2f}")
+    print(f"  {'MFU':12} {pred_mfu:>10} {mfu:>10}   (against the run's own peak)")
+    return 0
+
+
 def run(args) -> int:
     import dataclasses
     import math
@@ -215,6 +250,11 @@ def run(args) -> int:
     from shoal.planner.render import plan_json
     from shoal.planner.search import search
 
+    if args.validate:
+        return validate(args)
+    if args.recipe or args.overrides:
+        raise UserError("recipe" if args.recipe else "set", args.recipe or args.overrides[0],
+                        "--recipe and --set go with --validate RUN_DIR")
     workload, cluster, fixed, name = build(args)
     result = single = None
     if args.gpus:

@@ -116,6 +116,8 @@ def test_text_output_names_winner_and_failures():
       "--micro-batch", "1", "--recompute", "none", "--pp-schedule", "interleaved-1f1b"], "pp_schedule="),
     (["--model", "llama3-8b", *BASE], "gpus="),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--zero", "4"], "--zero"),
+    (["--model", "llama3-8b", "--global-batch", "64", "--gpu", "h100", "--gpus", "8"], "seq_len="),
+    (["--model", "llama3-8b", *BASE, "--gpus", "8", "--recipe", "recipes/tiny.toml"], "recipe="),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, field):
     out = plan(*args)
