@@ -42,7 +42,7 @@ def headline(workload: Workload, cluster: Cluster, model_name: str) -> str:
     return (f"{model_name} ({human(counts.total)} params{active}) · seq {workload.seq_len} · batch "
             f"{workload.global_batch} ({human(workload.tokens_per_step)} tokens/step) · {cluster.n_gpus} x "
             f"{cluster.gpu.name} ({cluster.n_nodes} node{'s' if cluster.n_nodes > 1 else ''} of {cluster.gpus_per_node})"
-            + (" · unfused attention" if workload.attention == "unfused" else ""))
+            f" · {workload.attention} attention")
 
 
 def layouts_table(plans: list[Plan], title: str):
