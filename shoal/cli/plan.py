@@ -159,6 +159,8 @@ def build(args):
         raise UserError("gpu", None, f"name a device with --gpu ({', '.join(hardware.known_names())}) or --hw-file")
     if args.hw:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
+    if args.gpus:
+        gpu = hardware.local_for_ranks(gpu, args.gpus)
     if args.gpus is None and not args.scale:
         raise UserError("gpus", None, "give the GPU count with --gpus N (or sweep with --scale A:B)")
     precision = args.precision or ("fp32" if gpu.name == "local" else "bf16")
@@ -210,7 +212,7 @@ def _carbon_inputs(args, cluster):
         raise UserError("region", args.region, "give --region (an annual average) or --carbon-trace (hourly), not both")
     if (args.region or args.carbon_trace) and not args.tokens:
         raise UserError("tokens", None, "energy and CO2 are for a whole run: give its size with --tokens (e.g. 1T)")
-    if (args.region or args.carbon_trace) and not cluster.gpu.power_watts:
+    if (args.region or args.carbon_trace) and not cluster.gpu.board_watts:
         raise UserError("hw.power_watts", 0, f"{cluster.gpu.name} has no power figure; set one with --hw power_watts=700")
     return energy.read_trace(args.carbon_trace) if args.carbon_trace else None
 
@@ -281,11 +283,11 @@ def run(args) -> int:
                 mtbf_gpu_hours=args.mtbf_hours or cost.DEFAULT_MTBF_GPU_HOURS,
                 checkpoint_interval_hours=args.checkpoint_every_min / 60, restart_hours=args.restart_min / 60,
                 checkpoint_write_hours=args.checkpoint_write_min / 60)
-            if not cluster.gpu.power_watts:
+            if not cluster.gpu.board_watts:
                 return est, None
             # The expected wall-clock (failures included: lost work burns energy too), else the ideal one.
             hours = est.expected_hours if math.isfinite(est.expected_hours) else est.ideal_hours
-            used = energy.energy(cluster.n_gpus, cluster.gpu.power_watts, hours, pue=args.pue, region=args.region)
+            used = energy.energy(cluster.n_gpus, cluster.gpu.board_watts, hours, pue=args.pue, region=args.region)
             if trace is not None:
                 used = dataclasses.replace(used, grams_per_kwh=energy.best_start(trace, hours).grams_per_kwh)
             return est, used

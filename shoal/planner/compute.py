@@ -44,7 +44,7 @@ def gemm_time(m: float, k: float, n: float, gpu: GPU, precision: str) -> float:
     elem = 4 if precision == "fp32" else 2
     flops = 2.0 * m * k * n
     moved = elem * (m * k + k * n + m * n)
-    return max(flops / (gpu.peak_flops(precision) * gpu.matmul_efficiency),
+    return max(flops / (gpu.peak_flops(precision) * gpu.matmul_efficiency * gpu.sustained_scale),
                moved / (gpu.hbm_bandwidth * gpu.hbm_efficiency))
 
 
@@ -110,14 +110,14 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     if attention == "flash":
         # Causal flash attention skips the upper triangle (half the work); backward does 2.5x the
         # forward FLOPs because it recomputes the scores.
-        rate = gpu.peak_flops(precision) * gpu.attention_efficiency
+        rate = gpu.peak_flops(precision) * gpu.attention_efficiency * gpu.sustained_scale
         attn_fwd = 0.5 * core_flops / rate
         attn_bwd = 2.5 * attn_fwd
         outside, inside = EAGER_OUTSIDE_ELEMS * h, EAGER_ROTARY_PASSES * (q_dim + kv_dim) + act_elems
     else:
         # Megatron before flash attention: batched GEMMs over the full S×S, then scale-mask-softmax,
         # dropout and their masks in HBM: about 13 bytes per score forward and 19 backward (16-bit).
-        rate = gpu.peak_flops(precision) * gpu.matmul_efficiency
+        rate = gpu.peak_flops(precision) * gpu.matmul_efficiency * gpu.sustained_scale
         scores = cfg.n_heads * float(seq_len) * seq_len * micro_batch / tp
         attn_fwd = core_flops / rate + _stream(13 * scores * elem / 2, gpu)
         attn_bwd = 2 * core_flops / rate + _stream(19 * scores * elem / 2, gpu)

@@ -27,6 +27,12 @@ from shoal.errors import UserError
 GiB = 2**30
 
 
+POWER_CLOCK_EXPONENT = 0.30
+"""How a power-capped GPU's dense throughput falls with its power limit, from two datasheet points of
+one die: H100 NVL (132 SMs, 350-400 W) peaks at 835 dense BF16 TFLOP/s and H100 SXM (132 SMs, 700 W)
+at 989, so 835/989 = (400/700) ** 0.30. Derived, approximate (a power law through two points)."""
+
+
 @dataclass(frozen=True)
 class GPU:
     name: str
@@ -74,11 +80,27 @@ class GPU:
     power_watts: float = 0.0
     """Board power at full training load (the TDP: training holds GPUs at their power limit, see the
     matmul_efficiency note), watts; with the job's PUE it gives the energy of a run (energy.py)."""
+    power_limit_watts: float = 0.0
+    """A power cap below the TDP (nvidia-smi -pl), watts; 0: none. Under a cap the sustained clock, and
+    with it every kernel's rate, drops as (limit / power_watts) ** POWER_CLOCK_EXPONENT (see
+    `sustained_scale`); the energy uses the cap."""
     usd_per_gpu_hour: float = 0.0
     """On-demand cloud price per device-hour, USD, used when no --usd-per-gpu-hour is given (0: none).
     List prices move; these are approximate public 2024 rates, a default to overwrite, not a quote."""
     note: str = ""
     """Where the numbers come from."""
+
+    @property
+    def sustained_scale(self) -> float:
+        """Fraction of the catalog's sustained rates left under power_limit_watts (1.0 without a cap)."""
+        if not self.power_limit_watts or not self.power_watts or self.power_limit_watts >= self.power_watts:
+            return 1.0
+        return (self.power_limit_watts / self.power_watts) ** POWER_CLOCK_EXPONENT
+
+    @property
+    def board_watts(self) -> float:
+        """What one device draws while training: its cap if it has one, else its TDP."""
+        return min(self.power_watts, self.power_limit_watts) if self.power_limit_watts else self.power_watts
 
     @property
     def intra_busbw(self) -> float:
@@ -247,6 +269,7 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
         except (TypeError, ValueError):
             raise UserError(f"{source}.{key}", raw, f"must be a number ({kind})") from None
         if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "power_watts", "nodes_per_leaf",
+                                                                     "power_limit_watts",
                                                                      "usd_per_gpu_hour"):
             raise UserError(f"{source}.{key}", raw, "must be positive")
         if key.endswith("_efficiency") and not 0 < value <= 1:
@@ -306,6 +329,19 @@ def local_gpu(*, remeasure: bool = False) -> GPU:
             raise UserError("gpu", "local", f"measuring this machine failed ({tail[0]}); "
                                             f"describe it with --hw-file instead")
     return gpu_from_profile(json.loads(path.read_text()))
+
+
+def local_for_ranks(gpu: GPU, ranks: int) -> GPU:
+    """The `local` entry as a job of `ranks` processes sees it. The profile is one thread per rank
+    (launched workers get OMP_NUM_THREADS=1, shoal/launch/local.py), but a single process keeps
+    torch's default, every core: its matmul and copy rates scale with the cores (approximately:
+    linear) and it has the whole memory."""
+    if gpu.name != "local" or ranks != 1 or gpu.gpus_per_node <= 1:
+        return gpu
+    cores = gpu.gpus_per_node
+    return dataclasses.replace(gpu, peak_bf16_flops=gpu.peak_bf16_flops * cores,
+                               peak_fp32_flops=gpu.peak_fp32_flops * cores, hbm_bandwidth=gpu.hbm_bandwidth * cores,
+                               hbm_bytes=gpu.hbm_bytes * cores, gpus_per_node=1)
 
 
 def gpu_from_profile(profile: dict) -> GPU:

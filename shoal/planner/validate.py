@@ -1,8 +1,8 @@
 """Predicted vs measured: the planner's numbers for a finished `shoal train` run, beside what it logged.
 
 The run's config comes from its newest checkpoint (train_state.json keeps the config and the world
-size) or from the recipe it was started with; the measurement from its metrics.jsonl: the mean step
-time without the warm-up steps (the run summary's convention), the peak memory rank 0 logged, the
+size) or from the recipe it was started with; the measurement from its metrics.jsonl: the median step
+time without the warm-up steps (the summary leaves out the same ones), the peak memory rank 0 logged, the
 MFU it logged. The prediction is the planner's for that very layout, precision and rank count on the
 named hardware (`--gpu local` for a CPU run: this machine, measured). Torch-free, like the planner.
 """
@@ -93,7 +93,7 @@ def run_config(run_dir: Path, recipe: str | None, overrides: list[str], gpus: in
 
 
 def measured(run_dir: Path) -> tuple[int, float, float, float | None]:
-    """(steady steps, mean step seconds, peak bytes, mean MFU) from <run_dir>/metrics.jsonl."""
+    """(steady steps, median step seconds, peak bytes, mean MFU) from <run_dir>/metrics.jsonl."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise UserError("validate", str(run_dir), "has no metrics.jsonl (is it a `shoal train --out` directory?)")
@@ -107,7 +107,10 @@ def measured(run_dir: Path) -> tuple[int, float, float, float | None]:
     if not rows:
         raise UserError("validate", str(path), "is empty: the run logged no step")
     steady = rows[WARMUP_STEPS:] if len(rows) > WARMUP_STEPS else rows
-    step = sum(r["step_time_s"] for r in steady) / len(steady)
+    # The median, not the summary's mean: the plan is for an undisturbed step, and on a shared machine
+    # a few steps stretched by other jobs would otherwise decide the comparison.
+    times = sorted(r["step_time_s"] for r in steady)
+    step = (times[(len(times) - 1) // 2] + times[len(times) // 2]) / 2
     peak = max(float(r.get("peak_mem_bytes", 0)) for r in rows)
     mfus = [r["mfu"] for r in steady if "mfu" in r]
     return len(steady), step, peak, (sum(mfus) / len(mfus) if mfus else None)
@@ -125,6 +128,9 @@ def compare(run_dir: str | Path, gpu, *, recipe: str | None = None, overrides: l
         raise UserError("validate", str(run_dir), "no such directory")
     n, step, peak, mfu = measured(run_dir)
     cfg, world = run_config(run_dir, recipe, list(overrides), gpus)
+    from shoal.planner.hardware import local_for_ranks
+
+    gpu = local_for_ranks(gpu, world)
     job = resolve(cfg, world)
     t = cfg.train
     workload = Workload(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash")

@@ -45,7 +45,7 @@ def test_validate_reads_config_from_the_checkpoint(tmp_path):
     assert out.returncode == 0, out.stderr
     c = json.loads(out.stdout)["validate"]
     assert c["world"] == 2 and c["layout"].startswith("dp2") and "mb8" in c["layout"]
-    assert c["steps_measured"] == 3 and c["measured_step_s"] == pytest.approx(1.0)  # warm-up steps left out
+    assert c["steps_measured"] == 3 and c["measured_step_s"] == pytest.approx(1.0)  # warm-up left out; median
     assert c["measured_peak_gib"] == pytest.approx(0.5)
     assert c["step_ratio"] == pytest.approx(c["predicted_step_s"] / 1.0)
     assert c["predicted_mfu"] == pytest.approx(c["measured_mfu"] / c["step_ratio"])

@@ -165,3 +165,14 @@ def test_search_keeps_to_what_the_trainer_runs():
     gpt3 = search(Workload(PRESETS["gpt3-175b"], 2048, 1536), Cluster(hardware.get_gpu("a100"), 1024, 8))
     assert gpt3.plans and gpt3.note
     assert all(any(r.startswith("shoal train cannot run") for r in p.reasons) for p in gpt3.plans)
+
+
+def test_power_cap_slows_kernels_and_sets_the_energy():
+    h100 = hardware.get_gpu("h100")
+    capped = hardware.apply_overrides(h100, {"power_limit_watts": 400})
+    assert capped.sustained_scale == pytest.approx(835 / 989, rel=0.01)  # the H100 NVL/SXM datasheet pair
+    assert capped.board_watts == 400 and h100.board_watts == 700 and h100.sustained_scale == 1.0
+    wl = Workload(PRESETS["llama3-8b"], 4096, 64)
+    lay = Layout(dp_shard=8, zero=1, micro_batch=1)
+    fast, slow = evaluate(wl, lay, Cluster(h100, 8, 8)), evaluate(wl, lay, Cluster(capped, 8, 8))
+    assert 1.1 < slow.time.step / fast.time.step < 1 / capped.sustained_scale + 0.01
