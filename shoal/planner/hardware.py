@@ -68,6 +68,13 @@ class GPU:
     """Nodes with full bisection bandwidth among themselves (a leaf or rail group); 0: one non-blocking fabric."""
     oversubscription: float = 1.0
     """Leaf downlink : uplink bandwidth ratio above nodes_per_leaf (1: non-blocking, Llama 3's pods: 7)."""
+    overlap_cost: float = 0.15
+    """Share of a collective's duration still paid when it is hidden behind compute. GPUs: NCCL runs one
+    thread block per channel, each on its own SM, and opens 16-32 channels on NVSwitch nodes
+    (NCCL_MIN_NCHANNELS/NCCL_MAX_NCHANNELS; nccl-tests prints the count), i.e. 12-24% of an H100's 132
+    SMs or 15-30% of an A100's 108, and streams its buffers through HBM; 0.15 is the low end of that SM
+    share (derived, not measured). `local`: 1.0, a CPU rank has one core and gloo's send/receive
+    threads run on it too, so nothing overlaps."""
     kernel_gap: float = 2e-6
     """Seconds each kernel costs beyond its work: launch and the idle gap between dependent kernels
     (eager PyTorch on a CPU: the per-op dispatch cost). What makes tiny models slow. 2 us is the order
@@ -269,6 +276,7 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
         except (TypeError, ValueError):
             raise UserError(f"{source}.{key}", raw, f"must be a number ({kind})") from None
         if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "power_watts", "nodes_per_leaf",
+                                                                     "overlap_cost",
                                                                      "power_limit_watts",
                                                                      "usd_per_gpu_hour"):
             raise UserError(f"{source}.{key}", raw, "must be positive")
@@ -364,6 +372,7 @@ def gpu_from_profile(profile: dict) -> GPU:
         inter_node_efficiency=0.9,
         inter_node_latency=float(profile.get("inter_node_latency", 50e-6)),
         kernel_gap=float(profile.get("op_overhead", 20e-6)),
+        overlap_cost=1.0,
         reserved_bytes=0.3 * GiB,
         note=f"measured on {profile.get('host', 'this machine')} at {profile.get('measured_at', '?')} "
              f"(one thread per rank, gloo between local processes)",

@@ -27,13 +27,6 @@ from shoal.planner.compute import head_time, layer_time
 from shoal.planner.layout import Cluster, Layout, Workload, group_ranks_per_node, layers_per_rank, moe_layer_count
 from shoal.planner.memory import rank_params
 
-OVERLAP_SLOWDOWN = 0.15
-"""Hidden communication is not free: NCCL runs one thread block per channel, each on its own SM, and
-opens 16-32 channels on NVSwitch nodes (NCCL_MIN_NCHANNELS/NCCL_MAX_NCHANNELS; nccl-tests prints the
-count), i.e. 12-24% of an H100's 132 SMs or 15-30% of an A100's 108, and it streams its buffers
-through HBM. Compute overlapped with a collective loses about that share of the SMs for the
-collective's duration: 0.15 is the low end of the SM share (derived, not measured here)."""
-
 GRAD_REDUCE_BYTES = 4
 """Gradients are reduced in fp32 under bf16 mixed precision: shoal's FSDP2 policy (reduce_dtype=float32,
 parallel/data_parallel.py), torchtitan's default, Composer's DEFAULT policy and Megatron's
@@ -159,13 +152,14 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
                 + coll.all_gather(n_expert * nbytes, edp, g_edp, net)) if lay.dp > 1 else 0.0
 
     layer_dense, layer_expert = params.layer_dense, params.layer_expert
+    hide = gpu.overlap_cost
     fsdp_fwd = fsdp_bwd = fsdp_start = 0.0
     if lay.dp > 1 and lay.zero >= 2:
         # Per layer, per micro-batch: sizes are the full (unsharded) layer on this TP rank.
         rs = gather(layer_dense, layer_expert, grad)
         ag = gather(layer_dense, layer_expert) if lay.zero == 3 else 0.0
-        fsdp_fwd = _overlap(ag, fwd + tp_fwd)
-        fsdp_bwd = _overlap(ag + rs, bwd + recompute + tp_bwd)
+        fsdp_fwd = _overlap(ag, fwd + tp_fwd, hide)
+        fsdp_bwd = _overlap(ag + rs, bwd + recompute + tp_bwd, hide)
         fsdp_start = ag + rs  # once per step: the very first gather and the very last reduce-scatter show
 
     # --- one micro-batch on the busiest rank ---
@@ -202,15 +196,15 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         dp_total = sync + regather + (m * layers * gather(layer_dense, layer_expert, grad) if lay.zero == 2 else 0.0)
         if v == 1:
             # The last micro-batch's backward, all but its last layer, hides the reduction.
-            dp_exposed = last_bucket + _overlap(sync - last_bucket, max(0.0, t_b - layer_bwd))
+            dp_exposed = last_bucket + _overlap(sync - last_bucket, max(0.0, t_b - layer_bwd), hide)
         else:
             # Interleaved: a chunk's gradients are final only after the last micro-batch's backward through
             # that chunk. The chunk that finishes last (1/v of the rank's parameters) has only its own
             # backward, t_b/v, to hide behind; the others overlap the rest of the cool-down.
             chunk = sync / v
-            dp_exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - layer_bwd))
-                          + _overlap(sync - chunk, t_b * (v - 1) / v))
-        dp_exposed += _overlap(regather, t_f)
+            dp_exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - layer_bwd), hide)
+                          + _overlap(sync - chunk, t_b * (v - 1) / v, hide))
+        dp_exposed += _overlap(regather, t_f, hide)
     elif lay.dp > 1:
         dp_total = m * layers * (2 * gather(layer_dense, layer_expert) + gather(layer_dense, layer_expert, grad))
 
@@ -240,7 +234,8 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     )
 
 
-def _overlap(comm: float, compute: float) -> float:
-    """Time a collective adds when it runs beside `compute` seconds of kernels."""
+def _overlap(comm: float, compute: float, cost: float) -> float:
+    """Time a collective adds when it runs beside `compute` seconds of kernels; `cost` is the share of
+    the hidden part still paid (the device's overlap_cost)."""
     hidden = min(comm, compute)
-    return (comm - hidden) + OVERLAP_SLOWDOWN * hidden
+    return (comm - hidden) + cost * hidden
