@@ -142,8 +142,8 @@ def plan_dict(plan: Plan, budget=None) -> dict:
     them the expected ones with failures, restarts and checkpoint writes (cost.py), and the run's
     energy and CO2 (energy.py)."""
     out = plan.as_dict()
-    if budget is None or not plan.fits:
-        return out
+    if budget is None:
+        return out  # (a plan that does not fit still gets them: callers read them for pinned layouts)
     est, used = budget(plan)
     full = est.as_dict()
     out.update(days=est.ideal_days, usd=est.ideal_cost, expected_days=full["expected_days"],
