@@ -243,9 +243,6 @@ def validate(args) -> int:
 
 
 def run(args) -> int:
-    import dataclasses
-    import math
-
     from shoal.planner import cost, energy, scaling
     from shoal.planner.evaluate import evaluate
     from shoal.planner.layout import Layout
@@ -283,14 +280,7 @@ def run(args) -> int:
                 mtbf_gpu_hours=args.mtbf_hours or cost.DEFAULT_MTBF_GPU_HOURS,
                 checkpoint_interval_hours=args.checkpoint_every_min / 60, restart_hours=args.restart_min / 60,
                 checkpoint_write_hours=args.checkpoint_write_min / 60)
-            if not cluster.gpu.board_watts:
-                return est, None
-            # The expected wall-clock (failures included: lost work burns energy too), else the ideal one.
-            hours = est.expected_hours if math.isfinite(est.expected_hours) else est.ideal_hours
-            used = energy.energy(cluster.n_gpus, cluster.gpu.board_watts, hours, pue=args.pue, region=args.region)
-            if trace is not None:
-                used = dataclasses.replace(used, grams_per_kwh=energy.best_start(trace, hours).grams_per_kwh)
-            return est, used
+            return est, energy.run_energy(est, cluster, pue=args.pue, region=args.region, trace=trace)
     training, used = budget(best) if budget and best and best.fits else (None, None)
     window = energy.best_start(trace, used.hours) if trace is not None and used is not None else None
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shoal.errors import UserError
@@ -169,3 +169,19 @@ def best_start(trace: Trace, hours: float, *, latest_start: int | None = None) -
     means = [_mean_over(values, prefix, s, hours) for s in range(last + 1)]
     best = min(range(len(means)), key=lambda s: (round(means[s], 9), s))  # the earliest of equal windows
     return Window(best, trace.labels[best], hours, means[best], means[0])
+
+
+def run_energy(est, cluster, *, pue: float = DEFAULT_PUE, region: str | None = None,
+               trace: Trace | None = None) -> Energy | None:
+    """Energy (and CO2 where a region or a trace says how clean the grid is) of a run whose time-to-train
+    is `est` (cost.TrainingEstimate) on `cluster`; None for a device without a power figure. The hours
+    are the expected wall-clock, failures included (lost work burns energy too), or the ideal one when
+    the run never finishes; with a trace, the intensity of the best start window for those hours."""
+    watts = cluster.gpu.board_watts
+    if not watts:
+        return None
+    hours = est.expected_hours if math.isfinite(est.expected_hours) else est.ideal_hours
+    used = energy(cluster.n_gpus, watts, hours, pue=pue, region=region)
+    if trace is not None:
+        used = replace(used, grams_per_kwh=best_start(trace, hours).grams_per_kwh)
+    return used
