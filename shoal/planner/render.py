@@ -158,8 +158,12 @@ def energy_lines(used, window=None) -> list[str]:
     if used is None:
         return []
     where = f" in {used.region}" if used.region else (" over the chosen window" if window else "")
-    co2 = f", {used.co2_kg / 1000:,.1f} t CO2 at {used.grams_per_kwh:.0f} g/kWh{where}" if used.co2_kg is not None else ""
-    lines = [f"energy: {used.kwh / 1000:,.1f} MWh ({used.gpu_power_watts:.0f} W per GPU x {duration(used.hours * 3600)} "
+    co2 = ""
+    if used.co2_kg is not None:
+        amount = f"{used.co2_kg / 1000:,.1f} t" if used.co2_kg >= 1000 else f"{used.co2_kg:,.0f} kg"
+        co2 = f", {amount} CO2 at {used.grams_per_kwh:.0f} g/kWh{where}"
+    kwh = f"{used.kwh / 1000:,.1f} MWh" if used.kwh >= 1000 else f"{used.kwh:,.0f} kWh"
+    lines = [f"energy: {kwh} ({used.gpu_power_watts:.0f} W per GPU x {duration(used.hours * 3600)} "
              f"x PUE {used.pue:g}){co2}"]
     if window is not None:
         lines.append(f"carbon-aware start: hour {window.start_index} ({window.start_label}) of the trace: "
