@@ -74,7 +74,7 @@ def calibration() -> None:
         wl = Workload(cal.gpt(h, a, l), 2048, B, attention="unfused")
         for rc, sp, pub in (("full", False, full), ("selective", True, present)):
             lay = Layout(dp_shard=1, tp=tp, pp=pp, zero=0, micro_batch=mb, pp_schedule="interleaved-1f1b" if v > 1 else "1f1b",
-                         pp_virtual_stages=v, recompute=rc, sequence_parallel=sp)
+                         pp_virtual_stages=v, activation_checkpoint=rc, sequence_parallel=sp)
             rows.append((f"Korthikanti T5 {l}L/{h}, {n} A100, {rc}", "s/iteration", pub,
                          evaluate(wl, lay, Cluster(a100, n, 8)).time.step, lay.short()))
     for sp, rc, fwd, bwd in ((False, "none", 7.7, 11.9), (True, "none", 7.2, 11.8), (False, "full", 7.7, 19.5),

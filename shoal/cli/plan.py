@@ -41,8 +41,8 @@ def register(sub) -> None:
     m.add_argument("--shared-experts", type=int)
 
     w = p.add_argument_group("workload and cluster")
-    w.add_argument("--seq-len", type=int, required=True)
-    w.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    w.add_argument("--seq-len", type=int, help="tokens per sequence (required unless --validate)")
+    w.add_argument("--global-batch", type=int, help="sequences per optimizer step (required unless --validate)")
     w.add_argument("--gpu", metavar="NAME", help="a100, h100, h200, b200, mi300x, tpu-v5p, tpu-v4, local")
     w.add_argument("--gpus", type=int, help="GPU count (optional with --scale)")
     w.add_argument("--gpus-per-node", type=int)
@@ -71,7 +71,7 @@ def register(sub) -> None:
 
     o = p.add_argument_group("budget and output")
     o.add_argument("--tokens", type=_amount, help="tokens to train, e.g. 15e12 or 15T")
-    o.add_argument("--usd-per-gpu-hour", type=nonnegative_float)
+    o.add_argument("--usd-per-gpu-hour", type=nonnegative_float, help="default: the catalog's on-demand list price")
     o.add_argument("--mtbf-hours", type=positive_float, default=None,
                    help="per-GPU mean time between failures (default 50000)")
     o.add_argument("--checkpoint-every-min", type=positive_float, default=60.0)
@@ -79,6 +79,10 @@ def register(sub) -> None:
     o.add_argument("--restart-min", type=nonnegative_float, default=15.0)
     o.add_argument("--rank-by", choices=("throughput", "cost"), default="throughput",
                    help="at a fixed GPU count both give the same order; --scale then shows $/M tokens per count")
+    o.add_argument("--region", help="grid region for CO2 (annual average gCO2/kWh, shoal/planner/energy.py)")
+    o.add_argument("--pue", type=float, help="data-centre power usage effectiveness (default 1.2, see energy.py)")
+    o.add_argument("--carbon-trace", metavar="CSV",
+                   help="hourly grid intensity (time,gco2_per_kwh per line): pick the start hour with least CO2")
     o.add_argument("--top", type=int, default=10)
     o.add_argument("--json", action="store_true", help="print JSON instead of tables")
     o.add_argument("--emit", metavar="FILE", help="write the best layout as a `shoal train` recipe (TOML)")
@@ -86,6 +90,13 @@ def register(sub) -> None:
     o.add_argument("--figures", metavar="DIR", help="save memory/time/scaling pictures (PNG and SVG) here")
     o.add_argument("--report", metavar="DIR", help="write a page with the best layout's rank grid, memory, step time "
                                                  "and scaling pictures (DIR/index.html)")
+    v = p.add_argument_group("predicted vs measured")
+    v.add_argument("--validate", metavar="RUN_DIR",
+                   help="compare the plan for a finished `shoal train --out RUN_DIR` run with what it measured "
+                        "(its config from its newest checkpoint, or --recipe; hardware from --gpu, default local)")
+    v.add_argument("--recipe", metavar="TOML", help="with --validate: the recipe the run was started with")
+    v.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="with --validate --recipe: the run's --set overrides (repeatable)")
     p.set_defaults(func=run)
 
 
@@ -139,6 +150,9 @@ def build(args):
     from shoal.planner.layout import Cluster, Workload
     from shoal.planner.search import Fixed
 
+    for name in ("seq_len", "global_batch"):
+        if getattr(args, name) is None:
+            raise UserError(name, None, f"give --{name.replace('_', '-')} N (or --validate RUN_DIR)")
     for name in ("seq_len", "global_batch", "gpus", "gpus_per_node", "tp", "pp", "dp", "ep", "micro_batch",
                  "pp_virtual_stages", "top"):
         _positive(name, getattr(args, name))
@@ -151,6 +165,8 @@ def build(args):
         raise UserError("gpu", None, f"name a device with --gpu ({', '.join(hardware.known_names())}) or --hw-file")
     if args.hw:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
+    if args.gpus:
+        gpu = hardware.local_for_ranks(gpu, args.gpus)
     if args.gpus is None and not args.scale:
         raise UserError("gpus", None, "give the GPU count with --gpus N (or sweep with --scale A:B)")
     precision = args.precision or ("fp32" if gpu.name == "local" else "bf16")
@@ -191,13 +207,59 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
         raise UserError("gpus", n_gpus, f"{expr} = {product} ranks, not {n_gpus}; change --dp, --tp or --pp")
 
 
+def _carbon_inputs(args, cluster):
+    """Check --pue, --region and --carbon-trace before any work; the trace, if one is given."""
+    from shoal.planner import energy
+
+    args.pue = energy.DEFAULT_PUE if args.pue is None else energy.check_pue(args.pue)
+    if args.region:
+        energy.region_intensity(args.region)
+    if args.region and args.carbon_trace:
+        raise UserError("region", args.region, "give --region (an annual average) or --carbon-trace (hourly), not both")
+    if (args.region or args.carbon_trace) and not args.tokens:
+        raise UserError("tokens", None, "energy and CO2 are for a whole run: give its size with --tokens (e.g. 1T)")
+    if (args.region or args.carbon_trace) and not cluster.gpu.board_watts:
+        raise UserError("hw.power_watts", 0, f"{cluster.gpu.name} has no power figure; set one with --hw power_watts=700")
+    return energy.read_trace(args.carbon_trace) if args.carbon_trace else None
+
+
+def validate(args) -> int:
+    from shoal.planner import hardware
+    from shoal.planner.validate import compare
+
+    if args.hw_file:
+        gpu = hardware.load_hw_file(args.hw_file, args.gpu)
+    else:
+        gpu = hardware.get_gpu(args.gpu or "local", remeasure=args.remeasure)
+    if args.hw:
+        gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
+    c = compare(args.validate, gpu, recipe=args.recipe, overrides=args.overrides, gpus=args.gpus,
+                gpus_per_node=args.gpus_per_node)
+    if args.json:
+        print(json.dumps({"validate": c.as_dict()}, indent=2))
+        return 0
+    mfu = f"{c.measured_mfu:.2%}" if c.measured_mfu is not None else "-"
+    pred_mfu = f"{c.predicted_mfu:.2%}" if c.predicted_mfu is not None else "-"
+    print(f"shoal plan --validate {c.run_dir}: {c.layout} on {c.world} x {gpu.name}, {c.steps_measured} steady steps")
+    print(f"  {'':12} {'predicted':>10} {'measured':>10} {'ratio':>6}")
+    print(f"  {'step (s)':12} {c.predicted_step_s:10.4g} {c.measured_step_s:10.4g} {c.step_ratio:6.2f}")
+    print(f"  {'peak GiB':12} {c.predicted_peak_gib:10.3g} {c.measured_peak_gib:10.3g} {c.memory_ratio:6.2f}")
+    print(f"  {'MFU':12} {pred_mfu:>10} {mfu:>10}   (against the run's own peak)")
+    return 0
+
+
 def run(args) -> int:
-    from shoal.planner import cost, scaling
+    from shoal.planner import cost, energy, scaling
     from shoal.planner.evaluate import evaluate
     from shoal.layout import Layout
     from shoal.planner.render import plan_json
     from shoal.planner.search import search
 
+    if args.validate:
+        return validate(args)
+    if args.recipe or args.overrides:
+        raise UserError("recipe" if args.recipe else "set", args.recipe or args.overrides[0],
+                        "--recipe and --set go with --validate RUN_DIR")
     if args.figures:  # outputs are checked before minutes of search, not after
         check_output_dir("--figures", args.figures)
     if args.emit:
@@ -216,13 +278,21 @@ def run(args) -> int:
             result = search(workload, cluster, fixed, rank_by=args.rank_by, keep=max(args.top, 10))
     best = single or (result.best if result else None)
 
-    training = None
-    if args.tokens and best and best.fits:
-        training = cost.estimate(
-            args.tokens, best.tokens_per_s, cluster.n_gpus, usd_per_gpu_hour=args.usd_per_gpu_hour,
-            mtbf_gpu_hours=cost.DEFAULT_MTBF_GPU_HOURS if args.mtbf_hours is None else args.mtbf_hours,
-            checkpoint_interval_hours=args.checkpoint_every_min / 60, restart_hours=args.restart_min / 60,
-            checkpoint_write_hours=args.checkpoint_write_min / 60)
+    # No price given: the catalog's on-demand list price for the device (hardware.py), if it has one.
+    price = args.usd_per_gpu_hour if args.usd_per_gpu_hour is not None else (cluster.gpu.usd_per_gpu_hour or None)
+    trace = _carbon_inputs(args, cluster)
+    budget = None
+    if args.tokens:
+        def budget(plan):
+            """(time-to-train and cost, energy and CO2) of one plan."""
+            est = cost.estimate(
+                args.tokens, plan.tokens_per_s, cluster.n_gpus, usd_per_gpu_hour=price,
+                mtbf_gpu_hours=cost.DEFAULT_MTBF_GPU_HOURS if args.mtbf_hours is None else args.mtbf_hours,
+                checkpoint_interval_hours=args.checkpoint_every_min / 60, restart_hours=args.restart_min / 60,
+                checkpoint_write_hours=args.checkpoint_write_min / 60)
+            return est, energy.run_energy(est, cluster, pue=args.pue, region=args.region, trace=trace)
+    training, used = budget(best) if budget and best and best.fits else (None, None)
+    window = energy.best_start(trace, used.hours) if trace is not None and used is not None else None
 
     points = None
     if args.scale:
@@ -260,21 +330,24 @@ def run(args) -> int:
 
     if args.json:
         doc = plan_json(workload, cluster, name, result=result, single=single, top=args.top, training=training,
-                        scale=points, usd_per_gpu_hour=args.usd_per_gpu_hour)
+                        scale=points, usd_per_gpu_hour=price, budget=budget,
+                        carbon_window=window)
         doc["emitted"] = str(emitted) if emitted else None
         doc["figures"] = [str(f) for f in figures]
         print(json.dumps(doc, indent=2))
         return 0
-    _print_text(workload, cluster, name, result, single, training, points, emitted, figures, args.top,
-                args.usd_per_gpu_hour)
+    _print_text(workload, cluster, name, result, single, training, points, emitted, figures, args.top, price,
+                used, window)
     return 0
 
 
-def _print_text(workload, cluster, name, result, single, training, points, emitted, figures, top, usd) -> None:
+def _print_text(workload, cluster, name, result, single, training, points, emitted, figures, top, usd,
+                used=None, window=None) -> None:
     from rich.console import Console
 
     from shoal.planner.hardware import GiB
-    from shoal.planner.render import breakdown_lines, headline, layouts_table, scale_table, training_lines
+    from shoal.planner.render import (breakdown_lines, energy_lines, headline, layouts_table, scale_table,
+                                      training_lines)
 
     con = Console()
     if not con.is_terminal:
@@ -313,7 +386,7 @@ def _print_text(workload, cluster, name, result, single, training, points, emitt
         for line in breakdown_lines(best):
             con.print("  " + line)
     if training:
-        for line in training_lines(training):
+        for line in training_lines(training) + energy_lines(used, window):
             con.print(line)
     if points:
         con.print(scale_table(points, usd))

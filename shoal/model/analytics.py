@@ -92,28 +92,34 @@ def activation_bytes_per_layer(
 
     Counted the way Korthikanti et al. (2022) count them, but for the tensors shoal's layer saves:
     attention through fused scaled_dot_product_attention keeps no S×S score matrix, SwiGLU keeps
-    its gate, up and product, and there is no dropout. With tensor parallelism the tensors inside
+    its gate, up, silu(gate) and product, each RMSNorm its input, normalized x and output, and there
+    is no dropout. With tensor parallelism the tensors inside
     the parallel region are split tp ways; sequence parallelism splits the rest (norm inputs and
     outputs) too. Full recomputation keeps only the layer input.
     """
     sb = seq_len * micro_batch
     h = cfg.dim
     kv = cfg.n_kv_heads * cfg.head_dim
-    outside_tp = 4 * h  # norm inputs and outputs before attention and before the MLP
+    # What autograd really keeps, measured on shoal's block (fp32, `tiny`, issue 13): each eager RMSNorm
+    # saves three h-sized tensors (its input, the normalized x before the weight, its output), not two,
+    # and SwiGLU four f-sized ones (gate, up, silu(gate), their product), not three. The old counts
+    # came out 1.32x low against the measurement; these reproduce it.
+    outside_tp = 6 * h  # the two norms' saved tensors, before attention and before the MLP
     if recompute == "full":
         return sb * h * bytes_per_element / (tp if sequence_parallel else 1)
     inside_tp = h + 2 * kv + h  # q, k, v for attention, attention output into the out projection
     if cfg.is_moe_layer(layer):
         f = cfg.expert_hidden
-        per_expert_token = h + (3 * f if cfg.mlp == "swiglu" else 2 * f) + h  # input, hidden, output
-        inside_tp += cfg.top_k * per_expert_token + cfg.n_shared_experts * (3 * f if cfg.mlp == "swiglu" else 2 * f)
+        per_expert_token = h + (4 * f if cfg.mlp == "swiglu" else 2 * f) + h  # input, hidden, output
+        inside_tp += cfg.top_k * per_expert_token + cfg.n_shared_experts * (4 * f if cfg.mlp == "swiglu" else 2 * f)
         inside_tp += cfg.n_experts * 2  # router logits in fp32, counted as 2 elements of 16 bits
     else:
-        inside_tp += 3 * cfg.ffn_hidden if cfg.mlp == "swiglu" else 2 * cfg.ffn_hidden
+        inside_tp += 4 * cfg.ffn_hidden if cfg.mlp == "swiglu" else 2 * cfg.ffn_hidden
     elements = sb * (outside_tp / (tp if sequence_parallel else 1) + inside_tp / tp)
     if recompute == "selective":
-        # Norm outputs and activation-function results are recomputed, matmul inputs are kept.
-        elements -= sb * 2 * h / (tp if sequence_parallel else 1)
+        # Norm outputs (and the normalized x) and activation-function results are recomputed, matmul
+        # inputs are kept: each norm keeps only its input.
+        elements -= sb * 4 * h / (tp if sequence_parallel else 1)
     return elements * bytes_per_element
 
 

@@ -44,7 +44,7 @@ def gemm_time(m: float, k: float, n: float, gpu: GPU, precision: str) -> float:
     elem = 4 if precision == "fp32" else 2
     flops = 2.0 * m * k * n
     moved = elem * (m * k + k * n + m * n)
-    return max(flops / (gpu.peak_flops(precision) * gpu.matmul_efficiency),
+    return max(flops / (gpu.peak_flops(precision) * gpu.matmul_efficiency * gpu.sustained_scale),
                moved / (gpu.hbm_bandwidth * gpu.hbm_efficiency))
 
 
@@ -54,6 +54,20 @@ def gemm_time(m: float, k: float, n: float, gpu: GPU, precision: str) -> float:
 DENSE_LAYER_KERNELS = 24
 MOE_EXTRA_KERNELS = 10
 HEAD_KERNELS = 6
+
+
+# Element-wise traffic of an eager PyTorch layer under bf16 mixed precision, in 16-bit-element
+# equivalents per token, forward (backward moves about twice as much). Norms run in fp32: torch.autocast
+# lists layer_norm among the ops it runs in float32, and RMSNorm implementations (shoal's, torchtitan's,
+# Llama's reference) call x.float() themselves. So each of the two norms costs an upcast (read 2 B, write
+# 4 B), the normalisation in fp32 (read 4, write 4) and the downcast for the next GEMM (read 4, write 2):
+# 20 bytes = 10 elements per channel; two residual adds read two and write one: 6. Total 26 per channel
+# where fused bf16 kernels would need 10 (this model's count before it was measured against the
+# llm-foundry and torchtitan tables, bench/published_runs.toml). Rotary on q and k in eager code (split,
+# two multiplies, add, concatenate, in fp32 in torchtitan's complex form): about 3 read+write passes each,
+# 6 elements per channel of q and k.
+EAGER_OUTSIDE_ELEMS = 26
+EAGER_ROTARY_PASSES = 6
 
 
 def _stream(nbytes: float, gpu: GPU) -> float:
@@ -96,14 +110,14 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     if attention == "flash":
         # Causal flash attention skips the upper triangle (half the work); backward does 2.5x the
         # forward FLOPs because it recomputes the scores.
-        rate = gpu.peak_flops(precision) * gpu.attention_efficiency
+        rate = gpu.peak_flops(precision) * gpu.attention_efficiency * gpu.sustained_scale
         attn_fwd = 0.5 * core_flops / rate
         attn_bwd = 2.5 * attn_fwd
-        outside, inside = 10 * h, 2 * (q_dim + kv_dim) + act_elems  # norms + residual adds; rotary + MLP act
+        outside, inside = EAGER_OUTSIDE_ELEMS * h, EAGER_ROTARY_PASSES * (q_dim + kv_dim) + act_elems
     else:
         # Megatron before flash attention: batched GEMMs over the full S×S, then scale-mask-softmax,
         # dropout and their masks in HBM: about 13 bytes per score forward and 19 backward (16-bit).
-        rate = gpu.peak_flops(precision) * gpu.matmul_efficiency
+        rate = gpu.peak_flops(precision) * gpu.matmul_efficiency * gpu.sustained_scale
         scores = cfg.n_heads * float(seq_len) * seq_len * micro_batch / tp
         attn_fwd = core_flops / rate + _stream(13 * scores * elem / 2, gpu)
         attn_bwd = 2 * core_flops / rate + _stream(19 * scores * elem / 2, gpu)

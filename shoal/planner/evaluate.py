@@ -12,6 +12,11 @@ from shoal.planner.layout import Cluster, Workload
 from shoal.planner.memory import MemoryBreakdown, memory
 from shoal.planner.timing import StepTime, step_time
 
+MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
+"""MemoryBreakdown's parts, which add up to its total."""
+TIME_PARTS = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "fsdp_comm", "bubble", "dp_comm", "optimizer", "tail")
+"""StepTime's parts, which add up to its step."""
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -100,18 +105,28 @@ class Plan:
         return next((p for p in found if isinstance(p, TrainerLimit)), None)
 
     def as_dict(self) -> dict:
-        lay = self.layout
+        """The `shoal plan --json` contract for one plan (docs/planner.md): `strategy` is the layout in
+        the trainer's field names; memory in GiB and time in seconds, each with a breakdown that sums
+        to the total. render.plan_dict adds `days` and `usd` when a token budget is given."""
+        lay, mem, t = self.layout, self.memory, self.time
         return {
-            # The trainer's field names (shoal/layout.py), plus the derived totals.
-            "layout": {**asdict(lay), "dp": lay.dp, "virtual_stages": lay.virtual_stages,
-                       "microbatches": self.time.microbatches},
+            "strategy": {**asdict(lay), "dp": lay.dp, "virtual_stages": lay.virtual_stages,
+                         "microbatches": t.microbatches},
+            "attention": self.workload.attention,
+            "precision": self.workload.precision,
             "fits": self.fits,
-            "memory_bytes": self.memory.as_dict(),
-            "time_s": self.time.as_dict(),
+            "memory_gib": mem.total / GiB,
+            "memory_capacity_gib": mem.capacity / GiB,
+            "memory_breakdown_gib": {k: getattr(mem, k) / GiB for k in MEMORY_PARTS},
+            "memory_peak_stage": mem.stage,
+            "step_time_s": t.step,
+            "time_breakdown_s": {k: getattr(t, k) for k in TIME_PARTS},
+            "bubble_fraction": t.bubble_fraction,
+            "dp_comm_total_s": t.dp_comm_total,
             "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.model_tflops_per_gpu,
             "mfu": self.mfu,
             "hfu": self.hfu,
-            "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "reasons": self.reasons,
         }
 

@@ -28,6 +28,12 @@ from shoal.errors import UserError
 GiB = 2**30
 
 
+POWER_CLOCK_EXPONENT = 0.30
+"""How a power-capped GPU's dense throughput falls with its power limit, from two datasheet points of
+one die: H100 NVL (132 SMs, 350-400 W) peaks at 835 dense BF16 TFLOP/s and H100 SXM (132 SMs, 700 W)
+at 989, so 835/989 = (400/700) ** 0.30. Derived, approximate (a power law through two points)."""
+
+
 @dataclass(frozen=True)
 class GPU:
     name: str
@@ -59,15 +65,50 @@ class GPU:
     """nccl-tests bus bandwidth across nodes as a fraction of inter_node_bandwidth."""
     inter_node_latency: float
     """Seconds per step of a collective across nodes."""
+    nodes_per_leaf: int = 0
+    """Nodes with full bisection bandwidth among themselves (a leaf or rail group); 0: one non-blocking fabric."""
+    oversubscription: float = 1.0
+    """Leaf downlink : uplink bandwidth ratio above nodes_per_leaf (1: non-blocking, Llama 3's pods: 7)."""
+    overlap_cost: float = 0.15
+    """Share of a collective's duration still paid when it is hidden behind compute. GPUs: NCCL runs one
+    thread block per channel, each on its own SM, and opens 16-32 channels on NVSwitch nodes
+    (NCCL_MIN_NCHANNELS/NCCL_MAX_NCHANNELS; nccl-tests prints the count), i.e. 12-24% of an H100's 132
+    SMs or 15-30% of an A100's 108, and streams its buffers through HBM; 0.15 is the low end of that SM
+    share (derived, not measured). `local`: 1.0, a CPU rank has one core and gloo's send/receive
+    threads run on it too, so nothing overlaps."""
     kernel_gap: float = 2e-6
     """Seconds each kernel costs beyond its work: launch and the idle gap between dependent kernels
-    (eager PyTorch on a CPU: the per-op dispatch cost). What makes tiny models slow."""
+    (eager PyTorch on a CPU: the per-op dispatch cost). What makes tiny models slow. 2 us is the order
+    of a CUDA launch seen back-to-back on the GPU (a few microseconds, NVIDIA's CUDA graphs notes);
+    approximate: the `local` entry measures its own (op_overhead)."""
     reserved_bytes: float = 2.5 * GiB
     """Memory that is never the model's: CUDA context, NCCL buffers, cuBLAS workspaces."""
     peak_fp32_flops: float = 0.0
     """Peak for fp32 training; 0 means half the BF16 peak (the TF32 tensor-core rate on NVIDIA)."""
+    power_watts: float = 0.0
+    """Board power at full training load (the TDP: training holds GPUs at their power limit, see the
+    matmul_efficiency note), watts; with the job's PUE it gives the energy of a run (energy.py)."""
+    power_limit_watts: float = 0.0
+    """A power cap below the TDP (nvidia-smi -pl), watts; 0: none. Under a cap the sustained clock, and
+    with it every kernel's rate, drops as (limit / power_watts) ** POWER_CLOCK_EXPONENT (see
+    `sustained_scale`); the energy uses the cap."""
+    usd_per_gpu_hour: float = 0.0
+    """On-demand cloud price per device-hour, USD, used when no --usd-per-gpu-hour is given (0: none).
+    List prices move; these are approximate public 2024 rates, a default to overwrite, not a quote."""
     note: str = ""
     """Where the numbers come from."""
+
+    @property
+    def sustained_scale(self) -> float:
+        """Fraction of the catalog's sustained rates left under power_limit_watts (1.0 without a cap)."""
+        if not self.power_limit_watts or not self.power_watts or self.power_limit_watts >= self.power_watts:
+            return 1.0
+        return (self.power_limit_watts / self.power_watts) ** POWER_CLOCK_EXPONENT
+
+    @property
+    def board_watts(self) -> float:
+        """What one device draws while training: its cap if it has one, else its TDP."""
+        return min(self.power_watts, self.power_limit_watts) if self.power_limit_watts else self.power_watts
 
     @property
     def intra_busbw(self) -> float:
@@ -87,46 +128,74 @@ class GPU:
 # the node busy): H200 ~703-727 TFLOP/s of 989 (0.71-0.735) and B200 ~1430-1456 of 2250 (0.64), while
 # short bursts reach 80-84% (MAMF; this project measured 81% on one H100, 80% on one H200). H100 has
 # H200's die and power limit, so 0.72 too. A100 has no sustained measurement: its burst MAMF (85.9%)
-# times the sustained/burst ratio seen on H200 and B200 (~0.85) gives 0.73. MI300X saturates its power
-# cap within one kernel, so its MAMF (60%) is already sustained. NVLink bus efficiency from nccl-tests all_reduce on 8-GPU NVSwitch nodes
-# (~235 GB/s on A100, ~360 GB/s on H100 without NVLS). HBM efficiency from the copy measurements in
-# calibration.md (3.0 of 3.35 TB/s on H100, 4.3 of 4.8 TB/s on H200).
+# times the sustained/burst ratio seen on H200 and B200 (~0.85) gives 0.73 (that product, not a fit; it
+# happens to land within 1% of one Korthikanti layer time). MI300X saturates its power cap within one
+# kernel, so its MAMF (60%) is already sustained.
+#
+# NVLink bus efficiency from nccl-tests all_reduce on 8-GPU NVSwitch nodes (~235 GB/s on A100, ~360 GB/s
+# on H100 without NVLS). Inter-node efficiency 0.9: nccl-tests across nodes with one NIC per GPU reports
+# busbw near 90% of line rate (~22-23 GB/s per GPU of HDR's 25; approximate).
+#
+# HBM efficiency from the copy measurements in calibration.md (3.0 of 3.35 TB/s on H100, 4.3 of 4.8 TB/s
+# on H200); A100's 0.85 and the others' are not measured here: STREAM/BabelStream-class copies reach
+# 85-90% of datasheet bandwidth on HBM parts, 0.85 the lower end (approximate).
+#
+# Attention efficiency, in FlashAttention's own FLOP count (causal = half, backward 2.5x forward):
+# FlashAttention-2 reaches 50-73% of the A100 peak forward and less backward (Dao 2023, arXiv:2307.08691,
+# abstract and its A100 benchmarks, fwd+bwd ~170-190 TFLOP/s at head dim 128), so 0.55; on H100 it reaches
+# "only 35%" (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, abstract), so 0.35 for H100 and H200
+# (same die). FA3 would be ~0.6-0.75 there: --hw attention_efficiency=0.6 for FA3/cuDNN runs. B200 and
+# MI300X have no published measurement read here: the H100 FA2 share is assumed (approximate).
+#
+# Power (board TDP, the vendors' datasheets): A100 SXM 400 W, H100 SXM and H200 SXM 700 W, B200 1000 W,
+# MI300X 750 W. TPUs have no published TDP: v4 ~200 W is the mean power per chip reported in Jouppi et
+# al., "TPU v4" (ISCA 2023, ~170-192 W measured); v5p 450 W is a guess scaled by peak FLOPs (approximate).
+#
+# Prices (on-demand, USD per device-hour, 2024, approximate): Lambda's public list, A100 SXM 80GB 1.79
+# and H100 SXM 2.99; H200 3.50, B200 5.99 and MI300X 2.50 are typical neocloud quotes of 2024-25
+# (approximate); Google Cloud's list price per chip-hour, TPU v4 3.22 and v5p 4.20.
 CATALOG: dict[str, GPU] = {
     "a100-80gb": GPU(
         name="a100-80gb", peak_bf16_flops=312e12, matmul_efficiency=0.73, attention_efficiency=0.55,
         hbm_bytes=80 * GiB, hbm_bandwidth=2.039e12, hbm_efficiency=0.85,
         gpus_per_node=8, intra_node_bandwidth=300e9, intra_node_efficiency=0.78, intra_node_latency=5e-6,
         inter_node_bandwidth=25e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        power_watts=400, usd_per_gpu_hour=1.79,
         note="DGX A100: NVLink3 600 GB/s bidirectional, one 200 Gb/s HDR InfiniBand NIC per GPU (Selene)"),
     "h100-sxm": GPU(
-        name="h100-sxm", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.45,
+        name="h100-sxm", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.35,
         hbm_bytes=81559 * 2**20, hbm_bandwidth=3.35e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        power_watts=700, usd_per_gpu_hour=2.99,
         note="HGX H100: NVLink4 900 GB/s bidirectional, one 400 Gb/s NDR InfiniBand/RoCE NIC per GPU"),
     "h200": GPU(
-        name="h200", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.45,
+        name="h200", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.35,
         hbm_bytes=143771 * 2**20, hbm_bandwidth=4.8e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        power_watts=700, usd_per_gpu_hour=3.50,
         note="HGX H200: H100 compute with 141 GB HBM3e; 400 Gb/s per GPU between nodes"),
     "b200": GPU(
-        name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.45,
+        name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.35,
         hbm_bytes=180 * GiB, hbm_bandwidth=8.0e12, hbm_efficiency=0.85,
         gpus_per_node=8, intra_node_bandwidth=900e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        power_watts=1000, usd_per_gpu_hour=5.99,
         note="HGX B200: NVLink5 1.8 TB/s bidirectional, 400 Gb/s per GPU between nodes; ~180 GiB usable"),
     "mi300x": GPU(
         name="mi300x", peak_bf16_flops=1307e12, matmul_efficiency=0.60, attention_efficiency=0.35,
         hbm_bytes=192 * GiB, hbm_bandwidth=5.3e12, hbm_efficiency=0.8,
         gpus_per_node=8, intra_node_bandwidth=448e9, intra_node_efficiency=0.7, intra_node_latency=8e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.85, inter_node_latency=12e-6,
+        power_watts=750, usd_per_gpu_hour=2.50,
         note="8x MI300X: Infinity Fabric 7 x 64 GB/s per direction to peers, 400 Gb/s per GPU between nodes"),
     "tpu-v5p": GPU(
         name="tpu-v5p", peak_bf16_flops=459e12, matmul_efficiency=0.75, attention_efficiency=0.5,
         hbm_bytes=95e9, hbm_bandwidth=2.765e12, hbm_efficiency=0.85,
         gpus_per_node=64, intra_node_bandwidth=300e9, intra_node_efficiency=0.7, intra_node_latency=5e-6,
         inter_node_bandwidth=100e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
+        power_watts=450, usd_per_gpu_hour=4.20,
         note="TPU-v5p-like, approximate: a 4x4x4 ICI cube (4800 Gb/s ICI per chip) taken as one 'node'; "
              "traffic between cubes given a third of the per-chip ICI bandwidth"),
     "tpu-v4": GPU(
@@ -134,6 +203,7 @@ CATALOG: dict[str, GPU] = {
         hbm_bytes=32 * GiB, hbm_bandwidth=1.2e12, hbm_efficiency=0.85,
         gpus_per_node=64, intra_node_bandwidth=150e9, intra_node_efficiency=0.7, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
+        power_watts=200, usd_per_gpu_hour=3.22,
         note="TPU-v4-like, approximate: 64-chip ICI cubes as 'nodes'"),
 }
 
@@ -208,7 +278,9 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
             raise UserError(f"{source}.{key}", raw, f"must be a number ({kind})") from None
         if kind != "str" and not math.isfinite(value):  # float("nan") parses; a nan bandwidth plans nonsense
             raise UserError(f"{source}.{key}", raw, "must be a finite number")
-        if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap"):
+        if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "power_watts",
+                                                         "nodes_per_leaf", "overlap_cost", "power_limit_watts",
+                                                         "usd_per_gpu_hour"):
             raise UserError(f"{source}.{key}", raw, "must be positive")
         if key.endswith("_efficiency") and not 0 < value <= 1:
             raise UserError(f"{source}.{key}", raw, "an efficiency is a fraction in (0, 1]")
@@ -273,6 +345,19 @@ def local_gpu(*, remeasure: bool = False) -> GPU:
     return gpu_from_profile(json.loads(path.read_text()))
 
 
+def local_for_ranks(gpu: GPU, ranks: int) -> GPU:
+    """The `local` entry as a job of `ranks` processes sees it. The profile is one thread per rank
+    (launched workers get OMP_NUM_THREADS=1, shoal/launch/local.py), but a single process keeps
+    torch's default, every core: its matmul and copy rates scale with the cores (approximately:
+    linear) and it has the whole memory."""
+    if gpu.name != "local" or ranks != 1 or gpu.gpus_per_node <= 1:
+        return gpu
+    cores = gpu.gpus_per_node
+    return dataclasses.replace(gpu, peak_bf16_flops=gpu.peak_bf16_flops * cores,
+                               peak_fp32_flops=gpu.peak_fp32_flops * cores, hbm_bandwidth=gpu.hbm_bandwidth * cores,
+                               hbm_bytes=gpu.hbm_bytes * cores, gpus_per_node=1)
+
+
 def gpu_from_profile(profile: dict) -> GPU:
     """A catalog entry from a measured profile; measured rates are achievable rates (efficiency 1)."""
     ranks = max(1, int(profile.get("cpu_count", 1)))
@@ -293,6 +378,7 @@ def gpu_from_profile(profile: dict) -> GPU:
         inter_node_efficiency=0.9,
         inter_node_latency=float(profile.get("inter_node_latency", 50e-6)),
         kernel_gap=float(profile.get("op_overhead", 20e-6)),
+        overlap_cost=1.0,
         reserved_bytes=0.3 * GiB,
         note=f"measured on {profile.get('host', 'this machine')} at {profile.get('measured_at', '?')} "
              f"(one thread per rank, gloo between local processes)",

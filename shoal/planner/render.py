@@ -7,14 +7,12 @@ import math
 
 from shoal.model.analytics import param_counts
 from shoal.planner.cost import TrainingEstimate
-from shoal.planner.evaluate import Plan
+from shoal.planner.evaluate import MEMORY_PARTS, TIME_PARTS, Plan
 from shoal.planner.hardware import GiB
 from shoal.planner.layout import Cluster, Workload
 from shoal.planner.scaling import ScalePoint, efficiency, knee
 from shoal.planner.search import SearchResult
 
-MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
-TIME_PARTS = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "fsdp_comm", "bubble", "dp_comm", "optimizer")
 
 
 def human(n: float, unit: str = "") -> str:
@@ -44,7 +42,7 @@ def headline(workload: Workload, cluster: Cluster, model_name: str) -> str:
     return (f"{model_name} ({human(counts.total)} params{active}) · seq {workload.seq_len} · batch "
             f"{workload.global_batch} ({human(workload.tokens_per_step)} tokens/step) · {cluster.n_gpus} x "
             f"{cluster.gpu.name} ({cluster.n_nodes} node{'s' if cluster.n_nodes > 1 else ''} of {cluster.gpus_per_node})"
-            + (" · unfused attention" if workload.attention == "unfused" else ""))
+            f" · {workload.attention} attention")
 
 
 def layouts_table(plans: list[Plan], title: str):
@@ -138,20 +136,58 @@ def model_dict(workload: Workload, name: str) -> dict:
     return {"name": name, "params_total": counts.total, "params_active": counts.active, "config": cfg}
 
 
+def plan_dict(plan: Plan, budget=None) -> dict:
+    """One plan of the --json contract; with a budget (plan -> (TrainingEstimate, Energy or None)),
+    `days` and `usd`: the wall-clock and cost with no failures (tokens / tokens_per_s), and beside
+    them the expected ones with failures, restarts and checkpoint writes (cost.py), and the run's
+    energy and CO2 (energy.py)."""
+    out = plan.as_dict()
+    if budget is None:
+        return out  # (a plan that does not fit still gets them: callers read them for pinned layouts)
+    est, used = budget(plan)
+    full = est.as_dict()
+    out.update(days=est.ideal_days, usd=est.ideal_cost, expected_days=full["expected_days"],
+               expected_usd=full["expected_cost_usd"], usd_per_gpu_hour=est.usd_per_gpu_hour)
+    if used is not None:
+        out.update(energy_kwh=used.kwh, energy_hours=used.hours, pue=used.pue, gpu_power_watts=used.gpu_power_watts,
+                   co2_kg=used.co2_kg, grid_gco2_per_kwh=used.grams_per_kwh)
+    return out
+
+
+def energy_lines(used, window=None) -> list[str]:
+    if used is None:
+        return []
+    where = f" in {used.region}" if used.region else (" over the chosen window" if window else "")
+    co2 = ""
+    if used.co2_kg is not None:
+        amount = f"{used.co2_kg / 1000:,.1f} t" if used.co2_kg >= 1000 else f"{used.co2_kg:,.0f} kg"
+        co2 = f", {amount} CO2 at {used.grams_per_kwh:.0f} g/kWh{where}"
+    kwh = f"{used.kwh / 1000:,.1f} MWh" if used.kwh >= 1000 else f"{used.kwh:,.0f} kWh"
+    lines = [f"energy: {kwh} ({used.gpu_power_watts:.0f} W per GPU x {duration(used.hours * 3600)} "
+             f"x PUE {used.pue:g}){co2}"]
+    if window is not None:
+        lines.append(f"carbon-aware start: hour {window.start_index} ({window.start_label}) of the trace: "
+                     f"{window.grams_per_kwh:.0f} g/kWh over the run vs {window.now_grams_per_kwh:.0f} starting at once "
+                     f"({window.saving:.0%} less CO2)")
+    return lines
+
+
 def plan_json(workload: Workload, cluster: Cluster, model_name: str, *, result: SearchResult | None = None,
               single: Plan | None = None, top: int = 10, training: TrainingEstimate | None = None,
-              scale: list[ScalePoint] | None = None, usd_per_gpu_hour: float | None = None) -> dict:
-    best = single if single is not None else (result.best if result else None)
+              scale: list[ScalePoint] | None = None, usd_per_gpu_hour: float | None = None, budget=None,
+              carbon_window=None) -> dict:
+    """The `shoal plan --json` document: `plans`, best first (the contract, docs/planner.md), then
+    what was planned and how the search went."""
+    plans = result.plans[:top] if result else ([single] if single else [])
     out = {
+        "plans": [plan_dict(p, budget) for p in plans],
         "model": model_dict(workload, model_name),
         "workload": {"seq_len": workload.seq_len, "global_batch": workload.global_batch,
                      "tokens_per_step": workload.tokens_per_step, "precision": workload.precision,
                      "attention": workload.attention},
         "cluster": {"gpu": dataclasses.asdict(cluster.gpu), "n_gpus": cluster.n_gpus,
                     "gpus_per_node": cluster.gpus_per_node, "n_nodes": cluster.n_nodes},
-        "best": best.as_dict() if best else None,
-        "layouts": [p.as_dict() for p in (result.plans[:top] if result else ([single] if single else []))],
-        "closest_misses": [p.as_dict() for p in (result.closest_misses if result else [])],
+        "closest_misses": [plan_dict(p) for p in (result.closest_misses if result else [])],
         "search": None if result is None else {
             "evaluated": result.evaluated, "fitting": result.fitting, "dominated": result.dominated,
             "note": result.note or None,
@@ -159,6 +195,11 @@ def plan_json(workload: Workload, cluster: Cluster, model_name: str, *, result: 
             "seconds": result.seconds},
         "training": training.as_dict() if training else None,
     }
+    if carbon_window is not None:
+        w = carbon_window
+        out["carbon_window"] = {"start_index": w.start_index, "start_label": w.start_label, "hours": w.hours,
+                                "gco2_per_kwh": w.grams_per_kwh, "gco2_per_kwh_starting_now": w.now_grams_per_kwh,
+                                "saving": w.saving}
     if scale is not None:
         rows = []
         for mode in ("fixed-global-batch", "fixed-per-gpu-batch"):
@@ -170,7 +211,7 @@ def plan_json(workload: Workload, cluster: Cluster, model_name: str, *, result: 
                              "per_gpu_efficiency": eff[p.n_gpus] if p.best else None,
                              "mfu": p.best.mfu if p.best else None,
                              "usd_per_million_tokens": usd_per_million_tokens(p, usd_per_gpu_hour),
-                             "best": p.best.as_dict() if p.best else None, "why_none": p.why_none or None})
+                             "best": plan_dict(p.best) if p.best else None, "why_none": p.why_none or None})
             dim, wall = knee(pts)
             out.setdefault("scale_knee", {})[mode] = {"efficiency_below_80pct_at": dim, "throughput_stalls_at": wall}
         out["scale"] = rows

@@ -19,6 +19,7 @@ Overlap, and why:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from shoal.planner import collectives as coll
@@ -27,10 +28,20 @@ from shoal.layout import Layout
 from shoal.planner.layout import Cluster, Workload, group_ranks_per_node, layers_per_rank, moe_layer_count
 from shoal.planner.memory import rank_params
 
-OVERLAP_SLOWDOWN = 0.15
-"""Hidden communication is not free: NCCL's kernels occupy SMs (16-24 of an H100's 132) and HBM
-bandwidth while they run, so compute overlapped with a collective slows by about this fraction of
-the collective's duration."""
+GRAD_REDUCE_BYTES = 4
+"""Gradients are reduced in fp32 under bf16 mixed precision: shoal's FSDP2 policy (reduce_dtype=float32,
+parallel/data_parallel.py), torchtitan's default, Composer's DEFAULT policy and Megatron's
+--accumulate-allreduce-grads-in-fp32. So reduce-scatters and all-reduces of gradients move 4 bytes per
+parameter while parameter all-gathers move 2."""
+
+RANK_SPEED_SIGMA = 0.01
+"""Spread (standard deviation, as a fraction) of the sustained speed of nominally identical GPUs. A
+synchronous step waits for the slowest of N ranks, and the expected maximum of N normal samples is
+about sigma * sqrt(2 ln N) above the mean. Approximate, not fitted: Sinha et al., "Not All GPUs Are
+Created Equal" (SC'22) measured GEMM throughput spreads of several percent (worst ~22%) across the
+A100/V100 GPUs of production clusters, from power and thermal limits. 1% is the low end of that
+reading: at 1.5% the measured 512-GPU iteration of Korthikanti's Table 5 (1T, full recompute) is
+predicted 12% slow, outside its 10% tolerance, so the spread is bounded by that measurement."""
 
 OPTIMIZER_BYTES_PER_PARAM = 30
 """Adam step, memory-bound: fp32 master, momentum and variance read and written (24), the gradient
@@ -59,6 +70,8 @@ class StepTime:
     """Exposed data-parallel gradient reduction and parameter gather once per step."""
     optimizer: float
     """The optimizer step on this GPU's shard."""
+    tail: float
+    """Waiting for the slowest rank: the expected maximum over the job's GPUs of their speed spread."""
     step: float
     microbatches: int
     dp_comm_total: float
@@ -76,7 +89,8 @@ class StepTime:
 
 def network(cluster: Cluster) -> coll.Network:
     gpu = cluster.gpu
-    return coll.Network(gpu.intra_busbw, gpu.intra_node_latency, gpu.inter_busbw, gpu.inter_node_latency)
+    return coll.Network(gpu.intra_busbw, gpu.intra_node_latency, gpu.inter_busbw, gpu.inter_node_latency,
+                        gpu.nodes_per_leaf, gpu.oversubscription)
 
 
 def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
@@ -131,19 +145,22 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     g_dp = group_ranks_per_node(lay.dp, lay.tp, G)
     g_edp = group_ranks_per_node(edp, lay.tp * lay.ep, G)
 
-    def gather(n_dense: float, n_expert: float) -> float:
+    grad = GRAD_REDUCE_BYTES if prec == "bf16" else elem
+
+    def gather(n_dense: float, n_expert: float, nbytes: int = elem) -> float:
         """All-gather (or reduce-scatter: same time) of these many unsharded parameters."""
-        return (coll.all_gather(n_dense * elem, lay.dp, g_dp, net)
-                + coll.all_gather(n_expert * elem, edp, g_edp, net)) if lay.dp > 1 else 0.0
+        return (coll.all_gather(n_dense * nbytes, lay.dp, g_dp, net)
+                + coll.all_gather(n_expert * nbytes, edp, g_edp, net)) if lay.dp > 1 else 0.0
 
     layer_dense, layer_expert = params.layer_dense, params.layer_expert
+    hide = gpu.overlap_cost
     fsdp_fwd = fsdp_bwd = fsdp_start = 0.0
     if lay.dp > 1 and lay.zero >= 2:
         # Per layer, per micro-batch: sizes are the full (unsharded) layer on this TP rank.
-        rs = gather(layer_dense, layer_expert)
-        ag = rs if lay.zero == 3 else 0.0
-        fsdp_fwd = _overlap(ag, fwd + tp_fwd)
-        fsdp_bwd = _overlap(ag + rs, bwd + recompute + tp_bwd)
+        rs = gather(layer_dense, layer_expert, grad)
+        ag = gather(layer_dense, layer_expert) if lay.zero == 3 else 0.0
+        fsdp_fwd = _overlap(ag, fwd + tp_fwd, hide)
+        fsdp_bwd = _overlap(ag + rs, bwd + recompute + tp_bwd, hide)
         fsdp_start = ag + rs  # once per step: the very first gather and the very last reduce-scatter show
 
     # --- one micro-batch on the busiest rank ---
@@ -167,23 +184,39 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     dp_total = dp_exposed = 0.0
     if lay.dp > 1 and lay.zero <= 2:
         if lay.zero == 0:
-            sync = (coll.all_reduce(params.dense * elem, lay.dp, g_dp, net)
-                    + coll.all_reduce(params.expert * elem, edp, g_edp, net))
+            sync = (coll.all_reduce(params.dense * grad, lay.dp, g_dp, net)
+                    + coll.all_reduce(params.expert * grad, edp, g_edp, net))
             regather = 0.0
         else:
             regather = gather(params.dense, params.expert)  # updated weights back to every rank
-            sync = regather if lay.zero == 1 else 0.0  # ZeRO-2 reduced its gradients per micro-batch
-        window = max(0.0, t_b - (bwd + recompute + tp_bwd))  # the last backward, all but its last layer
+            # ZeRO-2 reduced its gradients per micro-batch
+            sync = gather(params.dense, params.expert, grad) if lay.zero == 1 else 0.0
+        layer_bwd = bwd + recompute + tp_bwd
         last_bucket = sync / max(layers, 1)
-        dp_total = sync + regather + (m * layers * gather(layer_dense, layer_expert) if lay.zero == 2 else 0.0)
-        dp_exposed = last_bucket + _overlap(sync - last_bucket, window) + _overlap(regather, t_f)
+        v = lay.virtual_stages
+        dp_total = sync + regather + (m * layers * gather(layer_dense, layer_expert, grad) if lay.zero == 2 else 0.0)
+        if v == 1:
+            # The last micro-batch's backward, all but its last layer, hides the reduction.
+            dp_exposed = last_bucket + _overlap(sync - last_bucket, max(0.0, t_b - layer_bwd), hide)
+        else:
+            # Interleaved: a chunk's gradients are final only after the last micro-batch's backward through
+            # that chunk. The chunk that finishes last (1/v of the rank's parameters) has only its own
+            # backward, t_b/v, to hide behind; the others overlap the rest of the cool-down.
+            chunk = sync / v
+            dp_exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - layer_bwd), hide)
+                          + _overlap(sync - chunk, t_b * (v - 1) / v, hide))
+        dp_exposed += _overlap(regather, t_f, hide)
     elif lay.dp > 1:
-        dp_total = m * layers * 3 * gather(layer_dense, layer_expert)
+        dp_total = m * layers * (2 * gather(layer_dense, layer_expert) + gather(layer_dense, layer_expert, grad))
 
     local = params.dense / (lay.dp if lay.zero >= 1 else 1) + params.expert / (edp if lay.zero >= 1 else 1)
     optimizer = OPTIMIZER_BYTES_PER_PARAM * local / (gpu.hbm_bandwidth * gpu.hbm_efficiency)
 
-    step = m * (t_f + t_b) + bubble + fsdp_start + dp_exposed + optimizer
+    # The slowest GPU's kernels set the pace: its spread stretches kernel time, not the wire time.
+    kernels = m * (layers * (fwd + bwd + recompute) + head.fwd + head.bwd)
+    n = cluster.n_gpus
+    tail = kernels * RANK_SPEED_SIGMA * math.sqrt(2 * math.log(n)) if n > 1 else 0.0
+    step = m * (t_f + t_b) + bubble + fsdp_start + dp_exposed + optimizer + tail
     return StepTime(
         compute=m * (layers * (fwd + bwd) + head.fwd + head.bwd),
         recompute=m * layers * recompute,
@@ -194,6 +227,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         bubble=bubble,
         dp_comm=dp_exposed,
         optimizer=optimizer,
+        tail=tail,
         step=step,
         microbatches=m,
         dp_comm_total=dp_total,
@@ -201,7 +235,8 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     )
 
 
-def _overlap(comm: float, compute: float) -> float:
-    """Time a collective adds when it runs beside `compute` seconds of kernels."""
+def _overlap(comm: float, compute: float, cost: float) -> float:
+    """Time a collective adds when it runs beside `compute` seconds of kernels; `cost` is the share of
+    the hidden part still paid (the device's overlap_cost)."""
     hidden = min(comm, compute)
-    return (comm - hidden) + OVERLAP_SLOWDOWN * hidden
+    return (comm - hidden) + cost * hidden

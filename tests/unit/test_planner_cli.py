@@ -17,18 +17,45 @@ def plan(*args, cache_dir=None):
                           timeout=120)
 
 
+STRATEGY_FIELDS = ("dp_replicate", "dp_shard", "tp", "pp", "ep", "zero", "micro_batch", "pp_schedule",
+                   "pp_microbatches", "pp_virtual_stages", "activation_checkpoint", "sequence_parallel")
+PLAN_KEYS = ("strategy", "memory_gib", "memory_breakdown_gib", "step_time_s", "time_breakdown_s", "tokens_per_s",
+             "tflops_per_gpu", "mfu", "hfu")
+
+
+def check_contract(doc: dict, *, budget: bool) -> list[dict]:
+    """The --json contract other tools rely on (docs/planner.md): {"plans": [...]}, best first."""
+    plans = doc["plans"]
+    assert isinstance(plans, list) and plans
+    for p in plans:
+        for key in PLAN_KEYS + (("days", "usd") if budget else ()):
+            assert key in p, key
+        assert set(STRATEGY_FIELDS) <= set(p["strategy"])
+        assert p["memory_gib"] == pytest.approx(sum(p["memory_breakdown_gib"].values()))
+        assert p["step_time_s"] == pytest.approx(sum(p["time_breakdown_s"].values()))
+        assert p["attention"] in ("flash", "unfused")
+        assert 0 < p["mfu"] <= p["hfu"] < 1 and p["tokens_per_s"] > 0
+        assert p["tflops_per_gpu"] == pytest.approx(p["mfu"] * doc["cluster"]["gpu"]["peak_bf16_flops"] / 1e12)
+    speeds = [p["tokens_per_s"] for p in plans if p["fits"]]
+    assert speeds == sorted(speeds, reverse=True)  # best first
+    return plans
+
+
 def test_json_search_and_emitted_recipe(tmp_path):
     recipe = tmp_path / "plan-8b.toml"
     out = plan("--model", "llama3-8b", *BASE, "--gpus", "64", "--top", "3", "--json", "--emit", str(recipe),
                "--tokens", "1T", "--usd-per-gpu-hour", "2")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    best = doc["best"]
-    assert best["fits"] and best["memory_bytes"]["total"] <= doc["cluster"]["gpu"]["hbm_bytes"]
-    assert len(doc["layouts"]) == 3 and doc["search"]["evaluated"] > 0
-    assert 0 < best["mfu"] < 1 and best["tokens_per_s"] > 0
-    assert doc["training"]["ideal_days"] == pytest.approx(1e12 / best["tokens_per_s"] / 86400)
-    lay = best["layout"]
+    plans = check_contract(doc, budget=True)
+    best = plans[0]
+    assert best["fits"] and best["memory_gib"] * 2**30 <= doc["cluster"]["gpu"]["hbm_bytes"]
+    assert len(plans) == 3 and doc["search"]["evaluated"] > 0
+    assert best["days"] == pytest.approx(1e12 / best["tokens_per_s"] / 86400)
+    assert best["usd"] == pytest.approx(best["days"] * 24 * 64 * 2)
+    assert best["expected_days"] > best["days"]  # failures and checkpoint writes cost time
+    assert doc["training"]["ideal_days"] == pytest.approx(best["days"])
+    lay = best["strategy"]
     assert lay["dp"] * lay["tp"] * lay["pp"] == 64
     rec = tomllib.loads(recipe.read_text())
     assert rec["model"] == {"preset": "llama3-8b"}
@@ -40,14 +67,24 @@ def test_json_search_and_emitted_recipe(tmp_path):
     assert rec["train"]["micro_batch"] == lay["micro_batch"] and rec["train"]["global_batch"] == 256
 
 
+def test_json_without_budget_has_no_days_and_uses_list_price():
+    out = plan("--model", "llama3-8b", *BASE, "--gpus", "16", "--top", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    plans = check_contract(json.loads(out.stdout), budget=False)
+    assert "days" not in plans[0]
+    out = plan("--model", "llama3-8b", *BASE, "--gpus", "16", "--top", "1", "--json", "--tokens", "1e11")
+    best = check_contract(json.loads(out.stdout), budget=True)[0]
+    assert best["usd_per_gpu_hour"] > 0 and best["usd"] == pytest.approx(best["days"] * 24 * 16 * best["usd_per_gpu_hour"])
+
+
 def test_all_dimensions_given_evaluates_one_layout():
     out = plan("--layers", "24", "--hidden", "2048", "--heads", "16", *BASE, "--gpus", "16", "--tp", "2", "--pp", "2",
                "--dp", "4", "--zero", "1", "--micro-batch", "2", "--recompute", "selective", "--pp-schedule", "1f1b",
                "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["search"] is None and len(doc["layouts"]) == 1
-    lay = doc["best"]["layout"]
+    assert doc["search"] is None and len(check_contract(doc, budget=False)) == 1
+    lay = doc["plans"][0]["strategy"]
     assert (lay["dp"], lay["tp"], lay["pp"], lay["zero"], lay["micro_batch"], lay["activation_checkpoint"]) == (4, 2, 2, 1, 2, "selective")
     assert lay["dp_shard"] == 4 and lay["dp_replicate"] == 1 and lay["sequence_parallel"] is True
 
@@ -79,6 +116,8 @@ def test_text_output_names_winner_and_failures():
       "--micro-batch", "1", "--recompute", "none", "--pp-schedule", "interleaved-1f1b"], "pp_schedule="),
     (["--model", "llama3-8b", *BASE], "gpus="),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--zero", "4"], "--zero"),
+    (["--model", "llama3-8b", "--global-batch", "64", "--gpu", "h100", "--gpus", "8"], "seq_len="),
+    (["--model", "llama3-8b", *BASE, "--gpus", "8", "--recipe", "recipes/tiny.toml"], "recipe="),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, field):
     out = plan(*args)
@@ -127,7 +166,7 @@ def test_emitted_recipe_passes_the_trainers_checks(tmp_path, args):
     recipe = tmp_path / "plan.toml"
     out = plan(*args, "--json", "--emit", str(recipe))
     assert out.returncode == 0, out.stderr
-    lay = json.loads(out.stdout)["best"]["layout"]
+    lay = json.loads(out.stdout)["plans"][0]["strategy"]
     cfg = load_config(recipe)
     job = resolve(cfg, lay["dp"] * lay["tp"] * lay["pp"])
     # The recipe is the plan's layout, field for field.

@@ -41,6 +41,17 @@ def test_latency_terms():
     assert coll.all_gather(8, 1024, 1, net) == pytest.approx(1023 * 1e-5)  # ring only for all_gather
 
 
+def test_groups_wider_than_a_leaf_share_the_spine():
+    tiered = coll.Network(intra_busbw=100e9, intra_latency=0.0, inter_busbw=10e9, inter_latency=1e-5,
+                          nodes_per_leaf=32, oversubscription=4)
+    S = 1e9
+    inside = coll.all_gather(S, 32 * 8, 8, tiered)  # 32 nodes: one leaf, full bandwidth
+    assert inside == pytest.approx(coll.all_gather(S, 32 * 8, 8, NET) + 31 * 1e-5)
+    wide = coll.all_gather(S, 64 * 8, 8, tiered)  # 64 nodes: through the 4:1 spine, two more hops per step
+    assert wide == pytest.approx(S * 7 / 8 / 100e9 + (S / 8) * 63 / 64 / (10e9 / 4) + 63 * 1.5e-5)
+    assert coll.all_reduce(S, 64 * 8, 8, tiered) > 2 * coll.all_reduce(S, 64 * 8, 8, NET)  # NVLink part unchanged
+
+
 def test_lookup_gpu_from_cuda_names():
     assert hardware.lookup_gpu("NVIDIA H100 80GB HBM3").peak_bf16_flops == 989e12
     assert hardware.lookup_gpu("NVIDIA A100-SXM4-80GB").peak_bf16_flops == 312e12
@@ -155,3 +166,14 @@ def test_search_keeps_to_what_the_trainer_runs():
     gpt3 = search(Workload(PRESETS["gpt3-175b"], 2048, 1536), Cluster(hardware.get_gpu("a100"), 1024, 8))
     assert gpt3.plans and gpt3.note
     assert all(any(r.startswith("shoal train cannot run") for r in p.reasons) for p in gpt3.plans)
+
+
+def test_power_cap_slows_kernels_and_sets_the_energy():
+    h100 = hardware.get_gpu("h100")
+    capped = hardware.apply_overrides(h100, {"power_limit_watts": 400})
+    assert capped.sustained_scale == pytest.approx(835 / 989, rel=0.01)  # the H100 NVL/SXM datasheet pair
+    assert capped.board_watts == 400 and h100.board_watts == 700 and h100.sustained_scale == 1.0
+    wl = Workload(PRESETS["llama3-8b"], 4096, 64)
+    lay = Layout(dp_shard=8, zero=1, micro_batch=1)
+    fast, slow = evaluate(wl, lay, Cluster(h100, 8, 8)), evaluate(wl, lay, Cluster(capped, 8, 8))
+    assert 1.1 < slow.time.step / fast.time.step < 1 / capped.sustained_scale + 0.01

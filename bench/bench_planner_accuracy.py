@@ -1,0 +1,92 @@
+"""How close is the planner to published runs it was not calibrated on? Prints, never asserts.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_planner_accuracy.py            # every run
+    PYTHONPATH=. .venv/bin/python bench/bench_planner_accuracy.py --heldout  # only the held-out ones
+
+Each run of bench/published_runs.toml goes through the planner with its published layout pinned
+(the same evaluate() that `shoal plan` calls when every dimension is given). The compared number
+is tokens/s per GPU, so the relative error is the MFU error whatever FLOP formula the source used.
+Prints per-run and per-family error and the mean absolute error, all runs and held-out apart.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tomllib
+from pathlib import Path
+
+from shoal.model import analytics
+from shoal.model.config import PRESETS, ModelConfig
+from shoal.planner import hardware
+from shoal.planner.evaluate import evaluate
+from shoal.planner.layout import Cluster, Layout, Workload
+
+DATA = Path(__file__).with_name("published_runs.toml")
+
+
+def model(name: str, shapes: dict, seq: int) -> ModelConfig:
+    if name in PRESETS:
+        return PRESETS[name]
+    s = shapes[name]
+    return ModelConfig(vocab_size=s["vocab"], dim=s["hidden"], n_layers=s["layers"], n_heads=s["heads"],
+                       n_kv_heads=s.get("kv_heads", s["heads"]), ffn_hidden=s["ffn"], mlp=s["mlp"],
+                       max_seq_len=max(seq, 2048)).validate()
+
+
+def published_tokens_per_gpu_s(run: dict, cfg: ModelConfig) -> float:
+    if "tokens_per_gpu_s" in run:
+        return float(run["tokens_per_gpu_s"])
+    assert run["metric"] == "megatron_eq3", run["id"]
+    B, s = run["global_batch"], run["seq"]
+    flops = analytics.megatron_flops_per_iteration(B, s, cfg.n_layers, cfg.dim, cfg.vocab_size)
+    step = flops / (run["tflops_per_gpu"] * 1e12 * run["gpus"])
+    return B * s / step / run["gpus"]
+
+
+def predict(run: dict, cfg: ModelConfig):
+    gpu = hardware.get_gpu(run["gpu"])
+    if run.get("hw"):
+        gpu = hardware.apply_overrides(gpu, run["hw"])
+    lay = run["layout"]
+    layout = Layout(dp_shard=lay["dp"], tp=lay["tp"], pp=lay["pp"], zero=lay["zero"], micro_batch=lay["micro_batch"],
+                    activation_checkpoint=lay["recompute"], pp_schedule=lay.get("schedule", "1f1b"),
+                    pp_virtual_stages=lay.get("virtual", 1), sequence_parallel=lay.get("sp", False))
+    wl = Workload(cfg, run["seq"], run["global_batch"], attention=run.get("attention", "flash"))
+    return evaluate(wl, layout, Cluster(gpu, run["gpus"], gpu.gpus_per_node))
+
+
+def main(argv: list[str]) -> int:
+    data = tomllib.loads(DATA.read_text())
+    runs = [r for r in data["run"] if r.get("heldout") or "--heldout" not in argv]
+    rows = []
+    print(f"{'run':30} {'family':24} {'pub tok/s/GPU':>13} {'pred':>9} {'pub MFU':>8} {'pred MFU':>8} {'error':>7}  fits")
+    for run in runs:
+        cfg = model(run["model"], data["models"], run["seq"])
+        plan = predict(run, cfg)
+        pub = published_tokens_per_gpu_s(run, cfg)
+        pred = plan.tokens_per_s / run["gpus"]
+        peak = plan.cluster.gpu.peak_flops("bf16")
+        fpt = analytics.flops_per_token(cfg, run["seq"])
+        err = pred / pub - 1
+        rows.append((run, err))
+        mark = "*" if run.get("heldout") else " "
+        print(f"{run['id'] + mark:30} {run['family']:24} {pub:13.0f} {pred:9.0f} {pub * fpt / peak:8.1%} "
+              f"{plan.mfu:8.1%} {err:+7.1%}  {'yes' if plan.fits else 'NO'}")
+    print("\n(* held out: never tuned against. MFU in DESIGN.md's convention for both columns.)\n")
+    families = sorted({r["family"] for r, _ in rows})
+    for fam in families:
+        errs = [e for r, e in rows if r["family"] == fam]
+        print(f"{fam:28} n={len(errs):2}  mean {statistics.mean(errs):+6.1%}  mean |error| "
+              f"{statistics.mean(abs(e) for e in errs):5.1%}  worst {max(errs, key=abs):+6.1%}")
+    for label, subset in (("all runs", rows), ("held out", [x for x in rows if x[0].get("heldout")]),
+                          ("tuned-on", [x for x in rows if not x[0].get("heldout")])):
+        if subset:
+            errs = [abs(e) for _, e in subset]
+            print(f"{label:10} n={len(errs):2}  MFU mean absolute error {statistics.mean(errs):.1%}, worst {max(errs):.1%}, "
+                  f"sources {len({r['source'].split(',')[0].split(' (')[0] for r, _ in subset})}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
