@@ -20,6 +20,9 @@ def register(sub) -> None:
                         "over (refused if checkpoints exist); PATH: a checkpoint directory to start from, any layout")
     p.add_argument("--print-mesh", action="store_true", help="print the rank groups of the layout and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bar, summary or sample")
+    from shoal.launch.multinode import add_args
+
+    add_args(p)  # --nnodes, --node-rank, --master, --ifname, --rdzv-timeout
     p.set_defaults(func=run)
 
 
@@ -30,7 +33,8 @@ def run(args) -> int:
     from shoal.train.memory_check import CHECKED_ENV, check_memory, local_world_size
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
-    job = resolve(cfg, args.nproc or env_world_size())
+    job = resolve(cfg, (args.nproc or env_world_size()) * args.nnodes)  # nnodes > 1: --nproc is per node
+    nodes = _node_plan(args)  # a multi-node job's network, checked before any worker starts
     check_resume(cfg, Path(args.out), args.resume)
     if args.print_mesh:
         from shoal.cli.mesh import print_groups
@@ -39,10 +43,11 @@ def run(args) -> int:
         return 0
     if cfg.train.memory_check and not os.environ.get(CHECKED_ENV):  # the launcher's workers skip it
         check_memory(job, local_world_size(args.nproc))
-    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+    if (args.nproc > 1 or nodes) and "WORLD_SIZE" not in os.environ:
         from shoal.data.sources import list_documents
         from shoal.data.tokenizer import load_tokenizer
         from shoal.launch.local import launch
+        from shoal.launch.multinode import launch_nodes
 
         load_tokenizer(cfg.data.tokenizer)  # data mistakes too are reported once, before N workers start
         list_documents(cfg.data.path, cfg.data.text_field)
@@ -52,6 +57,8 @@ def run(args) -> int:
                 *(["--quiet"] if args.quiet else [])]
         os.environ[CHECKED_ENV] = "1"  # the workers inherit the environment: checked once, here
         try:
+            if nodes:
+                return launch_nodes(argv, args.nproc, nodes, max_restarts=args.max_restarts)
             return launch(argv, args.nproc, max_restarts=args.max_restarts)
         finally:
             os.environ.pop(CHECKED_ENV, None)
@@ -60,3 +67,17 @@ def run(args) -> int:
     train(job, Path(args.out), show=not args.quiet, resume=args.resume)
     return 0
 
+
+def _node_plan(args):
+    """The multi-node plan for --nnodes > 1 (None for one machine)."""
+    from shoal.errors import UserError
+    from shoal.launch.multinode import plan_node
+
+    if args.nnodes == 1 and not args.master:
+        return None
+    if "WORLD_SIZE" in os.environ:
+        raise UserError("--nnodes", args.nnodes, "is for starting workers; under torchrun (WORLD_SIZE is set) "
+                                                 "leave out --nnodes/--master")
+    if args.nproc < 1:
+        raise UserError("--nproc", args.nproc, "give the workers per node with --nnodes, e.g. --nproc 8")
+    return plan_node(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout)

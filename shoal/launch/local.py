@@ -6,6 +6,7 @@ workers are started by `torchrun` (or Slurm/Kubernetes calling it); nothing here
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -23,7 +24,8 @@ def worker_env(nproc: int) -> dict[str, str]:
     return env
 
 
-def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | None = None) -> int:
+def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | None = None,
+           nodes: dict | None = None) -> int:
     """Run `python ARGV...` as `nproc` workers on this machine; returns the job's exit code.
 
     Rendezvous is a c10d store on localhost on a free port (like `torchrun --standalone`).
@@ -37,6 +39,8 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     dead peer's address and fail with "Connection refused" (pytorch#135712).
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 makes each rendezvous round publish a new MASTER_PORT
     on which worker rank 0 hosts a new, empty store.
+
+    `nodes` replaces LaunchConfig fields for a multi-node job (shoal.launch.multinode says which and why).
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -52,6 +56,8 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     )
     # The agent logs every life-cycle event at INFO; keep only warnings and errors.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    if nodes:
+        config = dataclasses.replace(config, **nodes)
     report = _FailureReport(nproc, max_restarts)
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     agent_log.addFilter(report)
