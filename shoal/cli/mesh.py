@@ -1,4 +1,8 @@
-"""`shoal mesh --nproc N [RECIPE] [--set parallel.tp=2 ...]`: which global ranks form each group."""
+"""`shoal mesh --nproc N [RECIPE] [--set parallel.tp=2 ...]`: which global ranks form each group.
+
+With --nnodes and --nproc-per-node it also shows where each rank runs (node, local device) and
+marks the groups that cross a node (the rule is in shoal/parallel/mesh.py).
+"""
 
 from __future__ import annotations
 
@@ -7,22 +11,63 @@ def register(sub) -> None:
     p = sub.add_parser("mesh", help="print the rank grid and the TP/PP/DP/EP groups of a layout")
     p.add_argument("recipe", nargs="?")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--nproc", type=int, required=True, help="world size")
+    p.add_argument("--nproc", type=int, default=0, help="world size (or give --nnodes and --nproc-per-node)")
+    p.add_argument("--nnodes", type=int, default=1, help="machines; ranks are placed in one block per node")
+    p.add_argument("--nproc-per-node", type=int, default=0, help="ranks (devices) per machine")
     p.set_defaults(func=run)
 
 
-def print_groups(dims) -> None:
+def print_groups(dims, per_node: int = 0) -> None:
+    """The grid and its groups; with per_node, the rank -> node -> device map and '*' on groups that cross nodes."""
+    from shoal.parallel.mesh import crosses_nodes
+
+    per_node = per_node if 0 < per_node < dims.world_size else 0
     print(f"world {dims.world_size} = pp {dims.pp} x dp_replicate {dims.dp_replicate} x dp_shard {dims.dp_shard} "
           f"x tp {dims.tp}" + (f"   (ep {dims.ep} inside dp_shard)" if dims.ep > 1 else ""))
     print("rank grid [pp][dp_replicate][dp_shard][tp]:")
     print(dims.grid())
+    if per_node:
+        print(f"placement: {dims.world_size // per_node} nodes x {per_node} ranks, one block of ranks per node")
+        for node in range(dims.world_size // per_node):
+            ranks = range(node * per_node, (node + 1) * per_node)
+            print(f"  node {node}: " + "  ".join(f"rank {r} -> device {r % per_node}" for r in ranks))
     for kind, groups in dims.groups().items():
-        print(f"{kind:>3} groups: " + "  ".join("[" + ",".join(map(str, g)) + "]" for g in groups))
+        cells = []
+        for g in groups:
+            mark = "*" if per_node and crosses_nodes(g, per_node) else ""
+            cells.append("[" + ",".join(map(str, g)) + "]" + mark)
+        print(f"{kind:>3} groups: " + "  ".join(cells))
+    if per_node:
+        print("  * crosses nodes: its traffic uses the inter-node link")
+
+
+def world_and_per_node(nproc: int, nnodes: int, per_node: int) -> tuple[int, int]:
+    """(world size, ranks per node) from the flags, refusing ones that disagree."""
+    from shoal.errors import UserError
+
+    if nnodes < 1:
+        raise UserError("--nnodes", nnodes, "must be a positive integer")
+    if per_node < 0 or (nnodes > 1 and not per_node and (not nproc or nproc % nnodes)):
+        raise UserError("--nproc-per-node", per_node, f"give the ranks per node (with --nnodes {nnodes})")
+    per_node = per_node or nproc // nnodes
+    if nproc and nproc != nnodes * per_node:
+        raise UserError("--nproc", nproc, f"is the world size; --nnodes {nnodes} x --nproc-per-node {per_node} = "
+                                          f"{nnodes * per_node}: drop --nproc or make them agree")
+    if nnodes * per_node < 1:
+        raise UserError("--nproc", nproc, "give the world size, or --nnodes and --nproc-per-node")
+    return nnodes * per_node, per_node
 
 
 def run(args) -> int:
+    import sys
+
     from shoal.config import load_config
     from shoal.job import resolve
+    from shoal.parallel.mesh import placement_warning
 
-    print_groups(resolve(load_config(args.recipe, args.overrides), args.nproc).dims)
+    world, per_node = world_and_per_node(args.nproc, args.nnodes, args.nproc_per_node)
+    dims = resolve(load_config(args.recipe, args.overrides), world).dims
+    print_groups(dims, per_node if args.nnodes > 1 else 0)
+    if args.nnodes > 1 and (line := placement_warning(dims, per_node)):
+        print(line, file=sys.stderr)
     return 0

@@ -43,6 +43,8 @@ def run(args) -> int:
         return 0
     if cfg.train.memory_check and not os.environ.get(CHECKED_ENV):  # the launcher's workers skip it
         check_memory(job, local_world_size(args.nproc))
+    if not os.environ.get(CHECKED_ENV) and os.environ.get("RANK", "0") == "0":  # said once: launcher or rank 0
+        _warn_placement(job, local_world_size(args.nproc))
     if (args.nproc > 1 or nodes) and "WORLD_SIZE" not in os.environ:
         from shoal.data.sources import list_documents
         from shoal.data.tokenizer import load_tokenizer
@@ -81,3 +83,12 @@ def _node_plan(args):
     if args.nproc < 1:
         raise UserError("--nproc", args.nproc, "give the workers per node with --nnodes, e.g. --nproc 8")
     return plan_node(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout)
+
+
+def _warn_placement(job, per_node: int) -> None:
+    import sys
+
+    from shoal.parallel.mesh import placement_warning
+
+    if line := placement_warning(job.dims, per_node):
+        print(line, file=sys.stderr, flush=True)

@@ -58,7 +58,7 @@ class NodePlan:
     def launch_config(self) -> dict:
         """Fields of torch's LaunchConfig for this node (shoal.launch.local.launch(nodes=...))."""
         return dict(min_nodes=self.nnodes, max_nodes=self.nnodes, rdzv_endpoint=f"{self.master_ip}:{self.port}",
-                    rdzv_configs={"timeout": self.timeout, "is_host": self.is_host}, local_addr=self.local_addr,
+                    rdzv_configs={"join_timeout": self.timeout, "is_host": self.is_host}, local_addr=self.local_addr,
                     run_id=f"shoal-{self.master_ip}-{self.port}")  # the same on every node without coordination
 
     def env(self) -> dict[str, str]:
@@ -224,9 +224,10 @@ def launch_nodes(argv: list[str], nproc: int, plan: NodePlan, max_restarts: int 
     try:
         return launch(argv, nproc, max_restarts=max_restarts, nodes=apply(plan))
     except RendezvousError as e:  # the nodes never met: nothing trained
+        why = type(e).__name__ + (f": {str(e).splitlines()[0]}" if str(e).strip() else "")
         raise UserError("--master", f"{plan.master_ip}:{plan.port}",
-                        f"the nodes did not meet ({type(e).__name__}: {str(e).splitlines()[0]}); start every node "
-                        f"within --rdzv-timeout={plan.timeout} s with the same --master and --nnodes") from None
+                        f"the {plan.nnodes} nodes did not all join ({why}); start every node within "
+                        f"--rdzv-timeout={plan.timeout} s with the same --master and --nnodes") from None
 
 
 def apply(plan: NodePlan) -> dict:
