@@ -24,6 +24,7 @@ COMMANDS = {
     "doctor": "doctor",
     "run": "run",
     "ckpt": "ckpt",
+    "k8s": "k8s",
 }
 
 
