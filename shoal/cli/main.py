@@ -25,6 +25,7 @@ COMMANDS = {
     "run": "run",
     "ckpt": "ckpt",
     "k8s": "k8s",
+    "slurm": "slurm",
 }
 
 

@@ -33,6 +33,10 @@ def run(args) -> int:
     from shoal.train.memory_check import CHECKED_ENV, check_memory, local_world_size
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
+    if "WORLD_SIZE" not in os.environ:  # srun -n2 shoal train: two copies that would each train alone
+        from shoal.launch.slurm import check_srun_copies
+
+        check_srun_copies(args.nnodes)
     job = resolve(cfg, (args.nproc or env_world_size()) * args.nnodes)  # nnodes > 1: --nproc is per node
     nodes = _node_plan(args)  # a multi-node job's network, checked before any worker starts
     check_resume(cfg, Path(args.out), args.resume)
