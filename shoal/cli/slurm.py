@@ -12,6 +12,7 @@ def register(sub) -> None:
     p.add_argument("--partition", default="")
     p.add_argument("--time", default="", help="time limit, e.g. 04:00:00")
     p.add_argument("--name", default="", help="job name (default: from the recipe file name)")
+    p.add_argument("--port", type=int, default=29500, help="rendezvous port on the first node")
     p.add_argument("--python", default="python", help="the Python that has shoal on the nodes")
     p.add_argument("--run-out", default="", help="the run's --out, on a shared filesystem (default runs/NAME, absolute)")
     p.add_argument("--out", default="slurm", help="folder for NAME.sbatch")
@@ -34,6 +35,8 @@ def run(args) -> int:
 
     name = args.name or re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(args.recipe).stem) or "shoal"
     check(name, args.nodes, args.gpus_per_node, args.partition, args.time)
+    if not 1 <= args.port <= 65535:
+        raise UserError("--port", args.port, "must be in 1..65535")
     per_node = max(args.gpus_per_node, 1)
     job = resolve(load_config(args.recipe, args.overrides), args.nodes * per_node)  # layout mistakes: now
     if line := placement_warning(job.dims, per_node):
@@ -47,7 +50,7 @@ def run(args) -> int:
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(sbatch_script(name, args.recipe, run_out, args.nodes, args.gpus_per_node,
                                     partition=args.partition, time=args.time, python=args.python,
-                                    overrides=tuple(args.overrides)))
+                                    overrides=tuple(args.overrides), port=args.port))
     print(f"wrote {script}")
     if not args.submit:
         print(f"submit with: sbatch {script}")

@@ -36,7 +36,7 @@ def check(name: str, nodes: int, gpus_per_node: int, partition: str, time: str) 
 
 
 def sbatch_script(name: str, recipe: str, run_out: str, nodes: int, gpus_per_node: int, *, partition: str = "",
-                  time: str = "", python: str = "python", overrides: tuple[str, ...] = ()) -> str:
+                  time: str = "", python: str = "python", overrides: tuple[str, ...] = (), port: int = PORT) -> str:
     nproc = max(gpus_per_node, 1)
     head = [f"#SBATCH --job-name={name}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
             *( [f"#SBATCH --gpus-per-node={gpus_per_node}"] if gpus_per_node else []),
@@ -57,7 +57,7 @@ def sbatch_script(name: str, recipe: str, run_out: str, nodes: int, gpus_per_nod
         "# Node order is the allocation's: node 0 (first in the list) hosts the rendezvous, and",
         "# --node-rank $SLURM_NODEID gives each node the next block of ranks.",
         'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
-        f"PORT={PORT}",
+        f"PORT={port}",
         "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
         "",
         "# one task per node; each runs torchrun, which starts the node's workers ($0 and $@ carry the",
