@@ -95,12 +95,12 @@ def plan_node(nnodes: int, node_rank: int, master: str, ifname: str = "", timeou
                                                 f"{_list(addrs)}")
         local = addrs[ifname]
     else:
-        found = [name for name, a in addrs.items() if a == local]
+        found = [name for name, a in addrs.items() if a == local] or list(filter(None, [_interface_of(local)]))
         if not found:
             raise UserError("--master", master, f"cannot tell which interface reaches {ip} (from {local}); "
                                                 f"pass --ifname, one of: {_list(addrs)}")
         ifname = found[0]
-    is_host = ip in addrs.values()
+    is_host = _is_local(ip)
     if is_host != (node_rank == 0):
         fix = (f"node 0 hosts the rendezvous, so --master must be an address of node 0 (this machine has "
                f"{_list(addrs)})" if node_rank == 0 else
@@ -156,6 +156,31 @@ def interface_addrs() -> dict[str, str]:
                 continue  # no IPv4 address
             out[name] = socket.inet_ntoa(raw[20:24])
     return out
+
+
+def _interface_of(addr: str) -> str:
+    """The interface holding addr, secondary addresses included (`ip -o -4 addr`; '' if unknown)."""
+    import subprocess
+
+    try:
+        text = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    for line in text.splitlines():  # "3: eth0    inet 10.0.0.2/24 brd ... scope global eth0"
+        parts = line.split()
+        if len(parts) > 3 and parts[2] == "inet" and parts[3].split("/")[0] == addr:
+            return parts[1]
+    return ""
+
+
+def _is_local(ip: str) -> bool:
+    """Whether ip is one of this machine's addresses (only those can be bound), secondary ones included."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((ip, 0))
+            return True
+        except OSError:
+            return False
 
 
 def _list(addrs: dict[str, str]) -> str:
