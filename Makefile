@@ -5,15 +5,26 @@ STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 # The CPU wheel on these machines; on a GPU machine: make TORCH=torch demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test
+.PHONY: demo test browser docs
 demo: $(STAMP)
+	rm -rf runs/demo  # a fresh demo each time (shoal refuses to start over another run's metrics)
 	$(VENV)/bin/shoal train --out runs/demo
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest
 
-$(STAMP): pyproject.toml
+# the guide's pictures (docs/img), drawn by shoal's code; tests/unit/test_guide_figures.py fails when they are stale
+docs: $(STAMP)
+	$(VENV)/bin/python -m shoal.report.guide_figures docs/img
+
+$(STAMP): pyproject.toml | browser
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check "$(TORCH)"
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
+
+# The report tests open pages in a real headless browser: Debian's chromium, installed once when
+# make runs as root (a no-op when it is there; the tests skip where it cannot be installed).
+browser:
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)

@@ -31,8 +31,8 @@ def build(dim: int, layers: int, root: Path, async_save: bool):
     from shoal.checkpoint.checkpointer import Checkpointer
     from shoal.config import load_config
     from shoal.model.transformer import build_model
-    from shoal.parallel.mesh import resolve_dims
-    from shoal.parallel.parallelize import ParallelModel
+    from shoal.job import resolve
+    from shoal.parallel.parallel_model import ParallelModel
     from shoal.train.distributed import Runtime
     from shoal.train.optim import build_optimizer
 
@@ -41,9 +41,9 @@ def build(dim: int, layers: int, root: Path, async_save: bool):
                              f"model.ffn_hidden={dim * 8 // 3 // 64 * 64}", "train.steps=1000", "checkpoint.every=1",
                              f"checkpoint.dir={root}", "checkpoint.keep=1",
                              f"checkpoint.async={str(async_save).lower()}"])
-    dims = resolve_dims(cfg.parallel, 1, cfg.model_config(), global_batch=16, micro_batch=16)
-    rt = Runtime(0, 1, torch.device("cpu"), dims)
-    model = build_model(cfg.model_config())
+    job = resolve(cfg, 1)
+    rt = Runtime(0, 1, torch.device("cpu"), job.dims)
+    model = build_model(job.model)
     optimizer = build_optimizer(model, cfg.train)
     for p in model.parameters():  # one step so AdamW has its state
         p.grad = torch.randn_like(p) * 1e-3
@@ -56,7 +56,7 @@ def build(dim: int, layers: int, root: Path, async_save: bool):
         def load_state_dict(self, state):
             pass
 
-    return Checkpointer(cfg, root, rt, ParallelModel([model]), optimizer, Loader(), resume="never")
+    return Checkpointer(cfg, root, rt, ParallelModel([model], torch.device("cpu")), optimizer, Loader(), resume="never")
 
 
 def tree_bytes(path: Path) -> int:

@@ -58,7 +58,7 @@ def calibration() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from shoal.model import analytics
     from shoal.planner.evaluate import evaluate
-    from shoal.planner.layout import Layout
+    from shoal.layout import Layout
     from tests.unit import test_planner_calibration as cal
 
     a100, h100 = get_gpu("a100"), get_gpu("h100")

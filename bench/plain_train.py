@@ -40,15 +40,17 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_d
 vocab = get_preset(args.preset).vocab_size
 times = []
 for step in range(args.steps):
-    tokens = torch.randint(0, vocab, (args.micro_batch, args.seq_len + 1))
+    # Timed as shoal times `step_time_s` (shoal/train/trainer.py): from taking the batch to zero_grad.
     t0 = time.perf_counter()
+    tokens = torch.randint(0, vocab, (args.micro_batch, args.seq_len + 1))
     loss = cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    dist.all_reduce(loss.detach())  # what any loop does to log a global loss
     times.append(time.perf_counter() - t0)
+    # What any loop does to log a global loss; shoal does it too, after its timer, so here as well.
+    dist.all_reduce(loss.detach())
 if dist.get_rank() == 0:
     per_step = statistics.median(times[args.warmup:])
     print(json.dumps({"tokens_per_s": args.micro_batch * args.seq_len * dist.get_world_size() / per_step}))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -29,6 +30,9 @@ ModelSection = dataclasses.make_dataclass(
     [("preset", str, field(default="tiny"))] + [(f.name, Optional[f.type], field(default=None)) for f in _MODEL_OVERRIDES],
 )
 ModelSection.__doc__ = "A model preset (`shoal presets`) and any ModelConfig field that overrides it."
+
+
+PRECISIONS = ("fp32", "bf16", "bf16-params")  # see TrainConfig.precision
 
 
 @dataclass
@@ -89,7 +93,11 @@ class TrainConfig:
     seq_len: int = 256
     """Tokens per sequence."""
     precision: str = "fp32"
-    """fp32, or bf16 (autocast with fp32 master weights and optimizer state)."""
+    """fp32; bf16: autocast over fp32 master weights and optimizer state, the same computation in every
+    layout (FSDP gathers fp32 parameters); bf16-params: as bf16, and FSDP (zero 2/3) also gathers and
+    computes with bf16 copies of the parameters (half the all-gather bytes; embedding, norms and head
+    then run in bf16, so losses differ from 1 process by ~1e-3, not bitwise-comparable). Without FSDP
+    bf16-params is bf16."""
     activation_checkpoint: str = "none"
     """none | selective (recompute all but matmul and attention outputs) | full (recompute each layer)."""
     memory_check: bool = True
@@ -101,6 +109,9 @@ class TrainConfig:
     """Held-out batches (of global_batch sequences) per evaluation."""
     sample_tokens: int = 200
     """Tokens of text generated at the end of a run (0: none)."""
+    on_nonfinite: str = "stop"
+    """A step whose loss or gradient norm is NaN or infinite: `stop` the run (exit code 3, nothing saved from it),
+    or `skip` its update and go on (each skip is reported)."""
 
 
 @dataclass
@@ -175,33 +186,61 @@ class JobConfig:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
     def validate(self) -> "JobConfig":
-        """Every check a user can fail that needs no process group."""
+        """Every check a user can fail that needs no process group: each number finite and in range."""
         m = self.model_config()
         t = self.train
         _check(t.steps > 0, "train.steps", t.steps, "must be a positive integer")
-        _check(t.lr >= 0, "train.lr", t.lr, "learning rate must be >= 0, e.g. 3e-4")
-        _check(0 <= t.min_lr_ratio <= 1, "train.min_lr_ratio", t.min_lr_ratio, "must be between 0 and 1")
+        _check(0 <= t.seed <= MAX_SEED, "train.seed", t.seed, f"must be an integer from 0 to {MAX_SEED} (2**32-1)")
+        _check(_finite(t.lr) and t.lr >= 0, "train.lr", t.lr, "learning rate must be a finite number >= 0, e.g. 3e-4")
+        _check(_finite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1, "train.min_lr_ratio", t.min_lr_ratio,
+               "must be between 0 and 1, e.g. 0.1")
         _check(t.warmup_steps >= 0, "train.warmup_steps", t.warmup_steps, "must be >= 0")
-        _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "must be >= 0 (0 disables clipping)")
+        _check(_finite(t.weight_decay) and t.weight_decay >= 0, "train.weight_decay", t.weight_decay,
+               "must be a finite number >= 0, e.g. 0.1 (0 disables)")
+        for name in ("beta1", "beta2"):  # AdamW needs decays in [0, 1): at 1 the moment never moves
+            value = getattr(t, name)
+            _check(_finite(value) and 0 <= value < 1, f"train.{name}", value, "must be in [0, 1), e.g. 0.9 or 0.95")
+        _check(_finite(t.grad_clip) and t.grad_clip >= 0, "train.grad_clip", t.grad_clip,
+               "must be a finite number >= 0 (0 disables clipping)")
         _check(t.micro_batch >= 0, "train.micro_batch", t.micro_batch, "must be >= 0 (0: global_batch / dp)")
         _check(t.global_batch > 0, "train.global_batch", t.global_batch, "must be a positive integer")
         _check(t.seq_len > 1, "train.seq_len", t.seq_len, "must be at least 2")
         _check(t.seq_len <= m.max_seq_len, "train.seq_len", t.seq_len,
                f"exceeds the model's max_seq_len={m.max_seq_len}; lower it or set model.max_seq_len")
-        _check(t.precision in ("fp32", "bf16"), "train.precision", t.precision, "use 'fp32' or 'bf16'")
+        _check(t.precision in PRECISIONS, "train.precision", t.precision, "use 'fp32', 'bf16' or 'bf16-params'")
+        _check(t.on_nonfinite in ("stop", "skip"), "train.on_nonfinite", t.on_nonfinite, "use 'stop' or 'skip'")
         _check(t.activation_checkpoint in ("none", "selective", "full"), "train.activation_checkpoint",
                t.activation_checkpoint, "use 'none', 'selective' or 'full'")
         _check(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")
         _check(t.eval_batches > 0, "train.eval_batches", t.eval_batches, "must be a positive integer")
-        _check(0 <= self.data.val_fraction < 1, "data.val_fraction", self.data.val_fraction, "must be in [0, 1)")
+        _check(0 <= t.sample_tokens <= m.max_new_tokens, "train.sample_tokens", t.sample_tokens,
+               f"must be from 0 (no sample) to the model's max_seq_len={m.max_new_tokens}")
+        p = self.parallel  # the layout's own rules (degrees, divisibility) live with the layout; these are signs
+        for name in ("pp_microbatches", "pp_lighter_edges"):
+            _check(getattr(p, name) >= 0, f"parallel.{name}", getattr(p, name), "must be >= 0 (see `shoal config`)")
+        d = self.data
+        for name in ("path", "tokenizer", "text_field"):
+            _check(getattr(d, name).strip() != "", f"data.{name}", getattr(d, name), "may not be empty (see `shoal config`)")
+        _check(_finite(d.val_fraction) and 0 <= d.val_fraction < 1, "data.val_fraction", d.val_fraction,
+               "must be in [0, 1), e.g. 0.01")
         c = self.checkpoint
         _check(c.every >= 0, "checkpoint.every", c.every, "must be >= 0 (0: only at the end)")
         _check(c.keep >= 1, "checkpoint.keep", c.keep, "must be >= 1")
         _check(Path(c.dir).is_absolute() or ".." not in Path(c.dir).parts, "checkpoint.dir", c.dir,
                "a relative checkpoint root lies inside the output directory and may not leave it with '..'; "
                "give an absolute path to put checkpoints elsewhere")
-        _check(self.debug.hang_timeout_s >= 0, "debug.hang_timeout_s", self.debug.hang_timeout_s, "must be >= 0 (0 disables)")
+        h = self.debug.hang_timeout_s
+        _check(_finite(h) and h >= 0, "debug.hang_timeout_s", h, "must be a finite number of seconds >= 0 (0 disables)")
         return self
+
+
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds both take it; model init multiplies the seed, so no more
+# TOML and --set integers must fit the int64 the tensors and file formats hold them in.
+_INT_LIMIT = 2**63
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _check(ok: bool, name: str, value: object, fix: str) -> None:
@@ -219,7 +258,16 @@ def _field_kinds(section: str) -> dict[str, type]:
 
 
 def _coerce(name: str, raw: Any, kind: type) -> Any:
-    """Convert a TOML value or a --set string to the field's type."""
+    """Convert a TOML value or a --set string to the field's type; numbers must be finite and fit int64."""
+    value = _convert(name, raw, kind)
+    if kind is float and not math.isfinite(value):  # TOML and float() both accept nan and inf
+        raise UserError(name, raw, "must be a finite number (not nan or inf)")
+    if kind is int and not -_INT_LIMIT < value < _INT_LIMIT:
+        raise UserError(name, raw, "is out of range for an integer field (at most 2**63-1)")
+    return value
+
+
+def _convert(name: str, raw: Any, kind: type) -> Any:
     if isinstance(raw, str) and kind is not str:
         text = raw.strip().lower()
         if kind is bool:
@@ -245,26 +293,21 @@ def _set(cfg: JobConfig, dotted: str, raw: Any) -> None:
         close = difflib.get_close_matches(section, SECTIONS, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise UserError(dotted, raw, f"unknown section; {hint}sections: {', '.join(SECTIONS)} (write section.key=value)")
+    written = f"{section}.{key}"  # messages name the key as the user wrote it (checkpoint.async)
     key = ALIASES.get((section, key), key)
     kinds = _field_kinds(section)
     if key not in kinds:
         close = difflib.get_close_matches(key, kinds, n=1)
         hint = f"did you mean {section}.{close[0]}? " if close else ""
         raise UserError(dotted, raw, f"unknown key; {hint}see `shoal config` for every field")
-    setattr(getattr(cfg, section), key, _coerce(f"{section}.{key}", raw, kinds[key]))
+    setattr(getattr(cfg, section), key, _coerce(written, raw, kinds[key]))
 
 
 def load_config(recipe: str | Path | None = None, overrides: list[str] = ()) -> JobConfig:
     """Defaults, then the TOML recipe, then each `section.key=value` override, then validation."""
     cfg = JobConfig()
     if recipe is not None:
-        path = Path(recipe)
-        if not path.is_file():
-            raise UserError("recipe", str(recipe), "no such file; see recipes/ for examples")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise UserError("recipe", str(recipe), f"is not valid TOML ({e})") from None
+        data = _read_recipe(Path(recipe))
         for section, values in data.items():
             if not isinstance(values, dict):
                 raise UserError(section, values, "top-level keys must be [section] tables")
@@ -276,6 +319,30 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] = ()) -> 
             raise UserError("--set", item, "write --set section.key=value, e.g. --set train.steps=50")
         _set(cfg, dotted.strip(), value)
     return cfg.validate()
+
+
+def _read_recipe(path: Path) -> dict:
+    """The recipe's tables; every way a file can be unusable is one UserError naming it."""
+    name = str(path)
+    if path.is_dir():
+        raise UserError("recipe", name, "is a directory; give a .toml file (see recipes/ for examples)")
+    if not path.exists():
+        raise UserError("recipe", name, "no such file; see recipes/ for examples")
+    if not path.is_file():
+        raise UserError("recipe", name, "is not a regular file; give a .toml file")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UserError("recipe", name, f"cannot be read ({e.strerror}); check its permissions") from None
+    try:
+        text = raw.decode("utf-8-sig")  # a byte-order mark (some Windows editors) is not a mistake
+    except UnicodeDecodeError as e:
+        raise UserError("recipe", name, f"is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); "
+                                        "TOML recipes are UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError("recipe", name, f"is not valid TOML ({e})") from None
 
 
 def _docstrings(cls) -> dict[str, str]:

@@ -81,16 +81,3 @@ def resolve(cfg: JobConfig, world: int) -> Job:
     check(layout, model, world, cfg.train.global_batch, cfg.train.seq_len)
     return Job(cfg, model, layout, world)
 
-
-def env_world_size() -> int:
-    """WORLD_SIZE as torchrun sets it (1 when unset)."""
-    import os
-
-    raw = os.environ.get("WORLD_SIZE", "1")
-    try:
-        world = int(raw)
-    except ValueError:
-        raise UserError("WORLD_SIZE", raw, "must be a positive integer (torchrun sets it; unset it to run one process)") from None
-    if world < 1:
-        raise UserError("WORLD_SIZE", raw, "must be a positive integer (torchrun sets it; unset it to run one process)")
-    return world

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,10 +28,12 @@ import torch.distributed.checkpoint as dcp
 
 from shoal.checkpoint import state as ckpt_state
 from shoal.checkpoint import store
-from shoal.checkpoint.choose import checkpoint_root, choose_checkpoint, restart_count
+from shoal.checkpoint.choose import check_not_finished, checkpoint_root, choose_checkpoint, restart_count
 from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
 from shoal.config import JobConfig
 from shoal.errors import UserError
+from shoal.train.metrics import truncate_metrics
+from shoal.train.rundir import DiskFull, no_space_left
 
 # DCP warns on every single-process save and load; that is the intent here, not a mistake.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -74,6 +77,7 @@ class Checkpointer:
                                                    "and another --out, or the model settings it was saved with")
         try:
             metadata = read_metadata(path)
+            check_not_finished(int(train_state["step"]), self.total, path)  # before the long load
             saved = {k: v for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size")}
             targets = ckpt_state.load_targets(self.pm.modules, self.optimizer, self.rt.rank, saved)
             dcp.load(targets, storage_reader=SafeReader(path), planner=TensorsOnlyLoadPlanner(),
@@ -112,7 +116,7 @@ class Checkpointer:
 
     def _report_resume(self, path: Path, step: int, train_state: dict) -> None:
         reached = _last_logged_step(self.out)
-        _truncate_metrics(self.out / "metrics.jsonl", step)
+        truncate_metrics(self.out / "metrics.jsonl", step)
         before = train_state.get("layout", {})
         now = layout_info(self.cfg, self.rt)
         resharded = "" if before == now else f", resharded from {_layout_text(before)} to {_layout_text(now)}"
@@ -162,6 +166,16 @@ class Checkpointer:
     def _write(self, state: dict, step: int, info: dict) -> None:
         """Collective: write, hash, and (rank 0) commit one checkpoint."""
         partial = self.root / (store.PARTIAL + store.step_dir_name(step))
+        try:
+            with no_space_left(partial, fix="the checkpoints before it are intact; free some space, or set "
+                                            "checkpoint.dir or --out on another disk"):
+                self._write_and_commit(partial, state, step, info)
+        except DiskFull:
+            if self.rt.is_main:  # give the space back: a partial save is never loaded
+                shutil.rmtree(partial, ignore_errors=True)
+            raise
+
+    def _write_and_commit(self, partial: Path, state: dict, step: int, info: dict) -> None:
         writer = dcp.FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=1)
         dcp.save(state, storage_writer=writer, process_group=self.pg, no_dist=self.rt.world_size == 1)
         rank = self.rt.rank if self.pg is None else dist.get_rank(self.pg)
@@ -232,17 +246,3 @@ def _last_logged_step(out: Path) -> int:
             except (ValueError, KeyError, TypeError):
                 pass  # a line cut short by the crash
     return last
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Keep the rows up to the resumed step, so the file reads like one uninterrupted run."""
-    if not path.is_file():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if int(json.loads(line)["step"]) <= step:
-                keep.append(line + "\n")
-        except (ValueError, KeyError, TypeError):
-            pass
-    path.write_text("".join(keep))

@@ -30,14 +30,17 @@ def choose_checkpoint(resume: str, root: Path) -> Path | None:
         _refuse_existing(root)
         return None
     if resume in ("auto", "never"):
-        return store.newest_valid(root)
+        newest = store.newest_valid(root)
+        if newest is None and (existing := store.list_checkpoints(root)):
+            _refuse_all_damaged(resume, root, len(existing))
+        return newest
     if restart_count() and (newest := store.newest_valid(root)) is not None:
         return newest
     path = Path(resume)
     if path.is_dir() and not (path / store.MANIFEST).exists() and store.list_checkpoints(path):
         chosen = store.newest_valid(path)
         if chosen is None:
-            raise UserError("--resume", resume, "holds checkpoints, but none is intact (see the messages above)")
+            _refuse_all_damaged(resume, path, len(store.list_checkpoints(path)))
         return chosen
     found = store.problems(path) if path.is_dir() else [f"{path} is not a directory"]
     if found:
@@ -51,15 +54,63 @@ def choose_checkpoint(resume: str, root: Path) -> Path | None:
 
 
 def check_resume(cfg, out: Path, resume: str) -> None:
-    """--resume mistakes, found before any worker starts (restarted workers skip this)."""
+    """--resume mistakes, found before any worker starts (restarted workers skip this).
+
+    Cheap checks only (sizes, not checksums): the authoritative choice is made again, verified,
+    when the run starts (choose_checkpoint and check_not_finished).
+    """
     if restart_count() or int(os.environ.get("RANK", "0")) != 0:
         return
     root = checkpoint_root(cfg, out)
+    if root.exists() and not root.is_dir():  # found here, not by the first save minutes into the run
+        raise UserError("checkpoint.dir", str(root), "is a file, not a folder; give a folder for the checkpoints")
     if resume == "never":
         _refuse_existing(root)
     if resume not in ("auto", "never") and not Path(resume).is_dir():
         raise UserError("--resume", resume, "no such directory; pass auto, never, or a checkpoint directory "
                         f"(e.g. {root}/step_00000100)")
+    start = _likely_start(root, resume)
+    if start is not None:
+        check_not_finished(store.read_train_state(start)["step"], cfg.train.steps, start)
+    elif (Path(out) / "metrics.jsonl").is_file() and (Path(out) / "metrics.jsonl").stat().st_size:
+        raise UserError("--out", str(out), "holds metrics.jsonl of an earlier run but no checkpoint to continue "
+                        "from, and a fresh run would overwrite it; pick another --out, or delete "
+                        f"{Path(out) / 'metrics.jsonl'} to start over here")
+
+
+def check_not_finished(step: int, steps: int, path: Path) -> None:
+    """Resuming at or past train.steps would train nothing (an elastic restart after the last save excepted)."""
+    if step > steps or (step == steps and not restart_count()):
+        raise UserError("train.steps", steps, f"the checkpoint to resume, {path}, is at step {step}: nothing left "
+                        f"to train; raise train.steps (e.g. --set train.steps={2 * step}) to go on, or start over "
+                        "with --resume never and another --out")
+
+
+def _likely_start(root: Path, resume: str) -> Path | None:
+    """The checkpoint the run will start from, judged by sizes (no hashing); refuses when all are damaged."""
+    if resume == "never":
+        return None
+    if resume != "auto":
+        path = Path(resume)
+        if (path / store.MANIFEST).exists():
+            if found := store.problems(path, checksums=False):
+                raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
+            return path
+        root = path
+    existing = store.list_checkpoints(root)
+    for _, path in reversed(existing):
+        if not store.problems(path, checksums=False):
+            return path
+    if existing:
+        _refuse_all_damaged(resume, root, len(existing))
+    return None
+
+
+def _refuse_all_damaged(resume: str, root: Path, n: int) -> None:
+    """Starting over silently would overwrite the checkpoints and the metrics of the run they belong to."""
+    raise UserError("--resume", resume, f"{root} holds {n} checkpoint{'s' if n != 1 else ''} and none is intact "
+                    "(`shoal ckpt inspect` says why); resume from a good copy with --resume PATH, or start over "
+                    "with another --out")
 
 
 def _refuse_existing(root: Path) -> None:

@@ -64,7 +64,11 @@ def load_full_state(directory: Path) -> tuple[dict[str, torch.Tensor], ModelConf
     found = store.problems(directory)
     if found:
         raise UserError("checkpoint", str(directory), f"is damaged or incomplete: {found[0]}")
-    cfg = ModelConfig(**store.read_train_state(directory)["model"])
+    try:
+        cfg = ModelConfig(**store.read_train_state(directory)["model"]).validate()
+    except (TypeError, UserError) as e:  # unknown or out-of-range model fields in train_state.json
+        raise UserError("checkpoint", str(directory),
+                        f"is damaged: {store.TRAIN_STATE} has a bad model table ({e})") from None
     try:
         metadata = read_metadata(directory)
         targets = {key: torch.empty(meta.size, dtype=meta.properties.dtype)

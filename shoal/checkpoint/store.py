@@ -103,17 +103,83 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def problems(directory: Path, checksums: bool = True) -> list[str]:
-    """What is wrong with a checkpoint directory; empty when it is complete and intact."""
-    manifest_path = directory / MANIFEST
-    if not manifest_path.is_file():
-        return [f"{manifest_path} is missing: the save never completed"]
+class Damaged(ValueError):
+    """A checkpoint file that is unreadable or not the shape shoal writes."""
+
+
+def _read_json(path: Path) -> object:
     try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-        assert manifest.get("format") == FORMAT and manifest.get("complete") is True and isinstance(files, dict)
-    except Exception:
-        return [f"{manifest_path} is unreadable or not a complete shoal manifest"]
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        raise Damaged(f"{path} is unreadable or not JSON ({type(e).__name__})") from None
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def read_manifest(directory: Path) -> dict:
+    """manifest.json, its shape checked: {"format", "complete": true, "files": {name: {"bytes", "sha256"}}}."""
+    path = directory / MANIFEST
+    manifest = _read_json(path)
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("complete") is not True:
+        raise Damaged(f"{path} is not a complete {FORMAT} manifest")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(
+            isinstance(v, dict) and _is_int(v.get("bytes")) and v["bytes"] >= 0
+            and isinstance(v.get("sha256"), str) and len(v["sha256"]) == 64 for v in files.values()):
+        raise Damaged(f'{path} does not list its files as {{name: {{"bytes": int, "sha256": hex}}}}')
+    return manifest
+
+
+# train_state.json: field -> (what it must be, a check). Everything resume and `ckpt inspect` read.
+_LAYOUT_INTS = ("world_size", "dp_replicate", "dp_shard", "tp", "pp", "ep", "zero")
+_TRAIN_STATE = {
+    "step": ("an integer >= 0", lambda v: _is_int(v) and v >= 0),
+    "data": ('{"step": int, ...}', lambda v: isinstance(v, dict) and _is_int(v.get("step")) and v["step"] >= 0),
+    "model": ("a table of model fields", lambda v: isinstance(v, dict)),
+    "layout": ("a table of layout integers", lambda v: isinstance(v, dict) and all(
+        _is_int(v[k]) for k in _LAYOUT_INTS if k in v) and isinstance(v.get("pp_schedule"), (str, type(None)))),
+    "loss": ("a number or null", lambda v: v is None or _is_number(v)),
+}
+_TRAIN_STATE_OPTIONAL = {"time": ("a number", _is_number), "config": ("a table", lambda v: isinstance(v, dict))}
+
+
+def read_train_state(directory: Path) -> dict:
+    """train_state.json, every field resume and `ckpt inspect` use checked for its type."""
+    path = directory / TRAIN_STATE
+    state = _read_json(path)
+    if not isinstance(state, dict):
+        raise Damaged(f"{path} holds a JSON {type(state).__name__}, not an object")
+    for key, (what, ok) in _TRAIN_STATE.items():
+        if key not in state or not ok(state[key]):
+            raise Damaged(f"{path}: {key!r} is {'missing' if key not in state else repr(state[key])[:40]}, "
+                          f"expected {what}")
+    for key, (what, ok) in _TRAIN_STATE_OPTIONAL.items():
+        if key in state and not ok(state[key]):
+            raise Damaged(f"{path}: {key!r} is {repr(state[key])[:40]}, expected {what}")
+    if (m := _STEP_DIR.fullmatch(directory.name)) and int(m.group(1)) != state["step"]:
+        raise Damaged(f"{path} says step {state['step']}, its directory says {int(m.group(1))}")
+    return state
+
+
+def problems(directory: Path, checksums: bool = True) -> list[str]:
+    """What is wrong with a checkpoint directory; empty when it is complete and intact.
+
+    Every file it will read is checked: the manifest's shape, each listed file's size and
+    checksum, and train_state.json's fields, so that a damaged checkpoint is reported (and
+    skipped by --resume auto) instead of failing the run that loads it.
+    """
+    if not (directory / MANIFEST).is_file():
+        return [f"{directory / MANIFEST} is missing: the save never completed"]
+    try:
+        files = read_manifest(directory)["files"]
+    except Damaged as e:
+        return [str(e)]
     found, to_hash = [], []
     for name, expect in sorted(files.items()):
         path = directory / name
@@ -126,13 +192,25 @@ def problems(directory: Path, checksums: bool = True) -> list[str]:
         elif checksums:
             to_hash.append((path, expect["sha256"]))
     with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # hashlib releases the GIL: one file per core
-        for (path, sha), actual in zip(to_hash, pool.map(lambda item: digest(item[0])["sha256"], to_hash)):
+        for (path, sha), actual in zip(to_hash, pool.map(lambda item: _sha256(item[0]), to_hash)):
             if actual != sha:
                 found.append(f"{path} does not match its SHA-256 in the manifest (corrupted)")
     for required in (".metadata", TRAIN_STATE):
         if required not in files:
             found.append(f"{directory}: the manifest lists no {required}")
+    if TRAIN_STATE in files and not found:
+        try:
+            read_train_state(directory)
+        except Damaged as e:
+            found.append(str(e))
     return found
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return digest(path)["sha256"]
+    except OSError:  # unreadable: reported as a mismatch
+        return None
 
 
 def newest_valid(root: Path, checksums: bool = True) -> Path | None:
@@ -162,5 +240,3 @@ def remove_partials(root: Path) -> None:
                 shutil.rmtree(entry, ignore_errors=True)
 
 
-def read_train_state(directory: Path) -> dict:
-    return json.loads((directory / TRAIN_STATE).read_text())

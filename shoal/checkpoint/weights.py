@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors import safe_open
+from safetensors.torch import load_model
 
 from shoal.errors import UserError
 from shoal.model.config import ModelConfig
@@ -20,9 +21,8 @@ from shoal.model.transformer import Transformer, build_model
 WEIGHTS, CONFIG = "model.safetensors", "shoal_model.json"
 
 
-def save_weights(directory: Path, model: Transformer, cfg: ModelConfig, tokenizer: str) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(directory / WEIGHTS))  # handles the tied embedding/output weight
+def write_config(directory: Path, cfg: ModelConfig, tokenizer: str) -> None:
+    """The JSON beside the weights (final_export.py writes the weights, one tensor at a time)."""
     (directory / CONFIG).write_text(json.dumps({"model": dataclasses.asdict(cfg), "tokenizer": tokenizer}, indent=1))
 
 
@@ -35,9 +35,54 @@ def find_model_dir(path: Path) -> Path:
 
 
 def load_weights(path: Path, device: str = "cpu") -> tuple[Transformer, ModelConfig, str]:
+    """The model saved in a run directory; a damaged one is a UserError saying what is wrong."""
     directory = find_model_dir(path)
-    meta = json.loads((directory / CONFIG).read_text())
-    cfg = ModelConfig(**meta["model"])
+
+    def damaged(reason: str) -> UserError:
+        return UserError("model_dir", str(path), f"is damaged ({reason}); train again or pass another run's --out")
+
+    cfg, tokenizer = _read_config(directory / CONFIG, damaged)
+    model = build_model(cfg, device="meta")  # shapes only: compared with the file before allocating anything
+    expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
+    try:
+        with safe_open(str(directory / WEIGHTS), framework="pt") as f:
+            stored = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for a truncated or garbled file
+        raise damaged(f"{WEIGHTS} cannot be read: {_first_line(e)}") from None
+    wrong = [n for n, shape in stored.items() if n in expected and expected[n] != shape]
+    tied = {"tok_embeddings.weight", "output.weight"} if cfg.tie_embeddings else set()
+    missing = [n for n in expected if n not in stored and not (n in tied and tied & stored.keys())]
+    if wrong or missing:
+        n = (wrong or missing)[0]
+        raise damaged(f"{WEIGHTS} has {n} as {stored.get(n, 'missing')}, {CONFIG} says {expected[n]}")
     model = build_model(cfg, device=device)
-    load_model(model, str(directory / WEIGHTS), device=str(device))
-    return model.eval(), cfg, meta["tokenizer"]
+    try:
+        load_model(model, str(directory / WEIGHTS), device=str(device))
+    except Exception as e:
+        raise damaged(f"{WEIGHTS} cannot be loaded: {_first_line(e)}") from None
+    for name, p in model.named_parameters():  # flipped bytes in the data show up as nan/inf, or not at all
+        if not torch.isfinite(p).all():
+            raise damaged(f"{WEIGHTS} holds nan or inf in {name}")
+    return model.eval(), cfg, tokenizer
+
+
+def _read_config(path: Path, damaged) -> tuple[ModelConfig, str]:
+    """shoal_model.json: {"model": ModelConfig fields, "tokenizer": spec}, every field checked."""
+    try:
+        meta = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise damaged(f"{CONFIG} is not readable JSON: {_first_line(e)}") from None
+    if not (isinstance(meta, dict) and isinstance(meta.get("model"), dict) and isinstance(meta.get("tokenizer"), str)):
+        raise damaged(f'{CONFIG} is not {{"model": {{...}}, "tokenizer": "..."}}')
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    if unknown := sorted(set(meta["model"]) - known):
+        raise damaged(f"{CONFIG} has unknown model fields {unknown[:3]}")
+    try:
+        return ModelConfig(**meta["model"]).validate(prefix="model"), meta["tokenizer"]
+    except UserError as e:
+        raise damaged(f"{CONFIG}: {e}") from None
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__

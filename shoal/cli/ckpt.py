@@ -24,9 +24,9 @@ def register(sub) -> None:
 
 
 def inspect(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from shoal.cli.console import console as make_console
     from shoal.checkpoint.export import describe, find_checkpoints
 
     infos = [describe(p, checksums=not args.no_checksums) for p in find_checkpoints(Path(args.path))]
@@ -43,7 +43,7 @@ def inspect(args) -> int:
         table.add_row(str(info["step"]), f"{layout.get('world_size', '?')}: " + " ".join(parts),
                       f"{info['bytes'] / 1e6:.1f} MB", f"{info['loss']:.4f}" if info["loss"] is not None else "-",
                       saved, "yes" if info["valid"] else "[bold red]NO[/]")
-    console = Console()
+    console = make_console()
     console.print(table)
     for info in infos:
         for problem in info["problems"]:
@@ -56,6 +56,9 @@ def export(args) -> int:
 
     from shoal.checkpoint.export import export_hf, pick_checkpoint
 
+    from shoal.cli.argtypes import check_output_dir
+
+    check_output_dir("--hf", args.hf)
     chosen = pick_checkpoint(Path(args.path))
     out = export_hf(chosen, Path(args.hf), dtype=getattr(torch, args.dtype))
     print(f"exported {chosen} -> {out} (Hugging Face LlamaForCausalLM, {args.dtype})")

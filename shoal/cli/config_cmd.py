@@ -21,13 +21,14 @@ def run(args) -> int:
         for name, value, doc in rows:
             print(f"| `{name}` | `{value}` | {doc} |")
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from shoal.cli.console import console
 
     table = Table(title="shoal config")
     for col in ("field", "value", "meaning"):
         table.add_column(col)
     for name, value, doc in rows:
         table.add_row(name, repr(value), doc)
-    Console().print(table)
+    console().print(table)
     return 0

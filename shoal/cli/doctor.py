@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shoal.cli.argtypes import int_at_least, positive_float, positive_int
+
 VERDICT_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
 
 
 def register(sub) -> None:
     p = sub.add_parser("doctor", help="check the environment and benchmark communication across N local ranks")
-    p.add_argument("--nproc", type=int, default=None, help="ranks for the benchmark (default: one per GPU, else 2)")
+    p.add_argument("--nproc", type=positive_int, default=None, help="ranks for the benchmark (default: one per GPU, else 2)")
     p.add_argument("--min-size", default="1K", help="smallest message (default 1K; binary units)")
     p.add_argument("--max-size", default="256M", help="largest message (default 256M)")
-    p.add_argument("--factor", type=int, default=4, help="size step between messages (default 4)")
+    p.add_argument("--factor", type=int_at_least(2), default=4, help="size step between messages (default 4)")
     p.add_argument("--ops", default=None, help="comma-separated subset of "
                    "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,sendrecv")
-    p.add_argument("--budget", type=float, default=0.1, help="seconds of timed iterations per size (default 0.1)")
+    p.add_argument("--budget", type=positive_float, default=0.1, help="seconds of timed iterations per size (default 0.1)")
     p.add_argument("--checks-only", action="store_true", help="environment checks only, no benchmark")
     p.add_argument("--peak", action="store_true", help="print the datasheet peak FLOP/s that MFU is against, "
                    "beside a measured matmul on this process's cores; no benchmark")
@@ -26,18 +28,21 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from shoal.cli.argtypes import check_output_dir
+    from shoal.cli.console import console as make_console
     from shoal.comm.ops import BENCH_OPS
     from shoal.measure import doctor, envcheck
 
     if args.peak:
         return show_peak(args.precision)
+    if not args.checks_only:
+        check_output_dir("--out", args.out)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     sizes = doctor.sizes(doctor.parse_size(args.min_size, "--min-size"), doctor.parse_size(args.max_size), args.factor)
     ops = args.ops.split(",") if args.ops else list(BENCH_OPS)
-    console = Console(highlight=False)
+    console = make_console(highlight=False)
     if args.checks_only:
         rep = doctor.Report(checks=envcheck.run_all(nproc))
     else:

@@ -24,6 +24,7 @@ COMMANDS = {
     "doctor": "doctor",
     "run": "run",
     "ckpt": "ckpt",
+    "report": "report",
     "k8s": "k8s",
     "slurm": "slurm",
 }
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shoal {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print(f"shoal {args.command}: interrupted", file=sys.stderr)
         return 130
 
 

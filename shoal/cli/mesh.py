@@ -1,19 +1,25 @@
-"""`shoal mesh --nproc N [RECIPE] [--set parallel.tp=2 ...]`: which global ranks form each group.
+"""`shoal mesh --nproc N [RECIPE] [--set parallel.tp=2 ...] [--svg FILE]`: which global ranks form each group.
 
-With --nnodes and --nproc-per-node it also shows where each rank runs (node, local device) and
-marks the groups that cross a node (the rule is in shoal/parallel/mesh.py).
+With --nnodes and --nproc-per-node (or --nproc and --per-node) it also shows where each rank runs
+(node, local device) and marks the groups that cross a node (the rule is in shoal/parallel/mesh.py).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+
+from shoal.cli.argtypes import nonnegative_int, positive_int
 
 
 def register(sub) -> None:
     p = sub.add_parser("mesh", help="print the rank grid and the TP/PP/DP/EP groups of a layout")
     p.add_argument("recipe", nargs="?")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--nproc", type=int, default=0, help="world size (or give --nnodes and --nproc-per-node)")
-    p.add_argument("--nnodes", type=int, default=1, help="machines; ranks are placed in one block per node")
-    p.add_argument("--nproc-per-node", type=int, default=0, help="ranks (devices) per machine")
+    p.add_argument("--nproc", type=nonnegative_int, default=0, help="world size (or give --nnodes and --nproc-per-node)")
+    p.add_argument("--nnodes", type=positive_int, default=1, help="machines; ranks are placed in one block per node")
+    p.add_argument("--nproc-per-node", "--per-node", dest="per_node", type=nonnegative_int, default=0, metavar="N",
+                   help="ranks (devices) per node (default: all on one node)")
+    p.add_argument("--svg", metavar="FILE", help="also draw the rank grid on its nodes into this SVG file")
     p.set_defaults(func=run)
 
 
@@ -45,29 +51,40 @@ def world_and_per_node(nproc: int, nnodes: int, per_node: int) -> tuple[int, int
     """(world size, ranks per node) from the flags, refusing ones that disagree."""
     from shoal.errors import UserError
 
-    if nnodes < 1:
-        raise UserError("--nnodes", nnodes, "must be a positive integer")
-    if per_node < 0 or (nnodes > 1 and not per_node and (not nproc or nproc % nnodes)):
-        raise UserError("--nproc-per-node", per_node, f"give the ranks per node (with --nnodes {nnodes})")
-    per_node = per_node or nproc // nnodes
-    if nproc and nproc != nnodes * per_node:
-        raise UserError("--nproc", nproc, f"is the world size; --nnodes {nnodes} x --nproc-per-node {per_node} = "
-                                          f"{nnodes * per_node}: drop --nproc or make them agree")
-    if nnodes * per_node < 1:
-        raise UserError("--nproc", nproc, "give the world size, or --nnodes and --nproc-per-node")
-    return nnodes * per_node, per_node
+    if nproc and per_node:
+        if nproc % per_node:
+            raise UserError("--nproc-per-node", per_node, f"must divide the world size --nproc {nproc}")
+        if nnodes > 1 and nnodes * per_node != nproc:
+            raise UserError("--nproc", nproc, f"is the world size; --nnodes {nnodes} x --nproc-per-node {per_node} = "
+                                              f"{nnodes * per_node}: drop --nproc or make them agree")
+        return nproc, per_node
+    if per_node:
+        return nnodes * per_node, per_node
+    if nproc:
+        if nproc % nnodes:
+            raise UserError("--nnodes", nnodes, f"must divide the world size --nproc {nproc}, or give --nproc-per-node")
+        return nproc, nproc // nnodes
+    raise UserError("--nproc", nproc, "give the world size, or --nnodes and --nproc-per-node")
 
 
 def run(args) -> int:
     import sys
 
     from shoal.config import load_config
+    from shoal.errors import UserError
     from shoal.job import resolve
     from shoal.parallel.mesh import placement_warning
 
-    world, per_node = world_and_per_node(args.nproc, args.nnodes, args.nproc_per_node)
+    world, per_node = world_and_per_node(args.nproc, args.nnodes, args.per_node)
+    path = Path(args.svg) if args.svg else None
+    if path and path.suffix.lower() != ".svg":
+        raise UserError("--svg", args.svg, f"must name an .svg file, e.g. --svg {path.with_suffix('.svg')}")
     dims = resolve(load_config(args.recipe, args.overrides), world).dims
-    print_groups(dims, per_node if args.nnodes > 1 else 0)
-    if args.nnodes > 1 and (line := placement_warning(dims, per_node)):
+    print_groups(dims, per_node)
+    if line := placement_warning(dims, per_node):
         print(line, file=sys.stderr)
+    if path:
+        from shoal.report.rank_grid import rank_grid_figure
+
+        print(f"rank grid: {rank_grid_figure(dims, per_node, path.with_suffix(''), formats=('svg',))[0]}")
     return 0

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
+from shoal.cli.argtypes import check_output_dir, check_output_file, nonnegative_float, positive_float
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, SCHEDULES
 
@@ -69,11 +71,12 @@ def register(sub) -> None:
 
     o = p.add_argument_group("budget and output")
     o.add_argument("--tokens", type=_amount, help="tokens to train, e.g. 15e12 or 15T")
-    o.add_argument("--usd-per-gpu-hour", type=float)
-    o.add_argument("--mtbf-hours", type=float, default=None, help="per-GPU mean time between failures (default 50000)")
-    o.add_argument("--checkpoint-every-min", type=float, default=60.0)
-    o.add_argument("--checkpoint-write-min", type=float, default=1.0, help="blocking checkpoint write time")
-    o.add_argument("--restart-min", type=float, default=15.0)
+    o.add_argument("--usd-per-gpu-hour", type=nonnegative_float)
+    o.add_argument("--mtbf-hours", type=positive_float, default=None,
+                   help="per-GPU mean time between failures (default 50000)")
+    o.add_argument("--checkpoint-every-min", type=positive_float, default=60.0)
+    o.add_argument("--checkpoint-write-min", type=nonnegative_float, default=1.0, help="blocking checkpoint write time")
+    o.add_argument("--restart-min", type=nonnegative_float, default=15.0)
     o.add_argument("--rank-by", choices=("throughput", "cost"), default="throughput",
                    help="at a fixed GPU count both give the same order; --scale then shows $/M tokens per count")
     o.add_argument("--top", type=int, default=10)
@@ -81,6 +84,8 @@ def register(sub) -> None:
     o.add_argument("--emit", metavar="FILE", help="write the best layout as a `shoal train` recipe (TOML)")
     o.add_argument("--scale", metavar="A:B", help="sweep GPU counts A, 2A, ... B at fixed global and per-GPU batch")
     o.add_argument("--figures", metavar="DIR", help="save memory/time/scaling pictures (PNG and SVG) here")
+    o.add_argument("--report", metavar="DIR", help="write a page with the best layout's rank grid, memory, step time "
+                                                 "and scaling pictures (DIR/index.html)")
     p.set_defaults(func=run)
 
 
@@ -88,11 +93,12 @@ def _amount(text: str) -> float:
     suffixes = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
     t = text.strip().lower()
     try:
-        if t and t[-1] in suffixes:
-            return float(t[:-1]) * suffixes[t[-1]]
-        return float(t)
+        value = float(t[:-1]) * suffixes[t[-1]] if t and t[-1] in suffixes else float(t)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an amount: {text!r} (try 15e12 or 15T)") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite amount > 0, got {text!r} (try 15e12 or 15T)")
+    return value
 
 
 def _positive(name: str, value, allow_none: bool = True):
@@ -188,10 +194,14 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
 def run(args) -> int:
     from shoal.planner import cost, scaling
     from shoal.planner.evaluate import evaluate
-    from shoal.planner.layout import Layout
+    from shoal.layout import Layout
     from shoal.planner.render import plan_json
     from shoal.planner.search import search
 
+    if args.figures:  # outputs are checked before minutes of search, not after
+        check_output_dir("--figures", args.figures)
+    if args.emit:
+        check_output_file("--emit", args.emit)
     workload, cluster, fixed, name = build(args)
     result = single = None
     if args.gpus:
@@ -210,7 +220,7 @@ def run(args) -> int:
     if args.tokens and best and best.fits:
         training = cost.estimate(
             args.tokens, best.tokens_per_s, cluster.n_gpus, usd_per_gpu_hour=args.usd_per_gpu_hour,
-            mtbf_gpu_hours=args.mtbf_hours or cost.DEFAULT_MTBF_GPU_HOURS,
+            mtbf_gpu_hours=cost.DEFAULT_MTBF_GPU_HOURS if args.mtbf_hours is None else args.mtbf_hours,
             checkpoint_interval_hours=args.checkpoint_every_min / 60, restart_hours=args.restart_min / 60,
             checkpoint_write_hours=args.checkpoint_write_min / 60)
 
@@ -242,6 +252,11 @@ def run(args) -> int:
             figures += plan_figures.time_figure(shown, out / "plan_time")
         if points:
             figures += plan_figures.scaling_figure(points, out / "plan_scaling")
+
+    if args.report:
+        from shoal.report.plan_report import write_plan_report
+
+        figures.append(write_plan_report(args.report, best, cluster, name, points))
 
     if args.json:
         doc = plan_json(workload, cluster, name, result=result, single=single, top=args.top, training=training,

@@ -16,8 +16,9 @@ def _human(n: float) -> str:
 
 
 def run(args) -> int:
-    from rich.console import Console
     from rich.table import Table
+
+    from shoal.cli.console import console as make_console
 
     from shoal.model.analytics import flops_per_token, param_counts
     from shoal.model.config import PRESETS
@@ -31,7 +32,7 @@ def run(args) -> int:
         table.add_row(name, str(cfg.n_layers), str(cfg.dim), f"{cfg.n_heads}/{cfg.n_kv_heads}", experts,
                       _human(counts.total), _human(counts.active),
                       f"{flops_per_token(cfg, cfg.max_seq_len) / 1e9:.3g}")
-    console = Console()
+    console = make_console()
     console.print(table)
     for name, cfg in PRESETS.items():
         if cfg.note:

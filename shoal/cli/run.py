@@ -10,14 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 
+from shoal.cli.argtypes import nonnegative_float, nonnegative_int, positive_int
+
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="run a torch.distributed script as N local workers (like torchrun)")
-    p.add_argument("--nproc", type=int, default=1, help="number of worker processes (default 1)")
-    p.add_argument("--max-restarts", type=int, default=0, help="restart all workers this many times on failure")
+    p.add_argument("--nproc", type=positive_int, default=1, help="number of worker processes (default 1)")
+    p.add_argument("--max-restarts", type=nonnegative_int, default=0, help="restart all workers this many times on failure")
     p.add_argument("--check-collectives", action="store_true",
                    help="fingerprint every collective and fail with a table when ranks disagree")
-    p.add_argument("--hang-timeout", type=float, default=None, metavar="S",
+    p.add_argument("--hang-timeout", type=nonnegative_float, default=None, metavar="S",
                    help="report which ranks are stuck where after S seconds without progress (0: off)")
     p.add_argument("script", help="Python script to run on every worker")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import sys
+
+from shoal.cli.argtypes import nonnegative_int
 
 
 def register(sub) -> None:
@@ -11,9 +13,11 @@ def register(sub) -> None:
     p.add_argument("recipe", nargs="?", help="TOML recipe (see recipes/); default: the demo settings")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config field, e.g. --set train.steps=50 (repeatable)")
-    p.add_argument("--out", default="runs/train", help="output directory (metrics.jsonl, model/)")
-    p.add_argument("--nproc", type=int, default=0, help="start this many local workers (elastic launcher)")
-    p.add_argument("--max-restarts", type=int, default=0,
+    p.add_argument("--out", default=None, help="output directory (metrics.jsonl, checkpoints/, model/), one per run; "
+                                               "default: a new runs/<recipe>-<YYYYmmdd-HHMMSS>")
+    p.add_argument("--nproc", type=nonnegative_int, default=0,
+                   help="start this many local workers (elastic launcher); 0: run in this process")
+    p.add_argument("--max-restarts", type=nonnegative_int, default=0,
                    help="when a worker dies, restart all workers from the last checkpoint, up to this many times")
     p.add_argument("--resume", default="auto", metavar="auto|never|PATH",
                    help="auto: continue from the newest intact checkpoint if there is one (default); never: start "
@@ -29,7 +33,9 @@ def register(sub) -> None:
 def run(args) -> int:
     from shoal.checkpoint.choose import check_resume
     from shoal.config import load_config
-    from shoal.job import env_world_size, resolve
+    from shoal.job import resolve
+    from shoal.launch.env import world_size
+    from shoal.train import rundir
     from shoal.train.memory_check import CHECKED_ENV, check_memory, local_world_size
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
@@ -37,9 +43,9 @@ def run(args) -> int:
         from shoal.launch.slurm import check_srun_copies
 
         check_srun_copies(args.nnodes)
-    job = resolve(cfg, (args.nproc or env_world_size()) * args.nnodes)  # nnodes > 1: --nproc is per node
+    # --nproc, or the launcher's WORLD_SIZE (checked with RANK & co); with --nnodes, --nproc is per node
+    job = resolve(cfg, world_size(args.nproc) * args.nnodes)
     nodes = _node_plan(args)  # a multi-node job's network, checked before any worker starts
-    check_resume(cfg, Path(args.out), args.resume)
     if args.print_mesh:
         from shoal.cli.mesh import print_groups
 
@@ -49,29 +55,64 @@ def run(args) -> int:
         check_memory(job, local_world_size(args.nproc))
     if not os.environ.get(CHECKED_ENV) and os.environ.get("RANK", "0") == "0":  # said once: launcher or rank 0
         _warn_placement(job, local_world_size(args.nproc))
-    if (args.nproc > 1 or nodes) and "WORLD_SIZE" not in os.environ:
-        from shoal.data.sources import list_documents
-        from shoal.data.tokenizer import load_tokenizer
+    from shoal.train.trainer import build_data
+
+    if "WORLD_SIZE" not in os.environ:  # data mistakes too: in the process the user started, before
+        build_data(job)                  # any worker starts or --out is made (workers build their own)
+    out = rundir.check_out(_out(args))
+    holder = not nodes or nodes.node_rank == 0  # node 0's launcher holds the lock of a multi-node run
+    if holder:
+        rundir.claim(out)  # one live run per directory, held by the launcher if there is one
+    try:
+        check_resume(cfg, out, args.resume)
+        return _launch_or_train(args, job, out, nodes)
+    finally:
+        if holder:
+            rundir.release(out)
+
+
+def _launch_or_train(args, job, out, nodes=None) -> int:
+    from shoal.train.memory_check import CHECKED_ENV
+    from shoal.train.nonfinite import EXIT_CODE, NonFiniteStep
+    from shoal.train.trainer import train
+
+    if args.nproc > 1 or nodes:
         from shoal.launch.local import launch
         from shoal.launch.multinode import launch_nodes
 
-        load_tokenizer(cfg.data.tokenizer)  # data mistakes too are reported once, before N workers start
-        list_documents(cfg.data.path, cfg.data.text_field)
-
         argv = ["-m", "shoal.train", *([args.recipe] if args.recipe else []),
-                *[f"--set={o}" for o in args.overrides], "--out", args.out, "--resume", args.resume,
+                *[f"--set={o}" for o in args.overrides], "--out", str(out), "--resume", args.resume,
                 *(["--quiet"] if args.quiet else [])]
         os.environ[CHECKED_ENV] = "1"  # the workers inherit the environment: checked once, here
         try:
+            # Workers exiting 2 (a user mistake) or 3 (a non-finite loss) have said why in one line.
             if nodes:
-                return launch_nodes(argv, args.nproc, nodes, max_restarts=args.max_restarts)
-            return launch(argv, args.nproc, max_restarts=args.max_restarts)
+                return launch_nodes(argv, args.nproc, nodes, max_restarts=args.max_restarts, said_why=(2, EXIT_CODE))
+            return launch(argv, args.nproc, max_restarts=args.max_restarts, said_why=(2, EXIT_CODE))
         finally:
             os.environ.pop(CHECKED_ENV, None)
-    from shoal.train.trainer import train
-
-    train(job, Path(args.out), show=not args.quiet, resume=args.resume)
+    try:
+        train(job, out, show=not args.quiet, resume=args.resume)
+    except NonFiniteStep as e:  # every rank stops at the same step; one of them says so
+        if os.environ.get("RANK", "0") == "0":
+            print(f"shoal train: error: {e}", file=sys.stderr)
+        return EXIT_CODE
     return 0
+
+
+def _out(args) -> str:
+    """--out, or a fresh directory per run, so a run never silently replaces the previous one."""
+    from shoal.errors import UserError
+    from shoal.train.rundir import default_out
+
+    if args.out is not None:
+        return args.out
+    if "WORLD_SIZE" in os.environ:  # each rank (and each restart) would pick its own timestamp
+        raise UserError("--out", "(not given)", "under torchrun every rank must write the same directory: "
+                        "pass --out DIR")
+    out = default_out(args.recipe)
+    print(f"shoal: writing to {out} (choose with --out)", file=sys.stderr, flush=True)
+    return str(out)
 
 
 def _node_plan(args):
@@ -86,12 +127,13 @@ def _node_plan(args):
                                                  "leave out --nnodes/--master")
     if args.nproc < 1:
         raise UserError("--nproc", args.nproc, "give the workers per node with --nnodes, e.g. --nproc 8")
+    if args.out is None:  # each node would pick its own timestamped directory
+        raise UserError("--out", "(not given)", "with --nnodes every node must write the same directory, on a "
+                                                "filesystem they share: pass --out DIR")
     return plan_node(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout)
 
 
 def _warn_placement(job, per_node: int) -> None:
-    import sys
-
     from shoal.parallel.mesh import placement_warning
 
     if line := placement_warning(job.dims, per_node):

@@ -6,13 +6,16 @@ import json
 import tempfile
 from pathlib import Path
 
+from shoal.cli.argtypes import check_output_dir, int_at_least, nonnegative_float, positive_int
+
 
 def register(sub) -> None:
     p = sub.add_parser("verify", help="prove parallel layouts compute what one process computes")
-    p.add_argument("--nproc", type=int, default=4, help="ranks to run the layouts on")
+    p.add_argument("--nproc", type=int_at_least(2, "verify compares against 1 process"), default=4,
+                   help="ranks to run the layouts on")
     p.add_argument("--layouts", default="", help="';'-separated layouts of key=value,... (default: all that fit)")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--tolerance", type=float, default=1e-4,
+    p.add_argument("--steps", type=positive_int, default=10)
+    p.add_argument("--tolerance", type=nonnegative_float, default=1e-4,
                    help="largest difference that passes, for the loss, the gradient norm (relative) and each final "
                         "weight (fp32; see docs/parallelism.md for why 1e-4)")
     p.add_argument("--out", default="", help="keep each layout's metrics here")
@@ -20,9 +23,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from shoal.cli.console import console as make_console
     from shoal.errors import UserError
     from shoal.launch.local import launch
     from shoal.job import resolve
@@ -30,6 +33,8 @@ def run(args) -> int:
 
     if args.nproc < 2:
         raise UserError("--nproc", args.nproc, "verify needs at least 2 ranks")
+    if args.out:
+        check_output_dir("--out", args.out)
     layouts = [x.strip() for x in args.layouts.split(";") if x.strip()]
     skipped = []
     if not layouts:
@@ -49,7 +54,7 @@ def run(args) -> int:
     # The reference gets the workers' threads: a different thread count splits sums differently
     # (tiny-moe's losses then differed by 2e-4; with one thread each they match to 1e-6).
     torch.set_num_threads(int(worker_env(args.nproc).get("OMP_NUM_THREADS", torch.get_num_threads())))
-    console = Console()
+    console = make_console()
     for preset in by_model:  # the single-process references, in this process
         ref_cfg = config_for(f"model={preset},dp_shard=1", 1, args.steps, global_batch=4 * args.nproc)
         train(ref_cfg, out / f"reference-{preset}", show=False)

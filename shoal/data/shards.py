@@ -41,6 +41,8 @@ HEADER_BYTES = 64  # HEADER padded, so the token arrays start aligned
 BATCH_DOCS, BATCH_CHARS = 1024, 16 << 20
 # In the fallback split (see _split_tail), held-out text never takes more than this of the corpus.
 MAX_VAL_SHARE = 0.5
+# Corpora at least this big get a line on stderr when tokenizing starts (about a second of work).
+TELL_ABOVE_MB = 32
 
 
 @dataclass
@@ -82,15 +84,58 @@ def build_token_cache(
     if not 0 <= val_fraction < 1:
         raise UserError("data.val_fraction", val_fraction, "must be in [0, 1); 0.01 holds out 1% of documents")
     sources = list_documents(path, text_field)
-    cache_dir = os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()
-    os.makedirs(cache_dir, exist_ok=True)
+    cache_dir = check_cache_dir(os.fspath(cache_dir) if cache_dir is not None else default_cache_dir())
     file = os.path.join(cache_dir, f"{_slug(path)}-{cache_key(sources, tokenizer, val_fraction)}.bin")
-    if not os.path.exists(file):
-        with _build_lock(file):
-            if not os.path.exists(file):  # nobody built it while we waited for the lock
-                _build(file, path, sources, tokenizer, val_fraction)
-                return open_token_cache(file, built=True)
-    return open_token_cache(file, built=False)
+    if os.path.isdir(file):  # cannot be replaced by a file, so no rebuild can help
+        raise UserError("data.cache_dir", cache_dir, f"{file} is a folder where the token cache file belongs; remove it")
+    if os.path.exists(file):
+        try:
+            return open_token_cache(file, built=False)
+        except DamagedCache as e:  # a crash mid-copy, a full disk, a hand edit: tokenize again
+            print(f"shoal: token cache {file} is damaged ({e}); rebuilding it", file=sys.stderr, flush=True)
+    with _build_lock(file):
+        try:  # another process may have built (or rebuilt) it while we waited for the lock
+            return open_token_cache(file, built=False)
+        except (FileNotFoundError, DamagedCache):
+            pass
+        try:
+            _build(file, path, sources, tokenizer, val_fraction)
+        except OSError as e:  # the folder exists and passed check_cache_dir; this is e.g. a full disk
+            raise UserError("data.cache_dir", cache_dir, f"writing the token cache failed ({e.strerror}); "
+                                                         "free space there or set data.cache_dir elsewhere") from None
+        return open_token_cache(file, built=True)
+
+
+def check_cache_dir(cache_dir: str) -> str:
+    """Create the cache folder if needed; a file in its place or no write permission is a UserError."""
+    fix = "set data.cache_dir (or $SHOAL_CACHE_DIR) to a writable folder"
+    if os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        raise UserError("data.cache_dir", cache_dir, f"is a file, not a folder; {fix}")
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+    except OSError as e:  # a file further up, a read-only file system, no permission
+        raise UserError("data.cache_dir", cache_dir, f"cannot be created ({e.strerror}); {fix}") from None
+    if not os.access(cache_dir, os.W_OK | os.X_OK):
+        raise UserError("data.cache_dir", cache_dir, f"is not writable; {fix}")
+    return cache_dir
+
+
+def load_data(data, model_vocab_size: int) -> tuple[Tokenizer, "TokenCache"]:
+    """The tokenizer and the token cache for a [data] config section (JobConfig.data).
+
+    `shoal train` calls this before it starts any worker, so every data mistake (path, file,
+    encoding, tokenizer, cache folder) is one line from one process; workers then reuse the cache.
+    """
+    from shoal.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(data.tokenizer)
+    if tokenizer.vocab_size > model_vocab_size:
+        raise UserError("data.tokenizer", data.tokenizer,
+                        f"has {tokenizer.vocab_size} tokens but model.vocab_size={model_vocab_size}; "
+                        f"--set model.vocab_size={tokenizer.vocab_size}")
+    cache = build_token_cache(data.path, tokenizer, data.cache_dir or None, text_field=data.text_field,
+                              val_fraction=data.val_fraction)
+    return tokenizer, cache
 
 
 def cache_key(sources: list[Source], tokenizer: Tokenizer, val_fraction: float) -> str:
@@ -103,14 +148,27 @@ def cache_key(sources: list[Source], tokenizer: Tokenizer, val_fraction: float) 
     return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:24]
 
 
+class DamagedCache(Exception):
+    """A token cache file that is not what build_token_cache writes (rebuilt when found)."""
+
+
 def open_token_cache(file: str, built: bool = False) -> TokenCache:
-    """Memory-map a cache file written by build_token_cache."""
-    with open(file, "rb") as f:
-        raw = f.read(HEADER.size)
+    """Memory-map a cache file written by build_token_cache; DamagedCache if it is not one."""
+    try:
+        with open(file, "rb") as f:
+            raw = f.read(HEADER.size)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # a folder or an unreadable file under the cache's name
+        raise DamagedCache(f"cannot be read ({e.strerror})") from None
     magic, version, itemsize, n_train, n_val, train_docs, val_docs = (
         HEADER.unpack(raw) if len(raw) == HEADER.size else (b"",) + (0,) * 6)
     if magic != MAGIC or version != FORMAT_VERSION or itemsize not in (2, 4):
-        raise UserError("data.cache_dir", file, "not a shoal token cache of this version; delete it and rerun")
+        raise DamagedCache("not a shoal token cache of this version")
+    expected = HEADER_BYTES + (n_train + n_val) * itemsize
+    if size != expected:
+        raise DamagedCache(f"{size} bytes where its header promises {expected}: truncated or overwritten")
     dtype = np.dtype(np.uint16 if itemsize == 2 else np.uint32)
 
     def view(offset: int, n: int) -> np.ndarray:
@@ -133,8 +191,12 @@ def _build(file: str, path: str, sources: list[Source], tokenizer: Tokenizer, va
     dtype = token_dtype(tokenizer.vocab_size)
     eos = np.array([tokenizer.eos_id], dtype=dtype)
     mb = sum(s.size for s in sources) / 1e6
-    print(f"shoal: tokenizing {path} ({len(sources)} files, {mb:.1f} MB) with {tokenizer.identity} "
-          f"into {file}", file=sys.stderr, flush=True)
+    # Said only where a person would wonder what is taking so long: a small corpus caches in well under
+    # a second, and a line there would only push a real error further up the screen.
+    tell = mb >= TELL_ABOVE_MB
+    if tell:
+        print(f"shoal: tokenizing {path} ({len(sources)} files, {mb:.1f} MB) with {tokenizer.identity} "
+              f"into {file}", file=sys.stderr, flush=True)
     cache_dir, base = os.path.split(file)
     fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=base + ".", suffix=".tmp")
     val_fd, val_tmp = tempfile.mkstemp(dir=cache_dir, prefix=base + ".", suffix=".val.tmp")
@@ -174,8 +236,9 @@ def _build(file: str, path: str, sources: list[Source], tokenizer: Tokenizer, va
         for t in (tmp, val_tmp):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(t)
-    print(f"shoal: cached {n_train:,} train tokens ({train_docs} docs) + {n_val:,} val tokens ({val_docs} docs) "
-          f"in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+    if tell or time.perf_counter() - t0 > 2:
+        print(f"shoal: cached {n_train:,} train tokens ({train_docs} docs) + {n_val:,} val tokens ({val_docs} docs) "
+              f"in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
 
 
 def _split_tail(tmp: str, dtype: np.dtype, eos_id: int, val_fraction: float, out, val_out,

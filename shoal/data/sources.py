@@ -7,15 +7,19 @@
   a glob       every matching file (a matching directory is walked like a directory)
   a directory  walked recursively for files with a text extension (TEXT_EXTENSIONS)
 
-Listing only stats files; `read_documents` reads them. Everything is sorted, so the same files
-always give the same documents in the same order.
+Listing stats every file and reads its first KiB, so that a broken link, an unreadable file, a
+device or pipe, or a binary file (a NUL byte or invalid UTF-8 there) is refused up front, naming
+the file, before any worker starts; `read_documents` reads them. Everything is sorted, so the same
+files always give the same documents in the same order.
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
 import json
 import os
+import stat
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +42,9 @@ SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages", "node_mo
 STDLIB_SKIP_DIRS = SKIP_DIRS | {"test", "tests", "idle_test"}
 
 STDLIB = "stdlib"
+# How much of each file is looked at to tell text from binary: enough for any real text file to
+# show itself, little enough that listing the whole stdlib costs milliseconds.
+SNIFF_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -69,13 +76,51 @@ def list_documents(path: str, text_field: str = "text") -> list[Source]:
         root = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
     sources = []
     for f in files:
-        st = os.stat(f)
+        st = _check_file(f, path)
         is_jsonl = os.path.splitext(f)[1].lower() in JSONL_EXTENSIONS
         sources.append(Source(path=f, name=os.path.relpath(f, root), size=st.st_size,
                               mtime_ns=st.st_mtime_ns, text_field=text_field if is_jsonl else None))
     if all(s.size == 0 for s in sources):
         raise empty_corpus_error(path)
     return sources
+
+
+def _check_file(file: str, path: str) -> os.stat_result:
+    """A corpus file must exist, be a regular readable file, and look like UTF-8 text.
+
+    A binary file is refused rather than skipped: training on a few stray executables or images
+    is silently wrong, and a skip is easy to miss in a long log; the message names the file.
+    """
+    def refuse(problem: str, fix: str) -> UserError:
+        return UserError("data.path", path, f"{file} {problem}; {fix}")
+
+    try:
+        st = os.stat(file)
+    except FileNotFoundError:
+        raise refuse("is a broken symbolic link (its target does not exist)", "remove it or fix the link") from None
+    except OSError as e:
+        raise refuse(f"cannot be read ({e.strerror})", "check its permissions") from None
+    if not stat.S_ISREG(st.st_mode):  # a pipe or a device would block or never end
+        raise refuse("is not a regular file", "point data.path at text files only")
+    try:
+        with open(file, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError as e:
+        raise refuse(f"cannot be read ({e.strerror})", "check its permissions or leave it out of data.path") from None
+    if problem := binary_reason(head):
+        raise refuse(f"is not text ({problem})", "remove it, convert it to UTF-8, or narrow data.path")
+    return st
+
+
+def binary_reason(head: bytes) -> str | None:
+    """Why these first bytes of a file are not UTF-8 text, or None when they are."""
+    if (nul := head.find(b"\0")) >= 0:
+        return f"a NUL byte at offset {nul}"
+    try:  # final=False: a character cut by the SNIFF_BYTES boundary is not an error
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError as e:
+        return f"invalid UTF-8 at offset {e.start}"
+    return None
 
 
 def empty_corpus_error(path: str) -> UserError:
@@ -106,8 +151,11 @@ def _expand(path: str) -> list[str]:
 
 
 def _walk(root: str, extensions: frozenset[str], skip: frozenset[str]) -> list[str]:
+    def unreadable(e: OSError):  # os.walk would silently leave the folder out of the corpus
+        raise UserError("data.path", root, f"{e.filename} cannot be listed ({e.strerror}); check its permissions")
+
     out = []
-    for d, dirs, names in os.walk(os.path.abspath(root)):
+    for d, dirs, names in os.walk(os.path.abspath(root), onerror=unreadable):
         dirs[:] = [x for x in dirs if x not in skip and not x.startswith(".")]  # .git, .venv, ...
         out += [os.path.join(d, n) for n in names
                 if os.path.splitext(n)[1].lower() in extensions and not n.startswith(".")]
@@ -117,8 +165,9 @@ def _walk(root: str, extensions: frozenset[str], skip: frozenset[str]) -> list[s
 def read_documents(source: Source) -> Iterator[tuple[str, str]]:
     """(document name, text) for each document in the file.
 
-    Bytes that are not UTF-8 become U+FFFD rather than failing a whole corpus on one odd file,
-    and NUL characters are dropped because token 0 separates documents in the byte tokenizer.
+    Listing refused files whose first KiB is not UTF-8 text; a stray invalid byte further in
+    becomes U+FFFD rather than failing a whole corpus, and NUL characters are dropped because
+    token 0 separates documents in the byte tokenizer.
     """
     with open(source.path, "rb") as f:
         if source.text_field is None:

@@ -105,6 +105,8 @@ def load_tokenizer(spec: str) -> ByteTokenizer | HFTokenizer:
     if spec == "byte":
         return ByteTokenizer()
     path = os.path.expanduser(spec)
+    if os.path.isdir(path):
+        raise UserError("data.tokenizer", spec, 'is a directory; give "byte" or the path of a tokenizer.json file')
     if not os.path.isfile(path):
         raise UserError("data.tokenizer", spec,
                         'no such file; give "byte" or the path of a Hugging Face tokenizer.json')

@@ -12,8 +12,10 @@ import os
 import signal
 import sys
 import uuid
+from pathlib import Path
 
 from shoal.errors import UserError
+from shoal.train.rundir import LAUNCHER_ENV
 
 
 def worker_env(nproc: int) -> dict[str, str]:
@@ -25,12 +27,13 @@ def worker_env(nproc: int) -> dict[str, str]:
 
 
 def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | None = None,
-           nodes: dict | None = None) -> int:
+           said_why: tuple[int, ...] = (), nodes: dict | None = None) -> int:
     """Run `python ARGV...` as `nproc` workers on this machine; returns the job's exit code.
 
     Rendezvous is a c10d store on localhost on a free port (like `torchrun --standalone`).
     When a worker fails the agent stops the others and, up to max_restarts times, starts all
-    workers again (`shoal train` then resumes from its last checkpoint).
+    workers again (`shoal train` then resumes from its last checkpoint). said_why: worker exit
+    codes that follow the worker's own one-line explanation; the launcher adds nothing to those.
 
     Restarts need a fresh store for the workers' process groups. By default (torch >= 2.4) the
     agent hosts one TCPStore for the whole job and every attempt's workers connect to it: the
@@ -42,46 +45,118 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
 
     `nodes` replaces LaunchConfig fields for a multi-node job (shoal.launch.multinode says which and why).
     """
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if nproc < 1:
         raise UserError("--nproc", nproc, "must be a positive integer")
     os.environ.update(worker_env(nproc))  # the agent passes its environment to the workers
+    os.environ[LAUNCHER_ENV] = str(os.getpid())  # workers die with this process, and use its --out lock
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # a fresh store per attempt (see above)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_id or f"shoal-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", rdzv_configs={"timeout": 120},
         max_restarts=max_restarts, monitor_interval=0.1, start_method="spawn",
+        signals_to_handle="SIGHUP,SIGQUIT",  # SIGINT and SIGTERM: _stop_workers_outright_on below
     )
     # The agent logs every life-cycle event at INFO; keep only warnings and errors.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     if nodes:
         config = dataclasses.replace(config, **nodes)
-    report = _FailureReport(nproc, max_restarts)
+    report = _FailureReport(nproc, max_restarts, said_why)
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     agent_log.addFilter(report)
+    quiet_signals = _DropSignalChatter()
+    chatty = [agent_log, logging.getLogger("torch.distributed.elastic.agent.server.api")]
+    for log in chatty:
+        log.addFilter(quiet_signals)
+    stopped_by, previous = _stop_workers_outright_on(signal.SIGINT, signal.SIGTERM)
     try:
         elastic_launch(config, entrypoint=sys.executable)(*argv)
+    except SignalException as e:  # raised by the signal handlers, caught by the agent after it stopped the workers
+        sig = signal.Signals(stopped_by[0] if stopped_by else e.sigval)
+        print(f"shoal: stopped by {sig.name}; all {nproc} workers were stopped", file=sys.stderr)
+        return 128 + int(sig)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        if failure.exitcode in said_why:
+            return failure.exitcode
         print(f"shoal: worker rank {rank} failed (exit code {failure.exitcode}); "
               f"see its output above", file=sys.stderr)
         return failure.exitcode if failure.exitcode > 0 else 1
     finally:
         agent_log.removeFilter(report)
+        for log in chatty:
+            log.removeFilter(quiet_signals)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
+
+
+def _stop_workers_outright_on(*signals: signal.Signals) -> tuple[list[int], dict]:
+    """Ctrl-C or SIGTERM to the launcher ends the workers with SIGKILL, at once and in silence.
+
+    The agent's own handlers forward the signal itself; a worker then either sits out a collective
+    its dead peer never joins, or its hang watchdog (shoal/debug/watchdog.py) takes the peer's
+    exit for a failure and writes an incident report. Nothing in a worker needs a clean exit:
+    checkpoints commit atomically and metrics rows are whole lines. The agent keeps SIGHUP and
+    SIGQUIT; we take these, kill the workers (this process's children) and hand the agent a
+    SignalException asking for SIGKILL, which it sends to any it started since. Returns the list
+    the received signal goes into, and the handlers to put back.
+    """
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    received: list[int] = []
+
+    def stop(signum, frame):
+        received.append(signum)
+        workers = _children(os.getpid())
+        for sig in (signal.SIGSTOP, signal.SIGKILL):  # all frozen first: none sees a peer die and complains
+            for pid in workers:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        raise SignalException(f"shoal launcher got {signal.Signals(signum).name}", sigval=signal.SIGKILL)
+
+    return received, {sig: signal.signal(sig, stop) for sig in signals}
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            pass  # gone meanwhile
+    return found
+
+
+class _DropSignalChatter(logging.Filter):
+    """The agent logs each step of a signal shutdown (received, closing pid ..., sending ...); the
+    launcher's one line says it instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not ("death signal" in msg or msg.startswith(("Closing process", "Sending process")))
 
 
 class _FailureReport(logging.Filter):
     """Turns the agent's "failed (exitcode: -9) local_rank: 1 (pid: 123)" into one line saying what
     happened and what comes next."""
 
-    def __init__(self, nproc: int, max_restarts: int):
+    def __init__(self, nproc: int, max_restarts: int, said_why: tuple[int, ...] = ()):
         super().__init__()
-        self.nproc, self.max_restarts, self.failures = nproc, max_restarts, 0
+        self.nproc, self.max_restarts, self.said_why, self.failures = nproc, max_restarts, said_why, 0
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("failed (exitcode:") and (record.args or (None,))[0] in self.said_why \
+                and not self.max_restarts:
+            return False  # the worker's own line says it all (with restarts, the line below says what comes next)
         if not self.max_restarts or not str(record.msg).startswith("failed (exitcode:") or len(record.args or ()) < 3:
             return True  # without restarts, the launcher's own "worker rank N failed" line says it all
         code, rank, pid = record.args[:3]

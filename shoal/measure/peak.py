@@ -104,7 +104,7 @@ def usable_cores(info: CpuInfo, cpus: set[int] | None = None) -> int:
 
 def flops_per_cycle(flags: frozenset, precision: str) -> tuple[int, str]:
     """(FLOP per cycle per core, SIMD name) for the widest unit the flags promise (table above)."""
-    if precision == "bf16":
+    if precision != "fp32":  # bf16 and bf16-params compute in bf16
         for flag, flop, name in CPU_BF16_FLOPS_PER_CYCLE:
             if flag in flags:
                 return flop, name
@@ -167,7 +167,7 @@ def compare(precision: str = "fp32", seconds: float = 1.0) -> list[tuple[str, fl
     threads = torch.get_num_threads()
     torch.set_num_threads(cores)
     try:
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        dtype = torch.float32 if precision == "fp32" else torch.bfloat16
         rate = matmul_flops(1024, dtype, seconds=seconds)
     finally:
         torch.set_num_threads(threads)

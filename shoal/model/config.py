@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field
 
 from shoal.errors import UserError
@@ -80,11 +81,33 @@ class ModelConfig:
     def n_moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.n_layers))
 
+    @property
+    def max_new_tokens(self) -> int:
+        """The most tokens one sampling call makes (`shoal generate --tokens`, train.sample_tokens).
+
+        Sampling re-runs the last max_seq_len tokens for each new one (no KV cache), so a longer
+        request would take minutes on CPU with nothing to show for most of it."""
+        return self.max_seq_len
+
     def validate(self, prefix: str = "model") -> "ModelConfig":
-        positive = ["vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"]
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise UserError(f"{prefix}.{name}", getattr(self, name), "must be a positive integer")
+        """Every field in range (and finite), then the shapes that must divide."""
+        def check(ok: bool, name: str, fix: str) -> None:
+            if not ok:
+                raise UserError(f"{prefix}.{name}", getattr(self, name), fix)
+
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
+            check(_int(getattr(self, name)) and getattr(self, name) > 0, name, "must be a positive integer")
+        for name in ("n_experts", "expert_ffn_hidden", "n_shared_experts", "n_dense_layers"):
+            check(_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be an integer >= 0")
+        for name in ("top_k", "moe_every"):
+            check(_int(getattr(self, name)) and getattr(self, name) >= 1, name, "must be a positive integer")
+        # Frequencies are theta^(-k/d): below 1 they grow past one turn per token (and overflow near 0).
+        check(_finite(self.rope_theta) and self.rope_theta >= 1, "rope_theta", "must be a finite number >= 1, e.g. 10000")
+        # RMSNorm divides by sqrt(mean(x^2) + eps): eps 0 divides by zero on a zero vector, a large one flattens.
+        check(_finite(self.norm_eps) and 0 < self.norm_eps < 1, "norm_eps", "must be in (0, 1), e.g. 1e-5")
+        check(_finite(self.aux_loss_coef) and self.aux_loss_coef >= 0, "aux_loss_coef",
+              "must be a finite number >= 0, e.g. 0.01 (0 disables the load-balancing loss)")
+        check(isinstance(self.tie_embeddings, bool), "tie_embeddings", "must be true or false")
         if self.dim % self.n_heads:
             raise UserError(f"{prefix}.n_heads", self.n_heads,
                             f"dim={self.dim} must be divisible by n_heads; try {_divisors_near(self.dim, self.n_heads)}")
@@ -100,8 +123,6 @@ class ModelConfig:
         if self.is_moe:
             if not 1 <= self.top_k <= self.n_experts:
                 raise UserError(f"{prefix}.top_k", self.top_k, f"must be between 1 and n_experts={self.n_experts}")
-            if self.moe_every < 1:
-                raise UserError(f"{prefix}.moe_every", self.moe_every, "must be >= 1")
             if self.n_moe_layers == 0:
                 raise UserError(f"{prefix}.n_dense_layers", self.n_dense_layers,
                                 f"leaves no MoE layer among n_layers={self.n_layers}; lower it")
@@ -109,6 +130,14 @@ class ModelConfig:
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _divisors_near(n: int, k: int) -> list[int]:

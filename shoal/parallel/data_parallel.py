@@ -22,8 +22,11 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
-    # bf16 compute with fp32 master weights; gradients are reduced in fp32 so averaging is exact.
-    if precision == "bf16":
+    """bf16 leaves parameters fp32 and lets autocast choose each op's dtype, as on 1 process and DDP, so
+    every layout computes the same thing. bf16-params (torchtitan's default) gathers bf16 copies instead:
+    half the all-gather bytes, but the embedding, norms and head then compute in bf16 too. Gradients
+    are reduced in fp32 either way, so averaging is exact."""
+    if precision == "bf16-params":
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()
 

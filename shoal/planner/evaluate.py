@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-from shoal.errors import UserError
-from shoal.layout import TrainerLimit, problems
+from shoal.layout import Layout, TrainerLimit, problems
 from shoal.model import analytics
 from shoal.planner.hardware import GiB
-from shoal.planner.layout import Cluster, Layout, Workload
+from shoal.planner.layout import Cluster, Workload
 from shoal.planner.memory import MemoryBreakdown, memory
 from shoal.planner.timing import StepTime, step_time
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 import re
 import subprocess
@@ -205,6 +206,8 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
                 value = float(raw)
         except (TypeError, ValueError):
             raise UserError(f"{source}.{key}", raw, f"must be a number ({kind})") from None
+        if kind != "str" and not math.isfinite(value):  # float("nan") parses; a nan bandwidth plans nonsense
+            raise UserError(f"{source}.{key}", raw, "must be a finite number")
         if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap"):
             raise UserError(f"{source}.{key}", raw, "must be positive")
         if key.endswith("_efficiency") and not 0 < value <= 1:
@@ -232,6 +235,10 @@ def load_hw_file(path: str | os.PathLike, default_base: str | None) -> GPU:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise UserError("hw_file", str(path), "no such file") from None
+    except OSError as e:  # a folder, no permission
+        raise UserError("hw_file", str(path), f"cannot be read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise UserError("hw_file", str(path), "is not UTF-8 text; give a TOML file") from None
     except tomllib.TOMLDecodeError as e:
         raise UserError("hw_file", str(path), f"not valid TOML: {e}") from None
     base_name = data.pop("base", default_base)

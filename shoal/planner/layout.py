@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from shoal.layout import Layout  # noqa: F401  (the planner's layouts are the trainer's)
 from shoal.model.config import ModelConfig
 from shoal.planner.hardware import GPU
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from shoal.layout import INTERLEAVED
+from shoal.layout import INTERLEAVED, Layout
 from shoal.model import analytics
 from shoal.model.config import ModelConfig
-from shoal.planner.layout import Cluster, Layout, Workload, layers_per_rank, moe_layer_count
+from shoal.planner.layout import Cluster, Workload, layers_per_rank, moe_layer_count
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 FRAGMENTATION = 0.05

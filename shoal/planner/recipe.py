@@ -69,8 +69,8 @@ def recipe_text(plan: Plan, preset: str | None = None, tokens: float | None = No
         f"# Predicted: {plan.time.step:.3g} s/step, {plan.tokens_per_s:,.0f} tokens/s, MFU {plan.mfu:.1%}, "
         f"{plan.memory.total / GiB:.1f} GiB of {plan.memory.capacity / GiB:.0f} GiB per GPU.",
     ]
-    for section, fields in recipe_sections(plan, preset, tokens).items():
-        lines += ["", f"[{section}]"] + [f"{k} = {_toml(v)}" for k, v in fields.items()]
+    for section, values in recipe_sections(plan, preset, tokens).items():
+        lines += ["", f"[{section}]"] + [f"{k} = {_toml(v)}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
 
 

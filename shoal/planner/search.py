@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from shoal.errors import UserError
 from shoal.planner.evaluate import Plan
-from shoal.layout import ACTIVATION_CHECKPOINT, INTERLEAVED, TrainerLimit, problems
-from shoal.planner.layout import Cluster, Layout, Workload
+from shoal.layout import ACTIVATION_CHECKPOINT, INTERLEAVED, Layout, TrainerLimit, problems
+from shoal.planner.layout import Cluster, Workload
 from shoal.planner.memory import memory
 from shoal.planner.timing import step_time
 

@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 
 from shoal.planner import collectives as coll
 from shoal.planner.compute import head_time, layer_time
-from shoal.planner.layout import Cluster, Layout, Workload, group_ranks_per_node, layers_per_rank, moe_layer_count
+from shoal.layout import Layout
+from shoal.planner.layout import Cluster, Workload, group_ranks_per_node, layers_per_rank, moe_layer_count
 from shoal.planner.memory import rank_params
 
 OVERLAP_SLOWDOWN = 0.15

@@ -26,6 +26,7 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    plt.rcParams["svg.hashsalt"] = "shoal"  # fixed element ids (see shoal/report/draw.py)
     return plt
 
 
@@ -34,7 +35,8 @@ def _save(fig, stem: Path, formats: tuple[str, ...]) -> list[Path]:
     paths = []
     for fmt in formats:
         path = stem.with_suffix(f".{fmt}")
-        fig.savefig(path, dpi=130, bbox_inches="tight")
+        # no date in the SVG: the guide's committed copies stay byte-identical when nothing changed
+        fig.savefig(path, dpi=130, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
         paths.append(path)
     return paths
 

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from shoal.model.transformer import Transformer
 
 
 @torch.no_grad()
-def sample(model: Transformer, prompt_ids: list[int], n_tokens: int, *, temperature: float = 0.8,
-           top_k: int = 40, seed: int = 0, stop_id: int | None = None) -> list[int]:
+def generate_ids(model: Transformer, prompt_ids: list[int], n_tokens: int, *, temperature: float = 0.8,
+                 top_k: int = 40, seed: int = 0, stop_id: int | None = None) -> Iterator[int]:
+    """Yield up to n_tokens new token ids, one at a time as each is sampled."""
+    assert prompt_ids and temperature >= 0 and top_k >= 0, "callers check the user's values"
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     ids = torch.tensor([prompt_ids], device=device)
-    out: list[int] = []
     for _ in range(n_tokens):
         logits = model(ids[:, -model.cfg.max_seq_len:])[0, -1].float()
         if temperature <= 0:
@@ -25,7 +28,31 @@ def sample(model: Transformer, prompt_ids: list[int], n_tokens: int, *, temperat
             probs = torch.softmax(logits / temperature, dim=-1)
             next_id = int(torch.multinomial(probs, 1, generator=generator))
         if next_id == stop_id:
-            break
-        out.append(next_id)
+            return
+        yield next_id
         ids = torch.cat([ids, torch.tensor([[next_id]], device=device)], dim=1)
-    return out
+
+
+def sample(model: Transformer, prompt_ids: list[int], n_tokens: int, **kwargs) -> list[int]:
+    """All of generate_ids at once."""
+    return list(generate_ids(model, prompt_ids, n_tokens, **kwargs))
+
+
+def stream_text(model: Transformer, tokenizer, prompt_ids: list[int], n_tokens: int, **kwargs) -> Iterator[str]:
+    """The generated text in pieces, as tokens are made.
+
+    A token may end inside a multi-byte character (byte tokenizer) or a merge may change earlier
+    text, so each piece is the new tail of the decoded text, held back while it ends in U+FFFD
+    (an incomplete character that the next token may complete).
+    """
+    ids: list[int] = []
+    shown = 0
+    for next_id in generate_ids(model, prompt_ids, n_tokens, stop_id=tokenizer.eos_id, **kwargs):
+        ids.append(next_id)
+        text = tokenizer.decode(ids)
+        if not text.endswith("\ufffd") and len(text) > shown:
+            yield text[shown:]
+            shown = len(text)
+    text = tokenizer.decode(ids)
+    if len(text) > shown:
+        yield text[shown:]

@@ -119,9 +119,11 @@ def check_memory(job, local_ranks: int, device: Device | None = None) -> float |
     (None where this machine's memory is unknown)."""
     device = device or local_device(local_ranks)
     if device is None:
+        check_host_bounds(job)
         return None
     peak = predict_peak(job, device)
     if peak.fits:
+        check_host_bounds(job)
         return peak.total
     raise UserError(
         "memory", _Text(f"{peak.total / GiB:.1f} GiB per rank predicted"),
@@ -164,3 +166,36 @@ class _Text(str):
 def local_world_size(nproc: int) -> int:
     """Ranks on this machine: --nproc, torchrun's LOCAL_WORLD_SIZE, or 1."""
     return nproc or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def check_host_bounds(job) -> None:
+    """What the planner's model leaves out, bounded by this host's physical memory: the held-out
+    batches every rank keeps and the rotary tables (sized by model.max_seq_len, not the batch); and,
+    where the device's memory is unknown, the model state and one micro-batch's logits. Without it
+    such a run swaps for minutes or is killed without a word."""
+    from shoal.model.analytics import param_counts
+
+    ram = _physical_memory()
+    if not ram:
+        return
+    m, t, world, micro_batch = job.model, job.cfg.train, job.world, job.layout.micro_batch
+    terms = [  # (field, value, bytes per rank, fix)
+        ("model", f"{param_counts(m).total:,} parameters", 16 * param_counts(m).total / world,
+         "fp32 weights, gradients and AdamW's two moments; pick a smaller model or spread it over more ranks"),
+        ("train.micro_batch", micro_batch, 12 * micro_batch * t.seq_len * m.vocab_size,
+         "fp32 logits, their softmax and gradient for one micro-batch; lower micro_batch or seq_len"),
+        ("train.eval_batches", t.eval_batches, 16 * t.eval_batches * t.global_batch * (t.seq_len + 1),
+         "held-out inputs and targets kept for every evaluation; lower eval_batches"),
+        ("model.max_seq_len", m.max_seq_len, 8 * m.max_seq_len * m.head_dim, "rotary tables; lower it"),
+    ]
+    for name, value, need, fix in terms:
+        if need > ram:
+            raise UserError(name, value, f"needs about {need / 2**30:,.0f} GiB per rank, more than this "
+                                         f"machine's {ram / 2**30:,.0f} GiB of memory ({fix})")
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not POSIX
+        return None

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from shoal.train.rundir import no_space_left
 
 
 def peak_mem_bytes(device: torch.device) -> int:
@@ -25,22 +28,29 @@ caches and (on GPU) pick kernels, so they are slower than every step after them.
 
 class MetricsLog:
     """Appends one JSON object per step to <out>/metrics.jsonl (only rank 0 writes); every rank keeps
-    the step times for the summary's steady-state throughput."""
+    the step times for the summary's steady-state throughput.
+
+    Each row goes out in one os.write of a whole line on an O_APPEND descriptor, so a crash can
+    cut off at most the last line, and never interleaves two half lines. On resume the checkpointer
+    drops the rows past the checkpoint (and a torn last line), so no step is ever logged twice.
+    """
 
     def __init__(self, path: Path, enabled: bool = True, append: bool = False):
         self.path = path
-        self._file = open(path, "a" if append else "w") if enabled else None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+        self._fd = os.open(path, flags, 0o644) if enabled else None
         self.step_times: list[float] = []
 
-    def write(self, row: dict) -> None:
+    def write(self, row: dict, sync: bool = False) -> None:
         self.step_times.append(row["step_time_s"])
-        if self._file:
-            self._file.write(json.dumps(row) + "\n")
-            self._file.flush()
-
-    def close(self) -> None:
-        if self._file:
-            self._file.close()
+        if self._fd is None:
+            return
+        line = (json.dumps(row) + "\n").encode()
+        with no_space_left(self.path):
+            while line:  # one write takes it all, except on a nearly full disk (then ENOSPC follows)
+                line = line[os.write(self._fd, line):]
+            if sync:
+                os.fsync(self._fd)
 
     def steady_step_time(self) -> tuple[float, int]:
         """(mean step time after the warm-up steps, how many steps were left out). A run too short
@@ -48,6 +58,33 @@ class MetricsLog:
         skip = WARMUP_STEPS if len(self.step_times) > WARMUP_STEPS else 0
         steady = self.step_times[skip:]
         return (sum(steady) / len(steady) if steady else float("nan")), skip
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep the rows up to `step` (each step once), drop later ones and any torn line: the file then
+    reads like one uninterrupted run. Rewritten under a temporary name and renamed into place."""
+    if not path.is_file():
+        return
+    keep, seen = [], set()
+    for line in path.read_bytes().decode(errors="replace").splitlines():
+        try:
+            row_step = int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a crash, or NUL bytes from a file system that lost its tail
+        if row_step <= step and row_step not in seen:
+            seen.add(row_step)
+            keep.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write("".join(keep))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 class Progress:
@@ -98,3 +135,5 @@ def print_summary(summary: dict) -> None:
             value = f"{value:.4g}"
         table.add_row(key, str(value))
     Console(stderr=False).print(table)
+    if "output" in summary:
+        print(f"pictures of this run: shoal report {summary['output']}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,16 +10,15 @@ from pathlib import Path
 import torch
 
 from shoal.checkpoint.checkpointer import Checkpointer
+from shoal.checkpoint.final_export import write_final_weights
 from shoal.comm.counter import CommCounter
 from shoal.config import JobConfig
-from shoal.job import Job, env_world_size, resolve
+from shoal.job import Job, resolve
+from shoal.launch.env import world_size
 from shoal.data.loader import TokenLoader, eval_batches
-from shoal.data.shards import build_token_cache
-from shoal.data.tokenizer import load_tokenizer
-from shoal.errors import UserError
+from shoal.data.shards import load_data
 from shoal.measure.peak import job_peak
 from shoal.model.analytics import flops_per_token, param_counts
-from shoal.model.config import ModelConfig
 from shoal.model.transformer import build_model, cross_entropy
 from shoal.parallel.parallel_model import ParallelModel
 from shoal.parallel.parallelize import parallelize
@@ -26,7 +26,10 @@ from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mar
 from shoal.train.memory_check import predicted_peak_bytes
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
 from shoal.train.memory import model_state_bytes
+from shoal.train.nonfinite import NonFiniteGuard
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
+from shoal.train.rundir import no_space_left
+from shoal.train.run_info import write_run_info
 
 from shoal.parallel.parallel_model import Batch
 
@@ -39,14 +42,8 @@ class Data:
 
 
 def build_data(job: Job, dp_rank: int = 0, dp_size: int = 1) -> Data:
-    cfg, model_cfg = job.cfg, job.model
-    tokenizer = load_tokenizer(cfg.data.tokenizer)
-    if tokenizer.vocab_size > model_cfg.vocab_size:
-        raise UserError("data.tokenizer", cfg.data.tokenizer,
-                        f"has {tokenizer.vocab_size} tokens but model.vocab_size={model_cfg.vocab_size}; "
-                        f"--set model.vocab_size={tokenizer.vocab_size}")
-    cache = build_token_cache(cfg.data.path, tokenizer, cfg.data.cache_dir or None,
-                              text_field=cfg.data.text_field, val_fraction=cfg.data.val_fraction)
+    cfg = job.cfg
+    tokenizer, cache = load_data(cfg.data, job.model.vocab_size)
     t, src = cfg.train, cfg.data.path
     loader = TokenLoader(cache.train, t.seq_len, t.global_batch, job.layout.micro_batch, dp_rank, dp_size, t.seed, source=src)
     # Evaluation batches hold global_batch sequences, so every layout evaluates the same text.
@@ -69,7 +66,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     resume: `auto` continues from the newest intact checkpoint if there is one, `never` starts
     over, anything else is the path of a checkpoint to start from (see shoal/checkpoint/).
     """
-    job = job if isinstance(job, Job) else resolve(job, env_world_size())
+    job = job if isinstance(job, Job) else resolve(job, world_size())
     cfg, t, model_cfg = job.cfg, job.cfg.train, job.model
     rt = init_runtime(job)
     torch.manual_seed(t.seed)
@@ -82,8 +79,10 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         out.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(cfg, out, rt, pm, optimizer, data.loader, resume)
     start = ckpt.resume()  # steps already done (0 for a fresh run)
+    write_run_info(job, rt, out, start)  # <out>/run.json for `shoal report`
     log = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main, append=start > 0)
     progress = Progress(t.steps, start, enabled=show and rt.is_main)
+    guard = NonFiniteGuard(t.on_nonfinite, before_stop=lambda: (ckpt.close(), progress.close()), report=rt.is_main)
     step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
     peak = job_peak(rt.device, t.precision, rt.world_size)  # the job's hardware: 4 ranks on 2 cores get 2
     tokens_seen, started, eval_loss, row = start * t.global_batch * t.seq_len, time.perf_counter(), float("nan"), {}
@@ -95,30 +94,31 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         with counter:  # everything the step sends, ZeRO-1's parameter broadcast in optimizer.step included
             loss = pm.forward_backward(data.loader.next_step())
             grad_norm = clip_grad_norm(list(pm.parameters()), t.grad_clip, rt)
-            optimizer.step()
+        loss = rt.global_mean(loss)  # equal on every rank, so every rank's guard decides alike
+        with counter:
+            if guard.allows_update(step + 1, loss, grad_norm):  # NaN/Inf: stop (raises) or skip the update
+                optimizer.step()
         state_bytes = model_state_bytes(pm.parameters(), optimizer)  # after the step: AdamW state exists
         optimizer.zero_grad(set_to_none=True)
         step_time = time.perf_counter() - t0
         tokens_seen += t.global_batch * t.seq_len
-        row = dict(step=step + 1, loss=rt.global_mean(loss), lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
+        row = dict(step=step + 1, loss=loss, lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
                    tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
                    mfu=step_flops / step_time / peak.flops, peak_mem_bytes=peak_mem_bytes(rt.device),
                    model_state_bytes=state_bytes, comm_bytes=dict(counter.bytes), **straggler_stats(rt, step_time))
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
             row["eval_loss"] = eval_loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))
-        log.write(row)
+        log.write(row, sync=ckpt.due(step + 1))  # on disk at least as far as the checkpoint
         progress.update(row)
         ckpt.maybe_save(step + 1, row["loss"])
     ckpt.close()  # waits for a save still being written in the background
     progress.close()
     log.close()
     elapsed = time.perf_counter() - started
-    final = gather_full_model(pm, model_cfg, rt)
-    if rt.is_main:
-        from shoal.checkpoint.weights import save_weights
-
-        save_weights(out / "model", final, model_cfg, cfg.data.tokenizer)
+    # Tensor by tensor: rank 0 never holds more than one full tensor beyond its own shard.
+    with no_space_left(out / "model"):
+        write_final_weights(pm.modules, model_cfg, cfg.data.tokenizer, out / "model", rt)
     step_time, warmup = log.steady_step_time()  # what the progress line shows, without the warm-up steps
     which = f"without {warmup} warm-up steps" if warmup else "all steps"
     summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
@@ -130,43 +130,26 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     if show and rt.is_main:
         print_summary(summary)
         if t.sample_tokens:
-            show_sample(final, data.tokenizer, t.sample_tokens, t.seed)
+            show_sample(out / "model", data.tokenizer, t.sample_tokens, t.seed)
     if not keep_process_group:
         shutdown()
     return summary
 
 
-def gather_full_model(pm: ParallelModel, model_cfg: ModelConfig, rt: Runtime):
-    """The trained weights as one plain model on rank 0 (None elsewhere): for export and sampling."""
-    if rt.world_size == 1:
-        return pm.modules[0]
-    import logging
-
-    import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    # Gathering 2-D sharded (FSDP x EP) weights takes two all-gathers; DTensor warns about it, once per tensor.
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-
-    # cpu_offload would keep the result on global rank 0 only; each pipeline rank needs its stages'.
-    options = StateDictOptions(full_state_dict=True, cpu_offload=False)
-    local = {}
-    for m in pm.modules:  # every rank takes part: gathering shards is collective
-        local.update({k: v.cpu() for k, v in get_model_state_dict(m, options=options).items()})
-    pieces = [None] * rt.world_size if rt.is_main else None
-    dist.gather_object(local if rt.dims.coords(rt.rank)["dp"] == 0 and rt.dims.coords(rt.rank)["tp"] == 0 else {},
-                       pieces, dst=0)
-    if not rt.is_main:
-        return None
-    model = build_model(model_cfg, device="cpu", seed=None)
-    merged = {k: v for piece in pieces for k, v in piece.items()}
-    model.load_state_dict(merged, strict=not model_cfg.tie_embeddings)
-    return model.eval()
+SAMPLE_MAX_BYTES = 2e9
 
 
-def show_sample(model, tokenizer, n_tokens: int, seed: int, prompt: str = "def ") -> None:
+def show_sample(model_dir: Path, tokenizer, n_tokens: int, seed: int, prompt: str = "def ") -> None:
+    """Sample from the weights just written, on rank 0's CPU: a whole model in one process, so only
+    for models up to SAMPLE_MAX_BYTES (larger ones would not fit beside training, or take too long)."""
+    from shoal.checkpoint.weights import WEIGHTS, load_weights
     from shoal.train.generate import sample
 
-    model.eval()
+    size = (model_dir / WEIGHTS).stat().st_size
+    if size > SAMPLE_MAX_BYTES:
+        print(f"sample skipped: the model is {size / 1e9:.1f} GB (over {SAMPLE_MAX_BYTES / 1e9:.0f} GB); "
+              f"run `shoal generate {model_dir.parent}` instead", file=sys.stderr)
+        return
+    model, _, _ = load_weights(model_dir)
     ids = sample(model, tokenizer.encode(prompt), n_tokens, seed=seed, stop_id=tokenizer.eos_id)
     print("sample:\n" + prompt + tokenizer.decode(ids))

@@ -45,7 +45,7 @@ def test_mesh_draws_nodes_and_marks_crossing_groups(capsys):
     assert "tp groups: [0,1]*  [2,3]*" in out and err.startswith("shoal: warning: tp groups span nodes")
 
 
-@pytest.mark.parametrize("flags,field", [(["--nnodes", "2", "--nproc", "5"], "--nproc-per-node"),
+@pytest.mark.parametrize("flags,field", [(["--nnodes", "2", "--nproc", "5"], "--nnodes"),
                                          (["--nnodes", "2", "--nproc", "6", "--nproc-per-node", "2"], "--nproc"),
                                          ([], "--nproc")])
 def test_mesh_flags_that_disagree(flags, field, capsys):

@@ -14,7 +14,8 @@ from shoal.planner import collectives as coll
 from shoal.planner.compute import layer_time
 from shoal.planner.evaluate import evaluate
 from shoal.planner.hardware import get_gpu
-from shoal.planner.layout import Cluster, Layout, Workload
+from shoal.layout import Layout
+from shoal.planner.layout import Cluster, Workload
 from shoal.planner.search import Fixed, search
 from shoal.planner.timing import network
 

@@ -7,7 +7,8 @@ import pytest
 from shoal.model import analytics
 from shoal.model.config import PRESETS, ModelConfig
 from shoal.planner.hardware import GiB, get_gpu
-from shoal.planner.layout import Cluster, Layout, Workload
+from shoal.layout import Layout
+from shoal.planner.layout import Cluster, Workload
 from shoal.planner.memory import inflight_layer_microbatches, memory, model_state_bytes
 from shoal.planner.search import Fixed, search
 

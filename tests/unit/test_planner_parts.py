@@ -11,7 +11,8 @@ from shoal.model.config import PRESETS
 from shoal.planner import collectives as coll
 from shoal.planner import cost, hardware, scaling
 from shoal.planner.evaluate import evaluate
-from shoal.planner.layout import Cluster, Layout, Workload
+from shoal.layout import Layout
+from shoal.planner.layout import Cluster, Workload
 from shoal.planner.recipe import recipe_text
 from shoal.planner.search import Fixed
 

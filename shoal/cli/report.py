@@ -1,0 +1,21 @@
+"""`shoal report RUN_DIR [--out DIR] [--partial]`: one HTML page and the figures of a training run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="draw a run's pictures into one self-contained HTML page")
+    p.add_argument("run_dir", help="the --out directory of a `shoal train` run (finished or still running)")
+    p.add_argument("--out", help="where to write index.html and the figures (default RUN_DIR/report)")
+    p.add_argument("--partial", action="store_true", help="report a run that stopped before its last step")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from shoal.report.run_report import build_report
+
+    page = build_report(Path(args.run_dir), Path(args.out) if args.out else None, allow_partial=args.partial)
+    print(f"report: {page}")
+    return 0

@@ -1,0 +1,189 @@
+"""`shoal report RUN_DIR`: the run's pictures and one page that holds them all.
+
+Each section comes from one source: metrics.jsonl (training, communication, stragglers),
+run.json (rank grid, pipeline schedule), the planner on the run's own layout (prediction).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shoal.report.html import Figure, Section, render
+from shoal.report.run_dir import Run, load_run
+
+SECTION_IDS = ("summary", "training", "rank-grid", "pipeline", "memory", "communication", "stragglers", "prediction")
+
+
+def build_report(run_dir: Path, out: Path | None = None, allow_partial: bool = False) -> Path:
+    """Write <out>/index.html and <out>/*.png|svg (out defaults to <run_dir>/report); return the page."""
+    run = load_run(run_dir, allow_partial=allow_partial)
+    out = out or run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    sections = [summary_section(run), training_section(run, out), grid_section(run, out), pipeline_section(run, out)]
+    sections += measured_sections(run, out)
+    assert [s.id for s in sections] == list(SECTION_IDS)
+    page = out / "index.html"
+    page.write_text(render(f"shoal run report: {run_dir.resolve().name}", sections))
+    return page
+
+
+def _layout(run: Run):
+    from shoal.layout import Layout
+
+    return Layout(**run.info["layout"]) if run.info else None
+
+
+def summary_section(run: Run) -> Section:
+    from shoal.report.run_figures import steady_measurement
+
+    s = Section("summary", "Summary", notes=list(run.notes))
+    lay = _layout(run)
+    if run.info:
+        s.table += [("ranks", f"{run.info['world']} ({run.info.get('local_world', run.info['world'])} per node, "
+                              f"{run.info.get('device_name', run.info.get('device'))})"),
+                    ("layout", lay.short()), ("model", run.info["config"]["model"].get("preset", "?"))]
+    if run.rows:
+        m = steady_measurement(run)
+        last = run.rows[-1]
+        ev = [r for r in run.rows if "eval_loss" in r]
+        s.table += [("steps", f"{run.last_step}" + (f" of {run.total_steps}" if run.total_steps else "")),
+                    ("last loss", f"{last['loss']:.4f}"), ("last eval loss", f"{ev[-1]['eval_loss']:.4f}" if ev else "-"),
+                    ("tokens", f"{last.get('tokens', 0):,}"),
+                    ("step time (median, warm-up left out)", f"{m['step_time_s']:.3f} s"),
+                    ("MFU (median, model FLOPs)", f"{m['mfu']:.2%}"),
+                    ("checkpoints at steps", ", ".join(map(str, run.checkpoints)) or "-"),
+                    ("restarts from steps", ", ".join(map(str, run.restarts)) or "-")]
+    return s
+
+
+def training_section(run: Run, out: Path) -> Section:
+    from shoal.report.run_figures import training_figure
+
+    s = Section("training", "Training")
+    if not run.rows:
+        s.notes.append("no steps written yet")
+        return s
+    png = training_figure(run, out / "training")[0]
+    s.figures.append(Figure(png, "Two charts over training steps: train and eval loss on the left; tokens per "
+                                 "second and MFU on the right; vertical lines mark evaluations, checkpoints and restarts.",
+                            "Loss and eval loss (left); tokens/s and MFU (right). Dotted purple: evaluation; dashed "
+                            "green: checkpoint; solid red: restart."))
+    return s
+
+
+def grid_section(run: Run, out: Path) -> Section:
+    from shoal.parallel.mesh import ParallelDims
+    from shoal.report.rank_grid import grid_geometry, rank_grid_figure
+
+    s = Section("rank-grid", "Rank grid")
+    if not run.info:
+        s.notes.append("no run.json: the layout is unknown")
+        return s
+    dims, per_node = ParallelDims.of(_layout(run)), run.info.get("local_world", run.info["world"])
+    png = rank_grid_figure(dims, per_node, out / "rank_grid")[0]
+    geo = grid_geometry(dims, per_node)
+    crossing = [f"{k} {g}" for k, gs in geo["crossing"].items() for g in gs]
+    s.paragraphs.append(f"{dims.world_size} ranks as [pp {dims.pp}][dp_replicate {dims.dp_replicate}]"
+                        f"[dp_shard {dims.dp_shard}][tp {dims.tp}]" + (f", ep {dims.ep} inside dp_shard" if dims.ep > 1 else "")
+                        + f", {geo['per_node']} per node. Groups crossing a node: " + (", ".join(crossing) or "none") + ".")
+    s.figures.append(Figure(png, f"The {dims.world_size} ranks drawn as boxes on their nodes, once per kind of group, "
+                                 "each group in its own colour; groups that span nodes have red borders.",
+                            "Every rank on its node and device, coloured by its group in each kind of parallelism."))
+    return s
+
+
+def pipeline_section(run: Run, out: Path) -> Section:
+    from shoal.report.schedule import simulate, textbook_bubble
+    from shoal.report.schedule_figure import schedule_figure
+
+    s = Section("pipeline", "Pipeline schedule")
+    lay = _layout(run)
+    if lay is None or lay.pp == 1:
+        s.paragraphs.append("No pipeline (pp = 1): every rank runs every layer, so there is no bubble."
+                            if lay else "The layout is unknown (no run.json).")
+        return s
+    m = lay.microbatches(run.info["config"]["train"]["global_batch"])
+    try:
+        tl = simulate(lay.pp_schedule, lay.pp, m, lay.virtual_stages)
+    except (AssertionError, ValueError) as e:  # one picture that cannot be laid out must not cost the page
+        s.notes.append(f"the {lay.pp_schedule} schedule for pp={lay.pp}, {m} micro-batches could not be laid out: {e}")
+        return s
+    png = schedule_figure(tl, out / "pipeline")[0]
+    text = f"{lay.pp_schedule} with {lay.pp} stages and {m} micro-batches: bubble {tl.bubble_fraction:.1%} of the step"
+    if lay.pp_schedule in ("gpipe", "1f1b"):
+        text += f" (the textbook (p-1)/(m+p-1) = {textbook_bubble(lay.pp, m):.1%})"
+    s.paragraphs.append(text + ". Order of work from torch.distributed.pipelining's own schedule; times in units "
+                               "of one forward, sends taken as free.")
+    s.figures.append(Figure(png, f"Timeline of the {lay.pp_schedule} pipeline schedule: one row per pipeline rank, "
+                                 "forward, backward and weight-gradient blocks per micro-batch, grey for idle time.",
+                            f"The {lay.pp_schedule} schedule per rank over time; bubble {tl.bubble_fraction:.1%}."))
+    return s
+
+
+def measured_sections(run: Run, out: Path) -> list[Section]:
+    from shoal.report import run_figures as rf
+
+    mem, comm = Section("memory", "Memory per rank"), Section("communication", "Communication")
+    strag, pred_s = Section("stragglers", "Step-time spread (stragglers)"), Section("prediction", "Predicted vs measured")
+    if not run.rows:
+        for s in (mem, comm, strag, pred_s):
+            s.notes.append("no steps written yet")
+        return [mem, comm, strag, pred_s]
+    measured = rf.steady_measurement(run)
+    pred = None
+    if run.info:
+        from shoal.report.predict import predict
+
+        pred = predict(run.info)
+    if pred:
+        png = rf.memory_figure(measured, pred.memory, out / "memory")[0]
+        mem.paragraphs.append("metrics.jsonl records rank 0 only: its measured parameters, gradients and optimizer "
+                              "state, and its peak; the planner's bar is the busiest rank "
+                              f"({pred.memory.stage} pipeline stage).")
+        mem.figures.append(Figure(png, "Two stacked bars in GiB: the planner's predicted memory split into parameters, "
+                                       "gradients, optimizer, activations, logits, buffers and overhead, and the "
+                                       "measured model state and peak of rank 0.",
+                                  "Memory per rank: predicted breakdown beside rank 0's measurement."))
+        plan_cmd = _plan_command(run)
+        pred_s.paragraphs.append(f"The planner on this run's own layout: {plan_cmd}")
+        if pred.why_no_time:
+            pred_s.notes.append(f"no step-time or MFU prediction: {pred.why_no_time}")
+        png = rf.predicted_figure(measured, pred, out / "prediction")[0]
+        pred_s.table = [("step time (s)", f"predicted {pred.plan.time.step:.3f}, measured {measured['step_time_s']:.3f}"
+                         if pred.plan else f"measured {measured['step_time_s']:.3f}"),
+                        ("peak memory (GiB)", f"predicted {pred.memory.total / 2**30:.2f}, "
+                                              f"measured {measured['peak_mem_bytes'] / 2**30:.2f}"),
+                        ("MFU", f"predicted {pred.plan.mfu:.2%}, measured {measured['mfu']:.2%}" if pred.plan
+                         else f"measured {measured['mfu']:.2%}")]
+        pred_s.figures.append(Figure(png, "Three pairs of bars: predicted and measured step time, peak memory and MFU.",
+                                     "Predicted (planner) vs measured (median of the steady steps)."))
+    else:
+        for s in (mem, pred_s):
+            s.notes.append("no run.json: the layout is unknown, so there is no prediction")
+    png = rf.comm_figure(run, out / "communication")[0]
+    comm.figures.append(Figure(png, "Stacked bars per step of the mebibytes rank 0 sent, by collective.",
+                               "Bytes sent per step by collective (rank 0, as counted by shoal's comm counter)."))
+    rows = [r for r in run.rows if "compute_time_spread" in r]
+    if rows:
+        named = sorted({k for r in rows for k in r.get("stragglers", [])})
+        strag.paragraphs.append(("Stragglers (below 0.7x the median speed on some step): ranks "
+                                 + ", ".join(map(str, named))) if named else "No rank fell below 0.7x the median speed.")
+        png = rf.straggler_figure(run, out / "stragglers", world=run.info["world"] if run.info else None)[0]
+        strag.figures.append(Figure(png, "Left: the slowest rank's compute time over the median, per step, with the "
+                                         "straggler threshold. Right: how many steps each rank was the slowest.",
+                                    "Step-time spread across ranks and the slowest rank per step."))
+    else:
+        strag.paragraphs.append("One rank: no spread to show.")
+    return [mem, comm, strag, pred_s]
+
+
+def _plan_command(run: Run) -> str:
+    lay, t = _layout(run), run.info["config"]["train"]
+    cmd = (f"shoal plan --model {run.info['config']['model'].get('preset')} --seq-len {t['seq_len']} "
+           f"--global-batch {t['global_batch']} --gpus {run.info['world']} --tp {lay.tp} --pp {lay.pp} --dp {lay.dp} "
+           f"--zero {lay.zero} --micro-batch {lay.micro_batch} --activation-checkpoint {lay.activation_checkpoint}")
+    if lay.pp > 1:
+        cmd += f" --pp-schedule {lay.pp_schedule}"
+    if lay.ep > 1:
+        cmd += f" --ep {lay.ep}"
+    return cmd + (" --gpu local" if run.info.get("device") == "cpu" else "")

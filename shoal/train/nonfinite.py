@@ -1,0 +1,49 @@
+"""The NaN/Inf guard: a step whose loss or gradient norm is not finite never reaches the weights on disk.
+
+One NaN update poisons every weight it touches, and each later checkpoint and the exported model
+would carry it. The guard looks at the step's global loss and global gradient norm after backward
+and before the optimizer step. Both numbers are already the same on every rank (the loss is
+all-reduced, the norm is global), so every rank takes the same decision and none is left waiting
+in a collective.
+
+train.on_nonfinite = "stop": raise NonFiniteStep (the CLI prints its one line, exit code 3); the
+    save in flight, of an earlier good step, is finished first; nothing of this step is saved.
+train.on_nonfinite = "skip": drop this step's update (its gradients are zeroed as every step's are)
+    and go on; each skip is reported with the running count.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Callable
+
+EXIT_CODE = 3
+
+
+class NonFiniteStep(Exception):
+    """A non-finite loss or gradient norm stopped the run."""
+
+
+class NonFiniteGuard:
+    def __init__(self, policy: str, before_stop: Callable[[], None] = lambda: None, report: bool = True):
+        assert policy in ("stop", "skip"), policy  # validated in config.py
+        self.policy, self.before_stop, self.report, self.skipped = policy, before_stop, report, 0
+
+    def allows_update(self, step: int, loss: float, grad_norm: float) -> bool:
+        """True when step `step` (1-based) may update the weights; False: skip it; raises to stop."""
+        bad = [f"{name} is {value}" for name, value in (("loss", loss), ("grad norm", grad_norm))
+               if not math.isfinite(value)]
+        if not bad:
+            return True
+        what = " and ".join(bad)
+        if self.policy == "skip":
+            self.skipped += 1
+            if self.report:
+                print(f"shoal: step {step}: {what}; update skipped ({self.skipped} so far, train.on_nonfinite=skip)",
+                      file=sys.stderr, flush=True)
+            return False
+        self.before_stop()
+        raise NonFiniteStep(f"step {step}: {what}; stopping before it reaches a checkpoint (the ones already "
+                            "saved are intact; no model/ written); lower train.lr or check the model.* settings, "
+                            "or --set train.on_nonfinite=skip to drop such steps")

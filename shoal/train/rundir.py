@@ -1,0 +1,152 @@
+"""One run, one output directory: where `--out` is, checks that it is usable, and a lock on it.
+
+Two live runs writing one directory interleave their metrics and checkpoints, so the process that
+owns a run (the `shoal train --nproc N` launcher, a single process, or rank 0 under plain torchrun)
+holds an exclusive flock on `<out>/.lock`, naming its pid and host inside. The kernel drops a flock
+when its holder dies, however it dies, so a stale lock never needs cleaning: the next run takes it.
+The launcher's own workers find the lock held by their parent (SHOAL_LAUNCHER_PID) and go ahead.
+No torch here: all of it runs before anything is built.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from shoal.errors import UserError
+
+LOCK = ".lock"
+LAUNCHER_ENV = "SHOAL_LAUNCHER_PID"  # set by shoal/launch/local.py for the workers it starts
+_held: dict[Path, int] = {}  # run directory -> the lock fd this process holds (closing it drops the lock)
+
+
+def default_out(recipe: str | None) -> Path:
+    """A fresh directory per run (`runs/<recipe>-<YYYYmmdd-HHMMSS>`), so no run silently replaces another."""
+    name = Path(recipe).stem if recipe else "train"
+    base = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out, n = base, 1
+    while out.exists():  # two runs started within one second
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
+def check_out(out: str) -> Path:
+    """`--out` mistakes, found before anything is built: empty, a file, under a file, not creatable."""
+    if not out.strip():
+        raise UserError("--out", out, "is empty; name a directory, e.g. --out runs/first")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UserError("--out", out, "is a file, not a directory; pick another --out")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise UserError("--out", out, f"lies under {parent}, which is a file; pick another --out")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError("--out", out, f"cannot be created ({e.strerror}); pick a writable directory") from None
+    return path
+
+
+def lock(out: Path) -> None:
+    """Take `<out>/.lock` until release(out) or this process ends, or refuse naming the live run
+    that holds it. Taking it again in the process that holds it is a no-op."""
+    if out.resolve() in _held:
+        return
+    try:
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:  # e.g. a read-only mount (permission bits alone do not stop root)
+        raise UserError("--out", str(out), f"is not writable ({e.strerror}); pick a writable directory") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").split() or ["?", "?"]
+        os.close(fd)
+        raise UserError("--out", str(out), f"is in use by a running shoal train (pid {holder[0]} on host "
+                        f"{holder[-1]}); wait for it or stop it, or pick another --out") from None
+    with no_space_left(out / LOCK):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+    _held[out.resolve()] = fd
+
+
+def release(out: Path) -> None:
+    """Let go of `<out>/.lock` (an in-process caller's run is over)."""
+    fd = _held.pop(out.resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def claim(out: Path) -> None:
+    """Lock the run directory unless a process of this same run already holds it.
+
+    Under the shoal launcher the launcher holds it (its workers are its children); under plain
+    torchrun rank 0 takes it (one lock per run, and only rank 0 writes into --out).
+    """
+    if "WORLD_SIZE" in os.environ:
+        if os.environ.get(LAUNCHER_ENV) == str(os.getppid()):
+            return
+        if os.environ.get("RANK", "0") != "0":
+            return
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")):
+            _lock_retrying(out)  # the failed attempt's rank 0 may still be on its way out
+            return
+    lock(out)
+
+
+def _lock_retrying(out: Path, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return lock(out)
+        except UserError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+class DiskFull(UserError):
+    """A write into the run directory failed for want of space: says so, and which file."""
+
+    def __str__(self) -> str:
+        return f"no space left on device while writing {self.value}; {self.fix}"
+
+
+@contextmanager
+def no_space_left(path: Path, fix: str = "free some space, or pick an --out on another disk"):
+    """Turn a write that failed on a full disk into one line naming `path`.
+
+    Python reports ENOSPC as OSError, DCP wraps each rank's error in a CheckpointException (a
+    BaseException), torch's zip writer says only "[enforce fail at inline_container.cc] unexpected
+    pos ..." and safetensors "os error 28": when the words are missing, the free space decides.
+    """
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, UserError):
+        raise
+    except BaseException as e:
+        if _is_disk_full(e, path):
+            raise DiskFull("--out", str(path), fix) from None
+        raise
+
+
+def _is_disk_full(e: BaseException, path: Path) -> bool:
+    pending, seen = [e], set()
+    while pending:
+        err = pending.pop()
+        if err is None or id(err) in seen:
+            continue
+        seen.add(id(err))
+        text = str(err)
+        if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "No space left on device" in text \
+                or "os error 28" in text:
+            return True
+        pending += [err.__cause__, err.__context__, *(pair[0] for pair in getattr(err, "failures", {}).values())]
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    return existing is not None and shutil.disk_usage(existing).free < 1 << 20  # a write failed on a full disk

@@ -1,0 +1,97 @@
+"""The workers of `shoal train --nproc 2` die with their launcher however it dies (SIGKILL: the
+kernel's parent-death signal; SIGTERM/SIGINT: one line, exit 128+signal), and a second run into the
+same --out is refused while the first one lives."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, shoal_cli
+
+pytestmark = pytest.mark.timeout(180)
+
+RUN = ["--set", "model.preset=debug", "--set", "train.steps=100000", "--set", "train.micro_batch=4",
+       "--set", "train.global_batch=8", "--set", "train.seq_len=64", "--set", "train.eval_every=0",
+       "--set", "train.eval_batches=1", "--set", "train.sample_tokens=0", "--quiet"]
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:  # a zombie has no cmdline: it is dead, its parent just has not reaped it
+        return bool(Path(f"/proc/{pid}/cmdline").read_bytes())
+    except OSError:
+        return False
+
+
+def start_training(out: Path) -> tuple[subprocess.Popen, list[int]]:
+    """A 2-worker run, once both workers are training (a metrics row is written)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    launcher = subprocess.Popen([sys.executable, "-m", "shoal", "train", *RUN, "--nproc", "2", "--out", str(out)],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size):
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            launcher.kill()
+            pytest.fail("the run never started: " + launcher.communicate()[1][-3000:])
+        time.sleep(0.1)
+    workers = [p for p in children(launcher.pid) if b"shoal.train" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(workers) == 2, workers
+    return launcher, workers
+
+
+def gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM", "SIGINT"])
+def test_workers_die_with_their_launcher(sig, tmp_path):
+    out = tmp_path / "run"
+    launcher, workers = start_training(out)
+    try:
+        if sig == "SIGKILL":  # while it lives, its directory is its own
+            r = shoal_cli("train", *RUN, "--out", str(out), timeout=60)
+            assert r.returncode == 2 and f"in use by a running shoal train (pid {launcher.pid}" in r.stderr, r.stderr
+        launcher.send_signal(getattr(signal, sig))
+        code = launcher.wait(timeout=60)
+        assert gone_within(workers, 10), f"orphaned workers after {sig}: {[p for p in workers if alive(p)]}"
+    finally:
+        launcher.kill()
+        for p in workers:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+    err = launcher.stderr.read()
+    if sig == "SIGKILL":
+        assert code == -signal.SIGKILL
+    else:
+        assert code == 128 + getattr(signal, sig), (code, err)
+        assert err.strip().splitlines() == [f"shoal: stopped by {sig}; all 2 workers were stopped"], err
+
+
+def test_a_nonfinite_loss_in_the_workers_is_one_line(tmp_path):
+    """Every rank stops at the same step (no rank left waiting); rank 0 alone says why; exit code 3."""
+    r = shoal_cli("train", *RUN, "--set", "train.steps=6", "--set", "train.lr=1e30", "--set", "checkpoint.every=1",
+                  "--nproc", "2", "--out", str(tmp_path / "run"), timeout=120)
+    errors = [line for line in r.stderr.splitlines() if "error" in line or "failed" in line]
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    assert len(errors) == 1 and "stopping before it reaches a checkpoint" in errors[0], r.stderr
+    step = int(errors[0].split("step ")[1].split(":")[0])
+    saved = sorted(int(p.name.split("_")[1]) for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
+    assert max(saved, default=0) == step - 1 and not (tmp_path / "run" / "model").exists()  # the last good step

@@ -1,0 +1,224 @@
+"""One run, one directory: --out checks, the run lock, metrics that never tear or repeat, the NaN/Inf
+guard, resume refusals (finished run, every checkpoint damaged, another run's metrics) and a full disk."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, shoal_cli
+
+STEPS = 4
+BASE = ["model.preset=debug", f"train.steps={STEPS}", "train.micro_batch=4", "train.global_batch=8",
+        "train.seq_len=64", "train.warmup_steps=2", "train.eval_every=0", "train.eval_batches=1",
+        "train.sample_tokens=0", "checkpoint.every=2"]
+CLI = ["train", *[x for o in BASE for x in ("--set", o)], "--quiet"]
+
+
+def run(out, *overrides, resume="auto"):
+    from shoal.config import load_config
+    from shoal.train.trainer import train
+
+    return train(load_config(None, BASE + list(overrides)), out, show=False, resume=resume)
+
+
+def steps(out):
+    return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def one_line(r, code: int, *needles: str) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == code and len(lines) == 1 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+    assert all(n in lines[0] for n in needles), lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    """A finished run: checkpoints at steps 2 and 4, metrics.jsonl, model/."""
+    out = tmp_path_factory.mktemp("done")
+    run(out)
+    return out
+
+
+def test_out_mistakes_are_one_line_before_anything_is_built(tmp_path):
+    (tmp_path / "file").write_text("x")
+    one_line(shoal_cli(*CLI, "--out", ""), 2, "--out", "empty")
+    one_line(shoal_cli(*CLI, "--out", str(tmp_path / "file")), 2, "--out", "is a file")
+    one_line(shoal_cli(*CLI, "--out", str(tmp_path / "file" / "x")), 2, "--out", "which is a file")
+    # Under torchrun every rank must name the same directory: no per-rank timestamped default.
+    one_line(shoal_cli(*CLI, env={"WORLD_SIZE": "2", "RANK": "1"}), 2, "--out", "torchrun")
+
+
+def test_read_only_out_is_refused(tmp_path):
+    from shoal.errors import UserError
+    from shoal.train.rundir import check_out, lock
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(ro)], capture_output=True).returncode:
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")  # root ignores permission bits
+    try:
+        with pytest.raises(UserError, match="cannot be created.*Read-only"):
+            check_out(str(ro / "run"))
+        with pytest.raises(UserError, match="not writable"):
+            lock(ro)
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_default_out_is_a_new_directory_per_run(tmp_path, monkeypatch):
+    from shoal.train.rundir import default_out
+
+    monkeypatch.chdir(tmp_path)
+    first = default_out("recipes/debug.toml")
+    assert first.parent.name == "runs" and first.name.startswith("debug-20") and not first.exists()
+    first.mkdir(parents=True)
+    again = default_out("recipes/debug.toml")  # the same second: a suffix, never the same directory
+    assert again != first and not again.exists()
+    assert default_out(None).name.startswith("train-")
+
+
+HOLD = "import sys; from pathlib import Path; from shoal.train.rundir import lock; lock(Path(sys.argv[1])); " \
+       "print('locked', flush=True); sys.stdin.read()"
+
+
+def test_a_live_run_holds_its_directory_and_a_dead_one_does_not(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        line = one_line(shoal_cli(*CLI, "--out", str(out)), 2, "--out", "in use", f"pid {holder.pid}")
+        assert "host" in line
+    finally:
+        holder.kill()  # SIGKILL: no clean-up ran, the lock file is still there, naming it
+        holder.wait()
+    assert (out / ".lock").read_text().split()[0] == str(holder.pid)
+    taker = subprocess.run([sys.executable, "-c", HOLD, str(out)], input="", capture_output=True, text=True, env=env)
+    assert taker.returncode == 0 and taker.stdout.strip() == "locked", taker.stderr  # the stale lock is taken over
+
+
+def test_resume_keeps_rows_up_to_the_checkpoint_once_each(done, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(done, out)
+    shutil.rmtree(out / "checkpoints" / "step_00000004")
+    shutil.rmtree(out / "model")
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    # What a killed run and an orphaned second writer left: a repeated row, a torn line, NUL bytes.
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(rows[0] + "\n" + rows[3][:40] + "\0\0\0\0")
+    run(out)  # resumes from step 2: rows 3 and 4 are dropped and written again
+    assert steps(out) == [1, 2, 3, 4]
+    assert "\0" not in (out / "metrics.jsonl").read_text()
+
+
+def test_truncate_metrics_drops_later_torn_and_repeated_rows(tmp_path):
+    from shoal.train.metrics import truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1}\n{"step": 2}\n{"step": 1}\n{"step": 3}\n{"st\0\0\n{"step": 2, "x": 1}\n')
+    truncate_metrics(path, 2)
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
+def test_resuming_a_finished_run_is_refused_before_building(done):
+    before = (done / "metrics.jsonl").read_bytes()
+    one_line(shoal_cli(*CLI, "--out", str(done)), 2, "train.steps=4", "step 4", "nothing left to train")
+    one_line(shoal_cli(*CLI, "--set", "train.steps=3", "--out", str(done)), 2, "train.steps=3", "step 4")
+    assert (done / "metrics.jsonl").read_bytes() == before
+
+
+def test_every_checkpoint_damaged_is_refused_not_started_over(done, tmp_path):
+    from shoal.checkpoint.choose import choose_checkpoint
+    from shoal.errors import UserError
+
+    out = tmp_path / "run"
+    shutil.copytree(done, out)
+    for ckpt in (out / "checkpoints").iterdir():
+        shard = ckpt / "__0_0.distcp"
+        shard.write_bytes(shard.read_bytes()[:100])
+    before = (out / "metrics.jsonl").read_bytes()
+    one_line(shoal_cli(*CLI, "--set", "train.steps=6", "--out", str(out)), 2, "--resume", "none is intact")
+    one_line(shoal_cli(*CLI, "--set", "train.steps=6", "--out", str(tmp_path / "new"), "--resume",
+                       str(out / "checkpoints" / "step_00000004")), 2, "--resume", "not an intact", "truncated")
+    with pytest.raises(UserError, match="none is intact"):  # and the verified choice at start says the same
+        choose_checkpoint("auto", out / "checkpoints")
+    assert (out / "metrics.jsonl").read_bytes() == before
+
+
+def test_a_fresh_run_does_not_overwrite_another_runs_metrics(done, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(done, out)
+    shutil.rmtree(out / "checkpoints")
+    before = (out / "metrics.jsonl").read_bytes()
+    for resume in ("auto", "never"):
+        one_line(shoal_cli(*CLI, "--out", str(out), "--resume", resume), 2, "--out", "metrics.jsonl")
+    assert (out / "metrics.jsonl").read_bytes() == before
+
+
+def test_nonfinite_loss_stops_and_saves_nothing(done, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(done, out)
+    manifest = (out / "checkpoints" / "step_00000004" / "manifest.json").read_bytes()
+    model = (out / "model" / "model.safetensors").read_bytes()
+    # Continue to step 8 with a learning rate that blows the weights up on the first update.
+    r = shoal_cli(*CLI, "--set", "train.steps=8", "--set", "train.lr=1e30", "--out", str(out))
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    line = r.stderr.strip().splitlines()[-1]  # after "resuming from step 4"
+    assert "stopping before it reaches a checkpoint" in line and "train.on_nonfinite=skip" in line
+    assert line.startswith("shoal train: error: step ") and (" is nan" in line or " is inf" in line)
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert names == ["step_00000002", "step_00000004"]
+    assert (out / "checkpoints" / "step_00000004" / "manifest.json").read_bytes() == manifest
+    assert (out / "model" / "model.safetensors").read_bytes() == model
+
+
+def test_nonfinite_guard_policies(capsys):
+    from shoal.train.nonfinite import NonFiniteGuard, NonFiniteStep
+
+    stopped = []
+    guard = NonFiniteGuard("stop", before_stop=lambda: stopped.append(True))
+    assert guard.allows_update(1, 2.5, 0.9)
+    with pytest.raises(NonFiniteStep, match=r"^step 7: loss is nan and grad norm is inf;"):
+        guard.allows_update(7, float("nan"), float("inf"))
+    assert stopped == [True]  # the save in flight (an earlier, good step) is finished first
+    skip = NonFiniteGuard("skip")
+    assert not skip.allows_update(3, 1.0, float("nan")) and not skip.allows_update(4, float("inf"), 1.0)
+    assert skip.allows_update(5, 1.0, 1.0) and skip.skipped == 2
+    assert "step 4: loss is inf; update skipped (2 so far" in capsys.readouterr().err
+
+
+@pytest.fixture
+def small_disk(done, tmp_path):
+    """A tmpfs with room for about one and a half checkpoints of the debug run."""
+    size = sum(f.stat().st_size for f in (done / "checkpoints" / "step_00000002").iterdir())
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size * 3 // 2 // 1024}k", "tmpfs", str(disk)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
+    yield disk
+    # Lazy: the failed in-process run still holds its metrics.jsonl open (a real run exits and closes it).
+    subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("async_save", ["false", "true"])
+def test_disk_full_is_one_line_and_the_previous_checkpoint_survives(small_disk, async_save):
+    from shoal.checkpoint import store
+    from shoal.train.rundir import DiskFull
+
+    out = small_disk / "run"
+    with pytest.raises(DiskFull) as e:
+        run(out, f"checkpoint.async={async_save}")
+    partial = out / "checkpoints" / ".partial-step_00000004"
+    assert str(e.value).startswith(f"no space left on device while writing {partial};")
+    assert [s for s, _ in store.list_checkpoints(out / "checkpoints")] == [2]
+    assert store.problems(out / "checkpoints" / "step_00000002") == []
+    assert not list((out / "checkpoints").glob(".partial-*")) and not (out / "model").exists()

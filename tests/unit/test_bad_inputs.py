@@ -1,0 +1,643 @@
+"""Bad inputs of every kind: one line on stderr, exit code 2, no traceback, no hang, nothing changed.
+
+The cases are tables of (field, bad value) per category, run in-process through
+`shoal.cli.main.main` so hundreds cost seconds. Train cases start from a tiny base (debug model,
+one step, a small corpus) and point --out at a pre-existing run whose files are hashed before and
+after: a bad input that slipped through would train, change that run and exit 0, and fail here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from shoal.checkpoint import store
+from shoal.cli.main import main
+
+pytestmark = pytest.mark.timeout(60)  # a case that hangs fails instead of stalling the suite
+ROOT = os.geteuid() == 0  # permission bits do not stop root: those cases cannot fail there
+
+
+# ----------------------------------------------------------------------------------------------
+# Fixtures: a small corpus, a finished run with two checkpoints, files of every wrong kind
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("bad-inputs")
+
+
+@pytest.fixture(scope="module")
+def corpus(work) -> Path:
+    d = work / "corpus"
+    d.mkdir()
+    for i in range(4):
+        (d / f"doc{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(300)))
+    return d
+
+
+def base(corpus: Path, out: Path) -> list[str]:
+    return ["train", "--quiet", "--out", str(out), "--set", "model.preset=debug", "--set", "train.steps=1",
+            "--set", f"data.path={corpus}", "--set", "train.seq_len=32", "--set", "train.global_batch=4",
+            "--set", "train.micro_batch=2", "--set", "train.eval_batches=1", "--set", "train.sample_tokens=0"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(work, corpus) -> Path:
+    """A finished run: metrics, checkpoints at steps 1 and 2, the final model."""
+    out = work / "run"
+    assert main(base(corpus, out) + ["--set", "train.steps=2", "--set", "checkpoint.every=1"]) == 0
+    assert [s for s, _ in store.list_checkpoints(out / "checkpoints")] == [1, 2]
+    return out
+
+
+@pytest.fixture(scope="module")
+def files(work) -> dict[str, Path]:
+    """Paths of every wrong kind, by name; tests refer to them as {name} in argv."""
+    f = work / "files"
+    f.mkdir()
+    p = {name: f / base for name, base in [
+        ("dir", "a_dir"), ("file", "plain.txt"), ("missing", "missing.toml"), ("binary", "binary.toml"),
+        ("latin1", "latin1.toml"), ("bad_toml", "bad.toml"), ("dangling", "dangling.toml"), ("fifo", "fifo.toml"),
+        ("unreadable", "unreadable.toml")]}
+    p["dir"].mkdir()
+    p["file"].write_text("some text\n")
+    p["binary"].write_bytes(b"\x7fELF\x02\x01\x01\0\0\0" + bytes(range(256)) * 4)
+    p["latin1"].write_bytes("[train]\nsteps = 1 # caf\xe9\n".encode("latin-1"))
+    p["bad_toml"].write_text("[train\nsteps = 1\n")
+    p["dangling"].symlink_to(f / "nowhere.toml")
+    os.mkfifo(p["fifo"])  # opening it to read would block forever
+    p["unreadable"].write_text("[train]\nsteps = 1\n")
+    p["unreadable"].chmod(0)
+    p["under_file"] = p["file"] / "sub"  # a path whose parent is a file
+    return p
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line(code, out, err, expect_code=2, hint: str | None = None):
+    assert code == expect_code, f"exit {code}\nstdout: {out[-2000:]}\nstderr: {err[-2000:]}"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert "Traceback" not in out + err
+    if hint:
+        assert hint in lines[0], lines[0]
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. Every config field: (field, bad value) through --set, and the same values from a recipe
+
+FIELD_CASES = [
+    ("train.steps", v) for v in ("0", "-1", "abc", "1.5", "nan", "99999999999999999999999")
+] + [
+    ("train.seed", v) for v in ("-1", "4294967296", "1e3", "nan")
+] + [
+    ("train.lr", v) for v in ("-0.1", "nan", "inf", "-inf", "abc", "")
+] + [
+    ("train.min_lr_ratio", v) for v in ("-0.1", "1.5", "nan")
+] + [
+    ("train.warmup_steps", "-1"),
+    ("train.weight_decay", "-0.1"), ("train.weight_decay", "nan"), ("train.weight_decay", "inf"),
+    ("train.beta1", "-0.1"), ("train.beta1", "1"), ("train.beta1", "1.5"), ("train.beta1", "nan"),
+    ("train.beta2", "1"), ("train.beta2", "-1"), ("train.beta2", "inf"),
+    ("train.grad_clip", "-1"), ("train.grad_clip", "nan"),
+    ("train.micro_batch", "-1"), ("train.micro_batch", "-2"),
+    ("train.global_batch", "0"), ("train.global_batch", "-16"),
+    ("train.seq_len", "1"), ("train.seq_len", "0"), ("train.seq_len", "-5"), ("train.seq_len", "100000"),
+    ("train.precision", "fp8"), ("train.precision", ""), ("train.precision", "FP 32"),
+    ("train.activation_checkpoint", "partial"),
+    ("train.eval_every", "-1"), ("train.eval_batches", "0"),
+    ("train.sample_tokens", "-1"), ("train.sample_tokens", "1000000"),
+    ("data.val_fraction", "-0.1"), ("data.val_fraction", "1"), ("data.val_fraction", "nan"),
+    ("data.path", ""), ("data.path", "/no/such/corpus"), ("data.path", "/no/such/dir/*.txt"),
+    ("data.tokenizer", ""), ("data.tokenizer", "/no/such/tokenizer.json"), ("data.text_field", " "),
+    ("checkpoint.every", "-1"), ("checkpoint.keep", "0"), ("checkpoint.dir", "../escape"),
+    ("checkpoint.async", "maybe"), ("checkpoint.async", "2"),
+    ("debug.hang_timeout_s", "-1"), ("debug.hang_timeout_s", "nan"), ("debug.hang_timeout_s", "inf"),
+    ("debug.check_collectives", "perhaps"),
+    ("model.preset", "llama9"), ("model.preset", ""),
+    ("model.dim", "0"), ("model.dim", "-64"), ("model.dim", "63"), ("model.dim", "68"), ("model.dim", "6.4e1"),
+    ("model.n_heads", "0"), ("model.n_heads", "3"),
+    ("model.n_kv_heads", "0"), ("model.n_kv_heads", "3"), ("model.n_kv_heads", "8"),
+    ("model.n_layers", "0"), ("model.n_layers", "-1"),
+    ("model.vocab_size", "0"), ("model.vocab_size", "100"),
+    ("model.ffn_hidden", "0"), ("model.ffn_hidden", "-4"),
+    ("model.max_seq_len", "0"), ("model.max_seq_len", "8"),
+    ("model.rope_theta", "0"), ("model.rope_theta", "-1"), ("model.rope_theta", "1e-300"), ("model.rope_theta", "nan"), ("model.rope_theta", "inf"),
+    ("model.norm_eps", "0"), ("model.norm_eps", "-1e-5"), ("model.norm_eps", "nan"), ("model.norm_eps", "1"),
+    ("model.mlp", "relu"),
+    ("model.n_experts", "-1"), ("model.top_k", "0"), ("model.top_k", "-1"), ("model.moe_every", "0"),
+    ("model.n_dense_layers", "-1"), ("model.aux_loss_coef", "-1"), ("model.aux_loss_coef", "nan"),
+    ("model.n_shared_experts", "-1"), ("model.expert_ffn_hidden", "-1"), ("model.tie_embeddings", "maybe"),
+    ("model.note", "x"),
+    ("parallel.tp", "0"), ("parallel.pp", "-1"), ("parallel.zero", "4"), ("parallel.pp_schedule", "1f2b"),
+    ("parallel.pp_microbatches", "-1"), ("parallel.pp_lighter_edges", "-1"), ("parallel.sequence_parallel", "2"),
+    # valid numbers no machine's memory holds: refused instead of swapping or being killed
+    ("model.dim", "65536"), ("model.vocab_size", "100000000"), ("train.eval_batches", "100000000"),
+    ("model.max_seq_len", "2000000000"), ("train.micro_batch", "100000000"),
+    ("checkpoint.dir", "{file}"),
+]
+# Combinations where each value is fine alone.
+COMBO_CASES = [
+    (["model.preset=debug-moe", "model.top_k=5"], "model.top_k"),
+    (["model.preset=debug-moe", "model.n_dense_layers=4"], "model.n_dense_layers"),
+    (["train.seq_len=200", "model.max_seq_len=100"], "train.seq_len"),
+    (["model.preset=debug", "train.sample_tokens=300"], "train.sample_tokens"),
+]
+SYNTAX_CASES = ["train.steps", "steps=5", "foo.bar=1", "train.stesp=5", "train=5", ".steps=1", "train.=1",
+                "model.preset.x=1", "=", "train.steps==5"]
+
+
+@pytest.fixture
+def unchanged(run_dir):
+    """Asserts the pre-existing run directory is byte-for-byte the same after the test."""
+    before = snapshot(run_dir)
+    yield run_dir
+    assert snapshot(run_dir) == before, "a refused input changed the existing run"
+
+
+@pytest.mark.parametrize("field,value", FIELD_CASES, ids=[f"{f}={v}" for f, v in FIELD_CASES])
+def test_bad_field(field, value, corpus, files, unchanged, capsys):
+    value = value.format(file=files["file"])
+    line = assert_one_line(*run_cli(capsys, base(corpus, unchanged) + ["--set", f"{field}={value}"]))
+    assert field.split(".")[0] in line
+
+
+@pytest.mark.parametrize("overrides,field", COMBO_CASES, ids=[c[1] for c in COMBO_CASES])
+def test_bad_combination(overrides, field, corpus, unchanged, capsys):
+    argv = base(corpus, unchanged) + [a for o in overrides for a in ("--set", o)]
+    assert_one_line(*run_cli(capsys, argv), hint=field)
+
+
+@pytest.mark.parametrize("item", SYNTAX_CASES)
+def test_bad_set_syntax(item, corpus, unchanged, capsys):
+    assert_one_line(*run_cli(capsys, base(corpus, unchanged) + ["--set", item]))
+
+
+TOML_CASES = {
+    "steps_string": '[train]\nsteps = "ten"\n',
+    "steps_float": "[train]\nsteps = 1.5\n",
+    "steps_bool": "[train]\nsteps = true\n",
+    "steps_array": "[train]\nsteps = [1]\n",
+    "steps_table": "[train.steps]\nx = 1\n",
+    "lr_nan": "[train]\nlr = nan\n",
+    "lr_inf": "[train]\nlr = inf\n",
+    "beta2_one": "[train]\nbeta2 = 1.0\n",
+    "seed_huge": "[train]\nseed = 9223372036854775807\n",
+    "top_level_key": "steps = 5\n",
+    "unknown_section": "[trian]\nsteps = 5\n",
+    "unknown_key": "[train]\nstesp = 5\n",
+    "async_type": "[checkpoint]\nasync = 1\n",
+    "norm_eps_neg": "[model]\nnorm_eps = -1e-5\n",
+    "path_int": "[data]\npath = 5\n",
+    "dup_key": "[train]\nsteps = 1\nsteps = 2\n",
+}
+
+
+@pytest.mark.parametrize("name", TOML_CASES)
+def test_bad_recipe_content(name, tmp_path, corpus, unchanged, capsys):
+    recipe = tmp_path / f"{name}.toml"
+    recipe.write_text(TOML_CASES[name])
+    assert_one_line(*run_cli(capsys, base(corpus, unchanged) + [str(recipe)]))
+
+
+@pytest.mark.parametrize("kind", ["missing", "dir", "binary", "latin1", "bad_toml", "dangling", "fifo", "file_parent",
+                                  "unreadable"])
+def test_bad_recipe_file(kind, files, corpus, unchanged, capsys):
+    if kind == "unreadable" and ROOT:
+        pytest.skip("root reads files whatever their permissions")
+    path = files["under_file"] if kind == "file_parent" else files[kind]
+    line = assert_one_line(*run_cli(capsys, base(corpus, unchanged) + [str(path)]))
+    assert line.startswith("shoal train: error: recipe=")
+
+
+def test_byte_order_mark_is_not_a_mistake(tmp_path, corpus, unchanged, capsys):
+    recipe = tmp_path / "bom.toml"
+    recipe.write_bytes(b"\xef\xbb\xbf[train]\nbeta1 = 1.0\n")  # read past the BOM: the error is the value
+    assert_one_line(*run_cli(capsys, base(corpus, unchanged) + [str(recipe)]), hint="train.beta1=1.0")
+
+
+def test_async_is_echoed_as_written(corpus, unchanged, capsys):
+    line = assert_one_line(*run_cli(capsys, base(corpus, unchanged) + ["--set", "checkpoint.async=maybe"]))
+    assert "checkpoint.async=" in line and "async_save" not in line
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. Data: every file checked for existence, type, readability and encoding, before any worker
+
+
+def _data_case(kind: str, root: Path) -> tuple[list[str], str]:
+    """Build a broken corpus (or cache/tokenizer) of one kind under root; returns overrides and the hint."""
+    good = "def f(x):\n    return x\n" * 200
+    d = root / "data"
+    d.mkdir()
+    (d / "ok.txt").write_text(good)
+    path = f"data.path={d}"
+    if kind == "dangling_symlink":
+        (d / "gone.txt").symlink_to(root / "nowhere.txt")
+        return [path], "broken symbolic link"
+    if kind == "binary_in_dir":
+        (d / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + bytes(range(256)))
+        return [path], "image.txt is not text"
+    if kind == "binary_named":
+        (root / "prog.bin").write_bytes(b"\x7fELF\x02\x01\x01\0" * 64)
+        return [f"data.path={root / 'prog.bin'}"], "NUL byte"
+    if kind == "latin1_file":
+        (d / "cafe.md").write_bytes("caf\xe9 cr\xe8me br\xfbl\xe9e\n".encode("latin-1") * 10)
+        return [path], "invalid UTF-8"
+    if kind == "utf16_file":
+        (d / "wide.txt").write_text("hello world\n" * 20, encoding="utf-16")
+        return [path], "not text"
+    if kind == "fifo_in_dir":
+        os.mkfifo(d / "pipe.txt")
+        return [path], "not a regular file"
+    if kind == "unreadable_file":
+        (d / "secret.txt").write_text(good)
+        (d / "secret.txt").chmod(0)
+        return [path], "cannot be read"
+    if kind == "unreadable_dir":
+        (d / "locked").mkdir()
+        (d / "locked").chmod(0)
+        return [path], "cannot be listed"
+    if kind == "empty_file":
+        (root / "empty.txt").write_text("")
+        return [f"data.path={root / 'empty.txt'}"], "empty"
+    if kind == "no_text_files":
+        (root / "imgs").mkdir()
+        (root / "imgs" / "a.png").write_bytes(b"\x89PNG")
+        return [f"data.path={root / 'imgs'}"], "no text files"
+    if kind == "glob_nothing":
+        return [f"data.path={d}/*.nothing"], "matches nothing"
+    if kind == "tiny_corpus":
+        (root / "tiny.txt").write_text("hi")
+        return [f"data.path={root / 'tiny.txt'}"], "data.path"
+    if kind == "jsonl_bad_line":
+        (root / "a.jsonl").write_text('{"text": "ok"}\nnot json\n')
+        return [f"data.path={root / 'a.jsonl'}"], "a.jsonl:2"
+    if kind == "jsonl_no_field":
+        (root / "b.jsonl").write_text('{"body": "hello"}\n')
+        return [f"data.path={root / 'b.jsonl'}"], "data.text_field"
+    if kind == "jsonl_list":
+        (root / "c.jsonl").write_text('[1, 2, 3]\n')
+        return [f"data.path={root / 'c.jsonl'}"], "data.text_field"
+    if kind == "jsonl_field_number":
+        (root / "e.jsonl").write_text('{"text": 42}\n')
+        return [f"data.path={root / 'e.jsonl'}"], "not a string"
+    if kind == "cache_is_file":
+        (root / "cachefile").write_text("x")
+        return [path, f"data.cache_dir={root / 'cachefile'}"], "is a file"
+    if kind == "cache_under_file":
+        (root / "cachefile").write_text("x")
+        return [path, f"data.cache_dir={root / 'cachefile' / 'tokens'}"], "data.cache_dir"
+    if kind == "cache_unwritable":
+        (root / "ro").mkdir()
+        (root / "ro").chmod(0o500)
+        return [path, f"data.cache_dir={root / 'ro'}"], "not writable"
+    if kind == "tokenizer_dir":
+        return [path, f"data.tokenizer={d}"], "directory"
+    if kind == "tokenizer_garbage":
+        (root / "tok.json").write_text('{"model": [1, 2')
+        return [path, f"data.tokenizer={root / 'tok.json'}"], "tokenizer"
+    if kind == "tokenizer_binary":
+        (root / "tok.bin").write_bytes(bytes(range(256)) * 8)
+        return [path, f"data.tokenizer={root / 'tok.bin'}"], "tokenizer"
+    raise AssertionError(kind)
+
+
+DATA_CASES = ["dangling_symlink", "binary_in_dir", "binary_named", "latin1_file", "utf16_file", "fifo_in_dir",
+              "unreadable_file", "unreadable_dir", "empty_file", "no_text_files", "glob_nothing", "tiny_corpus",
+              "jsonl_bad_line", "jsonl_no_field", "jsonl_list", "jsonl_field_number", "cache_is_file",
+              "cache_under_file", "cache_unwritable", "tokenizer_dir", "tokenizer_garbage", "tokenizer_binary"]
+NEEDS_PERMISSIONS = {"unreadable_file", "unreadable_dir", "cache_unwritable"}
+
+
+@pytest.mark.parametrize("nproc", ["0", "2"], ids=["in-process", "before-spawn"])
+@pytest.mark.parametrize("kind", DATA_CASES)
+def test_bad_data(kind, nproc, tmp_path, corpus, unchanged, capsys):
+    if kind in NEEDS_PERMISSIONS and ROOT:
+        pytest.skip("root reads and writes whatever the permissions")
+    overrides, hint = _data_case(kind, tmp_path)
+    argv = base(corpus, unchanged) + ["--nproc", nproc] + [a for o in overrides for a in ("--set", o)]
+    assert_one_line(*run_cli(capsys, argv), hint=hint)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage_header", "empty", "directory"])
+def test_damaged_token_cache_is_rebuilt(damage, tmp_path, corpus, capsys):
+    """A damaged cache file is named on stderr and tokenized again; the run then trains."""
+    from shoal.data.shards import build_token_cache
+    from shoal.data.tokenizer import ByteTokenizer
+
+    cache = tmp_path / "cache"
+    first = build_token_cache(str(corpus), ByteTokenizer(), cache)
+    path, size = Path(first.path), os.path.getsize(first.path)
+    del first
+    if damage == "truncate":
+        os.truncate(path, size - 7)
+    elif damage == "garbage_header":
+        _overwrite(path, 0, b"NOTSHOAL")
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "directory":
+        path.unlink()
+        path.mkdir()
+    capsys.readouterr()
+    if damage == "directory":  # cannot be replaced: refused in one line naming the cache folder
+        code, out, err = run_cli(capsys, base(corpus, tmp_path / "out") + ["--set", f"data.cache_dir={cache}"])
+        assert_one_line(code, out, err, hint="data.cache_dir")
+        return
+    rebuilt = build_token_cache(str(corpus), ByteTokenizer(), cache)
+    err = capsys.readouterr().err
+    assert rebuilt.built and f"token cache {path} is damaged" in err
+    assert os.path.getsize(rebuilt.path) == size
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Flags and the environment, command by command
+
+PLAN = ["plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "512", "--gpu", "h100",
+        "--gpus", "64", "--top", "1"]
+FLAG_CASES = [
+    ["train", "--nproc", "-3"], ["train", "--nproc", "abc"], ["train", "--max-restarts", "-1"],
+    ["train", "--max-restarts", "1.5"], ["train", "--resume", "/no/such/checkpoint"],
+    ["train", "--resume", "{file}"], ["train", "--resume", "never"],
+    [*PLAN, "--tokens", "-5"], [*PLAN, "--tokens", "0"], [*PLAN, "--tokens", "nan"], [*PLAN, "--tokens", "inf"],
+    [*PLAN, "--tokens", "15X"], [*PLAN, "--tokens", "-1T"], [*PLAN, "--mtbf-hours", "-1"], [*PLAN, "--mtbf-hours", "0"],
+    [*PLAN, "--mtbf-hours", "nan"], [*PLAN, "--checkpoint-every-min", "0"], [*PLAN, "--checkpoint-every-min", "-5"],
+    [*PLAN, "--checkpoint-every-min", "inf"], [*PLAN, "--checkpoint-write-min", "-1"], [*PLAN, "--restart-min", "-1"],
+    [*PLAN, "--restart-min", "nan"], [*PLAN, "--usd-per-gpu-hour", "-2"], [*PLAN, "--usd-per-gpu-hour", "nan"],
+    [*PLAN, "--usd-per-gpu-hour", "inf"], [*PLAN, "--figures", "{file}"], [*PLAN, "--figures", "{under_file}"],
+    [*PLAN, "--emit", "{dir}"], [*PLAN, "--emit", "{under_file}/plan.toml"], [*PLAN, "--top", "0"],
+    [*PLAN[:-4], "--gpus", "0"], [*PLAN, "--seq-len", "0"], [*PLAN, "--global-batch", "-1"],
+    [*PLAN, "--hw", "hbm_bytes=nan"], [*PLAN, "--hw", "hbm_bytes=-1"], [*PLAN, "--hw", "nonsense"],
+    [*PLAN, "--hw-file", "{dir}"], [*PLAN, "--hw-file", "{binary}"], [*PLAN, "--hw-file", "{missing}"],
+    [*PLAN[:-4], "--scale", "16:8"], [*PLAN[:-4], "--scale", "8-16"], [*PLAN, "--gpu", "h1000"],
+    ["plan", "--model", "llama9", "--seq-len", "8", "--global-batch", "8", "--gpu", "h100", "--gpus", "8"],
+    ["generate", "{run}", "--tokens", "0"], ["generate", "{run}", "--tokens", "-1"],
+    ["generate", "{run}", "--tokens", "100000000"], ["generate", "{run}", "--tokens", "abc"],
+    ["generate", "{run}", "--temperature", "nan"], ["generate", "{run}", "--temperature", "-1"],
+    ["generate", "{run}", "--temperature", "inf"], ["generate", "{run}", "--top-k", "-1"],
+    ["generate", "{run}", "--prompt", ""], ["generate", "{run}", "--seed", "-1"],
+    ["generate", "{run}", "--seed", "99999999999999"], ["generate", "/no/such/run"], ["generate", "{file}"],
+    ["generate", "{dir}"],
+    ["verify", "--steps", "0"], ["verify", "--steps", "-1"], ["verify", "--tolerance", "-1"],
+    ["verify", "--tolerance", "nan"], ["verify", "--tolerance", "inf"], ["verify", "--nproc", "1"],
+    ["verify", "--nproc", "0"], ["verify", "--nproc", "-2"], ["verify", "--out", "{file}"],
+    ["verify", "--nproc", "2", "--layouts", "tp=abc"], ["verify", "--nproc", "2", "--layouts", "bogus=2"],
+    ["run", "--nproc", "0", "x.py"], ["run", "--max-restarts", "-1", "x.py"], ["run", "--hang-timeout", "-1", "x.py"],
+    ["run", "--hang-timeout", "nan", "x.py"], ["run", "/no/such/script.py"], ["run", "{dir}"],
+    ["doctor", "--nproc", "0"], ["doctor", "--factor", "1"], ["doctor", "--budget", "0"], ["doctor", "--budget", "nan"],
+    ["doctor", "--min-size", "0"], ["doctor", "--max-size", "abc"], ["doctor", "--min-size", "1G", "--max-size", "1K"],
+    ["doctor", "--out", "{file}"],
+    ["mesh", "--nproc", "0"], ["mesh", "--nproc", "-4"], ["mesh", "--nproc", "4", "--set", "parallel.tp=3"],
+    ["ckpt", "inspect", "/no/such/dir"], ["ckpt", "inspect", "{file}"], ["ckpt", "inspect", "{dir}"],
+    ["ckpt", "export", "{run}", "--hf", "{file}"], ["ckpt", "export", "{dir}", "--hf", "{dir}/hf"],
+    ["ckpt", "export", "{run}", "--hf", "x", "--dtype", "int8"],
+    ["config", "{binary}"], ["config", "--set", "train.lr=nan"], ["config", "{dir}"],
+    ["bogus-command"], [],
+]
+
+
+def _fill(argv: list[str], files: dict, run_dir: Path) -> list[str]:
+    names = {k: str(v) for k, v in files.items()} | {"run": str(run_dir)}
+    return [a.format(**names) for a in argv]
+
+
+@pytest.mark.parametrize("argv", FLAG_CASES, ids=[" ".join(c[:1] + c[-2:]) or "no-command" for c in FLAG_CASES])
+def test_bad_flag(argv, files, corpus, unchanged, capsys):
+    argv = _fill(argv, files, unchanged)
+    if argv and argv[0] == "train":  # train flags on the tiny base, pointed at the existing run
+        argv = base(corpus, unchanged) + argv[1:]
+    assert_one_line(*run_cli(capsys, argv))
+
+
+ENV_CASES = [{"WORLD_SIZE": "abc"}, {"WORLD_SIZE": "0"}, {"WORLD_SIZE": "-1"}, {"WORLD_SIZE": ""},
+             {"RANK": "x"}, {"RANK": "-1"}, {"WORLD_SIZE": "2", "RANK": "5"}, {"LOCAL_RANK": "one"},
+             {"WORLD_SIZE": "2", "RANK": "0"}, {"WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "http"},
+             {"TORCHELASTIC_RESTART_COUNT": "x"}]
+
+
+@pytest.mark.parametrize("env", ENV_CASES, ids=[",".join(f"{k}={v}" for k, v in e.items()) for e in ENV_CASES])
+def test_bad_environment(env, corpus, unchanged, capsys, monkeypatch):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    line = assert_one_line(*run_cli(capsys, base(corpus, unchanged)))
+    assert any(k in line for k in env) or "MASTER_ADDR" in line
+
+
+def test_nproc_inside_a_launcher(corpus, unchanged, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")  # a leftover: --nproc would silently run one process
+    assert_one_line(*run_cli(capsys, base(corpus, unchanged) + ["--nproc", "2"]), hint="--nproc")
+
+
+def test_bad_environment_fresh_process(tmp_path, corpus):
+    """The same through a real `python -m shoal` with WORLD_SIZE in its environment."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "shoal", *base(corpus, tmp_path / "out")], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, WORLD_SIZE="abc"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "WORLD_SIZE='abc'" in r.stderr and not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. shoal generate on a damaged model directory
+
+
+def _json_edit(**changes):
+    def edit(d: Path):
+        meta = json.loads((d / "shoal_model.json").read_text())
+        for key, value in changes.items():
+            meta["model"][key] = value
+        (d / "shoal_model.json").write_text(json.dumps(meta))
+    return edit
+
+
+def _nan_weights(d: Path):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(d / "model.safetensors"))
+    name = sorted(tensors)[0]
+    tensors[name][0] = float("nan")
+    save_file(tensors, str(d / "model.safetensors"))
+
+
+MODEL_DAMAGE = {
+    "config_missing": lambda d: (d / "shoal_model.json").unlink(),
+    "weights_missing": lambda d: (d / "model.safetensors").unlink(),
+    "config_garbled": lambda d: (d / "shoal_model.json").write_text("{garbled"),
+    "config_list": lambda d: (d / "shoal_model.json").write_text("[1, 2]"),
+    "config_string": lambda d: (d / "shoal_model.json").write_text('"model"'),
+    "config_model_list": lambda d: (d / "shoal_model.json").write_text('{"model": [], "tokenizer": "byte"}'),
+    "config_no_tokenizer": lambda d: (d / "shoal_model.json").write_text('{"model": {}}'),
+    "config_not_utf8": lambda d: (d / "shoal_model.json").write_bytes(b"\xff\xfe{}"),
+    "config_unknown_field": _json_edit(dimm=3),
+    "config_dim_string": _json_edit(dim="64"),
+    "config_dim_negative": _json_edit(dim=-64),
+    "config_eps_nan": _json_edit(norm_eps=float("nan")),
+    "config_other_shape": _json_edit(dim=128, n_heads=8),
+    "config_is_dir": lambda d: ((d / "shoal_model.json").unlink(), (d / "shoal_model.json").mkdir()),
+    "weights_truncated": lambda d: os.truncate(d / "model.safetensors", 1000),
+    "weights_tiny": lambda d: os.truncate(d / "model.safetensors", 5),
+    "weights_empty": lambda d: os.truncate(d / "model.safetensors", 0),
+    "weights_garbled_header": lambda d: _overwrite(d / "model.safetensors", 8, b"\xff" * 40),
+    "weights_header_length": lambda d: _overwrite(d / "model.safetensors", 0, struct.pack("<Q", 2**40)),
+    "weights_nan": _nan_weights,
+    "tokenizer_missing": lambda d: (d / "shoal_model.json").write_text(
+        json.dumps({**json.loads((d / "shoal_model.json").read_text()), "tokenizer": "/no/such/tok.json"})),
+}
+
+
+def _overwrite(path: Path, offset: int, data: bytes):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+@pytest.mark.parametrize("damage", MODEL_DAMAGE)
+def test_damaged_model_dir(damage, run_dir, tmp_path, capsys):
+    d = tmp_path / "model"
+    shutil.copytree(run_dir / "model", d)
+    MODEL_DAMAGE[damage](d)
+    assert_one_line(*run_cli(capsys, ["generate", str(d), "--tokens", "3"]))
+
+
+def test_generate_streams_and_bounds(run_dir, capsys):
+    """The good path still works: the prompt first, then at most --tokens tokens."""
+    code, out, err = run_cli(capsys, ["generate", str(run_dir), "--prompt", "def ", "--tokens", "5",
+                                      "--temperature", "0"])
+    assert code == 0 and out.startswith("def ") and len(out.encode()) <= len("def ") + 5 * 3 + 1, (out, err)
+    code, out, err = run_cli(capsys, ["generate", str(run_dir), "--tokens", "257"])  # debug: max_seq_len 256
+    assert code == 2 and "max_seq_len=256" in err
+
+
+def test_generation_is_streamed(run_dir):
+    """Tokens come out as they are made: the first of a billion arrives at once (else: the timeout)."""
+    from shoal.checkpoint.weights import load_weights
+    from shoal.train.generate import generate_ids
+
+    model, _, _ = load_weights(run_dir)
+    assert isinstance(next(generate_ids(model, [100], 10**9, temperature=0)), int)
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. Checkpoint JSON of any shape: damaged, reported, and skipped by --resume auto
+
+
+def _rehash(ckpt: Path):
+    """Make the manifest agree with the files again, so only the shape is wrong."""
+    manifest = json.loads((ckpt / store.MANIFEST).read_text())
+    for name in manifest["files"]:
+        manifest["files"][name] = store.digest(ckpt / name)
+    (ckpt / store.MANIFEST).write_text(json.dumps(manifest))
+
+
+def _state_edit(fn):
+    def edit(ckpt: Path):
+        state = json.loads((ckpt / store.TRAIN_STATE).read_text())
+        (ckpt / store.TRAIN_STATE).write_text(json.dumps(fn(state)))
+        _rehash(ckpt)
+    return edit
+
+
+def _manifest_edit(fn):
+    def edit(ckpt: Path):
+        manifest = json.loads((ckpt / store.MANIFEST).read_text())
+        (ckpt / store.MANIFEST).write_text(json.dumps(fn(manifest)))
+    return edit
+
+
+CKPT_DAMAGE = {
+    "manifest_list": _manifest_edit(lambda m: [m]),
+    "manifest_string": _manifest_edit(lambda m: "manifest"),
+    "manifest_files_list": _manifest_edit(lambda m: {**m, "files": list(m["files"])}),
+    "manifest_files_str": _manifest_edit(lambda m: {**m, "files": {k: "x" for k in m["files"]}}),
+    "manifest_bytes_str": _manifest_edit(lambda m: {**m, "files": {k: {**v, "bytes": str(v["bytes"])}
+                                                                   for k, v in m["files"].items()}}),
+    "manifest_sha_int": _manifest_edit(lambda m: {**m, "files": {k: {**v, "sha256": 1} for k, v in m["files"].items()}}),
+    "manifest_complete_str": _manifest_edit(lambda m: {**m, "complete": "true"}),
+    "manifest_not_utf8": lambda c: (c / store.MANIFEST).write_bytes(b"\xff\xfe\x00"),
+    "manifest_is_dir": lambda c: ((c / store.MANIFEST).unlink(), (c / store.MANIFEST).mkdir()),
+    "state_list": _state_edit(lambda s: [s]),
+    "state_null": _state_edit(lambda s: None),
+    "state_step_string": _state_edit(lambda s: {**s, "step": "2"}),
+    "state_step_negative": _state_edit(lambda s: {**s, "step": -2}),
+    "state_step_float": _state_edit(lambda s: {**s, "step": 2.0}),
+    "state_step_other": _state_edit(lambda s: {**s, "step": 7}),
+    "state_no_data": _state_edit(lambda s: {k: v for k, v in s.items() if k != "data"}),
+    "state_data_list": _state_edit(lambda s: {**s, "data": [1]}),
+    "state_data_step_str": _state_edit(lambda s: {**s, "data": {**s["data"], "step": "x"}}),
+    "state_model_list": _state_edit(lambda s: {**s, "model": []}),
+    "state_layout_str": _state_edit(lambda s: {**s, "layout": {**s["layout"], "tp": "2"}}),
+    "state_loss_str": _state_edit(lambda s: {**s, "loss": "low"}),
+    "state_time_str": _state_edit(lambda s: {**s, "time": "noon"}),
+    "state_not_json": lambda c: ((c / store.TRAIN_STATE).write_text("{"), _rehash(c)),
+}
+
+
+@pytest.fixture
+def damaged_run(run_dir, tmp_path, request):
+    """A copy of the run whose newest checkpoint (step 2) has one kind of damage."""
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    CKPT_DAMAGE[request.param](out / "checkpoints" / "step_00000002")
+    return out
+
+
+@pytest.mark.parametrize("damaged_run", CKPT_DAMAGE, indirect=True)
+def test_damaged_checkpoint_is_skipped(damaged_run, corpus, capsys):
+    root = damaged_run / "checkpoints"
+    assert store.newest_valid(root) == root / "step_00000001"
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and "step_00000002" in warning[0] and "damaged" in warning[0], warning
+    # inspect names the damaged one and exits 1 (not 2: the command was right, the data is not)
+    code, out, err = run_cli(capsys, ["ckpt", "inspect", str(damaged_run)])
+    assert code == 1 and "Traceback" not in out + err and "damaged" in out and "step_00000002" in out, out + err
+    # resuming from exactly that checkpoint is refused in one line, and changes nothing
+    before = snapshot(damaged_run)
+    argv = base(corpus, damaged_run) + ["--resume", str(root / "step_00000002")]
+    assert_one_line(*run_cli(capsys, argv), hint="--resume")
+    assert snapshot(damaged_run) == before
+
+
+@pytest.mark.parametrize("damaged_run", ["state_step_string", "manifest_files_list"], indirect=True)
+def test_resume_auto_falls_back(damaged_run, corpus, capsys):
+    """End to end: the run resumes from step 1 with one warning naming the damaged step 2."""
+    argv = base(corpus, damaged_run) + ["--set", "train.steps=2", "--set", "checkpoint.every=1"]
+    code, out, err = run_cli(capsys, argv)
+    assert code == 0, err
+    assert "Traceback" not in err
+    damaged = [line for line in err.splitlines() if "damaged" in line]
+    assert len(damaged) == 1 and "step_00000002" in damaged[0]
+    assert "resuming from step 1" in err
+    assert not store.problems(damaged_run / "checkpoints" / "step_00000002")  # saved again, intact
+
+
+# ----------------------------------------------------------------------------------------------
+# Tables come out whole when piped
+
+
+@pytest.mark.parametrize("argv,needle", [(["presets"], "deepseek-v3"), (["config"], "checkpoint.async")])
+def test_piped_tables_are_not_cut(argv, needle, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, out, err = run_cli(capsys, argv)
+    assert code == 0 and needle in out and "…" not in out

@@ -1,0 +1,150 @@
+"""shoal report's pieces without a browser: the pipeline arithmetic, the rank grid, reading run directories."""
+
+import json
+import os
+import time
+
+import pytest
+
+from shoal.errors import UserError
+from shoal.parallel.mesh import ParallelDims
+from shoal.report.rank_grid import grid_geometry
+from shoal.report.run_dir import load_run
+from shoal.report.schedule import schedule_actions, simulate, textbook_bubble
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("pp,m", [(2, 2), (2, 8), (4, 4), (4, 16), (8, 8)])
+def test_drawn_bubble_is_the_schedule_arithmetic(schedule, pp, m):
+    tl = simulate(schedule, pp, m)
+    assert tl.bubble_fraction == pytest.approx(textbook_bubble(pp, m), abs=1e-12)
+    assert tl.makespan == 3 * (m + pp - 1)  # forward 1 + backward 2 per micro-batch, plus the fill and drain
+
+
+@pytest.mark.parametrize("schedule,virtual", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zero-bubble", 2)])
+def test_every_stage_runs_every_microbatch_once_in_each_direction(schedule, virtual):
+    pp, m = 4, 8
+    done = [a for acts in schedule_actions(schedule, pp, m, virtual).values() for a in acts]
+    back = "I" if schedule == "zero-bubble" else "B"
+    for kind in ("F", back):
+        assert sorted((s, mb) for k, s, mb in done if k == kind) == [(s, mb) for s in range(pp * virtual) for mb in range(m)]
+    if virtual == 1:
+        return
+    tl = simulate(schedule, pp, m, virtual)
+    # interleaving divides the fill and drain by the stages per rank; zero-bubble fills it with weight gradients
+    assert tl.bubble_fraction < textbook_bubble(pp, m)
+    if schedule == "interleaved-1f1b":
+        assert tl.bubble_fraction == pytest.approx((pp - 1) / (virtual * m + pp - 1))
+
+
+def test_rank_grid_places_ranks_and_names_groups_that_cross_nodes():
+    dims = ParallelDims(dp_replicate=1, dp_shard=4, tp=2, pp=2, ep=1, world_size=16)
+    geo = grid_geometry(dims, per_node=8)
+    assert geo["nodes"] == 2 and geo["place"][9] == (1, 1)
+    assert geo["crossing"]["tp"] == [] and geo["crossing"]["dp"] == []  # tp and dp stay inside a node
+    assert len(geo["crossing"]["pp"]) == 8  # every pipeline spans both nodes
+    assert geo["groups"]["tp"][0] == [0, 1]
+
+
+ROW = {"step": 1, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0, "tokens": 512, "tokens_per_s": 100.0, "step_time_s": 0.5,
+       "mfu": 0.01, "peak_mem_bytes": 1 << 28, "model_state_bytes": 1 << 20, "comm_bytes": {}}
+
+
+def write_run(path, steps, finished=True, total=None, extra=""):
+    path.mkdir(parents=True, exist_ok=True)
+    rows = [dict(ROW, step=s) for s in steps]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + extra)
+    if total:
+        (path / "run.json").write_text(json.dumps({"shoal_run": 1, "config": {"train": {"steps": total}, "checkpoint":
+                                                   {"every": 0, "dir": ""}}, "world": 1, "starts": [{"step": 0}]}))
+    if finished:
+        (path / "model").mkdir()
+    return path
+
+
+def age(path, seconds):
+    for f in path.iterdir():
+        os.utime(f, (time.time() - seconds, time.time() - seconds))
+
+
+@pytest.mark.parametrize("case,words", [
+    ("missing", "does not exist"), ("empty", "is empty"), ("foreign", "is not a shoal run"),
+    ("foreign-jsonl", "not a shoal metrics row"), ("killed", "stopped at step 3 of 10"), ("file", "is a file")])
+def test_bad_run_directories_are_one_user_error(tmp_path, case, words):
+    d = tmp_path / "run"
+    if case == "empty":
+        d.mkdir()
+    elif case == "foreign":
+        d.mkdir()
+        (d / "notes.txt").write_text("hello")
+    elif case == "foreign-jsonl":
+        d.mkdir()
+        (d / "metrics.jsonl").write_text('{"epoch": 1, "acc": 0.5}\n')
+    elif case == "killed":
+        write_run(d, [1, 2, 3], finished=False, total=10)
+        age(d, 3600)
+    elif case == "file":
+        d.write_text("x")
+    with pytest.raises(UserError) as e:
+        load_run(d)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_run_in_progress_is_read_as_far_as_it_goes(tmp_path):
+    d = write_run(tmp_path / "run", [1, 2, 3], finished=False, total=10, extra='{"step": 4, "lo')
+    run = load_run(d)  # just written: still running
+    assert run.in_progress and [r["step"] for r in run.rows] == [1, 2, 3]
+    assert any("still running" in n for n in run.notes) and any("cut off" in n for n in run.notes)
+    age(d, 3600)
+    with pytest.raises(UserError, match="last line is cut off"):
+        load_run(d)
+    assert load_run(d, allow_partial=True).last_step == 3
+
+
+def test_restarts_are_found_from_steps_that_go_back(tmp_path):
+    run = load_run(write_run(tmp_path / "run", [1, 2, 3, 4, 3, 4, 5]))
+    assert run.restarts == [2]  # the second attempt resumed after step 2
+
+
+def test_cli_says_what_is_wrong_in_one_line_and_exits_2(tmp_path):
+    from conftest import shoal_cli
+
+    r = shoal_cli("report", str(tmp_path / "nope"))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_plan_report_imports_no_torch(tmp_path):
+    """`shoal plan` never imports torch (DESIGN.md); its --report page must not either."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from shoal.cli.main import main; "
+            f"main(['plan', '--model', 'llama3-8b', '--seq-len', '4096', '--global-batch', '64', '--gpu', 'h100', "
+            f"'--gpus', '16', '--report', {str(tmp_path)!r}]); "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    page = (tmp_path / "index.html").read_text()
+    assert page.count("<figure") == 3 and "plan_rank_grid.png" in page
+
+
+def test_prediction_for_a_gpu_run_has_step_time_and_mfu(tmp_path, monkeypatch):
+    """A CUDA run on a catalog GPU gets the planner's step time and MFU beside its memory."""
+    import dataclasses
+
+    from shoal.config import JobConfig
+    from shoal.job import resolve
+    from shoal.report.predict import predict
+
+    cfg = JobConfig()
+    cfg.model.preset, cfg.parallel.tp = "debug", 2
+    job = resolve(cfg, 4)
+    info = {"config": cfg.to_dict(), "model": dataclasses.asdict(job.model), "layout": dataclasses.asdict(job.layout),
+            "world": 4, "local_world": 4, "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}
+    pred = predict(info)
+    assert pred.plan is not None and pred.plan.time.step > 0 and 0 < pred.plan.mfu < 1
+    assert pred.memory.total == pred.plan.memory.total > 0
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))  # no `local` profile measured here
+    cpu = predict(dict(info, device="cpu", device_name="cpu"))
+    assert cpu.plan is None and "shoal plan --gpu local" in cpu.why_no_time and cpu.memory.total > 0
