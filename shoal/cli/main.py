@@ -25,6 +25,8 @@ COMMANDS = {
     "run": "run",
     "ckpt": "ckpt",
     "report": "report",
+    "k8s": "k8s",
+    "slurm": "slurm",
 }
 
 

@@ -1,4 +1,8 @@
-"""`shoal mesh --nproc N [RECIPE] [--set parallel.tp=2 ...] [--svg FILE]`: which global ranks form each group."""
+"""`shoal mesh --nproc N [RECIPE] [--set parallel.tp=2 ...] [--svg FILE]`: which global ranks form each group.
+
+With --nnodes and --nproc-per-node (or --nproc and --per-node) it also shows where each rank runs
+(node, local device) and marks the groups that cross a node (the rule is in shoal/parallel/mesh.py).
+"""
 
 from __future__ import annotations
 
@@ -11,36 +15,76 @@ def register(sub) -> None:
     p = sub.add_parser("mesh", help="print the rank grid and the TP/PP/DP/EP groups of a layout")
     p.add_argument("recipe", nargs="?")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--nproc", type=positive_int, required=True, help="world size")
+    p.add_argument("--nproc", type=nonnegative_int, default=0, help="world size (or give --nnodes and --nproc-per-node)")
+    p.add_argument("--nnodes", type=positive_int, default=1, help="machines; ranks are placed in one block per node")
+    p.add_argument("--nproc-per-node", "--per-node", dest="per_node", type=nonnegative_int, default=0, metavar="N",
+                   help="ranks (devices) per node (default: all on one node)")
     p.add_argument("--svg", metavar="FILE", help="also draw the rank grid on its nodes into this SVG file")
-    p.add_argument("--per-node", type=nonnegative_int, default=0, metavar="N",
-                   help="ranks per node for --svg (default: all on one node)")
     p.set_defaults(func=run)
 
 
-def print_groups(dims) -> None:
+def print_groups(dims, per_node: int = 0) -> None:
+    """The grid and its groups; with per_node, the rank -> node -> device map and '*' on groups that cross nodes."""
+    from shoal.parallel.mesh import crosses_nodes
+
+    per_node = per_node if 0 < per_node < dims.world_size else 0
     print(f"world {dims.world_size} = pp {dims.pp} x dp_replicate {dims.dp_replicate} x dp_shard {dims.dp_shard} "
           f"x tp {dims.tp}" + (f"   (ep {dims.ep} inside dp_shard)" if dims.ep > 1 else ""))
     print("rank grid [pp][dp_replicate][dp_shard][tp]:")
     print(dims.grid())
+    if per_node:
+        print(f"placement: {dims.world_size // per_node} nodes x {per_node} ranks, one block of ranks per node")
+        for node in range(dims.world_size // per_node):
+            ranks = range(node * per_node, (node + 1) * per_node)
+            print(f"  node {node}: " + "  ".join(f"rank {r} -> device {r % per_node}" for r in ranks))
     for kind, groups in dims.groups().items():
-        print(f"{kind:>3} groups: " + "  ".join("[" + ",".join(map(str, g)) + "]" for g in groups))
+        cells = []
+        for g in groups:
+            mark = "*" if per_node and crosses_nodes(g, per_node) else ""
+            cells.append("[" + ",".join(map(str, g)) + "]" + mark)
+        print(f"{kind:>3} groups: " + "  ".join(cells))
+    if per_node:
+        print("  * crosses nodes: its traffic uses the inter-node link")
+
+
+def world_and_per_node(nproc: int, nnodes: int, per_node: int) -> tuple[int, int]:
+    """(world size, ranks per node) from the flags, refusing ones that disagree."""
+    from shoal.errors import UserError
+
+    if nproc and per_node:
+        if nproc % per_node:
+            raise UserError("--nproc-per-node", per_node, f"must divide the world size --nproc {nproc}")
+        if nnodes > 1 and nnodes * per_node != nproc:
+            raise UserError("--nproc", nproc, f"is the world size; --nnodes {nnodes} x --nproc-per-node {per_node} = "
+                                              f"{nnodes * per_node}: drop --nproc or make them agree")
+        return nproc, per_node
+    if per_node:
+        return nnodes * per_node, per_node
+    if nproc:
+        if nproc % nnodes:
+            raise UserError("--nnodes", nnodes, f"must divide the world size --nproc {nproc}, or give --nproc-per-node")
+        return nproc, nproc // nnodes
+    raise UserError("--nproc", nproc, "give the world size, or --nnodes and --nproc-per-node")
 
 
 def run(args) -> int:
+    import sys
+
     from shoal.config import load_config
     from shoal.errors import UserError
     from shoal.job import resolve
+    from shoal.parallel.mesh import placement_warning
 
-    dims = resolve(load_config(args.recipe, args.overrides), args.nproc).dims
+    world, per_node = world_and_per_node(args.nproc, args.nnodes, args.per_node)
     path = Path(args.svg) if args.svg else None
     if path and path.suffix.lower() != ".svg":
         raise UserError("--svg", args.svg, f"must name an .svg file, e.g. --svg {path.with_suffix('.svg')}")
-    if args.per_node < 0:
-        raise UserError("--per-node", args.per_node, "must be a positive number of ranks per node")
-    print_groups(dims)
+    dims = resolve(load_config(args.recipe, args.overrides), world).dims
+    print_groups(dims, per_node)
+    if line := placement_warning(dims, per_node):
+        print(line, file=sys.stderr)
     if path:
         from shoal.report.rank_grid import rank_grid_figure
 
-        print(f"rank grid: {rank_grid_figure(dims, args.per_node or dims.world_size, path.with_suffix(''), formats=('svg',))[0]}")
+        print(f"rank grid: {rank_grid_figure(dims, per_node, path.with_suffix(''), formats=('svg',))[0]}")
     return 0

@@ -24,6 +24,9 @@ def register(sub) -> None:
                         "over (refused if checkpoints exist); PATH: a checkpoint directory to start from, any layout")
     p.add_argument("--print-mesh", action="store_true", help="print the rank groups of the layout and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bar, summary or sample")
+    from shoal.launch.multinode import add_args
+
+    add_args(p)  # --nnodes, --node-rank, --master, --ifname, --rdzv-timeout
     p.set_defaults(func=run)
 
 
@@ -36,7 +39,13 @@ def run(args) -> int:
     from shoal.train.memory_check import CHECKED_ENV, check_memory, local_world_size
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
-    job = resolve(cfg, world_size(args.nproc))  # --nproc, or the launcher's WORLD_SIZE (checked with RANK & co)
+    if "WORLD_SIZE" not in os.environ:  # srun -n2 shoal train: two copies that would each train alone
+        from shoal.launch.slurm import check_srun_copies
+
+        check_srun_copies(args.nnodes)
+    # --nproc, or the launcher's WORLD_SIZE (checked with RANK & co); with --nnodes, --nproc is per node
+    job = resolve(cfg, world_size(args.nproc) * args.nnodes)
+    nodes = _node_plan(args)  # a multi-node job's network, checked before any worker starts
     if args.print_mesh:
         from shoal.cli.mesh import print_groups
 
@@ -44,26 +53,32 @@ def run(args) -> int:
         return 0
     if cfg.train.memory_check and not os.environ.get(CHECKED_ENV):  # the launcher's workers skip it
         check_memory(job, local_world_size(args.nproc))
+    if not os.environ.get(CHECKED_ENV) and os.environ.get("RANK", "0") == "0":  # said once: launcher or rank 0
+        _warn_placement(job, local_world_size(args.nproc))
     from shoal.train.trainer import build_data
 
     if "WORLD_SIZE" not in os.environ:  # data mistakes too: in the process the user started, before
         build_data(job)                  # any worker starts or --out is made (workers build their own)
     out = rundir.check_out(_out(args))
-    rundir.claim(out)  # one live run per directory, held by the launcher if there is one
+    holder = not nodes or nodes.node_rank == 0  # node 0's launcher holds the lock of a multi-node run
+    if holder:
+        rundir.claim(out)  # one live run per directory, held by the launcher if there is one
     try:
         check_resume(cfg, out, args.resume)
-        return _launch_or_train(args, job, out)
+        return _launch_or_train(args, job, out, nodes)
     finally:
-        rundir.release(out)
+        if holder:
+            rundir.release(out)
 
 
-def _launch_or_train(args, job, out) -> int:
+def _launch_or_train(args, job, out, nodes=None) -> int:
     from shoal.train.memory_check import CHECKED_ENV
     from shoal.train.nonfinite import EXIT_CODE, NonFiniteStep
     from shoal.train.trainer import train
 
-    if args.nproc > 1:
+    if args.nproc > 1 or nodes:
         from shoal.launch.local import launch
+        from shoal.launch.multinode import launch_nodes
 
         argv = ["-m", "shoal.train", *([args.recipe] if args.recipe else []),
                 *[f"--set={o}" for o in args.overrides], "--out", str(out), "--resume", args.resume,
@@ -71,6 +86,8 @@ def _launch_or_train(args, job, out) -> int:
         os.environ[CHECKED_ENV] = "1"  # the workers inherit the environment: checked once, here
         try:
             # Workers exiting 2 (a user mistake) or 3 (a non-finite loss) have said why in one line.
+            if nodes:
+                return launch_nodes(argv, args.nproc, nodes, max_restarts=args.max_restarts, said_why=(2, EXIT_CODE))
             return launch(argv, args.nproc, max_restarts=args.max_restarts, said_why=(2, EXIT_CODE))
         finally:
             os.environ.pop(CHECKED_ENV, None)
@@ -96,3 +113,28 @@ def _out(args) -> str:
     out = default_out(args.recipe)
     print(f"shoal: writing to {out} (choose with --out)", file=sys.stderr, flush=True)
     return str(out)
+
+
+def _node_plan(args):
+    """The multi-node plan for --nnodes > 1 (None for one machine)."""
+    from shoal.errors import UserError
+    from shoal.launch.multinode import plan_node
+
+    if args.nnodes == 1 and not args.master:
+        return None
+    if "WORLD_SIZE" in os.environ:
+        raise UserError("--nnodes", args.nnodes, "is for starting workers; under torchrun (WORLD_SIZE is set) "
+                                                 "leave out --nnodes/--master")
+    if args.nproc < 1:
+        raise UserError("--nproc", args.nproc, "give the workers per node with --nnodes, e.g. --nproc 8")
+    if args.out is None:  # each node would pick its own timestamped directory
+        raise UserError("--out", "(not given)", "with --nnodes every node must write the same directory, on a "
+                                                "filesystem they share: pass --out DIR")
+    return plan_node(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout)
+
+
+def _warn_placement(job, per_node: int) -> None:
+    from shoal.parallel.mesh import placement_warning
+
+    if line := placement_warning(job.dims, per_node):
+        print(line, file=sys.stderr, flush=True)

@@ -6,6 +6,7 @@ workers are started by `torchrun` (or Slurm/Kubernetes calling it); nothing here
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -26,7 +27,7 @@ def worker_env(nproc: int) -> dict[str, str]:
 
 
 def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | None = None,
-           said_why: tuple[int, ...] = ()) -> int:
+           said_why: tuple[int, ...] = (), nodes: dict | None = None) -> int:
     """Run `python ARGV...` as `nproc` workers on this machine; returns the job's exit code.
 
     Rendezvous is a c10d store on localhost on a free port (like `torchrun --standalone`).
@@ -41,6 +42,8 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     dead peer's address and fail with "Connection refused" (pytorch#135712).
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 makes each rendezvous round publish a new MASTER_PORT
     on which worker rank 0 hosts a new, empty store.
+
+    `nodes` replaces LaunchConfig fields for a multi-node job (shoal.launch.multinode says which and why).
     """
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -59,6 +62,8 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     )
     # The agent logs every life-cycle event at INFO; keep only warnings and errors.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    if nodes:
+        config = dataclasses.replace(config, **nodes)
     report = _FailureReport(nproc, max_restarts, said_why)
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     agent_log.addFilter(report)

@@ -95,3 +95,46 @@ def build_mesh(dims: ParallelDims, device_type: str) -> tuple[Meshes, Meshes | N
             mesh_dim_names=("pp", "dp_replicate", "dp_shard_mod_ep", "ep", "tp"))
         expert = Meshes(expert, {"dp_mod_ep": expert["dp_replicate", "dp_shard_mod_ep"]._flatten("dp_mod_ep")})
     return world, expert
+
+
+# Nodes. Every launcher shoal uses (torchrun's c10d rendezvous, Slurm's srun + torchrun, Kubernetes
+# with PET_* flags) gives each node one contiguous block of ranks, so rank r runs on node
+# r // per_node as local device r % per_node. With tp innermost in the grid, a TP group stays
+# inside a node whenever tp divides the ranks per node; dp and pp, outermost, are what cross.
+
+def node_of(rank: int, per_node: int) -> int:
+    return rank // per_node
+
+
+def crosses_nodes(group: list[int], per_node: int) -> bool:
+    return len({node_of(r, per_node) for r in group}) > 1
+
+
+def split_groups(dims: ParallelDims, per_node: int) -> dict[str, list[list[int]]]:
+    """The groups of each kind that span more than one node (kinds with none are left out)."""
+    out = {}
+    for kind, groups in dims.groups().items():
+        crossing = [g for g in groups if crosses_nodes(g, per_node)]
+        if crossing:
+            out[kind] = crossing
+    return out
+
+
+# Groups whose traffic is on the critical path of every layer: across the inter-node link they
+# slow each step (tp: activations each layer; ep: tokens in and out of each MoE layer).
+LATENCY_BOUND = {"tp": "tensor parallelism exchanges activations in every layer",
+                 "ep": "expert parallelism sends tokens to and from every MoE layer"}
+
+
+def placement_warning(dims: ParallelDims, per_node: int) -> str:
+    """One line when a TP or EP group spans nodes ('' otherwise)."""
+    if per_node < 1 or per_node >= dims.world_size:
+        return ""
+    split = {k: g for k, g in split_groups(dims, per_node).items() if k in LATENCY_BOUND}
+    if not split:
+        return ""
+    kind, groups = next(iter(split.items()))
+    size = len(groups[0])
+    return (f"shoal: warning: {kind} groups span nodes ({kind}={size} with {per_node} ranks per node, e.g. "
+            f"[{','.join(map(str, groups[0]))}]): {LATENCY_BOUND[kind]}, here over the slow inter-node link; "
+            f"choose {kind} and the ranks per node so each group fits in one node (see shoal mesh --nnodes)")

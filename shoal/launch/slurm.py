@@ -1,0 +1,87 @@
+"""Slurm: an sbatch script that runs a recipe on N nodes, and the guard against independent copies.
+
+The script starts one task per node with srun; each task runs torchrun with static rendezvous at
+the allocation's first node and `--node-rank $SLURM_NODEID`, so rank blocks follow the order of
+the allocation (`scontrol show hostnames`). c10d rendezvous would instead order nodes by sorting
+their addresses or names (`node10` before `node2`).
+
+Under Slurm, `srun -n2 shoal train` with nothing mapping ranks starts two complete single-process
+trainings into the same --out (they corrupt metrics.jsonl and exit 0): `check_srun_copies`
+refuses that before any work.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+
+from shoal.errors import UserError
+
+PORT = 29500
+_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")  # minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
+
+
+def check(name: str, nodes: int, gpus_per_node: int, partition: str, time: str) -> None:
+    if nodes < 1:
+        raise UserError("--nodes", nodes, "must be a positive integer")
+    if gpus_per_node < 0:
+        raise UserError("--gpus-per-node", gpus_per_node, "must be >= 0 (0: CPU nodes, one process per node)")
+    if not re.match(r"^[A-Za-z0-9_.-]+$", name):
+        raise UserError("--name", name, "use letters, digits, '_', '.' and '-'")
+    if partition and not re.match(r"^[A-Za-z0-9_,.-]+$", partition):
+        raise UserError("--partition", partition, "a partition name (or a comma-separated list)")
+    if time and not _TIME.match(time):
+        raise UserError("--time", time, "write minutes, HH:MM:SS or D-HH:MM:SS, e.g. 04:00:00")
+
+
+def sbatch_script(name: str, recipe: str, run_out: str, nodes: int, gpus_per_node: int, *, partition: str = "",
+                  time: str = "", python: str = "python", overrides: tuple[str, ...] = (), port: int = PORT) -> str:
+    nproc = max(gpus_per_node, 1)
+    head = [f"#SBATCH --job-name={name}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
+            *( [f"#SBATCH --gpus-per-node={gpus_per_node}"] if gpus_per_node else []),
+            *( [f"#SBATCH --partition={partition}"] if partition else []),
+            *( [f"#SBATCH --time={time}"] if time else []),
+            f"#SBATCH --output={run_out}/slurm-%j.out",
+            "# --requeue: after a preemption or a node failure the job starts again and resumes",
+            "#SBATCH --requeue"]
+    train = " ".join(shlex.quote(a) for a in ["-m", "shoal.train", recipe, "--out", run_out,
+                                              *[f"--set={o}" for o in overrides]])
+    return "\n".join([
+        "#!/bin/bash",
+        f"# written by: shoal slurm {recipe} --nodes {nodes} --gpus-per-node {gpus_per_node}",
+        *head,
+        "set -euo pipefail",
+        f"mkdir -p {shlex.quote(run_out)}  # on a filesystem every node shares: checkpoints are written by all ranks",
+        "",
+        "# Node order is the allocation's: node 0 (first in the list) hosts the rendezvous, and",
+        "# --node-rank $SLURM_NODEID gives each node the next block of ranks.",
+        'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+        f"PORT={port}",
+        "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
+        "",
+        "# one task per node; each runs torchrun, which starts the node's workers ($0 and $@ carry the",
+        "# python and shoal's arguments past the inner shell without a second round of quoting)",
+        "export HEAD PORT",
+        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \\",
+        f"  'exec \"$0\" -m torch.distributed.run --nnodes=\"$SLURM_JOB_NUM_NODES\" --nproc-per-node={nproc} "
+        "--node-rank=\"$SLURM_NODEID\" --rdzv-backend=static --master-addr=\"$HEAD\" --master-port=\"$PORT\" \"$@\"' \\",
+        f"  {shlex.quote(python)} {train}",
+        "",
+    ])
+
+
+def check_srun_copies(nnodes: int) -> None:
+    """Refuse `srun -nK shoal train` (K > 1) where nothing gives the copies ranks: each would train alone."""
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS")
+    if not tasks or "WORLD_SIZE" in os.environ:
+        return
+    try:
+        n = int(tasks)
+    except ValueError:
+        return
+    if n > 1 and nnodes != n:
+        raise UserError("SLURM_NTASKS", n, f"srun started {n} copies of shoal train and nothing gives them ranks: "
+                                           f"each would train alone into the same --out. Run one task per node "
+                                           f"with torchrun (`shoal slurm` writes that script), or pass --nnodes {n} "
+                                           f"--node-rank $SLURM_NODEID --master HEAD")

@@ -1,0 +1,92 @@
+"""Two nodes x two ranks under real `torchrun --nnodes 2` train like one process."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.timeout(300)
+
+PORT = 29780  # rendezvous on node a (the shc* namespaces have their own port space; this is ours by convention)
+STEPS = 3
+# One layout per kind of group that crosses the node boundary: the DP group (FSDP over 4 ranks),
+# DP across with TP inside each node, PP across with TP inside.
+LAYOUTS = ["dp_shard=4,zero=3", "tp=2,dp_shard=2", "tp=2,pp=2,dp_shard=1"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The one-process run every 2 x 2 run is compared with (the verify settings, global batch 16)."""
+    import torch
+
+    from shoal.train.trainer import train
+    from shoal.train.verify import config_for
+
+    out = tmp_path_factory.mktemp("reference")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' thread count: sums split the same way
+    try:
+        train(config_for("dp_shard=1", 1, STEPS, global_batch=16), out, show=False)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def test_verify_layouts_on_two_nodes_match_one_process(cluster, reference, tmp_path):
+    from shoal.train.verify import compare
+
+    t0 = time.time()
+    argv = ["-m", "shoal.train.verify", str(tmp_path), "4", str(STEPS), json.dumps(LAYOUTS)]
+    procs = [cluster.torchrun(k, 2, PORT, f"parity-{t0:.0f}", argv, stdout=(tmp_path / f"node{k}.log").open("w"),
+                              stderr=subprocess.STDOUT) for k in range(2)]
+    codes = [p.wait(timeout=240) for p in procs]
+    logs = "\n".join((tmp_path / f"node{k}.log").read_text()[-3000:] for k in range(2))
+    assert codes == [0, 0], logs
+    results = [compare(layout, tmp_path / f"layout{i}", reference, 1e-4) for i, layout in enumerate(LAYOUTS)]
+    print(f"2 nodes x 2 ranks, {len(LAYOUTS)} layouts x {STEPS} steps: {time.time() - t0:.1f} s")
+    for r in results:
+        print(f"{r.layout:28s} loss {r.loss_diff:.1e} grad {r.grad_diff:.1e} weights {r.weight_diff:.1e}")
+    assert all(r.passed for r in results), [(r.layout, r.loss_diff, r.grad_diff, r.weight_diff) for r in results]
+
+
+def test_shoal_train_sets_up_two_nodes_by_itself(cluster, reference, tmp_path):
+    """`shoal train --nnodes 2 --node-rank K --master A:PORT` on each node, with none of the settings
+    the torchrun test above passes by hand (interface, local address, is_host, store): TP inside each
+    node, DP across, the same training as one process."""
+    from shoal.train.verify import base_overrides, compare
+
+    head = f"{cluster.nodes[0].addr}:{PORT + 1}"
+    sets = [f"--set={o}" for o in base_overrides(STEPS, 16) + ["parallel.tp=2"]]
+    procs = []
+    for k in (1, 0):  # node 1 first: it waits for node 0's rendezvous
+        argv = [sys.executable, "-m", "shoal", "train", "--nnodes", "2", "--node-rank", str(k), "--master", head,
+                "--nproc", "2", "--out", str(tmp_path / "run"), "--quiet", *sets]
+        procs.append(cluster.popen(cluster.nodes[k], argv, {}, stdout=(tmp_path / f"node{k}.log").open("w"),
+                                   stderr=subprocess.STDOUT, cwd=REPO))
+    codes = [p.wait(timeout=240) for p in procs]
+    logs = "\n".join((tmp_path / f"node{k}.log").read_text()[-3000:] for k in (1, 0))
+    assert codes == [0, 0], logs
+    assert f"node 0 of 2 ({cluster.nodes[0].addr} on {cluster.nodes[0].ifname}) hosts the rendezvous" in logs
+    assert f"node 1 of 2 ({cluster.nodes[1].addr} on {cluster.nodes[1].ifname}) joins the rendezvous" in logs
+    r = compare("tp=2 x dp=2 over 2 nodes", tmp_path / "run", reference, 1e-4)
+    assert r.passed, (r, logs)
+
+
+def test_bad_multinode_input_is_one_line_before_any_worker(cluster, tmp_path):
+    """Inside a node: an interface that does not exist, and a master nobody listens at."""
+    a, b = cluster.nodes
+    for node, flags, words in [
+        (a, ["--node-rank", "0", "--master", f"{a.addr}:{PORT + 2}", "--ifname", "eth9"], "no such interface"),
+        (b, ["--node-rank", "1", "--master", f"{a.addr}:{PORT + 2}", "--rdzv-timeout", "2"], "no rendezvous at"),
+        (b, ["--node-rank", "1", "--master", "10.99.0.1"], "no route"),
+    ]:
+        argv = [sys.executable, "-m", "shoal", "train", "--nnodes", "2", "--nproc", "2", "--out", str(tmp_path / "x"),
+                "--set", "model.preset=debug", *flags]
+        r = cluster.popen(node, argv, {}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        out, err = r.communicate(timeout=60)
+        assert r.returncode == 2 and words in err and len(err.strip().splitlines()) == 1, (flags, out, err)
+        assert not (tmp_path / "x").exists()

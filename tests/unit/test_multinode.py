@@ -1,0 +1,56 @@
+"""`shoal train --nnodes`: every bad flag is refused in-process, before any network wait or worker."""
+
+import pytest
+
+from shoal.errors import UserError
+from shoal.launch.multinode import interface_addrs, plan_node
+
+
+@pytest.mark.parametrize("kwargs,field,words", [
+    (dict(nnodes=0, node_rank=0, master="h"), "--nnodes", "positive"),
+    (dict(nnodes=2, node_rank=2, master="h"), "--node-rank", "0..1"),
+    (dict(nnodes=2, node_rank=0, master=""), "--master", "HOST[:PORT]"),
+    (dict(nnodes=2, node_rank=0, master="h:0"), "--master", "1..65535"),
+    (dict(nnodes=2, node_rank=0, master="h:port"), "--master", "1..65535"),
+    (dict(nnodes=2, node_rank=0, master="no-such-host.invalid"), "--master", "cannot resolve"),
+    (dict(nnodes=2, node_rank=0, master="127.0.0.1:29790"), "--master", "loopback"),
+    (dict(nnodes=2, node_rank=0, master="localhost"), "--master", "loopback"),
+    (dict(nnodes=2, node_rank=0, master="h", timeout=0), "--rdzv-timeout", "positive"),
+])
+def test_bad_flags(kwargs, field, words):
+    with pytest.raises(UserError) as e:
+        plan_node(**kwargs)
+    assert e.value.field == field and words in e.value.fix, e.value
+
+
+def _own_address():
+    addrs = {n: a for n, a in interface_addrs().items() if not a.startswith("127.")}
+    if not addrs:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    return next(iter(addrs.items()))
+
+
+def test_node_zero_hosts_at_its_own_address():
+    ifname, addr = _own_address()
+    plan = plan_node(2, 0, f"{addr}:29791")
+    assert (plan.ifname, plan.local_addr, plan.is_host) == (ifname, addr, True)
+    cfg = plan.launch_config()
+    assert cfg["rdzv_configs"]["is_host"] is True and cfg["local_addr"] == addr and cfg["min_nodes"] == 2
+    assert plan.env() == {"GLOO_SOCKET_IFNAME": ifname}
+
+
+def test_node_rank_must_match_who_owns_the_master():
+    _, addr = _own_address()
+    with pytest.raises(UserError, match="run this machine as --node-rank 0"):
+        plan_node(2, 1, addr)
+
+
+def test_missing_interface(monkeypatch):
+    _, addr = _own_address()
+    with pytest.raises(UserError, match="no such interface") as e:
+        plan_node(2, 0, addr, ifname="nosuch0")
+    assert e.value.field == "--ifname"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nosuch1")  # a stale setting in the environment is named as such
+    with pytest.raises(UserError) as e:
+        plan_node(2, 0, addr)
+    assert e.value.field == "GLOO_SOCKET_IFNAME"

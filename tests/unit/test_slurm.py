@@ -1,0 +1,63 @@
+"""`shoal slurm`: the sbatch script (golden file, bash syntax), bad input, and the srun-copies guard.
+
+No Slurm runs in these tests: slurm-wlm is not installed on CI machines (a real one-node Slurm
+recipe is in docs/cluster.md), so the script is checked as text and by `bash -n`.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import shoal_cli
+from shoal.cli.main import main
+
+GOLDEN = Path(__file__).parent / "golden" / "slurm" / "tiny.sbatch"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path, *extra):
+    return main(["slurm", "recipes/tiny.toml", "--nodes", "2", "--gpus-per-node", "4", "--partition", "gpu",
+                 "--time", "01:00:00", "--run-out", "/shared/runs/tiny", "--out", str(tmp_path), *extra])
+
+
+def test_script_matches_golden_and_parses(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    with monkeypatch.context() as m:
+        m.setattr(Path, "mkdir", lambda *a, **k: None)  # /shared/runs is this test's made-up shared disk
+        assert write(tmp_path, "--set", "train.steps=5") == 0
+    got = (tmp_path / "tiny.sbatch").read_text()
+    if os.environ.get("SHOAL_UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(got)
+    assert got == GOLDEN.read_text(), "regenerate with SHOAL_UPDATE_GOLDEN=1 if intended"
+    assert subprocess.run(["bash", "-n", str(tmp_path / "tiny.sbatch")]).returncode == 0
+    # node order is the allocation's: static rendezvous with the node's index in the job
+    assert '--node-rank="$SLURM_NODEID" --rdzv-backend=static' in got and "--nproc-per-node=4" in got
+
+
+@pytest.mark.parametrize("flag,value,field", [
+    ("--nodes", "0", "--nodes"), ("--time", "an hour", "--time"), ("--partition", "gpu;rm", "--partition"),
+    ("--nodes", "3", "train.global_batch"),  # the recipe's batch does not split over 12 ranks
+])
+def test_bad_input_is_one_line(flag, value, field, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    args = ["slurm", "recipes/tiny.toml", "--nodes", "2", "--gpus-per-node", "4", "--out", str(tmp_path / "o")]
+    if flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args += [flag, value]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"shoal slurm: error: {field}=") and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_srun_copies_are_refused(tmp_path):
+    """What `srun -n2 python -m shoal.train` looks like to each copy: SLURM_NTASKS=2, no WORLD_SIZE."""
+    r = shoal_cli("train", "--set", "model.preset=debug", "--set", "train.steps=1", "--out", str(tmp_path / "run"),
+                  env={"SLURM_NTASKS": "2", "SLURM_PROCID": "1"})
+    assert r.returncode == 2 and r.stderr.startswith("shoal train: error: SLURM_NTASKS=2: srun started 2 copies"), \
+        r.stderr
+    assert not (tmp_path / "run").exists()
