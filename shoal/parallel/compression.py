@@ -75,7 +75,7 @@ class Compressor:
         self.sent += sum(c.bytes.values())
         if bucket.is_last():
             self.step += 1
-        if isinstance(out, torch.futures.Future):
+        if not isinstance(out, torch.Tensor):  # already a future (torch's bf16 hook)
             return out
         fut = torch.futures.Future()
         fut.set_result(out)
@@ -212,28 +212,32 @@ class PowerSGD(Compressor):
                 v.copy_(x)
         if not mats:
             return flat
+        # Local matrix math in float64, the wire in float32. In fp32, the QR of a rank-deficient P
+        # leaks roundoff into gradients that are exactly zero (embedding rows of unused tokens), and
+        # AdamW's normalization turns 1e-9 there into full-size updates (the degenerate test saw it).
         ms = []
         for n, v, (m, k, r) in mats:
-            ms.append(v.view(m, k) + self.error[n] if n in self.error else v.view(m, k).clone())
+            mat = v.view(m, k).double()
+            ms.append(mat + self.error[n] if n in self.error else mat)
             if n not in self.q:
                 self.q[n] = self._random(n, k, r)
         # P = M Q for every matrix, averaged in one all-reduce, then orthonormalized.
-        ps = [mat @ self._refreshed(n, self.q[n]) for mat, (n, _, _) in zip(ms, mats)]
-        ps = self._mean_list(ps)
+        ps = self._mean_list([mat @ self._refreshed(n, self.q[n]) for mat, (n, _, _) in zip(ms, mats)])
         ps = [torch.linalg.qr(p_).Q for p_ in ps]
-        # Q = M^T P: each rank's own reconstruction P Q_mine^T sets its error (paper's error
+        # Q = M^T P: each rank's own reconstruction P Q_mine^T sets its error (the paper's error
         # feedback); the averaged Q gives the update every rank applies: P mean(Q)^T = mean(P Q_i^T).
         qs_mine = [mat.t() @ p_ for mat, p_ in zip(ms, ps)]
         for mat, p_, q_, (n, _, _) in zip(ms, ps, qs_mine, mats):
-            self.error[n] = mat - p_ @ q_.t()
-        qs = self._mean_list([q_.clone() for q_ in qs_mine])
-        for (n, v, (m, k, _)), p_, q_ in zip(mats, ps, qs):
-            self.q[n] = q_
+            self.error[n] = (mat - p_ @ q_.t()).float()
+        qs = self._mean_list(qs_mine)
+        for (n, v, _), p_, q_ in zip(mats, ps, qs):
+            self.q[n] = q_.float()
             v.copy_((p_ @ q_.t()).view(-1))
         return flat
 
     def _mean_list(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        cat = self._mean_(torch.cat([x.reshape(-1) for x in xs]))
+        """The mean over ranks of several (float64) tensors, in one float32 all-reduce."""
+        cat = self._mean_(torch.cat([x.reshape(-1) for x in xs]).float()).double()
         return [c.view(x.shape) for c, x in zip(cat.split([x.numel() for x in xs]), xs)]
 
     def _random(self, name: str, k: int, r: int, salt: int = 0) -> torch.Tensor:
@@ -246,11 +250,11 @@ class PowerSGD(Compressor):
         """Q orthonormalized, with columns that lost rank refilled at random. A warm-started Q has
         the rank of last step's gradient: left as is, a gradient of higher rank would be projected
         onto the lower-rank subspace for good. The span, all P = M Q depends on, is otherwise kept."""
-        basis, tri = torch.linalg.qr(q)
+        basis, tri = torch.linalg.qr(q.double())
         diag = tri.diagonal().abs()
         dead = diag <= 1e-6 * diag.max().clamp(min=1e-30)
         if bool(dead.any()):
-            basis[:, dead] = self._random(name, q.shape[0], int(dead.sum()), salt=self.step + 1)
+            basis[:, dead] = self._random(name, q.shape[0], int(dead.sum()), salt=self.step + 1).double()
             basis = torch.linalg.qr(basis).Q
         return basis
 
