@@ -21,12 +21,14 @@ def runs(tmp_path_factory):
 
 
 def _diff(runs, a: str, b: str, first_step: int = 1) -> float:
-    """Largest difference in loss or gradient norm over the steps both ran, and in final weights."""
+    """Largest difference in loss or (relative) gradient norm over the steps both ran, and in final
+    weights: what `shoal verify` compares."""
     ra = {row["step"]: row for row in rows_of(runs / a / "metrics.jsonl")}
     rb = {row["step"]: row for row in rows_of(runs / b / "metrics.jsonl")}
     steps = [s for s in ra if s >= first_step]
     assert steps and set(steps) <= set(rb), (a, b, sorted(ra), sorted(rb))
-    worst = max(abs(ra[s][k] - rb[s][k]) for s in steps for k in ("loss", "grad_norm"))
+    worst = max(max(abs(ra[s]["loss"] - rb[s]["loss"]),
+                    abs(ra[s]["grad_norm"] - rb[s]["grad_norm"]) / max(1.0, abs(rb[s]["grad_norm"]))) for s in steps)
     return max(worst, weight_diff(runs / a / "model", runs / b / "model"))
 
 
@@ -35,7 +37,7 @@ def test_topk_at_density_one_is_plain_ddp(runs):
 
 
 def test_powersgd_at_the_gradients_rank_is_plain_ddp_past_its_warmup(runs):
-    assert _diff(runs, "powersgd_full", "plain") <= 1e-6
+    assert _diff(runs, "powersgd_full", "plain_short") <= 1e-6
     rows = rows_of(runs / "powersgd_full" / "metrics.jsonl")
     # steps 1-2 are the warm-up (plain all-reduce); steps 3-10 really compressed: fewer bytes
     assert all(r["grad_bytes"] == r["grad_bytes_uncompressed"] for r in rows[:2])
