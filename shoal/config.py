@@ -206,7 +206,7 @@ class JobConfig:
         _check(0 <= self.data.val_fraction < 1, "data.val_fraction", self.data.val_fraction, "must be in [0, 1)")
         p = self.parallel
         _check(0 < p.topk_density <= 1, "parallel.topk_density", p.topk_density,
-               "must be in (0, 1], e.g. 0.1 (1 sends every value: plain all-reduce bytes x2)")
+               "must be in (0, 1], e.g. 0.1 (the share of gradient values sent each step)")
         _check(p.powersgd_rank >= 1, "parallel.powersgd_rank", p.powersgd_rank, "must be >= 1, e.g. 4")
         _check(p.powersgd_warmup >= 0, "parallel.powersgd_warmup", p.powersgd_warmup, "must be >= 0 (0: compress from step 1)")
         c = self.checkpoint

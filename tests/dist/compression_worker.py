@@ -24,6 +24,8 @@ DDP_RUNS = {  # name -> (steps, extra settings)
                            "parallel.powersgd_warmup=2"]),
     "bf16": (4, ["parallel.grad_compression=bf16"]),
     "int8": (4, ["parallel.grad_compression=int8"]),
+    # ZeRO-1 (its parameter broadcast is not gradient traffic) with 2 micro-batches per rank
+    "int8_zero1": (3, ["parallel.grad_compression=int8", "parallel.zero=1", "train.global_batch=4", "train.micro_batch=1"]),
     "topk": (6, ["parallel.grad_compression=topk", "parallel.topk_density=0.1", "checkpoint.every=3"]),
     "powersgd": (6, ["parallel.grad_compression=powersgd", "parallel.powersgd_rank=2", "parallel.powersgd_warmup=1",
                      "checkpoint.every=3"]),

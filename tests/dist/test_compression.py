@@ -80,6 +80,16 @@ def test_dtype_on_the_wire_and_bytes_against_uncompressed(runs, name, wire, rati
         assert got == pytest.approx(ratio, rel=0.02)
 
 
+def test_compression_under_zero1_with_accumulation(runs):
+    """Gradients reduced once per step (not per micro-batch), in int8; ZeRO-1's broadcast stays fp32
+    and is counted beside them, not as gradient bytes."""
+    row = _last(runs, "int8_zero1")
+    assert {"all_to_all:int8", "all_gather:int8", "broadcast:float32"} <= set(row["comm_bytes_by_dtype"])
+    assert row["grad_bytes_uncompressed"] == sum(_last(runs, "plain")["comm_bytes"].values())
+    assert row["grad_bytes_uncompressed"] / row["grad_bytes"] == pytest.approx(4 / (1 + 4 / 256), rel=0.02)
+    assert row["comm_bytes_uncompressed"] == row["grad_bytes_uncompressed"] + row["comm_bytes"]["broadcast"]
+
+
 def test_fsdp_reduces_gradients_in_bf16(runs):
     row = _last(runs, "fsdp_bf16")
     assert row["comm_bytes_by_dtype"].get("reduce_scatter:bfloat16", 0) > 0
