@@ -63,13 +63,14 @@ class Compressor:
     def __init__(self, model: nn.Module, group, parallel_cfg, seed: int):
         self.group, self.world = group, dist.get_world_size(group)
         self.names = {id(p): param_name(name) for name, p in model.named_parameters()}  # checkpoint keys
+        self.device = next(model.parameters()).device  # where loaded state goes (a checkpoint loads on CPU)
         self.step = 0  # optimizer steps whose gradients this reduced
         self.sent = self.plain = 0
 
     @staticmethod
     def hook(self, bucket):  # no annotations: DDP compares them with Future[Tensor] objects, not strings
         flat = bucket.buffer()
-        self.plain += int(ops.wire_bytes("all_reduce", flat.numel() * 4, self.world))
+        self.plain += int(ops.wire_bytes("all_reduce", flat.numel() * flat.element_size(), self.world))
         with CommCounter() as c:
             out = self.reduce(flat, bucket.parameters())
         self.sent += sum(c.bytes.values())
@@ -113,7 +114,7 @@ class Int8(Compressor):
     def reduce(self, flat, params):
         p, n = self.world, flat.numel()
         per_rank = math.ceil(n / (p * CHUNK)) * CHUNK
-        x = torch.zeros(p * per_rank, dtype=torch.float32)
+        x = flat.new_zeros(p * per_rank)
         x[:n] = flat
         # 1. Each rank quantizes its whole gradient and sends rank j the j-th slice.
         q, scale = quantize(x)
@@ -156,7 +157,7 @@ class TopK(Compressor):
     def reduce(self, flat, params):
         names = [self.names[id(p)] for p in params]
         # Error feedback: add what earlier steps did not send (per parameter, so bucketing can change).
-        error = torch.cat([self.error[n].view(-1) if n in self.error else torch.zeros(p.numel())
+        error = torch.cat([self.error[n].view(-1) if n in self.error else flat.new_zeros(p.numel())
                            for n, p in zip(names, params)])
         acc = flat + error
         k = max(1, math.ceil(self.density * acc.numel()))
@@ -167,8 +168,8 @@ class TopK(Compressor):
         left = acc.sub_(sent)  # what stays behind: g + e_old = C(g + e_old) + e_new
         for n, e in zip(names, left.split([p.numel() for p in params])):
             self.error[n] = e.clone()
-        vals_all = torch.empty(k * self.world, dtype=vals.dtype)
-        idx_all = torch.empty(k * self.world, dtype=torch.int32)
+        vals_all = vals.new_empty(k * self.world)
+        idx_all = torch.empty(k * self.world, dtype=torch.int32, device=flat.device)
         _all_gather(vals_all, vals, group=self.group)
         _all_gather(idx_all, idx.to(torch.int32), group=self.group)
         flat.zero_()
@@ -181,7 +182,8 @@ class TopK(Compressor):
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.error = {k.removeprefix("error."): v.clone() for k, v in state.items() if k.startswith("error.")}
+        self.error = {k.removeprefix("error."): v.to(self.device, copy=True) for k, v in state.items()
+                      if k.startswith("error.")}
 
 
 class PowerSGD(Compressor):
@@ -220,7 +222,7 @@ class PowerSGD(Compressor):
             mat = v.view(m, k).double()
             ms.append(mat + self.error[n] if n in self.error else mat)
             if n not in self.q:
-                self.q[n] = self._random(n, k, r)
+                self.q[n] = self._random(n, k, r).to(flat.device)
         # P = M Q for every matrix, averaged in one all-reduce, then orthonormalized.
         ps = self._mean_list([mat @ self._refreshed(n, self.q[n]) for mat, (n, _, _) in zip(ms, mats)])
         ps = [torch.linalg.qr(p_).Q for p_ in ps]
@@ -254,7 +256,7 @@ class PowerSGD(Compressor):
         diag = tri.diagonal().abs()
         dead = diag <= 1e-6 * diag.max().clamp(min=1e-30)
         if bool(dead.any()):
-            basis[:, dead] = self._random(name, q.shape[0], int(dead.sum()), salt=self.step + 1).double()
+            basis[:, dead] = self._random(name, q.shape[0], int(dead.sum()), salt=self.step + 1).to(basis)
             basis = torch.linalg.qr(basis).Q
         return basis
 
@@ -264,8 +266,10 @@ class PowerSGD(Compressor):
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.error = {k.removeprefix("error."): v.clone() for k, v in state.items() if k.startswith("error.")}
-        self.q = {k.removeprefix("q."): v.clone() for k, v in state.items() if k.startswith("q.")}
+        self.error = {k.removeprefix("error."): v.to(self.device, copy=True) for k, v in state.items()
+                      if k.startswith("error.")}
+        self.q = {k.removeprefix("q."): v.to(self.device, copy=True) for k, v in state.items()
+                  if k.startswith("q.")}
 
 
 def wire_fields(pm, counter: CommCounter, method: str) -> dict:
