@@ -8,8 +8,8 @@ per step, for n gradient elements on p ranks (plain: the fp32 ring all-reduce, 2
     int8      quantize -> all-to-all -> sum in fp32 -> quantize ->         ~1/4 of plain
               all-gather, an fp32 scale per CHUNK values. Each value is quantized once on the way
               in and once on the way out, so error does not build up along a ring (ZeRO++ qgZ).
-    topk      the k = density*n largest |values| of (gradient + error)   ~ p*density of plain
-              with int32 indices, all-gathered (supports differ by rank);
+    topk      each parameter's density*n largest |values| of               ~ p*density of plain
+              (gradient + error), with int32 indices, all-gathered (supports differ by rank);
               what was not sent is kept and added next step (error feedback).
     powersgd  per matrix M (gradient + error), rank r: P = M Q, mean P,   (m+k)r / mk of plain
               orthonormalize, Q = M^T P, mean Q, use P Q^T; vectors and
@@ -20,12 +20,13 @@ Why our own PowerSGD and not torch's powerSGD_hook: torch keys its error and P/Q
 index, and DDP rebuilds its buckets after the first step, so a resumed run's first step would add
 one parameter's error to another's gradient; here all state is keyed by parameter name, which also
 makes it checkpointable under any bucketing. (torch's batched variant fails at its first
-compressed step, see docs/compression.md.)
+compressed step on any backend.)
 
 Every rank ends each bucket with the same values (all-gathers and means of identical inputs), so
 replicas stay identical as with a plain all-reduce. Degenerate settings equal the plain path:
 topk at density 1 sends every value (bitwise equal to the all-reduce on 2 ranks), PowerSGD at a
-rank >= the gradients' rank reconstructs them exactly (tests/dist/test_compression.py).
+rank >= the gradients' rank reconstructs them exactly, to within fp32 rounding of P and Q on the
+wire given headroom for the warm start (tests/dist/test_compression.py says how much).
 """
 
 from __future__ import annotations
