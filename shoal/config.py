@@ -61,6 +61,16 @@ class ParallelConfig:
     """Layers moved off the first and last pipeline stages, which also run the embedding and the head."""
     sequence_parallel: bool = True
     """Shard norms and residuals along the sequence across the tensor-parallel group."""
+    grad_compression: str = "none"
+    """How gradients cross the data-parallel group: none (fp32 all-reduce) | bf16 (half the bytes) |
+    int8 (per-chunk scales, ~4x fewer) | topk (largest values + error feedback) | powersgd (low-rank
+    + error feedback). int8, topk and powersgd need a DDP layout: zero 0/1 (or dp_shard=1), no tp/pp/ep."""
+    topk_density: float = 0.1
+    """grad_compression=topk: share of each gradient bucket's values sent per step, in (0, 1]."""
+    powersgd_rank: int = 4
+    """grad_compression=powersgd: rank of each gradient matrix's approximation (>= 1)."""
+    powersgd_warmup: int = 10
+    """grad_compression=powersgd: steps reduced uncompressed before compressing (PowerSGD's start iteration)."""
 
 
 @dataclass
@@ -223,6 +233,11 @@ class JobConfig:
             _check(getattr(d, name).strip() != "", f"data.{name}", getattr(d, name), "may not be empty (see `shoal config`)")
         _check(_finite(d.val_fraction) and 0 <= d.val_fraction < 1, "data.val_fraction", d.val_fraction,
                "must be in [0, 1), e.g. 0.01")
+        p = self.parallel
+        _check(0 < p.topk_density <= 1, "parallel.topk_density", p.topk_density,
+               "must be in (0, 1], e.g. 0.1 (the share of gradient values sent each step)")
+        _check(p.powersgd_rank >= 1, "parallel.powersgd_rank", p.powersgd_rank, "must be >= 1, e.g. 4")
+        _check(p.powersgd_warmup >= 0, "parallel.powersgd_warmup", p.powersgd_warmup, "must be >= 0 (0: compress from step 1)")
         c = self.checkpoint
         _check(c.every >= 0, "checkpoint.every", c.every, "must be >= 0 (0: only at the end)")
         _check(c.keep >= 1, "checkpoint.keep", c.keep, "must be >= 1")

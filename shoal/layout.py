@@ -25,6 +25,9 @@ ACTIVATION_CHECKPOINT = ("none", "selective", "full")
 recompute the element-wise work between them (norms, activation functions, rotary) in backward.
 full: keep only each block's input and recompute the whole block."""
 ZERO_STAGES = (0, 1, 2, 3)
+GRAD_COMPRESSION = ("none", "bf16", "int8", "topk", "powersgd")
+"""How gradients cross the data-parallel group (shoal/parallel/compression.py). bf16 runs on every
+data-parallel wrapper; the others are DDP comm hooks, and FSDP2 has no hook to put them in."""
 
 
 class TrainerLimit(UserError):
@@ -50,6 +53,7 @@ class Layout:
     pp_virtual_stages: int = 1
     activation_checkpoint: str = "none"
     sequence_parallel: bool = True
+    grad_compression: str = "none"
 
     @property
     def dp(self) -> int:
@@ -63,6 +67,12 @@ class Layout:
     def virtual_stages(self) -> int:
         """Stages per pipeline rank: 1 for gpipe/1f1b, at least 2 for the interleaved schedules."""
         return max(2, self.pp_virtual_stages) if self.pp_schedule in INTERLEAVED else 1
+
+    @property
+    def replicates_with_ddp(self) -> bool:
+        """Data parallelism runs on DDP: replication (zero 0, ZeRO-1's gradient half, or nothing to
+        shard across) of a model split no other way. Split models replicate or shard through FSDP2."""
+        return replicates_with_ddp(self.dp_shard, self.zero, self.tp, self.pp, self.ep)
 
     @property
     def sequence_parallel_on(self) -> bool:
@@ -84,6 +94,8 @@ class Layout:
         parts.append({"none": "noAC", "selective": "selAC", "full": "fullAC"}[self.activation_checkpoint])
         if self.sequence_parallel_on:
             parts.append("sp")
+        if self.grad_compression != "none":
+            parts.append(self.grad_compression)
         return " ".join(parts)
 
 
@@ -143,9 +155,31 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
                 "the ZeRO-1 group)")
     if lay.activation_checkpoint not in ACTIVATION_CHECKPOINT:
         bad("activation_checkpoint", lay.activation_checkpoint, f"use one of {', '.join(ACTIVATION_CHECKPOINT)}")
+    out += _compression_problems(lay)
     out += _pipeline_problems(lay, m)
     out += _batch_problems(lay, global_batch)
     return out
+
+
+def replicates_with_ddp(dp_shard: int, zero: int, tp: int, pp: int, ep: int) -> bool:
+    """See Layout.replicates_with_ddp (parallelize.uses_ddp asks here: one home for the rule)."""
+    return (dp_shard == 1 or zero in (0, 1)) and tp == pp == ep == 1
+
+
+def _compression_problems(lay: Layout) -> list[UserError]:
+    c = lay.grad_compression
+    if c == "none":
+        return []
+    if c not in GRAD_COMPRESSION:
+        return [UserError("parallel.grad_compression", c, f"use one of {', '.join(GRAD_COMPRESSION)}")]
+    if lay.dp == 1:
+        return [UserError("parallel.grad_compression", c, "compresses the data-parallel gradient reduction but "
+                          "dp_replicate*dp_shard=1; give data parallelism ranks or set grad_compression=none")]
+    if c != "bf16" and not lay.replicates_with_ddp:
+        return [TrainerLimit("parallel.grad_compression", c, "runs as a DDP comm hook and this layout reduces "
+                             "gradients with FSDP2, which has none; use zero=0 or 1 without tp/pp/ep, or "
+                             "grad_compression=bf16")]
+    return []
 
 
 def _pipeline_problems(lay: Layout, m: ModelConfig) -> list[UserError]:

@@ -3,6 +3,9 @@
     model.<fqn>                    a parameter (a DTensor shard under FSDP/TP/EP, plain otherwise)
     optim.state.<fqn>.<name>       AdamW's step, exp_avg, exp_avg_sq for that parameter
     rng.cpu.<rank>, rng.cuda.<rank> each rank's random-number generator state (uint8)
+    compress.<rank>.<name>         gradient compression state (error feedback, PowerSGD's Q, its
+                                   step), different on every rank, keyed by parameter name
+                                   (parallel/compression.py); loaded back by the same rank
 
 Names are the plain model's (`layers.7.attention.wq.weight`): pipeline stages keep them, and the
 wrappers' prefixes (DDP's `module.`, the activation-checkpoint wrapper's) are stripped. So one
@@ -75,7 +78,7 @@ def rng_state(rank: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def capture(modules: list[nn.Module], optimizer, rank: int) -> dict:
+def capture(modules: list[nn.Module], optimizer, rank: int, compressor=None) -> dict:
     """This rank's share of the training state, as DCP saves it (references, not copies)."""
     view = model_view(modules)
     if _is_zero1(optimizer):
@@ -86,10 +89,12 @@ def capture(modules: list[nn.Module], optimizer, rank: int) -> dict:
     else:
         model, optim = get_state_dict(view, optimizer, options=_OPTIONS)
         optim = {k: v for k, v in optim.items() if k.startswith("state.")}
-    return {"model": model, "optim": optim, "rng": rng_state(rank)}
+    compress = {f"{rank}.{k}": v for k, v in compressor.state_dict().items()} if compressor is not None else {}
+    return {"model": model, "optim": optim, "rng": rng_state(rank), "compress": compress}
 
 
-def load_targets(modules: list[nn.Module], optimizer, rank: int, saved_keys: dict[str, object]) -> dict:
+def load_targets(modules: list[nn.Module], optimizer, rank: int, saved_keys: dict[str, object],
+                 compressor=None) -> dict:
     """Tensors shaped like this rank's share for DCP to fill in; `saved_keys` maps each key in the
     checkpoint to its TensorStorageMetadata (global size and dtype)."""
     view = model_view(modules)
@@ -113,11 +118,16 @@ def load_targets(modules: list[nn.Module], optimizer, rank: int, saved_keys: dic
         key = mine if mine in saved_keys else first if first in saved_keys else None
         if key:
             rng[key.removeprefix("rng.")] = torch.empty(saved_keys[key].size, dtype=torch.uint8)
-    return {"model": model, "optim": optim, "rng": rng}
+    # Compression state exists once a step compressed; take what this rank saved, shaped as saved.
+    mine = f"compress.{rank}."
+    compress = {key.removeprefix("compress."): torch.empty(meta.size, dtype=meta.properties.dtype)
+                for key, meta in saved_keys.items() if compressor is not None and key.startswith(mine)}
+    return {"model": model, "optim": optim, "rng": rng, "compress": compress}
 
 
-def apply(modules: list[nn.Module], optimizer, loaded: dict) -> None:
-    """Put what DCP read into the model, the optimizer and the random-number generators."""
+def apply(modules: list[nn.Module], optimizer, loaded: dict, compressor=None) -> None:
+    """Put what DCP read into the model, the optimizer, the random-number generators and the
+    gradient compressor."""
     view = model_view(modules)
     if _is_zero1(optimizer):
         set_model_state_dict(view, loaded["model"], options=_OPTIONS)
@@ -137,3 +147,6 @@ def apply(modules: list[nn.Module], optimizer, loaded: dict) -> None:
             torch.set_rng_state(value)
         elif key.startswith("cuda.") and torch.cuda.is_available():
             torch.cuda.set_rng_state(value)
+    if compressor is not None and loaded.get("compress"):
+        prefix = next(iter(loaded["compress"])).split(".")[0] + "."
+        compressor.load_state_dict({k.removeprefix(prefix): v for k, v in loaded["compress"].items()})

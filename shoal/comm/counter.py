@@ -28,13 +28,26 @@ def nbytes(x) -> int:
     return 0
 
 
+def dtype_name(x) -> str:
+    """The element type a payload goes on the wire in: "float32", "bfloat16", "int8", ..."""
+    while isinstance(x, (list, tuple)) and x:
+        x = x[0]
+    return str(x.dtype).removeprefix("torch.") if isinstance(x, torch.Tensor) else "?"
+
+
 class CommCounter(patch.Observer):
-    """with CommCounter() as c: ...; c.bytes -> {"all_gather": n, ...} (bytes this rank sent)."""
+    """with CommCounter() as c: ...; c.bytes -> {"all_gather": n, ...} (bytes this rank sent);
+    c.by_dtype -> {"all_gather:bfloat16": n, ...}, the same bytes split by the dtype actually sent."""
 
     doors = ("pg", "op")
 
     def __init__(self):
         self.bytes: Counter[str] = Counter()
+        self.by_dtype: Counter[str] = Counter()
+
+    def reset(self) -> None:
+        self.bytes.clear()
+        self.by_dtype.clear()
 
     def __enter__(self) -> CommCounter:
         patch.attach(self)
@@ -43,21 +56,24 @@ class CommCounter(patch.Observer):
     def __exit__(self, *exc) -> None:
         patch.detach(self)
 
-    def add(self, kind: str, payload: int, n: int, rank: int, splits=None) -> None:
+    def add(self, kind: str, payload: int, n: int, rank: int, splits=None, dtype: str = "?") -> None:
         own = ops.own_chunk(payload, splits, rank, n) if kind == "all_to_all" else None
-        self.bytes[kind] += int(ops.wire_bytes(kind, payload, n, own))
+        sent = int(ops.wire_bytes(kind, payload, n, own))
+        self.bytes[kind] += sent
+        self.by_dtype[f"{kind}:{dtype}"] += sent
 
     def before(self, door, name, target, args, kwargs):
         if door == "pg":
             m = ops.PG_METHODS[name]
             if m.payload is not None:
                 splits = args[m.splits] if m.splits is not None and len(args) > m.splits else None
-                self.add(m.kind, nbytes(args[m.payload]), target.size(), target.rank(), splits)
+                self.add(m.kind, nbytes(args[m.payload]), target.size(), target.rank(), splits,
+                         dtype_name(args[m.payload]))
         else:  # "op": a functional collective; the group name is the last argument
             from torch.distributed.distributed_c10d import _resolve_process_group
 
             kind, index = ops.FUNCTIONAL_OPS[name]
             pg = _resolve_process_group(kwargs.get("group_name", args[-1]))
             splits = args[ops.FUNCTIONAL_SPLITS] if kind == "all_to_all" else None
-            self.add(kind, nbytes(args[index]), pg.size(), pg.rank(), splits)
+            self.add(kind, nbytes(args[index]), pg.size(), pg.rank(), splits, dtype_name(args[index]))
         return None  # nothing to hear afterwards

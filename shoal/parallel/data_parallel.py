@@ -15,6 +15,8 @@ parameters during forward and backward (its default: one block ahead).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -37,7 +39,8 @@ def expert_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
-               expert_mesh: DeviceMesh | None = None, deferred_weight_grads: bool = False) -> None:
+               expert_mesh: DeviceMesh | None = None, deferred_weight_grads: bool = False,
+               grad_compression: str = "none") -> None:
     """zero=2/3 (and zero=0 through `replicate`) on one model or pipeline stage, block by block.
 
     deferred_weight_grads: the pipeline schedule computes weight gradients after later micro-batches'
@@ -49,6 +52,8 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
     ranks that hold the same experts (see expert_parallel.py for how their gradients are scaled).
     """
     mp = mixed_precision(precision)
+    if grad_compression == "bf16":  # the only compression FSDP2 can do: reduce(-scatter) in bf16
+        mp = dataclasses.replace(mp, reduce_dtype=torch.bfloat16)
     if zero == 0:
         from torch.distributed._composable.replicate_with_fsdp import replicate as wrap
 
@@ -63,17 +68,21 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
     wrap(model, mesh=mesh, **kwargs)
 
 
-def apply_ddp(model: nn.Module, dp_group) -> nn.Module:
+def apply_ddp(model: nn.Module, dp_group, compressor=None) -> nn.Module:
     """Bucketed gradient all-reduce overlapping backward (25 MB buckets), for zero=0 and zero=1.
 
     torch's default all-reduce hook, registered explicitly, does what DDP's built-in C++ one does but
     issues the all-reduce from Python, where shoal's byte counter and hang watchdog see it.
+    A compressor (parallel/compression.py) replaces it with a compressed reduction.
     """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     ddp = DistributedDataParallel(model, process_group=dp_group, bucket_cap_mb=25,
                                   forward_sync_buffers=False, gradient_as_bucket_view=True)
-    ddp.register_comm_hook(state=dp_group, hook=default_hooks.allreduce_hook)
+    if compressor is not None:
+        ddp.register_comm_hook(state=compressor, hook=type(compressor).hook)
+    else:
+        ddp.register_comm_hook(state=dp_group, hook=default_hooks.allreduce_hook)
     return ddp
 

@@ -38,6 +38,9 @@ class ParallelModel:
     """How data parallelism wraps the model: none, ddp or fsdp (FSDP2, also its `replicate`)."""
     vocab_parallel: bool = False
     """Tensor parallelism keeps the logits sharded over the vocabulary; the loss is computed in place."""
+    grad_compressor: object | None = None
+    """The DDP comm hook's state when gradients are compressed (parallel/compression.py): its
+    per-step byte counts go to the metrics and its state into checkpoints."""
 
     def parameters(self):
         for m in self.modules:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from shoal.parallel.compression import build_compressor
 from shoal.parallel.activation_checkpoint import apply_activation_checkpointing
 from shoal.parallel.data_parallel import apply_ddp, apply_fsdp
 from shoal.parallel.expert_parallel import apply_expert_parallel
@@ -20,7 +21,7 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
     `job` is a shoal.job.Job: its layout says how to split, its config the rest."""
     lay, dims, train = job.layout, job.dims, job.cfg.train
     # 1. Pipeline: keep only this rank's stages. Everything after this works per stage.
-    ids, modules, n_stages = [0], [model], 1
+    ids, modules, n_stages, compressor = [0], [model], 1, None
     if dims.pp > 1:
         n_stages = dims.pp * lay.virtual_stages
         ids, modules = split_model(model, mesh["pp"].get_local_rank(), dims.pp, lay.virtual_stages,
@@ -37,18 +38,22 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
         apply_activation_checkpointing(m, lay.activation_checkpoint)
         # 5. Data parallel last: it shards (or replicates) whatever the steps above produced.
         if dims.dp > 1 and uses_ddp(dims, lay.zero):  # DDP wants real weights to start from
-            modules[i] = apply_ddp(materialize(m, device, train.seed), mesh["dp"].get_group())
+            m, group = materialize(m, device, train.seed), mesh["dp"].get_group()
+            compressor = build_compressor(lay.grad_compression, m, group, job.cfg.parallel, train.seed)
+            modules[i] = apply_ddp(m, group, compressor)
         elif dims.dp > 1:
             apply_fsdp(m, dp_mesh(mesh, dims, lay.zero), zero=data_parallel_zero(dims, lay.zero),
                        precision=train.precision,
                        expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None,
-                       deferred_weight_grads=dims.pp > 1 and lay.pp_schedule == "zero-bubble")
+                       deferred_weight_grads=dims.pp > 1 and lay.pp_schedule == "zero-bubble",
+                       grad_compression=lay.grad_compression)
             materialize(m, device, train.seed)
         else:
             modules[i] = materialize(m, device, train.seed)
     wrapper = "none" if dims.dp == 1 else "ddp" if uses_ddp(dims, lay.zero) else "fsdp"
     pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dims.dp > 1 else 0,
                        wrapper=wrapper, vocab_parallel=dims.tp > 1)
+    pm.grad_compressor = compressor if wrapper == "ddp" else None
     n_micro = job.n_microbatches
     set_aux_loss_scale(modules, 1.0 if dims.pp > 1 else 1.0 / n_micro)
     if dims.pp > 1:
@@ -90,7 +95,9 @@ def uses_ddp(dims: ParallelDims, zero: int) -> bool:
     its bucketed all-reduce beats per-block `replicate` (7% of a tiny model's step on gloo,
     bench/bench_vs_plain.py). Split models replicate through FSDP2, which understands DTensors and
     pipeline stages (DDP inside a GPipe stage trips an internal assert in its bucket rebuild)."""
-    return data_parallel_zero(dims, zero) == 0 and dims.tp == dims.pp == dims.ep == 1
+    from shoal.layout import replicates_with_ddp
+
+    return replicates_with_ddp(dims.dp_shard, zero, dims.tp, dims.pp, dims.ep)
 
 
 def dp_mesh(mesh, dims: ParallelDims, zero: int):

@@ -20,6 +20,7 @@ from shoal.data.shards import load_data
 from shoal.measure.peak import job_peak
 from shoal.model.analytics import flops_per_token, param_counts
 from shoal.model.transformer import build_model, cross_entropy
+from shoal.parallel.compression import wire_fields
 from shoal.parallel.parallel_model import ParallelModel
 from shoal.parallel.parallelize import parallelize
 from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mark, shutdown, straggler_stats
@@ -90,7 +91,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         t0 = time.perf_counter()
         mark(step + 1, "train")
         set_lr(optimizer, lr_at(step, t))
-        counter.bytes.clear()
+        counter.reset()
         with counter:  # everything the step sends, ZeRO-1's parameter broadcast in optimizer.step included
             loss = pm.forward_backward(data.loader.next_step())
             grad_norm = clip_grad_norm(list(pm.parameters()), t.grad_clip, rt)
@@ -104,7 +105,9 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         row = dict(step=step + 1, loss=loss, lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
                    tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
                    mfu=step_flops / step_time / peak.flops, peak_mem_bytes=peak_mem_bytes(rt.device),
-                   model_state_bytes=state_bytes, comm_bytes=dict(counter.bytes), **straggler_stats(rt, step_time))
+                   model_state_bytes=state_bytes, comm_bytes=dict(counter.bytes),
+                   comm_bytes_by_dtype=dict(counter.by_dtype), **wire_fields(pm, counter, job.layout.grad_compression),
+                   **straggler_stats(rt, step_time))
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
             row["eval_loss"] = eval_loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))

@@ -74,7 +74,10 @@ class Both:
 
     def __init__(self):
         self.real, self.ref = CommCounter(), Reference()
-        self.bytes = self.real.bytes
+        self.bytes, self.by_dtype = self.real.bytes, self.real.by_dtype
+
+    def reset(self):
+        self.real.reset()
 
     def __enter__(self):
         self.ref.bytes.clear()

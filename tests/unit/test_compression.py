@@ -1,0 +1,137 @@
+"""Gradient compressors on their own (a gloo world of one, in process) and their config rules.
+
+The two-rank equivalences (degenerate settings == plain DDP, resume == uninterrupted, the dtype on
+the wire) are in tests/dist/test_compression.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from shoal.config import load_config
+from shoal.errors import UserError
+from shoal.job import resolve
+from shoal.layout import TrainerLimit
+from shoal.parallel import compression
+
+
+@pytest.fixture()
+def world_of_one():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def _cfg(**kw):
+    return SimpleNamespace(**({"topk_density": 0.1, "powersgd_rank": 2, "powersgd_warmup": 0} | kw))
+
+
+def test_topk_error_feedback_identity(world_of_one):
+    """g + e_old = C(g + e_old) + e_new, step after step, and C keeps exactly k values."""
+    model = nn.Linear(16, 8)
+    c = compression.TopK(model, world_of_one, _cfg(topk_density=0.25), seed=0)
+    params = list(model.parameters())
+    n = sum(p.numel() for p in params)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        g = torch.randn(n, generator=gen)
+        e_old = torch.cat([c.error[name].view(-1) for name in ("weight", "bias")]) if c.error else torch.zeros(n)
+        sent = c.reduce(g.clone(), params)
+        e_new = torch.cat([c.error[name].view(-1) for name in ("weight", "bias")])
+        assert int((sent != 0).sum()) == -(-n // 4)
+        torch.testing.assert_close(sent + e_new, g + e_old, rtol=0, atol=1e-6)
+
+
+def test_powersgd_is_exact_on_a_rank_deficient_matrix(world_of_one):
+    """Rank 3 >= the gradient's rank 2, over 10 steps with a warm-started Q: P Q^T == M, error 0."""
+    model = nn.Linear(48, 64, bias=False)
+    c = compression.PowerSGD(model, world_of_one, _cfg(powersgd_rank=3, powersgd_warmup=2), seed=0)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(10):
+        m = torch.randn(64, 2, generator=gen) @ torch.randn(2, 48, generator=gen)
+        flat = m.reshape(-1).clone()
+        c.hook(c, _Bucket(flat, [model.weight]))
+        # fp32 rounding only (~1e-7 a step, which error feedback carries along; 0 with exact arithmetic)
+        assert float((flat.view(64, 48) - m).norm() / m.norm()) < 1e-5
+        if step >= 2:  # past the warm-up it really compressed: state exists and is ~0
+            assert c.error["weight"].norm() < 1e-5 * m.norm() and c.q["weight"].shape == (48, 3)
+
+
+def test_powersgd_recovers_from_a_q_that_lost_rank(world_of_one):
+    """A rank-1 gradient, then a rank-3 one: the warm-started Q (rank 1) is refilled, not kept."""
+    model = nn.Linear(32, 40, bias=False)
+    c = compression.PowerSGD(model, world_of_one, _cfg(powersgd_rank=3), seed=0)
+    gen = torch.Generator().manual_seed(2)
+    for r in (1, 3):
+        m = torch.randn(40, r, generator=gen) @ torch.randn(r, 32, generator=gen)
+        flat = m.reshape(-1).clone()
+        c.hook(c, _Bucket(flat, [model.weight]))
+        assert float((flat.view(40, 32) - m).norm() / m.norm()) < 1e-5
+
+
+def test_int8_round_trip_is_within_half_a_step_per_chunk():
+    x = torch.randn(4 * compression.CHUNK) * torch.linspace(0.01, 100, 4 * compression.CHUNK)
+    q, scale = compression.quantize(x)
+    assert q.dtype == torch.int8 and scale.numel() == 4
+    err = (compression.dequantize(q, scale) - x).view(-1, compression.CHUNK).abs().amax(1)
+    assert bool((err <= scale / 2 * (1 + 1e-6)).all())
+
+
+def test_int8_with_one_rank_only_quantizes(world_of_one):
+    model = nn.Linear(30, 30)
+    c = compression.Int8(model, world_of_one, _cfg(), seed=0)
+    g = torch.randn(30 * 31)
+    out = c.reduce(g.clone(), list(model.parameters()))
+    assert (out - g).abs().max() <= g.abs().max() / 127  # twice quantized, each within half a step
+
+
+class _Bucket:
+    def __init__(self, flat, params):
+        self.flat, self.params = flat, params
+
+    def buffer(self):
+        return self.flat
+
+    def parameters(self):
+        return self.params
+
+    def is_last(self):
+        return True
+
+
+BASE = ["model.preset=debug", "train.global_batch=4", "parallel.dp_replicate=2", "parallel.dp_shard=1",
+        "parallel.zero=0"]
+
+
+@pytest.mark.parametrize("setting,field", [
+    ("parallel.topk_density=0", "parallel.topk_density"),
+    ("parallel.topk_density=1.5", "parallel.topk_density"),
+    ("parallel.powersgd_rank=0", "parallel.powersgd_rank"),
+    ("parallel.grad_compression=fp8", "parallel.grad_compression"),
+])
+def test_bad_settings_name_their_field(setting, field):
+    with pytest.raises(UserError) as e:
+        resolve(load_config(None, BASE + ["parallel.grad_compression=topk", setting]), 2)
+    assert e.value.field == field
+
+
+def test_compression_needs_a_data_parallel_dimension():
+    with pytest.raises(UserError) as e:
+        resolve(load_config(None, ["model.preset=debug", "parallel.grad_compression=bf16", "parallel.tp=2",
+                                   "parallel.dp_shard=1"]), 2)
+    assert e.value.field == "parallel.grad_compression" and "dp_replicate*dp_shard=1" in e.value.fix
+
+
+def test_hook_compression_refuses_fsdp_layouts_but_bf16_runs_there():
+    cfg = ["model.preset=debug", "train.global_batch=4", "parallel.dp_shard=2", "parallel.zero=3"]
+    with pytest.raises(TrainerLimit) as e:
+        resolve(load_config(None, cfg + ["parallel.grad_compression=int8"]), 2)
+    assert "grad_compression=bf16" in e.value.fix
+    assert resolve(load_config(None, cfg + ["parallel.grad_compression=bf16"]), 2).layout.grad_compression == "bf16"
+    # zero=1 and zero=0 run on DDP: every method is allowed there
+    for zero in (0, 1):
+        resolve(load_config(None, cfg[:-1] + [f"parallel.zero={zero}", "parallel.grad_compression=powersgd"]), 2)
