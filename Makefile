@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 # The CPU wheel on these machines; on a GPU machine: make TORCH=torch demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test browser docs
+.PHONY: demo test system-packages docs
 demo: $(STAMP)
 	rm -rf runs/demo  # a fresh demo each time (shoal refuses to start over another run's metrics)
 	$(VENV)/bin/shoal train --out runs/demo
@@ -17,14 +17,17 @@ test: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/python -m shoal.report.guide_figures docs/img
 
-$(STAMP): pyproject.toml | browser
+$(STAMP): pyproject.toml | system-packages
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check "$(TORCH)"
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
-# The report tests open pages in a real headless browser: Debian's chromium, installed once when
-# make runs as root (a no-op when it is there; the tests skip where it cannot be installed).
-browser:
-	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+# Debian packages the tests use, installed once when make runs as root (a no-op when present; the
+# tests that need them skip, saying why, where they cannot be installed): chromium for the report
+# pages, slurm-wlm and munge for a real Slurm, iproute2 for the emulated two-node cluster.
+SYSTEM_PACKAGES := chromium slurm-wlm munge iproute2
+system-packages:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	[ -z "$$missing" ] || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null)

@@ -75,3 +75,12 @@ def test_one_patch_layer():
     patchers = sorted(str(p.relative_to(SHOAL)) for p in SHOAL.rglob("*.py")
                       if "setattr(" in p.read_text() and ("ProcessGroup" in p.read_text() or "_c10d_functional" in p.read_text()))
     assert patchers == ["comm/patch.py"], patchers
+
+
+def test_test_files_have_unique_names():
+    """pytest imports test modules by basename (tests/ is not a package): two files with one name
+    stop the whole suite at collection."""
+    from collections import Counter
+
+    names = Counter(p.name for p in (SHOAL.parent / "tests").rglob("test_*.py"))
+    assert not [n for n, k in names.items() if k > 1]
