@@ -92,6 +92,9 @@ class TrainConfig:
     """fp32, or bf16 (autocast with fp32 master weights and optimizer state)."""
     activation_checkpoint: str = "none"
     """none | selective (recompute all but matmul and attention outputs) | full (recompute each layer)."""
+    compile: bool = False
+    """torch.compile each transformer block (inductor; on CPU it needs a C++ compiler and the first
+    step spends tens of seconds compiling). Same losses as eager within float rounding."""
     memory_check: bool = True
     """Before starting, refuse a run whose predicted per-rank peak memory (the planner's model) exceeds
     the GPU's memory, or on CPU the host's available memory shared by the local ranks; false skips it."""
@@ -144,6 +147,10 @@ class DebugConfig:
     """Fingerprint every collective and fail with a table when ranks disagree."""
     hang_timeout_s: float = 300.0
     """Report which ranks are stuck where after this long without progress; 0 disables."""
+    memory_snapshot: bool = False
+    """CUDA only: record every allocation (torch.cuda.memory._record_memory_history) and write
+    <out>/memory_snapshot_rank<N>.pickle at the end, for https://pytorch.org/memory_viz; ignored
+    with a warning on CPU."""
 
 
 SECTIONS = {

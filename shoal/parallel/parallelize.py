@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from shoal.parallel.activation_checkpoint import apply_activation_checkpointing
+from shoal.parallel.compile import apply_compile
 from shoal.parallel.data_parallel import apply_ddp, apply_fsdp
 from shoal.parallel.expert_parallel import apply_expert_parallel
 from shoal.parallel.mesh import ParallelDims
@@ -35,7 +36,11 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
         # 4. Activation checkpointing wraps each block before data parallelism wraps it, so the
         #    recomputed forward sits inside the block's FSDP unit and re-gathers nothing extra.
         apply_activation_checkpointing(m, lay.activation_checkpoint)
-        # 5. Data parallel last: it shards (or replicates) whatever the steps above produced.
+        # 5. Compile each block after checkpointing wraps it (the recompute policy is traced into
+        #    the block's graph) and before data parallelism does (FSDP's gathers stay outside the
+        #    graph, between blocks, where they overlap compute), as torchtitan orders them.
+        apply_compile(m, train.compile)
+        # 6. Data parallel last: it shards (or replicates) whatever the steps above produced.
         if dims.dp > 1 and uses_ddp(dims, lay.zero):  # DDP wants real weights to start from
             modules[i] = apply_ddp(materialize(m, device, train.seed), mesh["dp"].get_group())
         elif dims.dp > 1:
