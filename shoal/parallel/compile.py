@@ -17,12 +17,19 @@ import torch
 from torch import nn
 
 
-def apply_compile(model: nn.Module, enabled: bool) -> None:
-    """Compile each block of `model` (a whole model or one pipeline stage) in place."""
+def apply_compile(model: nn.Module, enabled: bool, tensor_parallel: bool = False) -> None:
+    """Compile each block of `model` (a whole model or one pipeline stage) in place.
+
+    tensor_parallel: compile each block's attention and feed-forward instead of the whole block.
+    A compiled whole block under the TP plan (torch 2.13) hands a plain-tensor gradient back to the
+    embedding's DTensor redistribute, which fails in backward ("'Tensor' object has no attribute
+    '_local_tensor'", with aot_eager too); the two sublayers compile and match eager.
+    """
     if not enabled:
         return
     # Compilations allowed per code before dynamo falls back to eager (default 8): training and
     # evaluation (no grad) graphs, a short last micro-batch, dynamic-shape variants each take one.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     for block in model.layers.values():
-        block.compile()
+        for unit in (block.attention, block.feed_forward) if tensor_parallel else (block,):
+            unit.compile()
