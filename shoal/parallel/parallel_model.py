@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from shoal.model.kernels import attention_kernels
 from shoal.model.moe import MoE
 from shoal.model.transformer import cross_entropy
 
@@ -38,6 +39,8 @@ class ParallelModel:
     """How data parallelism wraps the model: none, ddp or fsdp (FSDP2, also its `replicate`)."""
     vocab_parallel: bool = False
     """Tensor parallelism keeps the logits sharded over the vocabulary; the loss is computed in place."""
+    attention: str = ""
+    """The attention kernel the step runs, e.g. 'flash (cuda)' (shoal/model/kernels.py), for the run summary."""
 
     def parameters(self):
         for m in self.modules:
@@ -75,8 +78,10 @@ class ParallelModel:
         return torch.stack(losses).mean()
 
     def _compute(self):
-        """Autocast for bf16 (fp32 master weights and optimizer state) and the vocabulary-parallel loss."""
+        """This device's attention kernels, autocast for bf16 (fp32 master weights and optimizer
+        state) and the vocabulary-parallel loss."""
         stack = ExitStack()
+        stack.enter_context(attention_kernels(self.device))
         if self.precision == "bf16":
             stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
         if self.vocab_parallel:

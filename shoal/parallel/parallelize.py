@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from shoal.model.kernels import attention_backend
 from shoal.parallel.activation_checkpoint import apply_activation_checkpointing
 from shoal.parallel.compile import apply_compile
 from shoal.parallel.data_parallel import apply_ddp, apply_fsdp
@@ -52,8 +53,11 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
         else:
             modules[i] = materialize(m, device, train.seed)
     wrapper = "none" if dims.dp == 1 else "ddp" if uses_ddp(dims, lay.zero) else "fsdp"
+    m = job.model
+    attention = attention_backend(m.n_heads // dims.tp, m.n_kv_heads // dims.tp, m.head_dim, train.seq_len, device,
+                                  torch.bfloat16 if train.precision == "bf16" else torch.float32)
     pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dims.dp > 1 else 0,
-                       wrapper=wrapper, vocab_parallel=dims.tp > 1)
+                       wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention)
     n_micro = job.n_microbatches
     set_aux_loss_scale(modules, 1.0 if dims.pp > 1 else 1.0 / n_micro)
     if dims.pp > 1:

@@ -12,6 +12,7 @@ from shoal.checkpoint.checkpointer import Checkpointer
 from shoal.comm.counter import CommCounter
 from shoal.config import JobConfig
 from shoal.job import Job, env_world_size, resolve
+from shoal.debug.memory_snapshot import MemorySnapshot
 from shoal.data.loader import TokenLoader, eval_batches
 from shoal.data.shards import build_token_cache
 from shoal.data.tokenizer import load_tokenizer
@@ -77,6 +78,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     pm = build_parallel_model(job, rt)
     optimizer = build_optimizer(pm, t, rt, cfg.parallel.zero)
     enable_debugging(cfg, rt)
+    snapshot = MemorySnapshot(cfg.debug.memory_snapshot, rt.device, out, rt.rank)
     counter = CommCounter()
     if rt.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -111,6 +113,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         progress.update(row)
         ckpt.maybe_save(step + 1, row["loss"])
     ckpt.close()  # waits for a save still being written in the background
+    snapshot.dump()
     progress.close()
     log.close()
     elapsed = time.perf_counter() - started
@@ -124,7 +127,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
                "time (s)": elapsed, f"tokens/s ({which})": t.global_batch * t.seq_len / step_time,
                f"MFU (model FLOPs, same steps, vs {peak.label})": step_flops / step_time / peak.flops,
-               "params": param_counts(model_cfg).total,
+               "params": param_counts(model_cfg).total, "attention": pm.attention,
                "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem_bytes(rt.device) / 2**30,
                "predicted peak memory (GiB, planner)": predicted_peak_bytes(job, rt.device) / 2**30, "output": str(out)}
     if show and rt.is_main:
