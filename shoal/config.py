@@ -198,6 +198,12 @@ class JobConfig:
         _check(t.precision in ("fp32", "bf16"), "train.precision", t.precision, "use 'fp32' or 'bf16'")
         _check(t.activation_checkpoint in ("none", "selective", "full"), "train.activation_checkpoint",
                t.activation_checkpoint, "use 'none', 'selective' or 'full'")
+        # The zero-bubble schedule computes each block's input and weight gradients in two passes
+        # over its autograd graph; a compiled block is one node whose backward does both at once
+        # (shoal verify: gradient norm off by 1.4e-2 on pp=2).
+        _check(not (t.compile and self.parallel.pp > 1 and self.parallel.pp_schedule == "zero-bubble"), "train.compile",
+               t.compile, "cannot split a compiled block's backward as pp_schedule=zero-bubble does; use "
+               "parallel.pp_schedule=interleaved-1f1b or train.compile=false")
         _check(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")
         _check(t.eval_batches > 0, "train.eval_batches", t.eval_batches, "must be a positive integer")
         _check(0 <= self.data.val_fraction < 1, "data.val_fraction", self.data.val_fraction, "must be in [0, 1)")

@@ -66,3 +66,14 @@ def test_compile_wraps_each_block_in_place_and_keeps_names():
     for b in tp.layers.values():
         assert b._compiled_call_impl is None
         assert b.attention._compiled_call_impl is not None and b.feed_forward._compiled_call_impl is not None
+
+
+def test_compile_refuses_the_zero_bubble_schedule():
+    """zero-bubble splits a block's backward in two passes; a compiled block cannot be split (verify failed)."""
+    import pytest
+
+    from shoal.errors import UserError
+
+    with pytest.raises(UserError, match="train.compile"):
+        load_config(None, ["train.compile=true", "parallel.pp=2", "parallel.pp_schedule=zero-bubble"])
+    load_config(None, ["train.compile=true", "parallel.pp=2", "parallel.pp_schedule=interleaved-1f1b"])
