@@ -14,11 +14,16 @@ also builds its C++ headers); later runs reuse the kernels from torch's on-disk 
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import torch
 from torch import nn
 
+from shoal.errors import UserError
 
-def apply_compile(model: nn.Module, enabled: bool, tensor_parallel: bool = False) -> None:
+
+def apply_compile(model: nn.Module, enabled: bool, tensor_parallel: bool = False, device_type: str = "cpu") -> None:
     """Compile each block of `model` (a whole model or one pipeline stage) in place.
 
     tensor_parallel: compile each block's attention and feed-forward instead of the whole block.
@@ -28,6 +33,9 @@ def apply_compile(model: nn.Module, enabled: bool, tensor_parallel: bool = False
     """
     if not enabled:
         return
+    if device_type == "cpu" and not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "c++", "clang++")):
+        raise UserError("train.compile", True, "inductor's CPU backend needs a C++ compiler (g++ or clang++, or $CXX) "
+                                               "on PATH; install one or set train.compile=false")
     # Compilations allowed per code before dynamo falls back to eager (default 8): training and
     # evaluation (no grad) graphs, a short last micro-batch, dynamic-shape variants each take one.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)

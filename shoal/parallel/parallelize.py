@@ -40,7 +40,7 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
         # 5. Compile each block after checkpointing wraps it (the recompute policy is traced into
         #    the block's graph) and before data parallelism does (FSDP's gathers stay outside the
         #    graph, between blocks, where they overlap compute), as torchtitan orders them.
-        apply_compile(m, train.compile, tensor_parallel=dims.tp > 1)
+        apply_compile(m, train.compile, tensor_parallel=dims.tp > 1, device_type=device.type)
         # 6. Data parallel last: it shards (or replicates) whatever the steps above produced.
         if dims.dp > 1 and uses_ddp(dims, lay.zero):  # DDP wants real weights to start from
             modules[i] = apply_ddp(materialize(m, device, train.seed), mesh["dp"].get_group())

@@ -77,3 +77,15 @@ def test_compile_refuses_the_zero_bubble_schedule():
     with pytest.raises(UserError, match="train.compile"):
         load_config(None, ["train.compile=true", "parallel.pp=2", "parallel.pp_schedule=zero-bubble"])
     load_config(None, ["train.compile=true", "parallel.pp=2", "parallel.pp_schedule=interleaved-1f1b"])
+
+
+def test_compile_on_cpu_without_a_cxx_compiler_is_a_user_error(monkeypatch):
+    import pytest
+
+    from shoal.errors import UserError
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(UserError, match=r"C\+\+ compiler"):
+        apply_compile(build_model(get_preset("debug"), "meta"), True, device_type="cpu")
+    apply_compile(build_model(get_preset("debug"), "meta"), True, device_type="cuda")  # Triton, no C++ needed
