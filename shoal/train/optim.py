@@ -42,8 +42,7 @@ def build_optimizer(model, cfg: TrainConfig, rt=None, zero: int = 0) -> torch.op
 
 def adamw_kernel(params: list[torch.Tensor]) -> dict:
     """Fused AdamW (one kernel for every tensor's update) when every parameter is on CUDA. Elsewhere
-    foreach=False: the same per-tensor update whether tensors are plain, sharded or replicated (and
-    the fused CPU kernel rounds differently from the reference)."""
+    foreach=False: the same per-tensor update whether tensors are plain, sharded or replicated."""
     if params and all(p.device.type == "cuda" for p in params):
         return {"fused": True}
     return {"foreach": False}
