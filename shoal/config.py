@@ -110,6 +110,9 @@ class TrainConfig:
     bf16-params is bf16."""
     activation_checkpoint: str = "none"
     """none | selective (recompute all but matmul and attention outputs) | full (recompute each layer)."""
+    compile: bool = False
+    """torch.compile each transformer block (inductor; on CPU it needs a C++ compiler and the first
+    step spends tens of seconds compiling). Same losses as eager within float rounding."""
     memory_check: bool = True
     """Before starting, refuse a run whose predicted per-rank peak memory (the planner's model) exceeds
     the GPU's memory, or on CPU the host's available memory shared by the local ranks; false skips it."""
@@ -165,6 +168,10 @@ class DebugConfig:
     """Fingerprint every collective and fail with a table when ranks disagree."""
     hang_timeout_s: float = 300.0
     """Report which ranks are stuck where after this long without progress; 0 disables."""
+    memory_snapshot: bool = False
+    """CUDA only: record every allocation (torch.cuda.memory._record_memory_history) and write
+    <out>/memory_snapshot_rank<N>.pickle at the end, for https://pytorch.org/memory_viz; ignored
+    with a warning on CPU."""
 
 
 SECTIONS = {
@@ -221,6 +228,12 @@ class JobConfig:
         _check(t.on_nonfinite in ("stop", "skip"), "train.on_nonfinite", t.on_nonfinite, "use 'stop' or 'skip'")
         _check(t.activation_checkpoint in ("none", "selective", "full"), "train.activation_checkpoint",
                t.activation_checkpoint, "use 'none', 'selective' or 'full'")
+        # The zero-bubble schedule computes each block's input and weight gradients in two passes
+        # over its autograd graph; a compiled block is one node whose backward does both at once
+        # (shoal verify: gradient norm off by 1.4e-2 on pp=2).
+        _check(not (t.compile and self.parallel.pp > 1 and self.parallel.pp_schedule == "zero-bubble"), "train.compile",
+               t.compile, "cannot split a compiled block's backward as pp_schedule=zero-bubble does; use "
+               "parallel.pp_schedule=interleaved-1f1b or train.compile=false")
         _check(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")
         _check(t.eval_batches > 0, "train.eval_batches", t.eval_batches, "must be a positive integer")
         _check(0 <= t.sample_tokens <= m.max_new_tokens, "train.sample_tokens", t.sample_tokens,

@@ -7,6 +7,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` (tests/cuda) need a GPU: skipped where torch sees none; `pytest -m cuda` runs them."""
+    cuda_tests = [item for item in items if item.get_closest_marker("cuda")]
+    if not cuda_tests:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+        for item in cuda_tests:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory):
     """Token caches and CPU calibration go to a per-session folder unless SHOAL_CACHE_DIR is set."""

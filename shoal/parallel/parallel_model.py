@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from shoal.model.kernels import attention_kernels
 from shoal.model.moe import MoE
 from shoal.model.transformer import cross_entropy
 
@@ -41,6 +42,8 @@ class ParallelModel:
     grad_compressor: object | None = None
     """The DDP comm hook's state when gradients are compressed (parallel/compression.py): its
     per-step byte counts go to the metrics and its state into checkpoints."""
+    attention: str = ""
+    """The attention kernel the step runs, e.g. 'flash (cuda)' (shoal/model/kernels.py), for the run summary."""
 
     def parameters(self):
         for m in self.modules:
@@ -78,12 +81,15 @@ class ParallelModel:
         return torch.stack(losses).mean()
 
     def _compute(self):
-        """Autocast for bf16 (fp32 master weights and optimizer state) and the vocabulary-parallel loss.
+        """This device's attention kernels, autocast for bf16 (fp32 master weights and optimizer
+        state) and the vocabulary-parallel loss.
 
-        No cast cache: it keeps each weight's bf16 copy for the whole region (all micro-batches),
-        while FSDP2 frees and re-gathers the weights between them; with it, zero=3's bf16 loss was
-        0.027 off one process's after 4 steps (tests/dist/test_bf16_parity.py), without it 2e-5."""
+        Autocast runs without its cast cache: it keeps each weight's bf16 copy for the whole region
+        (all micro-batches), while FSDP2 frees and re-gathers the weights between them; with it,
+        zero=3's bf16 loss was 0.027 off one process's after 4 steps (tests/dist/test_bf16_parity.py),
+        without it 2e-5."""
         stack = ExitStack()
+        stack.enter_context(attention_kernels(self.device))
         if self.precision != "fp32":  # bf16, bf16-params
             stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False))
         if self.vocab_parallel:

@@ -6,7 +6,9 @@ import torch
 from torch import nn
 
 from shoal.parallel.compression import build_compressor
+from shoal.model.kernels import attention_backend
 from shoal.parallel.activation_checkpoint import apply_activation_checkpointing
+from shoal.parallel.compile import apply_compile
 from shoal.parallel.data_parallel import apply_ddp, apply_fsdp
 from shoal.parallel.expert_parallel import apply_expert_parallel
 from shoal.parallel.mesh import ParallelDims
@@ -36,7 +38,11 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
         # 4. Activation checkpointing wraps each block before data parallelism wraps it, so the
         #    recomputed forward sits inside the block's FSDP unit and re-gathers nothing extra.
         apply_activation_checkpointing(m, lay.activation_checkpoint)
-        # 5. Data parallel last: it shards (or replicates) whatever the steps above produced.
+        # 5. Compile each block after checkpointing wraps it (the recompute policy is traced into
+        #    the block's graph) and before data parallelism does (FSDP's gathers stay outside the
+        #    graph, between blocks, where they overlap compute), as torchtitan orders them.
+        apply_compile(m, train.compile, tensor_parallel=dims.tp > 1, device_type=device.type)
+        # 6. Data parallel last: it shards (or replicates) whatever the steps above produced.
         if dims.dp > 1 and uses_ddp(dims, lay.zero):  # DDP wants real weights to start from
             m, group = materialize(m, device, train.seed), mesh["dp"].get_group()
             compressor = build_compressor(lay.grad_compression, m, group, job.cfg.parallel, train.seed)
@@ -51,8 +57,11 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
         else:
             modules[i] = materialize(m, device, train.seed)
     wrapper = "none" if dims.dp == 1 else "ddp" if uses_ddp(dims, lay.zero) else "fsdp"
+    m = job.model
+    attention = attention_backend(m.n_heads // dims.tp, m.n_kv_heads // dims.tp, m.head_dim, train.seq_len, device,
+                                  torch.float32 if train.precision == "fp32" else torch.bfloat16)
     pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dims.dp > 1 else 0,
-                       wrapper=wrapper, vocab_parallel=dims.tp > 1)
+                       wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention)
     pm.grad_compressor = compressor if wrapper == "ddp" else None
     n_micro = job.n_microbatches
     set_aux_loss_scale(modules, 1.0 if dims.pp > 1 else 1.0 / n_micro)

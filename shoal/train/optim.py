@@ -32,13 +32,20 @@ def build_optimizer(model, cfg: TrainConfig, rt=None, zero: int = 0) -> torch.op
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    # foreach=False: the same per-tensor update whether tensors are plain, sharded or replicated.
-    kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, foreach=False)
+    kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, **adamw_kernel(params))
     if zero == 1 and rt is not None and rt.dims.dp > 1:
         from shoal.parallel.zero1 import ShardedAdamW
 
         return ShardedAdamW(groups, rt.mesh["dp"].get_group(), **kwargs)
     return torch.optim.AdamW(groups, **kwargs)
+
+
+def adamw_kernel(params: list[torch.Tensor]) -> dict:
+    """Fused AdamW (one kernel for every tensor's update) when every parameter is on CUDA. Elsewhere
+    foreach=False: the same per-tensor update whether tensors are plain, sharded or replicated."""
+    if params and all(p.device.type == "cuda" for p in params):
+        return {"fused": True}
+    return {"foreach": False}
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

@@ -15,6 +15,7 @@ from shoal.comm.counter import CommCounter
 from shoal.config import JobConfig
 from shoal.job import Job, resolve
 from shoal.launch.env import world_size
+from shoal.debug.memory_snapshot import MemorySnapshot
 from shoal.data.loader import TokenLoader, eval_batches
 from shoal.data.shards import load_data
 from shoal.measure.peak import job_peak
@@ -75,6 +76,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     pm = build_parallel_model(job, rt)
     optimizer = build_optimizer(pm, t, rt, cfg.parallel.zero)
     enable_debugging(cfg, rt)
+    snapshot = MemorySnapshot(cfg.debug.memory_snapshot, rt.device, out, rt.rank)
     counter = CommCounter()
     if rt.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -104,10 +106,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         tokens_seen += t.global_batch * t.seq_len
         row = dict(step=step + 1, loss=loss, lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
                    tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
-                   mfu=step_flops / step_time / peak.flops, peak_mem_bytes=peak_mem_bytes(rt.device),
-                   model_state_bytes=state_bytes, comm_bytes=dict(counter.bytes),
-                   comm_bytes_by_dtype=dict(counter.by_dtype), **wire_fields(pm, counter, job.layout.grad_compression),
-                   **straggler_stats(rt, step_time))
+                   mfu=step_flops / step_time / peak.flops, **measured(job, rt, pm, counter, state_bytes, step_time))
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
             row["eval_loss"] = eval_loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))
@@ -115,20 +114,13 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         progress.update(row)
         ckpt.maybe_save(step + 1, row["loss"])
     ckpt.close()  # waits for a save still being written in the background
+    snapshot.dump()
     progress.close()
     log.close()
-    elapsed = time.perf_counter() - started
     # Tensor by tensor: rank 0 never holds more than one full tensor beyond its own shard.
     with no_space_left(out / "model"):
         write_final_weights(pm.modules, model_cfg, cfg.data.tokenizer, out / "model", rt)
-    step_time, warmup = log.steady_step_time()  # what the progress line shows, without the warm-up steps
-    which = f"without {warmup} warm-up steps" if warmup else "all steps"
-    summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
-               "time (s)": elapsed, f"tokens/s ({which})": t.global_batch * t.seq_len / step_time,
-               f"MFU (model FLOPs, same steps, vs {peak.label})": step_flops / step_time / peak.flops,
-               "params": param_counts(model_cfg).total,
-               "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem_bytes(rt.device) / 2**30,
-               "predicted peak memory (GiB, planner)": predicted_peak_bytes(job, rt.device) / 2**30, "output": str(out)}
+    summary = run_summary(job, rt, pm, log, row, eval_loss, tokens_seen, time.perf_counter() - started, peak, out)
     if show and rt.is_main:
         print_summary(summary)
         if t.sample_tokens:
@@ -137,6 +129,28 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         shutdown()
     return summary
 
+
+
+def measured(job: Job, rt: Runtime, pm: ParallelModel, counter: CommCounter, state_bytes: int, step_time: float) -> dict:
+    """A step's measurements beside its loss: memory, bytes on the wire, the spread across ranks."""
+    return dict(peak_mem_bytes=peak_mem_bytes(rt.device), model_state_bytes=state_bytes,
+                comm_bytes=dict(counter.bytes), comm_bytes_by_dtype=dict(counter.by_dtype),
+                **wire_fields(pm, counter, job.layout.grad_compression), **straggler_stats(rt, step_time))
+
+
+def run_summary(job: Job, rt: Runtime, pm: ParallelModel, log: MetricsLog, row: dict, eval_loss: float,
+                tokens_seen: int, elapsed: float, peak, out: Path) -> dict:
+    """The end-of-run table; throughput over the steps the progress line shows (warm-up left out)."""
+    t, model_cfg = job.cfg.train, job.model
+    step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
+    step_time, warmup = log.steady_step_time()
+    which = f"without {warmup} warm-up steps" if warmup else "all steps"
+    return {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
+            "time (s)": elapsed, f"tokens/s ({which})": t.global_batch * t.seq_len / step_time,
+            f"MFU (model FLOPs, same steps, vs {peak.label})": step_flops / step_time / peak.flops,
+            "params": param_counts(model_cfg).total, "attention": pm.attention,
+            "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem_bytes(rt.device) / 2**30,
+            "predicted peak memory (GiB, planner)": predicted_peak_bytes(job, rt.device) / 2**30, "output": str(out)}
 
 SAMPLE_MAX_BYTES = 2e9
 
