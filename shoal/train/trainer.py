@@ -97,7 +97,8 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         with counter:  # everything the step sends, ZeRO-1's parameter broadcast in optimizer.step included
             loss = pm.forward_backward(data.loader.next_step())
             grad_norm = clip_grad_norm(list(pm.parameters()), t.grad_clip, rt)
-            loss = rt.global_mean(loss)  # equal on every rank, so every rank's guard decides alike
+        loss = rt.global_mean(loss)  # for the log, not the step's traffic; equal on every rank, so the
+        with counter:                # guard below decides alike everywhere
             if guard.allows_update(step + 1, loss, grad_norm):  # NaN/Inf: stop (raises) or skip the update
                 optimizer.step()
         state_bytes = model_state_bytes(pm.parameters(), optimizer)  # after the step: AdamW state exists
