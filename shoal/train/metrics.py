@@ -88,13 +88,16 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 
 class Progress:
-    """A rich progress bar on a terminal; a plain log line every few steps otherwise."""
+    """A rich progress bar on a terminal; a plain log line every few steps otherwise. Both show the
+    time left, the last evaluation, and events (a checkpoint written) as they happen; the
+    checkpointer says where a run resumed."""
 
     def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True):
-        self.total, self.enabled = total_steps, enabled
+        self.total, self.start, self.enabled = total_steps, start_step, enabled
         self.interactive = enabled and sys.stderr.isatty()
         self.every = max(1, total_steps // 20)
         self.t0 = time.perf_counter()
+        self.last_eval: float | None = None
         self._bar = None
         if self.interactive:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
@@ -109,18 +112,39 @@ class Progress:
     def update(self, row: dict) -> None:
         if not self.enabled:
             return
+        self.last_eval = row.get("eval_loss", self.last_eval)
         stats = f"loss {row['loss']:.3f}  {row['tokens_per_s']:,.0f} tok/s  MFU {row['mfu']:.1%}"
-        if "eval_loss" in row:
-            stats += f"  eval {row['eval_loss']:.3f}"
+        if self.last_eval is not None:
+            stats += f"  eval {self.last_eval:.3f}"
         if self._bar is not None:
             self._bar.update(self._task, completed=row["step"], stats=stats)
         elif row["step"] % self.every == 0 or row["step"] == self.total or "eval_loss" in row:
             elapsed = time.perf_counter() - self.t0
-            print(f"step {row['step']:>6}/{self.total}  {stats}  lr {row['lr']:.2e}  {elapsed:.0f}s", flush=True)
+            left = elapsed / max(1, row["step"] - self.start) * (self.total - row["step"])
+            print(f"step {row['step']:>6}/{self.total}  {stats}  lr {row['lr']:.2e}  {elapsed:.0f}s  "
+                  f"eta {_duration(left)}", flush=True)
+
+    def event(self, text: str) -> None:
+        """One line between the progress updates, e.g. 'checkpoint written at step 40'."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.console.print(text)
+        else:
+            print(text, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def print_summary(summary: dict) -> None:

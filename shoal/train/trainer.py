@@ -114,6 +114,8 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         log.write(row, sync=ckpt.due(step + 1))  # on disk at least as far as the checkpoint
         progress.update(row)
         ckpt.maybe_save(step + 1, row["loss"])
+        if ckpt.due(step + 1):
+            progress.event(f"checkpoint at step {step + 1} ({'saving in the background' if cfg.checkpoint.async_save else 'saved'})")
     ckpt.close()  # waits for a save still being written in the background
     snapshot.dump()
     progress.close()
