@@ -281,17 +281,17 @@ def run(args) -> int:
     # No price given: the catalog's on-demand list price for the device (hardware.py), if it has one.
     price = args.usd_per_gpu_hour if args.usd_per_gpu_hour is not None else (cluster.gpu.usd_per_gpu_hour or None)
     trace = _carbon_inputs(args, cluster)
-    budget = None
-    if args.tokens:
-        def budget(plan):
-            """(time-to-train and cost, energy and CO2) of one plan."""
-            est = cost.estimate(
-                args.tokens, plan.tokens_per_s, cluster.n_gpus, usd_per_gpu_hour=price,
-                mtbf_gpu_hours=cost.DEFAULT_MTBF_GPU_HOURS if args.mtbf_hours is None else args.mtbf_hours,
-                checkpoint_interval_hours=args.checkpoint_every_min / 60, restart_hours=args.restart_min / 60,
-                checkpoint_write_hours=args.checkpoint_write_min / 60)
-            return est, energy.run_energy(est, cluster, pue=args.pue, region=args.region, trace=trace)
-    training, used = budget(best) if budget and best and best.fits else (None, None)
+
+    def budget(plan):
+        """(time-to-train and cost, energy and CO2) of one plan (with --tokens)."""
+        est = cost.estimate(
+            args.tokens, plan.tokens_per_s, cluster.n_gpus, usd_per_gpu_hour=price,
+            mtbf_gpu_hours=cost.DEFAULT_MTBF_GPU_HOURS if args.mtbf_hours is None else args.mtbf_hours,
+            checkpoint_interval_hours=args.checkpoint_every_min / 60, restart_hours=args.restart_min / 60,
+            checkpoint_write_hours=args.checkpoint_write_min / 60)
+        return est, energy.run_energy(est, cluster, pue=args.pue, region=args.region, trace=trace)
+
+    training, used = budget(best) if args.tokens and best and best.fits else (None, None)
     window = energy.best_start(trace, used.hours) if trace is not None and used is not None else None
 
     points = None
@@ -330,7 +330,7 @@ def run(args) -> int:
 
     if args.json:
         doc = plan_json(workload, cluster, name, result=result, single=single, top=args.top, training=training,
-                        scale=points, usd_per_gpu_hour=price, budget=budget,
+                        scale=points, usd_per_gpu_hour=price, budget=budget if args.tokens else None,
                         carbon_window=window)
         doc["emitted"] = str(emitted) if emitted else None
         doc["figures"] = [str(f) for f in figures]

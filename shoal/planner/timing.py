@@ -99,7 +99,6 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     prec, elem = workload.precision, (4 if workload.precision == "fp32" else 2)
     m = lay.microbatches(workload.global_batch)
     T = workload.seq_len * lay.micro_batch
-    sp = lay.tp if lay.sequence_parallel else 1
     L = cfg.n_layers
     n_moe = moe_layer_count(cfg)
     moe_share = n_moe / L

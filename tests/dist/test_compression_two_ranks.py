@@ -2,8 +2,6 @@
 steps, past every warm-up; resume equals an uninterrupted run; the dtype on the wire is the one
 each method promises, with the uncompressed bytes beside it. Runs: compression_worker.py."""
 
-import json
-
 import pytest
 
 from conftest import REPO, shoal_cli

@@ -55,6 +55,7 @@ def test_same_seed_same_losses(debug_run, tmp_path):
     other = shoal_cli("train", "--set", "model.preset=debug", "--set", "train.steps=3", "--set", "train.seed=1",
                       "--set", "train.micro_batch=4", "--set", "train.global_batch=8", "--set", "train.seq_len=64",
                       "--out", str(tmp_path / "seed1"), "--quiet")
+    assert other.returncode == 0, other.stderr
     assert [x["loss"] for x in rows(tmp_path / "seed1")] != [x["loss"] for x in rows(out)][:3]
 
 

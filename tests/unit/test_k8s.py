@@ -112,7 +112,7 @@ def test_golden(written, kind):
     if os.environ.get("SHOAL_UPDATE_GOLDEN"):
         GOLDEN.mkdir(parents=True, exist_ok=True)
         (GOLDEN / f"{kind}.yaml").write_text(got)
-    assert got == (GOLDEN / f"{kind}.yaml").read_text(), f"regenerate with SHOAL_UPDATE_GOLDEN=1 if intended"
+    assert got == (GOLDEN / f"{kind}.yaml").read_text(), "regenerate with SHOAL_UPDATE_GOLDEN=1 if intended"
 
 
 @pytest.mark.parametrize("kind,where,typo", [
