@@ -173,14 +173,19 @@ def _interface_of(addr: str) -> str:
     return ""
 
 
-def _is_local(ip: str) -> bool:
-    """Whether ip is one of this machine's addresses (only those can be bound), secondary ones included."""
+def _bind_error(ip: str, port: int = 0) -> OSError | None:
+    """Why this machine cannot bind ip:port, or None when it can."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind((ip, 0))
-            return True
-        except OSError:
-            return False
+            s.bind((ip, port))
+        except OSError as e:
+            return e
+    return None
+
+
+def _is_local(ip: str) -> bool:
+    """Whether ip is one of this machine's addresses (only those can be bound), secondary ones included."""
+    return _bind_error(ip) is None
 
 
 def _list(addrs: dict[str, str]) -> str:
@@ -188,12 +193,9 @@ def _list(addrs: dict[str, str]) -> str:
 
 
 def _check_port_free(ip: str, port: int, master: str) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((ip, port))
-        except OSError as e:
-            raise UserError("--master", master, f"port {port} is not free on this machine ({e.strerror}); "
-                                                f"choose another port on every node") from None
+    if (e := _bind_error(ip, port)) is not None:
+        raise UserError("--master", master, f"port {port} is not free on this machine ({e.strerror}); "
+                                            f"choose another port on every node")
 
 
 def _wait_for_master(ip: str, port: int, master: str, timeout: int) -> None:
