@@ -1,0 +1,1 @@
+"""Test and benchmark harnesses that start real parts (an emulated cluster)."""
