@@ -20,7 +20,8 @@ from shoal.model import analytics
 from shoal.model.config import PRESETS, ModelConfig
 from shoal.planner import hardware
 from shoal.planner.evaluate import evaluate
-from shoal.planner.layout import Cluster, Layout, Workload
+from shoal.layout import Layout
+from shoal.planner.layout import Cluster, Workload
 
 DATA = Path(__file__).with_name("published_runs.toml")
 

@@ -57,17 +57,23 @@ HEAD_KERNELS = 6
 
 
 # Element-wise traffic of an eager PyTorch layer under bf16 mixed precision, in 16-bit-element
-# equivalents per token, forward (backward moves about twice as much). Norms run in fp32: torch.autocast
-# lists layer_norm among the ops it runs in float32, and RMSNorm implementations (shoal's, torchtitan's,
-# Llama's reference) call x.float() themselves. So each of the two norms costs an upcast (read 2 B, write
-# 4 B), the normalisation in fp32 (read 4, write 4) and the downcast for the next GEMM (read 4, write 2):
-# 20 bytes = 10 elements per channel; two residual adds read two and write one: 6. Total 26 per channel
-# where fused bf16 kernels would need 10 (this model's count before it was measured against the
-# llm-foundry and torchtitan tables, bench/published_runs.toml). Rotary on q and k in eager code (split,
-# two multiplies, add, concatenate, in fp32 in torchtitan's complex form): about 3 read+write passes each,
-# 6 elements per channel of q and k.
-EAGER_OUTSIDE_ELEMS = 26
-EAGER_ROTARY_PASSES = 6
+# equivalents (2 bytes) per token, forward; backward moves about twice as much. Counted op by op from the
+# eager Llama block that torchtitan trains (torchtitan/models/llama/model.py: RMSNorm `_norm(x.float())
+# .type_as(x) * weight`, complex-form rotary in fp32, `output.transpose(1, 2).contiguous()`, SwiGLU
+# `silu(w1 x) * w3 x`); shoal's own block (shoal/model/transformer.py) does the same work. Every op is
+# its own kernel that reads its inputs from HBM and writes its output there:
+# - each RMSNorm: upcast (read 2 B, write 4), square (4, 4), mean (4), scale by the rsqrt (4, 4),
+#   downcast (4, 2), weight multiply (2, 2): 36 bytes = 18 elements per channel; two norms 36;
+# - two residual adds, each reads two and writes one: 6;
+# - rotary on q and k in fp32: upcast (2, 4), complex multiply (4, 4), downcast (4, 2): 10 per element;
+# - the attention output's transpose back to [tokens, heads x dim] is a copy: 2 per element of q;
+# - SwiGLU: silu reads and writes f (2), the product reads two and writes one (3): 5 per element of f;
+#   a GELU MLP applies one fused kernel: 2.
+# (Before this count the model used 26 per channel, 6 per rotary element and 3 per SwiGLU element.)
+EAGER_OUTSIDE_ELEMS = 42
+EAGER_ROTARY_PASSES = 10
+EAGER_ATTN_OUT_COPY = 2
+EAGER_GLU_ELEMS, EAGER_GELU_ELEMS = 5, 2
 
 
 def _stream(nbytes: float, gpu: GPU) -> float:
@@ -98,12 +104,13 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         gemm += local_experts * expert + gemm_time(T, h, cfg.n_experts, gpu, precision)  # + router
         if shared_f:
             gemm += gemm_time(T, h, (2 if glu else 1) * shared_f / tp, gpu, precision) + gemm_time(T, shared_f / tp, h, gpu, precision)
-        act_elems = cfg.top_k * (3 if glu else 2) * f / tp + (3 if glu else 2) * shared_f / tp
+        act = EAGER_GLU_ELEMS if glu else EAGER_GELU_ELEMS
+        act_elems = cfg.top_k * act * f / tp + act * shared_f / tp
         act_elems += 4 * cfg.top_k * h / tp  # permute tokens to experts and back (gather + scatter)
     else:
         f = cfg.ffn_hidden
         gemm += gemm_time(T, h, (2 if glu else 1) * f / tp, gpu, precision) + gemm_time(T, f / tp, h, gpu, precision)
-        act_elems = (3 if glu else 2) * f / tp
+        act_elems = (EAGER_GLU_ELEMS if glu else EAGER_GELU_ELEMS) * f / tp
 
     # Attention core. FLOPs of QK^T and PV: 4·T·S·q_dim per layer, over tp.
     core_flops = 4.0 * T * seq_len * q_dim / tp
@@ -113,7 +120,8 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         rate = gpu.peak_flops(precision) * gpu.attention_efficiency * gpu.sustained_scale
         attn_fwd = 0.5 * core_flops / rate
         attn_bwd = 2.5 * attn_fwd
-        outside, inside = EAGER_OUTSIDE_ELEMS * h, EAGER_ROTARY_PASSES * (q_dim + kv_dim) + act_elems
+        outside = EAGER_OUTSIDE_ELEMS * h
+        inside = (EAGER_ROTARY_PASSES * (q_dim + kv_dim) + EAGER_ATTN_OUT_COPY * q_dim) / tp + act_elems
     else:
         # Megatron before flash attention: batched GEMMs over the full S×S, then scale-mask-softmax,
         # dropout and their masks in HBM: about 13 bytes per score forward and 19 backward (16-bit).
