@@ -41,11 +41,10 @@ def gemm_time(m: float, k: float, n: float, gpu: GPU, precision: str) -> float:
     """An (m x k) @ (k x n) GEMM, roofline: compute-bound unless it is skinny."""
     if m <= 0 or k <= 0 or n <= 0:
         return 0.0
-    elem = 4 if precision == "fp32" else 2
+    elem = {"fp32": 4, "fp8": 1}.get(precision, 2)
     flops = 2.0 * m * k * n
-    moved = elem * (m * k + k * n + m * n)
-    return max(flops / (gpu.peak_flops(precision) * gpu.matmul_efficiency * gpu.sustained_scale),
-               moved / (gpu.hbm_bandwidth * gpu.hbm_efficiency))
+    moved = elem * (m * k + k * n) + max(elem, 2) * m * n  # FP8 GEMMs write a 16-bit output
+    return max(flops / gpu.matmul_rate(precision), moved / (gpu.hbm_bandwidth * gpu.hbm_efficiency))
 
 
 # Kernels per layer forward in an eager PyTorch layer (norms, projections, rotary, attention,
@@ -75,6 +74,13 @@ EAGER_ROTARY_PASSES = 10
 EAGER_ATTN_OUT_COPY = 2
 EAGER_GLU_ELEMS, EAGER_GELU_ELEMS = 5, 2
 
+# FP8 (Transformer Engine's recipe): each GEMM input is cast to FP8 by a kernel that reads it in 16 bits and
+# writes one byte (the amax it needs is taken in the same pass), 1.5 element-equivalents per input element:
+# the inputs of QKV and of the first MLP GEMM(s) (h each), of the output projection (q_dim) and of the last
+# MLP GEMM (f). Weights are cast once per step and cached across micro-batches (Megatron's
+# is_first_microbatch), so they are left out. Attention, norms and the output head stay in 16 bits.
+FP8_CAST_ELEMS = 1.5
+
 
 def _stream(nbytes: float, gpu: GPU) -> float:
     return nbytes / (gpu.hbm_bandwidth * gpu.hbm_efficiency)
@@ -84,7 +90,8 @@ def _stream(nbytes: float, gpu: GPU) -> float:
 def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
                attention: str, precision: str, moe: bool, ep: int) -> KernelTime:
     """Kernel time of one layer; `moe` picks an MoE layer (routed experts spread over ep ranks)."""
-    elem = 4 if precision == "fp32" else 2
+    elem = 4 if precision == "fp32" else 2  # activations: FP8 runs keep them in bf16 between GEMMs
+    core = "bf16" if precision == "fp8" else precision  # attention runs in 16 bits under FP8 too
     T = float(seq_len * micro_batch)  # tokens through the TP group
     h, hd = cfg.dim, cfg.head_dim
     q_dim, kv_dim = cfg.n_heads * hd, cfg.n_kv_heads * hd
@@ -117,7 +124,7 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     if attention == "flash":
         # Causal flash attention skips the upper triangle (half the work); backward does 2.5x the
         # forward FLOPs because it recomputes the scores.
-        rate = gpu.peak_flops(precision) * gpu.attention_efficiency * gpu.sustained_scale
+        rate = gpu.peak_flops(core) * gpu.attention_efficiency * gpu.sustained_scale
         attn_fwd = 0.5 * core_flops / rate
         attn_bwd = 2.5 * attn_fwd
         outside = EAGER_OUTSIDE_ELEMS * h
@@ -125,12 +132,15 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     else:
         # Megatron before flash attention: batched GEMMs over the full S×S, then scale-mask-softmax,
         # dropout and their masks in HBM: about 13 bytes per score forward and 19 backward (16-bit).
-        rate = gpu.peak_flops(precision) * gpu.matmul_efficiency * gpu.sustained_scale
+        rate = gpu.matmul_rate(core)
         scores = cfg.n_heads * float(seq_len) * seq_len * micro_batch / tp
         attn_fwd = core_flops / rate + _stream(13 * scores * elem / 2, gpu)
         attn_bwd = 2 * core_flops / rate + _stream(19 * scores * elem / 2, gpu)
         # Layer norms, bias-dropout-add with 1-byte masks; bias-GeLU inside the TP region.
         outside, inside = 11 * h, act_elems
+    if precision == "fp8":
+        outside += FP8_CAST_ELEMS * 2 * h
+        inside += FP8_CAST_ELEMS * (q_dim + (cfg.top_k if moe else 1) * f) / tp
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
     kernels = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + 2 * cfg.n_experts / ep if moe else 0)
     gaps = kernels * gpu.kernel_gap
@@ -141,9 +151,10 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
 
 @lru_cache(maxsize=4096)
 def head_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, precision: str) -> KernelTime:
-    """The output projection (vocab-parallel over tp) and the fp32 cross-entropy, on the last stage."""
+    """The output projection (vocab-parallel over tp) and the fp32 cross-entropy, on the last stage.
+    FP8 recipes keep the output head in 16 bits."""
     T = float(seq_len * micro_batch)
-    gemm = gemm_time(T, cfg.dim, cfg.vocab_size / tp, gpu, precision)
+    gemm = gemm_time(T, cfg.dim, cfg.vocab_size / tp, gpu, "bf16" if precision == "fp8" else precision)
     # Logits upcast to fp32, softmax, loss: about three fp32 passes over the logits forward, two backward.
     logits = T * cfg.vocab_size / tp * 4
     gaps = HEAD_KERNELS * gpu.kernel_gap

@@ -177,3 +177,14 @@ def test_power_cap_slows_kernels_and_sets_the_energy():
     lay = Layout(dp_shard=8, zero=1, micro_batch=1)
     fast, slow = evaluate(wl, lay, Cluster(h100, 8, 8)), evaluate(wl, lay, Cluster(capped, 8, 8))
     assert 1.1 < slow.time.step / fast.time.step < 1 / capped.sustained_scale + 0.01
+
+
+def test_fp8_speeds_up_the_gemms_only_and_keeps_the_bf16_mfu_denominator():
+    h100 = hardware.get_gpu("h100")
+    wl16, wl8 = (Workload(PRESETS["llama3-70b"], 8192, 64, precision=p) for p in ("bf16", "fp8"))
+    lay = Layout(dp_shard=8, tp=8, zero=1, micro_batch=1)
+    bf16, fp8 = evaluate(wl16, lay, Cluster(h100, 64, 8)), evaluate(wl8, lay, Cluster(h100, 64, 8))
+    speedup = bf16.time.step / fp8.time.step
+    assert 1.1 < speedup < 2 * hardware.FP8_MATMUL_RATIO  # attention, norms and comms stay 16-bit
+    assert fp8.mfu / bf16.mfu == pytest.approx(speedup)  # both against the BF16 peak
+    assert fp8.memory.total == bf16.memory.total
