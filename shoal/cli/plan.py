@@ -255,10 +255,9 @@ def validate(args) -> int:
 
 def run(args) -> int:
     from shoal.planner import cost, energy, scaling
-    from shoal.planner.evaluate import evaluate
     from shoal.layout import Layout
     from shoal.planner.render import plan_json
-    from shoal.planner.search import search
+    from shoal.planner.search import evaluate_pinned, search
 
     if args.validate:
         return validate(args)
@@ -281,7 +280,7 @@ def run(args) -> int:
                             pp_virtual_stages=fixed.pp_virtual_stages or 1,
                             activation_checkpoint=fixed.activation_checkpoint,
                             sequence_parallel=fixed.tp > 1 if fixed.sequence_parallel is None else fixed.sequence_parallel)
-            single = evaluate(workload, layout, cluster)
+            single = evaluate_pinned(workload, layout, cluster, interleave_given=fixed.pp_virtual_stages is not None)
         else:
             result = search(workload, cluster, fixed, rank_by=args.rank_by, keep=max(args.top, 10))
     best = single or (result.best if result else None)
