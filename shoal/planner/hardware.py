@@ -232,8 +232,18 @@ CATALOG: dict[str, GPU] = {
         note="TPU-v4-like, approximate: 64-chip ICI cubes as 'nodes'"),
 }
 
+# Variants of two entries, from the datasheets: A100 SXM 40GB has HBM2 at 1,555 GB/s (the 80GB's 2,039;
+# many 2022-23 runs used it); H800 SXM is H100 SXM with NVLink cut to 400 GB/s bidirectional.
+CATALOG["a100-40gb"] = dataclasses.replace(
+    CATALOG["a100-80gb"], name="a100-40gb", hbm_bytes=40 * GiB, hbm_bandwidth=1.555e12, usd_per_gpu_hour=0.0,
+    note="DGX A100 40GB: as a100-80gb with 40 GB of HBM2 at 1.555 TB/s")
+CATALOG["h800"] = dataclasses.replace(
+    CATALOG["h100-sxm"], name="h800", intra_node_bandwidth=200e9, usd_per_gpu_hour=0.0,
+    note="HGX H800: H100 SXM compute and memory, NVLink 400 GB/s bidirectional, 400 Gb/s per GPU between nodes")
+
 ALIASES = {
-    "a100": "a100-80gb", "a100-sxm": "a100-80gb", "a100-80g": "a100-80gb",
+    "a100": "a100-80gb", "a100-sxm": "a100-80gb", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
+    "h800-sxm": "h800",
     "h100": "h100-sxm", "h100-80gb": "h100-sxm",
     "h200-sxm": "h200", "b200-sxm": "b200", "mi300": "mi300x", "tpu": "tpu-v5p", "v5p": "tpu-v5p",
 }
