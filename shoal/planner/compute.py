@@ -59,7 +59,8 @@ HEAD_KERNELS = 6
 # equivalents (2 bytes) per token, forward; backward moves about twice as much. Counted op by op from the
 # eager Llama block that torchtitan trains (torchtitan/models/llama/model.py: RMSNorm `_norm(x.float())
 # .type_as(x) * weight`, complex-form rotary in fp32, `output.transpose(1, 2).contiguous()`, SwiGLU
-# `silu(w1 x) * w3 x`); shoal's own block (shoal/model/transformer.py) does the same work. Every op is
+# `silu(w1 x) * w3 x`); shoal's own block (shoal/model/transformer.py) does about the same work (its
+# rotary rotates halves and its SDPA takes GQA heads as they are). Every op is
 # its own kernel that reads its inputs from HBM and writes its output there:
 # - each RMSNorm: upcast (read 2 B, write 4), square (4, 4), mean (4), scale by the rsqrt (4, 4),
 #   downcast (4, 2), weight multiply (2, 2): 36 bytes = 18 elements per channel; two norms 36;
