@@ -273,6 +273,9 @@ def run(args) -> int:
     if args.emit and workload.precision == "fp8":
         raise UserError("precision", "fp8", "shoal train has no FP8 yet, so there is no recipe to emit; "
                                             "plan with --precision bf16 to emit one")
+    if args.emit and workload.attention == "te":
+        raise UserError("attention", "te", "shoal train runs PyTorch's kernels, not Transformer Engine's, so a "
+                                           "recipe would not run at this plan's speed; plan with --attention flash")
     result = single = None
     if args.gpus:
         if fixed.complete and (fixed.ep or not workload.model.is_moe):
