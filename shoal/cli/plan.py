@@ -13,7 +13,7 @@ import sys
 from shoal.cli.argtypes import check_output_dir, check_output_file, nonnegative_float, positive_float
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, SCHEDULES
-from shoal.planner.layout import ATTENTION, PRECISIONS
+from shoal.planner.layout import PRECISIONS
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -50,9 +50,8 @@ def register(sub) -> None:
     w.add_argument("--precision", choices=PRECISIONS,
                    help="default bf16 (mixed precision); fp32 with --gpu local, as CPUs train in fp32; fp8: GEMMs "
                         "in FP8 (Transformer Engine), the rest as bf16; MFU stays against the BF16 peak")
-    w.add_argument("--attention", choices=ATTENTION, default="flash",
-                   help="flash (default): eager PyTorch with flash attention; unfused: S×S scores in memory, as "
-                        "Megatron-LM before flash attention; te: Transformer Engine's fused kernels (Megatron-Core, NeMo)")
+    w.add_argument("--attention", choices=("flash", "unfused"), default="flash",
+                   help="unfused: S×S scores in memory, as Megatron-LM before flash attention (default flash)")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
     w.add_argument("--hw-file", metavar="TOML", help="hardware fields in TOML (base = \"h100-sxm\" + overrides)")
@@ -273,9 +272,6 @@ def run(args) -> int:
     if args.emit and workload.precision == "fp8":
         raise UserError("precision", "fp8", "shoal train has no FP8 yet, so there is no recipe to emit; "
                                             "plan with --precision bf16 to emit one")
-    if args.emit and workload.attention == "te":
-        raise UserError("attention", "te", "shoal train runs PyTorch's kernels, not Transformer Engine's, so a "
-                                           "recipe would not run at this plan's speed; plan with --attention flash")
     result = single = None
     if args.gpus:
         if fixed.complete and (fixed.ep or not workload.model.is_moe):

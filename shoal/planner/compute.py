@@ -75,16 +75,6 @@ EAGER_ROTARY_PASSES = 10
 EAGER_ATTN_OUT_COPY = 2
 EAGER_GLU_ELEMS, EAGER_GELU_ELEMS = 5, 2
 
-# `--attention te`: Transformer Engine's kernels, as Megatron-Core (NeMo, Megatron-Bridge) runs them. Counted
-# the same way from the fused modules (transformer_engine.pytorch LayerNormLinear / LayerNormMLP, Megatron-Core's
-# fused rotary and bias-SwiGLU): each norm is one kernel that reads its input and writes its output in
-# 16 bits (2 per channel; under FP8 it writes the GEMM's FP8 input itself, so those two casts vanish); the two
-# residual adds as eager (6); rotary one kernel over q and k, read and write (2); the attention output
-# copy as eager (2); SwiGLU one kernel reading both halves and writing the product (3); GELU 2.
-TE_OUTSIDE_ELEMS = 10
-TE_ROTARY_PASSES = 2
-TE_GLU_ELEMS = 3
-
 # FP8 (Transformer Engine's recipe): each GEMM input is cast to FP8 by a kernel that reads it in 16 bits and
 # writes one byte (the amax it needs is taken in the same pass), 1.5 element-equivalents per input element:
 # the inputs of QKV and of the first MLP GEMM(s) (h each), of the output projection (q_dim) and of the last
@@ -108,7 +98,6 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     q_dim, kv_dim = cfg.n_heads * hd, cfg.n_kv_heads * hd
     sp = tp if sequence_parallel else 1
     glu = cfg.mlp == "swiglu"
-    act = (TE_GLU_ELEMS if attention == "te" else EAGER_GLU_ELEMS) if glu else EAGER_GELU_ELEMS
 
     # Attention projections: column-parallel QKV, row-parallel output.
     gemm = gemm_time(T, h, (q_dim + 2 * kv_dim) / tp, gpu, precision) + gemm_time(T, q_dim / tp, h, gpu, precision)
@@ -123,26 +112,24 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         gemm += local_experts * expert + gemm_time(T, h, cfg.n_experts, gpu, precision)  # + router
         if shared_f:
             gemm += gemm_time(T, h, (2 if glu else 1) * shared_f / tp, gpu, precision) + gemm_time(T, shared_f / tp, h, gpu, precision)
+        act = EAGER_GLU_ELEMS if glu else EAGER_GELU_ELEMS
         act_elems = cfg.top_k * act * f / tp + act * shared_f / tp
         act_elems += 4 * cfg.top_k * h / tp  # permute tokens to experts and back (gather + scatter)
     else:
         f = cfg.ffn_hidden
         gemm += gemm_time(T, h, (2 if glu else 1) * f / tp, gpu, precision) + gemm_time(T, f / tp, h, gpu, precision)
-        act_elems = act * f / tp
+        act_elems = (EAGER_GLU_ELEMS if glu else EAGER_GELU_ELEMS) * f / tp
 
     # Attention core. FLOPs of QK^T and PV: 4·T·S·q_dim per layer, over tp.
     core_flops = 4.0 * T * seq_len * q_dim / tp
-    if attention in ("flash", "te"):
+    if attention == "flash":
         # Causal flash attention skips the upper triangle (half the work); backward does 2.5x the
         # forward FLOPs because it recomputes the scores.
-        te = attention == "te"
-        eff = (gpu.te_attention_efficiency or gpu.attention_efficiency) if te else gpu.attention_efficiency
-        rate = gpu.peak_flops(core) * eff * gpu.sustained_scale
+        rate = gpu.peak_flops(core) * gpu.attention_efficiency * gpu.sustained_scale
         attn_fwd = 0.5 * core_flops / rate
         attn_bwd = 2.5 * attn_fwd
-        outside = (TE_OUTSIDE_ELEMS if te else EAGER_OUTSIDE_ELEMS) * h
-        rotary = TE_ROTARY_PASSES if te else EAGER_ROTARY_PASSES
-        inside = (rotary * (q_dim + kv_dim) + EAGER_ATTN_OUT_COPY * q_dim) / tp + act_elems
+        outside = EAGER_OUTSIDE_ELEMS * h
+        inside = (EAGER_ROTARY_PASSES * (q_dim + kv_dim) + EAGER_ATTN_OUT_COPY * q_dim) / tp + act_elems
     else:
         # Megatron before flash attention: batched GEMMs over the full S×S, then scale-mask-softmax,
         # dropout and their masks in HBM: about 13 bytes per score forward and 19 backward (16-bit).
@@ -153,7 +140,7 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         # Layer norms, bias-dropout-add with 1-byte masks; bias-GeLU inside the TP region.
         outside, inside = 11 * h, act_elems
     if precision == "fp8":
-        outside += 0 if attention == "te" else FP8_CAST_ELEMS * 2 * h  # TE's norms write FP8 themselves
+        outside += FP8_CAST_ELEMS * 2 * h
         inside += FP8_CAST_ELEMS * (q_dim + (cfg.top_k if moe else 1) * f) / tp
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
     kernels = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + 2 * cfg.n_experts / ep if moe else 0)

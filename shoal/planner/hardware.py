@@ -91,9 +91,6 @@ class GPU:
     """Memory that is never the model's: CUDA context, NCCL buffers, cuBLAS workspaces."""
     peak_fp32_flops: float = 0.0
     """Peak for fp32 training; 0 means half the BF16 peak (the TF32 tensor-core rate on NVIDIA)."""
-    te_attention_efficiency: float = 0.0
-    """The same for Transformer Engine's fused attention (cuDNN), `--attention te`; 0: attention_efficiency
-    (no faster kernel known on this device)."""
     peak_fp8_flops: float = 0.0
     """Dense FP8 peak, FLOP/s, for `--precision fp8` (Transformer Engine-style: GEMMs in FP8, attention,
     norms and master weights as in bf16); 0: the device has no FP8 tensor cores (A100, TPUs)."""
@@ -169,12 +166,8 @@ class GPU:
 # FlashAttention-2 reaches 50-73% of the A100 peak forward and less backward (Dao 2023, arXiv:2307.08691,
 # abstract and its A100 benchmarks, fwd+bwd ~170-190 TFLOP/s at head dim 128), so 0.55; on H100 it reaches
 # "only 35%" (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, abstract), so 0.35 for H100 and H200
-# (same die). B200 and MI300X have no published measurement read here: the H100 FA2 share is assumed
-# (approximate). Hopper's own kernels (FlashAttention-3, cuDNN's fused attention that Transformer Engine
-# calls) are "1.5-2.0x" FA2 on H100 (Shah et al. 2024, abstract); te_attention_efficiency takes the low end,
-# 1.5 x 0.35 = 0.525, because causal masking and backward sit at the low end of that paper's figures.
-# B200 gets the same (cuDNN has Blackwell kernels; no measurement read here, approximate); A100 has no
-# Hopper-only kernel, so its TE attention is FA2-class (0: attention_efficiency).
+# (same die). FA3 would be ~0.6-0.75 there: --hw attention_efficiency=0.6 for FA3/cuDNN runs. B200 and
+# MI300X have no published measurement read here: the H100 FA2 share is assumed (approximate).
 #
 # FP8 dense peaks (the vendors' datasheets, without sparsity): H100 SXM and H200 1979 TFLOP/s, B200 4.5
 # PFLOP/s, MI300X 2614.9 TFLOP/s; A100 and the TPUs here have no FP8 tensor cores.
@@ -196,7 +189,6 @@ CATALOG: dict[str, GPU] = {
         note="DGX A100: NVLink3 600 GB/s bidirectional, one 200 Gb/s HDR InfiniBand NIC per GPU (Selene)"),
     "h100-sxm": GPU(
         name="h100-sxm", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.35,
-        te_attention_efficiency=0.525,
         hbm_bytes=81559 * 2**20, hbm_bandwidth=3.35e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
@@ -204,7 +196,6 @@ CATALOG: dict[str, GPU] = {
         note="HGX H100: NVLink4 900 GB/s bidirectional, one 400 Gb/s NDR InfiniBand/RoCE NIC per GPU"),
     "h200": GPU(
         name="h200", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.35,
-        te_attention_efficiency=0.525,
         hbm_bytes=143771 * 2**20, hbm_bandwidth=4.8e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
@@ -212,7 +203,6 @@ CATALOG: dict[str, GPU] = {
         note="HGX H200: H100 compute with 141 GB HBM3e; 400 Gb/s per GPU between nodes"),
     "b200": GPU(
         name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.35,
-        te_attention_efficiency=0.525,
         hbm_bytes=180 * GiB, hbm_bandwidth=8.0e12, hbm_efficiency=0.85,
         gpus_per_node=8, intra_node_bandwidth=900e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,

@@ -16,7 +16,7 @@ from shoal.model.config import ModelConfig
 from shoal.planner.hardware import GPU
 
 PRECISIONS = ("bf16", "fp32", "fp8")
-ATTENTION = ("flash", "unfused", "te")
+ATTENTION = ("flash", "unfused")
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,7 @@ class Workload:
     attention: str = "flash"
     """`flash`: fused attention that keeps no S×S matrix (what shoal runs). `unfused`: the S×S scores,
     softmax and dropout are materialised, as in Megatron-LM before flash attention (Korthikanti's
-    Table 2 layer); use it to compare with runs from 2021-2022. `te`: Transformer Engine's fused stack as
-    Megatron-Core, NeMo and Megatron-Bridge run it (cuDNN attention, fused norms, rotary and SwiGLU;
-    compute.py), for comparing with those frameworks' published runs; shoal train runs `flash`."""
+    Table 2 layer); use it to compare with runs from 2021-2022."""
 
     def __post_init__(self):
         if self.precision == "bf16-params":
