@@ -4,7 +4,8 @@
     PYTHONPATH=. .venv/bin/python bench/bench_planner_accuracy.py --heldout  # only the held-out ones
 
 Each run of bench/published_runs.toml goes through the planner with its published layout pinned
-(the same evaluate_pinned() that `shoal plan` calls when every dimension is given). The compared number
+(the same evaluate_pinned() that `shoal plan` calls when every dimension is given; where the source
+does not publish the micro-batch or the recompute, the same search `shoal plan` runs over them). The compared number
 is tokens/s per GPU, so the relative error is the MFU error whatever FLOP formula the source used.
 Prints per-run and per-family error and the mean absolute error, all runs and held-out apart.
 """
