@@ -76,3 +76,19 @@ def test_fragments_sync_on_a_staggered_schedule():
     # contiguous, each fragment about total/F, and every parameter in exactly one
     assert split_fragments([10, 10, 10, 10, 10, 10], 3) == [0, 0, 1, 1, 2, 2]
     assert split_fragments([50, 1, 1, 48], 2) == [0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("changes,field", [
+    (dict(dp_replicate=1, dp_shard=2), "parallel.diloco_inner_steps"),
+    (dict(grad_compression="bf16"), "parallel.grad_compression"),
+    (dict(zero=1), "parallel.zero"),
+])
+def test_layout_rules(changes, field):
+    from shoal.layout import Layout, problems
+    from shoal.model.config import get_preset as preset
+
+    ok = dict(dp_replicate=2, dp_shard=1, zero=0, micro_batch=2, diloco_inner_steps=5)
+    assert problems(Layout(**ok), preset("debug"), 2, 4, 16) == []
+    assert problems(Layout(**ok, tp=2), preset("debug"), 4, 4, 16) == []  # tp composes: shards align across groups
+    found = problems(Layout(**ok | changes), preset("debug"), 2, 4, 16)
+    assert [p.field for p in found] == [field]
