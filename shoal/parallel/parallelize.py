@@ -51,7 +51,7 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
             compressor = build_compressor(lay.grad_compression, m, group, job.cfg.parallel, train.seed)
             modules[i] = apply_ddp(m, group, compressor)
         elif dp > 1:
-            apply_fsdp(m, mesh["dp_shard"] if lay.diloco_inner_steps else dp_mesh(mesh, dims, lay.zero), zero=data_parallel_zero(dims, lay.zero),
+            apply_fsdp(m, dp_mesh(mesh, dims, lay.zero, lay.diloco_inner_steps > 0), zero=data_parallel_zero(dims, lay.zero),
                        precision=train.precision,
                        expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None,
                        deferred_weight_grads=dims.pp > 1 and lay.pp_schedule == "zero-bubble",
@@ -115,8 +115,11 @@ def uses_ddp(dims: ParallelDims, zero: int) -> bool:
     return replicates_with_ddp(dims.dp_shard, zero, dims.tp, dims.pp, dims.ep)
 
 
-def dp_mesh(mesh, dims: ParallelDims, zero: int):
-    """The mesh FSDP2 works on: 2-D (replicate, shard) for HSDP, else the one data-parallel axis."""
+def dp_mesh(mesh, dims: ParallelDims, zero: int, diloco: bool = False):
+    """The mesh FSDP2 works on: 2-D (replicate, shard) for HSDP, else the one data-parallel axis;
+    under DiLoCo, the replica group's own dp_shard ranks."""
+    if diloco:
+        return mesh["dp_shard"]
     if data_parallel_zero(dims, zero) == 0:
         return mesh["dp"]
     if dims.dp_replicate > 1:
