@@ -45,3 +45,9 @@ def grad_wire_factor(method: str, dp: int, cfg: ModelConfig, density: float = 0.
         mats = weight_matrices(cfg)
         return sum((m + k) * min(rank, m, k) for m, k in mats) / sum(m * k for m, k in mats)
     raise ValueError(method)
+
+
+def slow_link_fields(parallel: dict) -> dict:
+    """The Workload fields a run's `parallel` config section sets (validate and report plan its run)."""
+    names = ("grad_compression", "topk_density", "powersgd_rank", "diloco_inner_steps", "diloco_quantize")
+    return {k: parallel[k] for k in names if k in parallel}
