@@ -54,6 +54,7 @@ class Layout:
     activation_checkpoint: str = "none"
     sequence_parallel: bool = True
     grad_compression: str = "none"
+    diloco_inner_steps: int = 0
 
     @property
     def dp(self) -> int:
@@ -96,6 +97,8 @@ class Layout:
             parts.append("sp")
         if self.grad_compression != "none":
             parts.append(self.grad_compression)
+        if self.diloco_inner_steps:
+            parts.append(f"diloco{self.diloco_inner_steps}")
         return " ".join(parts)
 
 
@@ -156,6 +159,7 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     if lay.activation_checkpoint not in ACTIVATION_CHECKPOINT:
         bad("activation_checkpoint", lay.activation_checkpoint, f"use one of {', '.join(ACTIVATION_CHECKPOINT)}")
     out += _compression_problems(lay)
+    out += _diloco_problems(lay)
     out += _pipeline_problems(lay, m)
     out += _batch_problems(lay, global_batch)
     return out
@@ -179,6 +183,31 @@ def _compression_problems(lay: Layout) -> list[UserError]:
         return [TrainerLimit("parallel.grad_compression", c, "runs as a DDP comm hook and this layout reduces "
                              "gradients with FSDP2, which has none; use zero=0 or 1 without tp/pp/ep, or "
                              "grad_compression=bf16")]
+    return []
+
+
+def _diloco_problems(lay: Layout) -> list[UserError]:
+    """DiLoCo replaces the gradient all-reduce across dp_replicate groups with an outer step every H
+    steps (parallel/diloco.py). It composes with tp, pp and dp_shard (each group shards alike, so
+    the ranks at one coordinate hold the same slices). Not with grad_compression: inside a group
+    gradients cross the fast links, and the slow cross-group traffic is the pseudo-gradient, which
+    parallel.diloco_quantize compresses."""
+    h = lay.diloco_inner_steps
+    if h == 0:
+        return []
+    if lay.dp_replicate < 2:
+        return [UserError("parallel.diloco_inner_steps", h, "DiLoCo averages across dp_replicate groups but "
+                          f"dp_replicate={lay.dp_replicate}; set parallel.dp_replicate to 2 or more, or diloco_inner_steps=0")]
+    if lay.grad_compression != "none":
+        return [UserError("parallel.grad_compression", lay.grad_compression, "DiLoCo sends no gradients across "
+                          "groups; compress its pseudo-gradient with parallel.diloco_quantize=bf16|int8 and set "
+                          "grad_compression=none")]
+    if lay.ep > 1:
+        return [TrainerLimit("parallel.ep", lay.ep, "expert weights are sharded across dp_replicate, which DiLoCo "
+                             "keeps apart; set ep=1 or diloco_inner_steps=0")]
+    if lay.zero == 1:
+        return [TrainerLimit("parallel.zero", 1, "ZeRO-1 shards the optimizer across all data-parallel ranks, "
+                             "DiLoCo keeps each group's own; use zero=0, 2 or 3")]
     return []
 
 

@@ -12,7 +12,7 @@ import sys
 
 from shoal.cli.argtypes import check_output_dir, check_output_file, nonnegative_float, positive_float
 from shoal.errors import UserError
-from shoal.layout import ACTIVATION_CHECKPOINT, SCHEDULES
+from shoal.layout import ACTIVATION_CHECKPOINT, GRAD_COMPRESSION, SCHEDULES
 from shoal.planner.layout import PRECISIONS
 
 EPILOG = """examples:
@@ -70,6 +70,16 @@ def register(sub) -> None:
     lay.add_argument("--pp-virtual-stages", "--pp-virtual", dest="pp_virtual_stages", type=int,
                      help="stages per pipeline rank (interleaved schedules)")
     lay.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
+
+    s = p.add_argument_group("slow links (change the data-parallel communication term, planner/slow_links.py)")
+    s.add_argument("--grad-compression", choices=GRAD_COMPRESSION, default="none", help="as parallel.grad_compression")
+    s.add_argument("--topk-density", type=float, default=0.1, help="--grad-compression topk: share of values sent")
+    s.add_argument("--powersgd-rank", type=int, default=4, help="--grad-compression powersgd: rank")
+    s.add_argument("--diloco-inner-steps", type=int, default=0, metavar="H",
+                   help="DiLoCo: each data-parallel rank a replica group (zero=0) that all-reduces its parameters "
+                        "every H steps instead of gradients every step")
+    s.add_argument("--diloco-quantize", choices=("none", "bf16", "int8"), default="none",
+                   help="DiLoCo: dtype of the pseudo-gradient on the wire")
 
     o = p.add_argument_group("budget and output")
     o.add_argument("--tokens", type=_amount, help="tokens to train, e.g. 15e12 or 15T")
@@ -175,19 +185,38 @@ def build(args):
     if precision == "fp8" and not gpu.peak_fp8_flops:
         raise UserError("precision", "fp8", f"{gpu.name} has no FP8 tensor cores; use bf16, or give its FP8 peak "
                                             f"with --hw peak_fp8_flops=...")
-    workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention)
+    _slow_link_flags(args)
+    workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention,
+                        grad_compression=args.grad_compression, topk_density=args.topk_density,
+                        powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,
+                        diloco_quantize=args.diloco_quantize)
     per_node = args.gpus_per_node or gpu.gpus_per_node
     cluster = Cluster(gpu, args.gpus, per_node) if args.gpus else Cluster(gpu, 1, per_node)
     schedule = args.pp_schedule
     if schedule is None and args.pp_virtual_stages and args.pp_virtual_stages > 1:
         schedule = "interleaved-1f1b"  # asking for virtual stages means interleaving
-    fixed = Fixed(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep, zero=args.zero, micro_batch=args.micro_batch,
+    zero = 0 if args.diloco_inner_steps else args.zero  # DiLoCo plans replica groups of one rank
+    fixed = Fixed(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep, zero=zero, micro_batch=args.micro_batch,
                   activation_checkpoint=args.activation_checkpoint, pp_schedule=schedule,
                   pp_virtual_stages=args.pp_virtual_stages, sequence_parallel=args.sequence_parallel)
     if args.gpus:
         _check_pinned(fixed, args.gpus, workload)
     name = args.model or f"custom {cfg.n_layers}L/{cfg.dim}H/{cfg.n_heads}A"
     return workload, cluster, fixed, name
+
+
+def _slow_link_flags(args) -> None:
+    if not 0 < args.topk_density <= 1:
+        raise UserError("topk-density", args.topk_density, "must be in (0, 1], e.g. 0.1")
+    _positive("powersgd_rank", args.powersgd_rank)
+    if args.diloco_inner_steps < 0:
+        raise UserError("diloco-inner-steps", args.diloco_inner_steps, "must be >= 0 (0: off), e.g. 50")
+    if args.diloco_inner_steps and args.grad_compression != "none":
+        raise UserError("grad-compression", args.grad_compression, "DiLoCo sends no gradients across replica groups; "
+                        "use --diloco-quantize for its pseudo-gradient")
+    if args.diloco_inner_steps and args.zero not in (None, 0):
+        raise UserError("zero", args.zero, "the planner's DiLoCo makes each data-parallel rank its own replica "
+                        "group, which replicates (zero=0); drop --zero")
 
 
 def _check_pinned(fixed, n_gpus: int, workload) -> None:

@@ -35,6 +35,14 @@ class Workload:
     """`flash`: fused attention that keeps no S×S matrix (what shoal runs). `unfused`: the S×S scores,
     softmax and dropout are materialised, as in Megatron-LM before flash attention (Korthikanti's
     Table 2 layer); use it to compare with runs from 2021-2022."""
+    grad_compression: str = "none"
+    """parallel.grad_compression: scales the data-parallel gradient bytes (planner/slow_links.py)."""
+    topk_density: float = 0.1
+    powersgd_rank: int = 4
+    diloco_inner_steps: int = 0
+    """parallel.diloco_inner_steps: every data-parallel rank is its own replica group (zero=0) and
+    all-reduces its parameters once every H steps instead of its gradients every step."""
+    diloco_quantize: str = "none"
 
     def __post_init__(self):
         if self.precision == "bf16-params":

@@ -27,6 +27,7 @@ from shoal.planner.compute import head_time, layer_time
 from shoal.layout import Layout
 from shoal.planner.layout import Cluster, Workload, group_ranks_per_node, layers_per_rank, moe_layer_count
 from shoal.planner.memory import rank_params
+from shoal.planner.slow_links import QUANTIZED, grad_wire_factor
 
 GRAD_REDUCE_BYTES = 4
 """Gradients are reduced in fp32 under bf16 mixed precision: shoal's FSDP2 policy (reduce_dtype=float32,
@@ -144,7 +145,8 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     g_dp = group_ranks_per_node(lay.dp, lay.tp, G)
     g_edp = group_ranks_per_node(edp, lay.tp * lay.ep, G)
 
-    grad = elem if prec == "fp32" else GRAD_REDUCE_BYTES
+    grad = (elem if prec == "fp32" else GRAD_REDUCE_BYTES) * grad_wire_factor(
+        workload.grad_compression, lay.dp, cfg, workload.topk_density, workload.powersgd_rank)
 
     def gather(n_dense: float, n_expert: float, nbytes: int = elem) -> float:
         """All-gather (or reduce-scatter: same time) of these many unsharded parameters."""
@@ -181,7 +183,12 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
 
     # --- once per step: gradient reduction and (ZeRO-1/2) parameter gather ---
     dp_total = dp_exposed = 0.0
-    if lay.dp > 1 and lay.zero <= 2:
+    if lay.dp > 1 and workload.diloco_inner_steps:
+        # DiLoCo: no gradient traffic across ranks; the parameters' all-reduce every H steps, waited for
+        outer = 4 * QUANTIZED[workload.diloco_quantize]
+        dp_total = dp_exposed = (coll.all_reduce(params.dense * outer, lay.dp, g_dp, net)
+                                 + coll.all_reduce(params.expert * outer, edp, g_edp, net)) / workload.diloco_inner_steps
+    elif lay.dp > 1 and lay.zero <= 2:
         if lay.zero == 0:
             sync = (coll.all_reduce(params.dense * grad, lay.dp, g_dp, net)
                     + coll.all_reduce(params.expert * grad, edp, g_edp, net))

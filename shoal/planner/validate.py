@@ -9,6 +9,8 @@ named hardware (`--gpu local` for a CPU run: this machine, measured). Torch-free
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +124,7 @@ def compare(run_dir: str | Path, gpu, *, recipe: str | None = None, overrides: l
     from shoal.planner.evaluate import evaluate
     from shoal.planner.hardware import GiB
     from shoal.planner.layout import Cluster, Workload
+    from shoal.planner.slow_links import slow_link_fields
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -133,7 +136,8 @@ def compare(run_dir: str | Path, gpu, *, recipe: str | None = None, overrides: l
     gpu = local_for_ranks(gpu, world)
     job = resolve(cfg, world)
     t = cfg.train
-    workload = Workload(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash")
+    workload = Workload(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash",
+                        **slow_link_fields(dataclasses.asdict(cfg.parallel)))
     plan = evaluate(workload, job.layout, Cluster(gpu, world, gpus_per_node or gpu.gpus_per_node), check=False)
     return Comparison(str(run_dir), job.layout.short(), world, n, plan.time.step, step, plan.memory.total / GiB,
                       peak / GiB, mfu)

@@ -28,11 +28,13 @@ def predict(info: dict) -> Prediction:
     from shoal.planner.evaluate import evaluate
     from shoal.planner.layout import Cluster, Workload
     from shoal.planner.memory import memory
+    from shoal.planner.slow_links import slow_link_fields
 
     model = ModelConfig(**info["model"])
     layout = Layout(**info["layout"])
     t = info["config"]["train"]
-    workload = Workload(model, t["seq_len"], t["global_batch"], precision=t["precision"], attention="flash")
+    workload = Workload(model, t["seq_len"], t["global_batch"], precision=t["precision"], attention="flash",
+                        **slow_link_fields(info["config"].get("parallel", {})))
     gpu, why = None, ""
     if info.get("device") == "cuda":
         gpu = hardware.lookup_gpu(info.get("device_name", ""))

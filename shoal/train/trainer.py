@@ -103,6 +103,8 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         with counter:                # guard below decides alike everywhere
             if guard.allows_update(step + 1, loss, grad_norm):  # NaN/Inf: stop (raises) or skip the update
                 optimizer.step()
+            if pm.diloco is not None:  # DiLoCo's outer step, every diloco_inner_steps (or per fragment)
+                pm.diloco.after_step(step + 1, last=step + 1 == t.steps)
         state = model_state(pm.parameters(), optimizer)  # after the step: AdamW state exists
         optimizer.zero_grad(set_to_none=True)
         step_time = time.perf_counter() - t0

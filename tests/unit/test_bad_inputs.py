@@ -152,6 +152,9 @@ FIELD_CASES = [
     ("model.note", "x"),
     ("parallel.tp", "0"), ("parallel.pp", "-1"), ("parallel.zero", "4"), ("parallel.pp_schedule", "1f2b"),
     ("parallel.pp_microbatches", "-1"), ("parallel.pp_lighter_edges", "-1"), ("parallel.sequence_parallel", "2"),
+    ("parallel.diloco_inner_steps", "-1"), ("parallel.diloco_outer_lr", "0"), ("parallel.diloco_outer_lr", "nan"),
+    ("parallel.diloco_outer_momentum", "1"), ("parallel.diloco_fragments", "0"), ("parallel.diloco_quantize", "int4"),
+    ("train.optimizer", "lion"),
     # valid numbers no machine's memory holds: refused instead of swapping or being killed
     ("model.dim", "65536"), ("model.vocab_size", "100000000"), ("train.eval_batches", "100000000"),
     ("model.max_seq_len", "2000000000"), ("train.micro_batch", "100000000"),
@@ -163,6 +166,8 @@ COMBO_CASES = [
     (["model.preset=debug-moe", "model.n_dense_layers=4"], "model.n_dense_layers"),
     (["train.seq_len=200", "model.max_seq_len=100"], "train.seq_len"),
     (["model.preset=debug", "train.sample_tokens=300"], "train.sample_tokens"),
+    (["parallel.diloco_inner_steps=5"], "parallel.diloco_inner_steps"),  # one process: no dp_replicate groups
+    (["parallel.diloco_inner_steps=4", "parallel.diloco_fragments=5"], "parallel.diloco_fragments"),
 ]
 SYNTAX_CASES = ["train.steps", "steps=5", "foo.bar=1", "train.stesp=5", "train=5", ".steps=1", "train.=1",
                 "model.preset.x=1", "=", "train.steps==5"]
