@@ -92,8 +92,9 @@ def register(sub) -> None:
                                                  "and scaling pictures (DIR/index.html)")
     v = p.add_argument_group("predicted vs measured")
     v.add_argument("--validate", metavar="RUN_DIR",
-                   help="compare the plan for a finished `shoal train --out RUN_DIR` run with what it measured "
-                        "(its config from its newest checkpoint, or --recipe; hardware from --gpu, default local)")
+                   help="compare a finished `shoal train --out RUN_DIR` run's measurement with the prediction it "
+                        "stored; with --gpu/--hw-file/--hw (or a run that stored none) plan it now for that hardware "
+                        "(default local) from its run.json, newest checkpoint or --recipe")
     v.add_argument("--recipe", metavar="TOML", help="with --validate: the recipe the run was started with")
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="with --validate --recipe: the run's --set overrides (repeatable)")
@@ -227,9 +228,10 @@ def validate(args) -> int:
     from shoal.planner import hardware
     from shoal.planner.validate import compare
 
+    gpu = None  # the prediction the run stored, unless other hardware is asked for
     if args.hw_file:
         gpu = hardware.load_hw_file(args.hw_file, args.gpu)
-    else:
+    elif args.gpu or args.hw or args.remeasure:
         gpu = hardware.get_gpu(args.gpu or "local", remeasure=args.remeasure)
     if args.hw:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
@@ -240,7 +242,8 @@ def validate(args) -> int:
         return 0
     mfu = f"{c.measured_mfu:.2%}" if c.measured_mfu is not None else "-"
     pred_mfu = f"{c.predicted_mfu:.2%}" if c.predicted_mfu is not None else "-"
-    print(f"shoal plan --validate {c.run_dir}: {c.layout} on {c.world} x {gpu.name}, {c.steps_measured} steady steps")
+    print(f"shoal plan --validate {c.run_dir}: {c.layout} on {c.world} x {c.hardware}, {c.steps_measured} steady steps")
+    print(f"  prediction {c.source}")
     print(f"  {'':12} {'predicted':>10} {'measured':>10} {'ratio':>6}")
     print(f"  {'step (s)':12} {c.predicted_step_s:10.4g} {c.measured_step_s:10.4g} {c.step_ratio:6.2f}")
     print(f"  {'peak GiB':12} {c.predicted_peak_gib:10.3g} {c.measured_peak_gib:10.3g} {c.memory_ratio:6.2f}")

@@ -324,6 +324,11 @@ def load_hw_file(path: str | os.PathLike, default_base: str | None) -> GPU:
 # --- the `local` profile: measured on this machine by shoal.measure.local_profile ---
 
 
+LOCAL_PROCESS_BYTES = 0.3 * GiB
+"""A CPU rank's own footprint beyond the model: the interpreter, torch's libraries, gloo (the GPU
+entries' reserved_bytes is a CUDA context, NCCL and cuBLAS workspaces instead)."""
+
+
 def local_profile_path() -> Path:
     return cache_dir() / "local_profile.json"
 
@@ -379,7 +384,7 @@ def gpu_from_profile(profile: dict) -> GPU:
         inter_node_latency=float(profile.get("inter_node_latency", 50e-6)),
         kernel_gap=float(profile.get("op_overhead", 20e-6)),
         overlap_cost=1.0,
-        reserved_bytes=0.3 * GiB,
+        reserved_bytes=LOCAL_PROCESS_BYTES,
         note=f"measured on {profile.get('host', 'this machine')} at {profile.get('measured_at', '?')} "
              f"(one thread per rank, gloo between local processes)",
     )
