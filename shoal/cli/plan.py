@@ -166,11 +166,11 @@ def build(args):
         raise UserError("gpu", None, f"name a device with --gpu ({', '.join(hardware.known_names())}) or --hw-file")
     if args.hw:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
-    if args.gpus:
-        gpu = hardware.local_for_ranks(gpu, args.gpus)
+    if args.gpus:  # `local`: the ranks share this machine's cores unless --gpus-per-node spreads them
+        gpu = hardware.local_for_ranks(gpu, args.gpus_per_node or args.gpus)
     if args.gpus is None and not args.scale:
         raise UserError("gpus", None, "give the GPU count with --gpus N (or sweep with --scale A:B)")
-    precision = args.precision or ("fp32" if gpu.name == "local" else "bf16")
+    precision = args.precision or ("fp32" if hardware.is_local(gpu) else "bf16")
     workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention)
     per_node = args.gpus_per_node or gpu.gpus_per_node
     cluster = Cluster(gpu, args.gpus, per_node) if args.gpus else Cluster(gpu, 1, per_node)

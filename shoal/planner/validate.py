@@ -150,9 +150,9 @@ def compare(run_dir: str | Path, gpu=None, *, recipe: str | None = None, overrid
     from shoal.planner.hardware import get_gpu, local_for_ranks
     from shoal.train.prediction import plan_job
 
-    gpu = local_for_ranks(gpu or get_gpu("local"), job.world)
-    plan = plan_job(job, gpu, gpus_per_node or per_node or gpu.gpus_per_node)
-    return Comparison(str(run_dir), gpu.name, why, job.layout.short(), job.world, n, plan.step_time_s, step,
+    per_node = gpus_per_node or per_node or job.world
+    plan = plan_job(job, local_for_ranks(gpu or get_gpu("local"), per_node), per_node)
+    return Comparison(str(run_dir), plan.hardware, why, job.layout.short(), job.world, n, plan.step_time_s, step,
                       plan.memory.total / GiB, peak / GiB, mfu)
 
 

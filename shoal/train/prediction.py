@@ -73,8 +73,8 @@ class RunPrediction:
                    mfu=d.get("mfu"))
 
 
-def planner_hardware(device_kind: str, device_name: str, ranks: int, *, measure: bool):
-    """(the planner's GPU entry for this device, '') or (None, why not)."""
+def planner_hardware(device_kind: str, device_name: str, ranks_per_node: int, *, measure: bool):
+    """(the planner's GPU entry for this device as `ranks_per_node` ranks see it, '') or (None, why not)."""
     from shoal.planner import hardware
 
     if device_kind == "cuda":
@@ -86,7 +86,7 @@ def planner_hardware(device_kind: str, device_name: str, ranks: int, *, measure:
         gpu = hardware.local_gpu()  # measures (a few seconds, once per machine) when nothing is cached
     except UserError as e:
         return None, str(e)
-    return hardware.local_for_ranks(gpu, ranks), ""
+    return hardware.local_for_ranks(gpu, ranks_per_node), ""
 
 
 def predict_job(job, device_kind: str, device_name: str, local_world: int, *, measure: bool = True) -> RunPrediction:
@@ -94,7 +94,7 @@ def predict_job(job, device_kind: str, device_name: str, local_world: int, *, me
     from shoal.planner.hardware import GPU, LOCAL_PROCESS_BYTES
     from shoal.train.memory_check import Device, predict_peak
 
-    gpu, why = planner_hardware(device_kind, device_name, job.world, measure=measure)
+    gpu, why = planner_hardware(device_kind, device_name, min(local_world, job.world), measure=measure)
     if gpu is None:
         # Memory needs only the reserved bytes (capacity is the memory check's business, not the plan's).
         reserved = LOCAL_PROCESS_BYTES if device_kind == "cpu" else GPU.reserved_bytes
