@@ -159,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     profile = measure()
     profile["seconds"] = time.perf_counter() - t0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(profile, indent=2))
+    tmp = Path(args.out).with_name(Path(args.out).name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(profile, indent=2))
+    os.replace(tmp, args.out)  # a run reading the cache meanwhile sees no profile or a whole one
     print(json.dumps(profile, indent=2))
     return 0
 
