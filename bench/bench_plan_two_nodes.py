@@ -14,15 +14,15 @@ planner's step time and peak memory for that hardware file (`shoal plan --valida
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
+
+from machine_lock import load_average, machine_lock
 
 REPO = Path(__file__).resolve().parents[1]
 HW_FILE = REPO / "recipes" / "hardware" / "emulated-two-node.toml"
@@ -34,17 +34,6 @@ LAYOUTS = [
     ("tp2-dp2", ["parallel.tp=2", "parallel.zero=0", "train.micro_batch=8"]),  # TP inside, the DP all-reduce across
     ("tp2-pp2", ["parallel.tp=2", "parallel.pp=2", "parallel.pp_schedule=1f1b", "train.micro_batch=4"]),  # stage sends
 ]
-
-
-@contextmanager
-def cpu_lock():
-    """The machine's shared lock (the same flock(2) the `flock /tmp/shoal-cpu.lock` command takes)."""
-    with open("/tmp/shoal-cpu.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def probe_worker(rank: int, init_file: str, out_file: str) -> None:
@@ -125,12 +114,12 @@ def main() -> int:
         return 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average {load_average()}")
     trained = []
     # One hold of the machine's lock for the probe and the three runs (~4 minutes): on a shared
     # machine, taking it once per run queues the benchmark behind everyone four times.
-    with emulated_cluster() as cluster, cpu_lock():
-        print(f"load average when the lock was taken {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    with emulated_cluster() as cluster, machine_lock():
+        print(f"load average when the lock was taken {load_average()}")
         link = probe_link(cluster)
         if link:
             print(f"link between nodes (gloo all_reduce, 1 rank per node): latency {link['latency_s'] * 1e6:.0f} us "
@@ -150,7 +139,7 @@ def main() -> int:
         print(f"{name:10} {c['layout']:28} {c['predicted_step_s']:9.3f} {c['measured_step_s']:9.3f} {c['step_ratio']:6.2f} | "
               f"{c['predicted_peak_gib']:8.2f} {c['measured_peak_gib']:8.2f} {c['memory_ratio']:6.2f} | "
               f"{stored['step_ratio']:.2f}")
-    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average {load_average()}")
     return 0
 
 
