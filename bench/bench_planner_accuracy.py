@@ -4,7 +4,7 @@
     PYTHONPATH=. .venv/bin/python bench/bench_planner_accuracy.py --heldout  # only the held-out ones
 
 Each run of bench/published_runs.toml goes through the planner with its published layout pinned
-(the same evaluate() that `shoal plan` calls when every dimension is given). The compared number
+(the same evaluate_pinned() that `shoal plan` calls when every dimension is given). The compared number
 is tokens/s per GPU, so the relative error is the MFU error whatever FLOP formula the source used.
 Prints per-run and per-family error and the mean absolute error, all runs and held-out apart.
 """
@@ -19,8 +19,9 @@ from pathlib import Path
 from shoal.model import analytics
 from shoal.model.config import PRESETS, ModelConfig
 from shoal.planner import hardware
-from shoal.planner.evaluate import evaluate
-from shoal.planner.layout import Cluster, Layout, Workload
+from shoal.planner.search import evaluate_pinned
+from shoal.layout import Layout
+from shoal.planner.layout import Cluster, Workload
 
 DATA = Path(__file__).with_name("published_runs.toml")
 
@@ -37,6 +38,8 @@ def model(name: str, shapes: dict, seq: int) -> ModelConfig:
 def published_tokens_per_gpu_s(run: dict, cfg: ModelConfig) -> float:
     if "tokens_per_gpu_s" in run:
         return float(run["tokens_per_gpu_s"])
+    if run["metric"] == "model_tflops":  # DESIGN.md's model FLOPs per token (6N + 12LHS, PaLM's convention)
+        return run["tflops_per_gpu"] * 1e12 / analytics.flops_per_token(cfg, run["seq"])
     assert run["metric"] == "megatron_eq3", run["id"]
     B, s = run["global_batch"], run["seq"]
     flops = analytics.megatron_flops_per_iteration(B, s, cfg.n_layers, cfg.dim, cfg.vocab_size)
@@ -52,8 +55,10 @@ def predict(run: dict, cfg: ModelConfig):
     layout = Layout(dp_shard=lay["dp"], tp=lay["tp"], pp=lay["pp"], zero=lay["zero"], micro_batch=lay["micro_batch"],
                     activation_checkpoint=lay["recompute"], pp_schedule=lay.get("schedule", "1f1b"),
                     pp_virtual_stages=lay.get("virtual", 1), sequence_parallel=lay.get("sp", False))
-    wl = Workload(cfg, run["seq"], run["global_batch"], attention=run.get("attention", "flash"))
-    return evaluate(wl, layout, Cluster(gpu, run["gpus"], gpu.gpus_per_node))
+    wl = Workload(cfg, run["seq"], run["global_batch"], attention=run.get("attention", "flash"),
+                  precision=run.get("precision", "bf16"))
+    # The same call as `shoal plan` with every dimension pinned (an unpublished interleaving factor is searched).
+    return evaluate_pinned(wl, layout, Cluster(gpu, run["gpus"], gpu.gpus_per_node), interleave_given="virtual" in lay)
 
 
 def main(argv: list[str]) -> int:
