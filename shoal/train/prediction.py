@@ -86,6 +86,8 @@ def planner_hardware(device_kind: str, device_name: str, ranks_per_node: int, *,
         gpu = hardware.local_gpu()  # measures (a few seconds, once per machine) when nothing is cached
     except UserError as e:
         return None, str(e)
+    except (OSError, ValueError, KeyError) as e:  # a damaged cache must not stop a run: it loses its prediction
+        return None, f"{hardware.local_profile_path()} is unreadable ({type(e).__name__}); `shoal plan --gpu local --remeasure`"
     return hardware.local_for_ranks(gpu, ranks_per_node), ""
 
 
