@@ -104,8 +104,9 @@ def register(sub) -> None:
                                                  "and scaling pictures (DIR/index.html)")
     v = p.add_argument_group("predicted vs measured")
     v.add_argument("--validate", metavar="RUN_DIR",
-                   help="compare the plan for a finished `shoal train --out RUN_DIR` run with what it measured "
-                        "(its config from its newest checkpoint, or --recipe; hardware from --gpu, default local)")
+                   help="compare a finished `shoal train --out RUN_DIR` run's measurement with the prediction it "
+                        "stored; with --gpu/--hw-file/--hw (or a run that stored none) plan it now for that hardware "
+                        "(default local) from its run.json, newest checkpoint or --recipe")
     v.add_argument("--recipe", metavar="TOML", help="with --validate: the recipe the run was started with")
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="with --validate --recipe: the run's --set overrides (repeatable)")
@@ -177,11 +178,11 @@ def build(args):
         raise UserError("gpu", None, f"name a device with --gpu ({', '.join(hardware.known_names())}) or --hw-file")
     if args.hw:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
-    if args.gpus:
-        gpu = hardware.local_for_ranks(gpu, args.gpus)
+    if args.gpus:  # `local`: the ranks share this machine's cores unless --gpus-per-node spreads them
+        gpu = hardware.local_for_ranks(gpu, args.gpus_per_node or args.gpus)
     if args.gpus is None and not args.scale:
         raise UserError("gpus", None, "give the GPU count with --gpus N (or sweep with --scale A:B)")
-    precision = args.precision or ("fp32" if gpu.name == "local" else "bf16")
+    precision = args.precision or ("fp32" if hardware.is_local(gpu) else "bf16")
     if precision == "fp8" and not gpu.peak_fp8_flops:
         raise UserError("precision", "fp8", f"{gpu.name} has no FP8 tensor cores; use bf16, or give its FP8 peak "
                                             f"with --hw peak_fp8_flops=...")
@@ -261,9 +262,10 @@ def validate(args) -> int:
     from shoal.planner import hardware
     from shoal.planner.validate import compare
 
+    gpu = None  # the prediction the run stored, unless other hardware is asked for
     if args.hw_file:
         gpu = hardware.load_hw_file(args.hw_file, args.gpu)
-    else:
+    elif args.gpu or args.hw or args.remeasure:
         gpu = hardware.get_gpu(args.gpu or "local", remeasure=args.remeasure)
     if args.hw:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
@@ -274,7 +276,8 @@ def validate(args) -> int:
         return 0
     mfu = f"{c.measured_mfu:.2%}" if c.measured_mfu is not None else "-"
     pred_mfu = f"{c.predicted_mfu:.2%}" if c.predicted_mfu is not None else "-"
-    print(f"shoal plan --validate {c.run_dir}: {c.layout} on {c.world} x {gpu.name}, {c.steps_measured} steady steps")
+    print(f"shoal plan --validate {c.run_dir}: {c.layout} on {c.world} x {c.hardware}, {c.steps_measured} steady steps")
+    print(f"  prediction {c.source}")
     print(f"  {'':12} {'predicted':>10} {'measured':>10} {'ratio':>6}")
     print(f"  {'step (s)':12} {c.predicted_step_s:10.4g} {c.measured_step_s:10.4g} {c.step_ratio:6.2f}")
     print(f"  {'peak GiB':12} {c.predicted_peak_gib:10.3g} {c.measured_peak_gib:10.3g} {c.memory_ratio:6.2f}")

@@ -89,6 +89,10 @@ class GPU:
     approximate: the `local` entry measures its own (op_overhead)."""
     reserved_bytes: float = 2.5 * GiB
     """Memory that is never the model's: CUDA context, NCCL buffers, cuBLAS workspaces."""
+    allocator_slack: float = 0.0
+    """Memory the allocator holds beyond what is live, as a fraction of the memory that comes and goes
+    (activations, logits, buffers); 0: a GPU caching allocator's FRAGMENTATION (memory.py). `local`
+    sets the measured one of glibc's malloc (LOCAL_ALLOCATOR_SLACK)."""
     peak_fp32_flops: float = 0.0
     """Peak for fp32 training; 0 means half the BF16 peak (the TF32 tensor-core rate on NVIDIA)."""
     peak_fp8_flops: float = 0.0
@@ -315,6 +319,7 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
             raise UserError(f"{source}.{key}", raw, "must be a finite number")
         if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "power_watts",
                                                          "nodes_per_leaf", "overlap_cost", "power_limit_watts", "peak_fp8_flops",
+                                                         "allocator_slack",
                                                          "usd_per_gpu_hour"):
             raise UserError(f"{source}.{key}", raw, "must be positive")
         if key.endswith("_efficiency") and not 0 < value <= 1:
@@ -359,6 +364,16 @@ def load_hw_file(path: str | os.PathLike, default_base: str | None) -> GPU:
 # --- the `local` profile: measured on this machine by shoal.measure.local_profile ---
 
 
+LOCAL_PROCESS_BYTES = 0.3 * GiB
+"""A CPU rank's own footprint beyond the model: the interpreter, torch's libraries, gloo (the GPU
+entries' reserved_bytes is a CUDA context, NCCL and cuBLAS workspaces instead)."""
+
+
+LOCAL_ALLOCATOR_SLACK = 0.7
+"""glibc malloc's slack on a CPU rank: what the process's resident set holds beyond the live tensors,
+as a fraction of the memory that comes and goes each step."""
+
+
 def local_profile_path() -> Path:
     return cache_dir() / "local_profile.json"
 
@@ -380,17 +395,37 @@ def local_gpu(*, remeasure: bool = False) -> GPU:
     return gpu_from_profile(json.loads(path.read_text()))
 
 
+def is_local(gpu: GPU) -> bool:
+    """The measured `local` entry, or a hardware file built on it (`base = "local"`, named local+FILE)."""
+    return gpu.name.split("+", 1)[0] == "local"
+
+
 def local_for_ranks(gpu: GPU, ranks: int) -> GPU:
-    """The `local` entry as a job of `ranks` processes sees it. The profile is one thread per rank
-    (launched workers get OMP_NUM_THREADS=1, shoal/launch/local.py), but a single process keeps
-    torch's default, every core: its matmul and copy rates scale with the cores (approximately:
-    linear) and it has the whole memory."""
-    if gpu.name != "local" or ranks != 1 or gpu.gpus_per_node <= 1:
-        return gpu
+    """The `local` entry as `ranks` processes on one node see it; its gpus_per_node is the node's
+    cores (one rank per core is how the profile was measured: launched workers get
+    OMP_NUM_THREADS=1, shoal/launch/local.py).
+
+    - One process keeps torch's default, every core: its matmul and copy rates scale with the
+      cores (approximately: linear) and it has the whole memory.
+    - More ranks than cores time-share them: Linux's scheduler (CFS) gives each runnable process an
+      equal share, so each rank's compute, memory and loopback-link rates are cores/ranks of one
+      core's, and each op's dispatch and each collective step's latency take ranks/cores as long.
+    """
     cores = gpu.gpus_per_node
-    return dataclasses.replace(gpu, peak_bf16_flops=gpu.peak_bf16_flops * cores,
-                               peak_fp32_flops=gpu.peak_fp32_flops * cores, hbm_bandwidth=gpu.hbm_bandwidth * cores,
-                               hbm_bytes=gpu.hbm_bytes * cores, gpus_per_node=1)
+    if not is_local(gpu) or cores < 1 or ranks == cores:
+        return gpu
+    if ranks == 1:
+        return dataclasses.replace(gpu, peak_bf16_flops=gpu.peak_bf16_flops * cores,
+                                   peak_fp32_flops=gpu.peak_fp32_flops * cores, hbm_bandwidth=gpu.hbm_bandwidth * cores,
+                                   hbm_bytes=gpu.hbm_bytes * cores, gpus_per_node=1)
+    if ranks < cores:
+        return gpu
+    share = cores / ranks
+    return dataclasses.replace(gpu, peak_bf16_flops=gpu.peak_bf16_flops * share,
+                               peak_fp32_flops=gpu.peak_fp32_flops * share, hbm_bandwidth=gpu.hbm_bandwidth * share,
+                               hbm_bytes=gpu.hbm_bytes * share, intra_node_bandwidth=gpu.intra_node_bandwidth * share,
+                               intra_node_latency=gpu.intra_node_latency / share, kernel_gap=gpu.kernel_gap / share,
+                               gpus_per_node=ranks)
 
 
 def gpu_from_profile(profile: dict) -> GPU:
@@ -412,9 +447,12 @@ def gpu_from_profile(profile: dict) -> GPU:
         inter_node_bandwidth=float(profile.get("inter_node_bandwidth", 1.25e9)),  # 10 GbE if ever multi-host
         inter_node_efficiency=0.9,
         inter_node_latency=float(profile.get("inter_node_latency", 50e-6)),
-        kernel_gap=float(profile.get("op_overhead", 20e-6)),
+        # kernel_overhead: per counted kernel of a real layer; op_overhead, a bare multiply, is what
+        # profiles measured before it (--remeasure replaces it)
+        kernel_gap=float(profile.get("kernel_overhead", profile.get("op_overhead", 20e-6))),
+        allocator_slack=LOCAL_ALLOCATOR_SLACK,
         overlap_cost=1.0,
-        reserved_bytes=0.3 * GiB,
+        reserved_bytes=LOCAL_PROCESS_BYTES,
         note=f"measured on {profile.get('host', 'this machine')} at {profile.get('measured_at', '?')} "
              f"(one thread per rank, gloo between local processes)",
     )

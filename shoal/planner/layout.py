@@ -48,6 +48,18 @@ class Workload:
         if self.precision == "bf16-params":
             object.__setattr__(self, "precision", "bf16")
 
+    @classmethod
+    def of_job(cls, job) -> Workload:
+        """What a `shoal train` job (shoal.job.Job) computes and sends: its model, batch, precision,
+        the attention it runs and its slow-link settings."""
+        from dataclasses import asdict
+
+        from shoal.planner.slow_links import slow_link_fields
+
+        t = job.cfg.train
+        return cls(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash",
+                   **slow_link_fields(asdict(job.cfg.parallel)))
+
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.global_batch

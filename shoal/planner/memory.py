@@ -194,7 +194,7 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         dynamic = activations + logits + buffers
         bd = MemoryBreakdown(params=w + we, grads=g + ge, optimizer=o + oe, activations=activations,
                              logits=logits, buffers=buffers,
-                             overhead=gpu.reserved_bytes + FRAGMENTATION * dynamic,
+                             overhead=gpu.reserved_bytes + (gpu.allocator_slack or FRAGMENTATION) * dynamic,
                              stage=stage, capacity=gpu.hbm_bytes)
         if best is None or bd.total > best.total:
             best = bd

@@ -196,9 +196,9 @@ def straggler_figure(run, stem: Path, world: int | None = None) -> list[Path]:
 def predicted_figure(measured: dict, pred, stem: Path) -> list[Path]:
     """Predicted vs measured step time, peak memory and MFU, each as a pair of bars."""
     plt = pyplot()
-    pairs = [("step time (s)", pred.plan.time.step if pred.plan else None, measured["step_time_s"]),
+    pairs = [("step time (s)", pred.step_time_s, measured["step_time_s"]),
              ("peak memory (GiB)", pred.memory.total / GiB, measured["peak_mem_bytes"] / GiB),
-             ("MFU (%)", 100 * pred.plan.mfu if pred.plan else None, 100 * measured["mfu"])]
+             ("MFU (%)", None if pred.mfu is None else 100 * pred.mfu, 100 * measured["mfu"])]
     fig, axes = plt.subplots(1, 3, figsize=(10, 2.8))
     for ax, (name, p, m) in zip(axes, pairs):
         ax.bar(["predicted", "measured"], [p or 0, m], color=["#8c8c8c", "#4c72b0"])

@@ -134,19 +134,23 @@ def measured_sections(run: Run, out: Path) -> list[Section]:
     if run.info:
         from shoal.report.predict import predict
 
-        pred = predict(run.info)
+        found = predict(run.info, measured)
+        pred = found.pred
     memory_section(mem, run, measured, pred, out)
     if pred:
         plan_cmd = _plan_command(run)
         pred_s.paragraphs.append(f"The planner on this run's own layout: {plan_cmd}")
+        if found.source:
+            pred_s.notes.append(found.source)
         if pred.why_no_time:
             pred_s.notes.append(f"no step-time or MFU prediction: {pred.why_no_time}")
         png = rf.predicted_figure(measured, pred, out / "prediction")[0]
-        pred_s.table = [("step time (s)", f"predicted {pred.plan.time.step:.3f}, measured {measured['step_time_s']:.3f}"
-                         if pred.plan else f"measured {measured['step_time_s']:.3f}"),
+        timed = pred.step_time_s is not None
+        pred_s.table = [("step time (s)", f"predicted {pred.step_time_s:.3f}, measured {measured['step_time_s']:.3f}"
+                         if timed else f"measured {measured['step_time_s']:.3f}"),
                         ("peak memory (GiB)", f"predicted {pred.memory.total / 2**30:.2f}, "
                                               f"measured {measured['peak_mem_bytes'] / 2**30:.2f}"),
-                        ("MFU", f"predicted {pred.plan.mfu:.2%}, measured {measured['mfu']:.2%}" if pred.plan
+                        ("MFU", f"predicted {pred.mfu:.2%}, measured {measured['mfu']:.2%}" if pred.mfu is not None
                          else f"measured {measured['mfu']:.2%}")]
         pred_s.figures.append(Figure(png, "Three pairs of bars: predicted and measured step time, peak memory and MFU.",
                                      "Predicted (planner) vs measured (median of the steady steps)."))

@@ -25,10 +25,10 @@ from shoal.parallel.compression import wire_fields
 from shoal.parallel.parallel_model import ParallelModel
 from shoal.parallel.parallelize import parallelize
 from shoal.train.distributed import Runtime, enable_debugging, group_labels, init_runtime, mark, rank_stats, shutdown
-from shoal.train.memory_check import predicted_peak_bytes
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
 from shoal.train.memory import RankMemory, StateBytes, model_state
 from shoal.train.nonfinite import NonFiniteGuard
+from shoal.train.prediction import RunPrediction, predict_this_run
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
 from shoal.train.rundir import no_space_left
 from shoal.train.run_info import write_run_info
@@ -83,12 +83,13 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         out.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(cfg, out, rt, pm, optimizer, data.loader, resume)
     start = ckpt.resume()  # steps already done (0 for a fresh run)
-    write_run_info(job, rt, out, start)  # <out>/run.json for `shoal report`
+    step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
+    peak = job_peak(rt.device, t.precision, rt.world_size)  # the job's hardware: 4 ranks on 2 cores get 2
+    plan = predict_this_run(job, rt, step_flops, peak.flops, say=print if show else None)  # rank 0 only
+    write_run_info(job, rt, out, start, plan)  # <out>/run.json for `shoal report` and `shoal plan --validate`
     log = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main, append=start > 0)
     progress = Progress(t.steps, start, enabled=show and rt.is_main)
     guard = NonFiniteGuard(t.on_nonfinite, before_stop=lambda: (ckpt.close(), progress.close()), report=rt.is_main)
-    step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
-    peak = job_peak(rt.device, t.precision, rt.world_size)  # the job's hardware: 4 ranks on 2 cores get 2
     tokens_seen, started, eval_loss, row = start * t.global_batch * t.seq_len, time.perf_counter(), float("nan"), {}
     for step in range(start, t.steps):
         t0 = time.perf_counter()
@@ -111,7 +112,8 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         tokens_seen += t.global_batch * t.seq_len
         row = dict(step=step + 1, loss=loss, lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
                    tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
-                   mfu=step_flops / step_time / peak.flops, **measured(job, rt, pm, counter, state, memory, step_time))
+                   mfu=step_flops / step_time / peak.flops, **measured(job, rt, pm, counter, state, memory, step_time),
+                   **(plan.metrics_fields() if plan else {}))
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
             row["eval_loss"] = eval_loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))
@@ -127,7 +129,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     # Tensor by tensor: rank 0 never holds more than one full tensor beyond its own shard.
     with no_space_left(out / "model"):
         write_final_weights(pm.modules, model_cfg, cfg.data.tokenizer, out / "model", rt)
-    summary = run_summary(job, rt, pm, log, row, eval_loss, tokens_seen, time.perf_counter() - started, peak, out)
+    summary = run_summary(job, rt, pm, log, row, eval_loss, tokens_seen, time.perf_counter() - started, peak, out, plan)
     if show and rt.is_main:
         print_summary(summary)
         if t.sample_tokens:
@@ -151,18 +153,22 @@ def measured(job: Job, rt: Runtime, pm: ParallelModel, counter: CommCounter, sta
 
 
 def run_summary(job: Job, rt: Runtime, pm: ParallelModel, log: MetricsLog, row: dict, eval_loss: float,
-                tokens_seen: int, elapsed: float, peak, out: Path) -> dict:
-    """The end-of-run table; throughput over the steps the progress line shows (warm-up left out)."""
+                tokens_seen: int, elapsed: float, peak, out: Path, plan: RunPrediction | None = None) -> dict:
+    """The end-of-run table; throughput over the steps the progress line shows (warm-up left out),
+    and on rank 0 the planner's prediction for this run beside the measurement."""
     t, model_cfg = job.cfg.train, job.model
     step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
     step_time, warmup = log.steady_step_time()
     which = f"without {warmup} warm-up steps" if warmup else "all steps"
-    return {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
-            "time (s)": elapsed, f"tokens/s ({which})": t.global_batch * t.seq_len / step_time,
-            f"MFU (model FLOPs, same steps, vs {peak.label})": step_flops / step_time / peak.flops,
-            "params": param_counts(model_cfg).total, "attention": pm.attention,
-            "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem_bytes(rt.device) / 2**30,
-            "predicted peak memory (GiB, planner)": predicted_peak_bytes(job, rt.device) / 2**30, "output": str(out)}
+    mfu, peak_mem = step_flops / step_time / peak.flops, peak_mem_bytes(rt.device)
+    summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
+               "time (s)": elapsed, f"tokens/s ({which})": t.global_batch * t.seq_len / step_time,
+               "step time (s, same steps)": step_time, f"MFU (model FLOPs, same steps, vs {peak.label})": mfu,
+               "params": param_counts(model_cfg).total, "attention": pm.attention,
+               "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem / 2**30}
+    if plan is not None:
+        summary.update(plan.summary_rows(step_time, mfu, peak_mem))
+    return {**summary, "output": str(out)}
 
 SAMPLE_MAX_BYTES = 2e9
 

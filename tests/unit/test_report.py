@@ -130,7 +130,8 @@ def test_plan_report_imports_no_torch(tmp_path):
 
 
 def test_prediction_for_a_gpu_run_has_step_time_and_mfu(tmp_path, monkeypatch):
-    """A CUDA run on a catalog GPU gets the planner's step time and MFU beside its memory."""
+    """A run that stored no prediction (an older shoal) is planned now, and says so: on a catalog GPU
+    with step time and MFU (on the measured MFU's peak), on an unmeasured CPU with memory only."""
     import dataclasses
 
     from shoal.config import JobConfig
@@ -142,12 +143,13 @@ def test_prediction_for_a_gpu_run_has_step_time_and_mfu(tmp_path, monkeypatch):
     job = resolve(cfg, 4)
     info = {"config": cfg.to_dict(), "model": dataclasses.asdict(job.model), "layout": dataclasses.asdict(job.layout),
             "world": 4, "local_world": 4, "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}
-    pred = predict(info)
-    assert pred.plan is not None and pred.plan.time.step > 0 and 0 < pred.plan.mfu < 1
-    assert pred.memory.total == pred.plan.memory.total > 0
+    found = predict(info, {"step_time_s": 0.5, "mfu": 0.2})
+    pred = found.pred
+    assert "planned now" in found.source and pred.hardware == "h100-sxm"  # no stored prediction: an old run
+    assert pred.step_time_s > 0 and pred.mfu == pytest.approx(0.2 * 0.5 / pred.step_time_s) and pred.memory.total > 0
     monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))  # no `local` profile measured here
-    cpu = predict(dict(info, device="cpu", device_name="cpu"))
-    assert cpu.plan is None and "shoal plan --gpu local" in cpu.why_no_time and cpu.memory.total > 0
+    cpu = predict(dict(info, device="cpu", device_name="cpu")).pred
+    assert cpu.step_time_s is None and "shoal plan --gpu local" in cpu.why_no_time and cpu.memory.total > 0
 
 
 def test_memory_and_communication_are_drawn_per_rank_and_per_dimension(tmp_path):
