@@ -75,6 +75,9 @@ def test_rank_order_changes_which_ranks_form_each_group():
     assert dp_inside.coords(2) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 1, "dp": 0}
     pp_inside = ParallelDims(1, 2, 1, 2, 1, 4, rank_order="pp-tp-dp")
     assert pp_inside.groups()["pp"] == [[0, 1], [2, 3]] and split_groups(pp_inside, 2) == {"dp": [[0, 2], [1, 3]]}
+    from shoal.report.rank_grid import grid_geometry  # what `shoal mesh --svg` draws
+
+    assert grid_geometry(dp_inside, 2)["crossing"] == {"tp": [[0, 2], [1, 3]], "pp": [], "dp": []}
     line = placement_warning(dp_inside, 2)
     assert "tp groups span nodes" in line and "e.g. [0,2]" in line and "parallel.rank_order=tp-dp-pp" in line
 
