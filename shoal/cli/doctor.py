@@ -76,6 +76,13 @@ def run_node(args) -> int:
     from shoal.cli.console import console as make_console
     from shoal.measure import doctor, node_doctor
 
+    from shoal.errors import UserError
+
+    for flag, value, default in (("--ops", args.ops, None), ("--checks-only", args.checks_only, False),
+                                 ("--min-size", args.min_size, "1K"), ("--factor", args.factor, 4)):
+        if value != default:
+            raise UserError(flag, value, "does not apply with --nnodes, which times one all_reduce of --max-size "
+                                         "bytes per network tier; leave it out")
     check_output_dir("--out", args.out)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     rep = node_doctor.run(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout, nproc,
