@@ -29,9 +29,10 @@ def node_name() -> tuple[str, str]:
 
 
 def unshared_nodes(directory: Path) -> list[str]:
-    """Collective over the default process group: the nodes that do not see every other node's
-    files in `directory`, each as 'node K (host) cannot see node J's file' ([] when shared, or
-    when the job has one node). Every rank gets the same answer."""
+    """Collective over the default process group: what stops `directory` from being one directory
+    for all nodes, each as 'node K (host) cannot write there (why)' or 'node K (host) cannot see node
+    J's (host) probe file there' ([] when shared, or when the job has one node). Every rank gets
+    the same answer."""
     import torch.distributed as dist
 
     me = node_name()
@@ -43,21 +44,26 @@ def unshared_nodes(directory: Path) -> list[str]:
     probe = None
     if writer:
         token = secrets.token_hex(16)
-        directory.mkdir(parents=True, exist_ok=True)
         path = directory / f".shoal-probe-{me[0]}-{token[:8]}"
-        path.write_text(token)
-        probe = (me, path.name, token)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            path.write_text(token)
+            probe = (me, path.name, token)
+        except OSError as e:  # said below like any other node's failure, not a hang in the next gather
+            probe = (me, None, e.strerror)
     probes: list = [None] * dist.get_world_size()
     dist.all_gather_object(probes, probe)  # every probe is written before anyone reads
-    probes = [p for p in probes if p is not None]
+    unwritable = sorted({f"node {node[0]} ({node[1]}) cannot write there ({why})"
+                         for node, name, why in filter(None, probes) if name is None})
+    probes = [p for p in probes if p is not None and p[1] is not None]
     missing = [(node, name) for node, name, token in probes if not _holds(directory / name, token)]
     seen: list = [None] * dist.get_world_size()
     dist.all_gather_object(seen, (me, missing))  # every read is done before the probes go
-    if writer:
+    if writer and probe[1]:
         (directory / probe[1]).unlink(missing_ok=True)
-    problems = {f"node {who[0]} ({who[1]}) cannot see node {node[0]}'s ({node[1]})"
+    problems = {f"node {who[0]} ({who[1]}) cannot see node {node[0]}'s ({node[1]}) probe file there"
                 for who, lost in seen for node, _ in lost}
-    return sorted(problems)
+    return unwritable + sorted(problems)
 
 
 def _holds(path: Path, token: str) -> bool:
@@ -84,6 +90,6 @@ def require_shared(directory: Path, field: str, world_size: int) -> None:
 
 def unshared_message(problems: list[str], field: str, directory: Path) -> UserError:
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-    return UserError(field, str(directory), f"is not one directory for all nodes: {problems[0]} probe file there{more}; "
+    return UserError(field, str(directory), f"is not one directory for all nodes: {problems[0]}{more}; "
                      f"checkpoint shards would be split over the nodes' disks. Use a path on a filesystem every "
                      f"node mounts (NFS, Lustre, ...)")
