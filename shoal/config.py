@@ -21,6 +21,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from shoal.errors import UserError
+from shoal.layout import DEFAULT_RANK_ORDER
 from shoal.model.config import ModelConfig, get_preset
 
 # [model] takes a preset plus any ModelConfig field to override it; None means "the preset's value".
@@ -44,9 +45,9 @@ class ParallelConfig:
     dp_shard: int = -1
     """Data-parallel ranks that shard state (ZeRO/FSDP); -1 takes whatever the world size leaves."""
     tp: int = 1
-    """Tensor-parallel degree (innermost: neighbouring ranks)."""
+    """Tensor-parallel degree (innermost by default: neighbouring ranks)."""
     pp: int = 1
-    """Pipeline stages (outermost)."""
+    """Pipeline stages (outermost by default)."""
     ep: int = 1
     """Expert-parallel degree; borrows ranks from the data-parallel dimension."""
     zero: int = 3
@@ -82,6 +83,10 @@ class ParallelConfig:
     """Streaming DiLoCo: parameters in this many fragments, synced on a staggered schedule (1 to H)."""
     diloco_quantize: str = "none"
     """DiLoCo: dtype of the pseudo-gradient on the wire: none (fp32) | bf16 | int8 (per-chunk scales)."""
+    rank_order: str = DEFAULT_RANK_ORDER
+    """Which ranks form each group: tp, dp and pp from innermost (neighbouring ranks, one node) to
+    outermost. Launchers give each node a block of neighbouring ranks, so tp-dp-pp keeps TP inside a
+    node; dp-tp-pp puts DP there instead (for placement experiments; `shoal mesh --nnodes` shows it)."""
 
 
 @dataclass

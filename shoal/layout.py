@@ -26,6 +26,11 @@ recompute the element-wise work between them (norms, activation functions, rotar
 full: keep only each block's input and recompute the whole block."""
 ZERO_STAGES = (0, 1, 2, 3)
 GRAD_COMPRESSION = ("none", "bf16", "int8", "topk", "powersgd")
+RANK_ORDER_DIMS = ("tp", "dp", "pp")
+"""The dimensions parallel.rank_order orders, innermost (neighbouring ranks) first. dp stands for
+dp_shard inside dp_replicate, with ep inside dp_shard, so they stay together."""
+DEFAULT_RANK_ORDER = "tp-dp-pp"
+"""TP on neighbouring ranks (inside a node), PP outermost: Megatron's and torchtitan's order."""
 """How gradients cross the data-parallel group (shoal/parallel/compression.py). bf16 runs on every
 data-parallel wrapper; the others are DDP comm hooks, and FSDP2 has no hook to put them in."""
 
@@ -55,6 +60,7 @@ class Layout:
     sequence_parallel: bool = True
     grad_compression: str = "none"
     diloco_inner_steps: int = 0
+    rank_order: str = DEFAULT_RANK_ORDER
 
     @property
     def dp(self) -> int:
@@ -79,6 +85,13 @@ class Layout:
     def sequence_parallel_on(self) -> bool:
         return self.sequence_parallel and self.tp > 1
 
+    def rank_stride(self, dim: str) -> int:
+        """How many ranks apart neighbours of a tp/dp/pp group are: the product of the dimensions
+        inside it in rank_order (with the default order tp is 1, dp is tp, pp is tp*dp)."""
+        sizes = {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+        inner = self.rank_order.split("-")
+        return math.prod(sizes[d] for d in inner[:inner.index(dim)])
+
     def microbatches(self, global_batch: int) -> int:
         """Micro-batches each pipeline (each data-parallel rank) runs per step."""
         per_rank = global_batch // self.dp
@@ -99,6 +112,8 @@ class Layout:
             parts.append(self.grad_compression)
         if self.diloco_inner_steps:
             parts.append(f"diloco{self.diloco_inner_steps}")
+        if self.rank_order != DEFAULT_RANK_ORDER:
+            parts.append(f"order {self.rank_order}")
         return " ".join(parts)
 
 
@@ -125,6 +140,10 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
         if getattr(lay, name) < 1:
             bad(name, getattr(lay, name), "must be a positive integer")
     if out:
+        return out
+    if sorted(lay.rank_order.split("-")) != sorted(RANK_ORDER_DIMS):
+        bad("rank_order", lay.rank_order, f"name {', '.join(RANK_ORDER_DIMS)} once each, innermost first, joined "
+            f"by '-', e.g. {DEFAULT_RANK_ORDER} (tp inside a node) or dp-tp-pp")
         return out
     m = model
     if lay.world != world:

@@ -120,7 +120,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     head = head_time(cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, prec)
 
     # --- tensor parallel: per layer, on the critical path ---
-    g_tp = group_ranks_per_node(lay.tp, 1, G)
+    g_tp = group_ranks_per_node(lay.tp, lay.rank_stride("tp"), G)
     act = T * cfg.dim * elem  # one full-sequence activation tensor
     if lay.tp > 1 and lay.sequence_parallel:
         tp_fwd = 4 * coll.all_gather(act, lay.tp, g_tp, net)  # 2 all-gathers + 2 reduce-scatters
@@ -132,7 +132,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
 
     # --- expert all-to-all: dispatch + combine, per MoE layer ---
     if n_moe and lay.ep > 1:
-        g_ep = group_ranks_per_node(lay.ep, lay.tp, G)
+        g_ep = group_ranks_per_node(lay.ep, lay.rank_stride("dp"), G)
         a2a = coll.all_to_all(T * cfg.top_k * cfg.dim * elem / lay.tp, lay.ep, g_ep, net)
         ep_fwd = moe_share * 2 * a2a
         ep_bwd = ep_fwd + (ep_fwd if lay.activation_checkpoint == "full" else 0.0)
@@ -142,8 +142,8 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     # --- data parallel ---
     params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last")
     edp = max(1, lay.dp // lay.ep)
-    g_dp = group_ranks_per_node(lay.dp, lay.tp, G)
-    g_edp = group_ranks_per_node(edp, lay.tp * lay.ep, G)
+    g_dp = group_ranks_per_node(lay.dp, lay.rank_stride("dp"), G)
+    g_edp = group_ranks_per_node(edp, lay.rank_stride("dp") * lay.ep, G)
 
     grad = (elem if prec == "fp32" else GRAD_REDUCE_BYTES) * grad_wire_factor(
         workload.grad_compression, lay.dp, cfg, workload.topk_density, workload.powersgd_rank)
@@ -167,7 +167,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     # --- one micro-batch on the busiest rank ---
     p2p = 0.0
     if lay.pp > 1:
-        same_node = lay.tp * lay.dp < G
+        same_node = lay.rank_stride("pp") < G
         # Only 1/tp of the activation crosses: sequence parallelism leaves it split, and without it
         # Megatron's scatter/gather sends a 1/tp slice and all-gathers it over NVLink (Narayanan §4.1).
         p2p = lay.virtual_stages * coll.p2p(act / lay.tp, same_node, net)
@@ -237,7 +237,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         step=step,
         microbatches=m,
         dp_comm_total=dp_total,
-        tp_on_nvlink=lay.tp <= G,
+        tp_on_nvlink=g_tp == lay.tp,
     )
 
 

@@ -10,11 +10,13 @@ from pathlib import Path
 import torch
 
 from shoal.checkpoint.checkpointer import Checkpointer
+from shoal.checkpoint.choose import checkpoint_root
 from shoal.checkpoint.final_export import write_final_weights
 from shoal.comm.counter import CommCounter
 from shoal.config import JobConfig
 from shoal.job import Job, resolve
 from shoal.launch.env import world_size
+from shoal.launch.shared_dir import require_shared
 from shoal.debug.memory_snapshot import MemorySnapshot
 from shoal.data.loader import TokenLoader, eval_batches
 from shoal.data.shards import load_data
@@ -71,6 +73,8 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     job = job if isinstance(job, Job) else resolve(job, world_size())
     cfg, t, model_cfg = job.cfg, job.cfg.train, job.model
     rt = init_runtime(job)
+    if cfg.checkpoint.every:  # node-local checkpoint directories would split each checkpoint's shards
+        require_shared(checkpoint_root(cfg, out), "checkpoint.dir" if cfg.checkpoint.dir else "--out", rt.world_size)
     torch.manual_seed(t.seed)
     data = build_data(job, rt.dp_rank, rt.dims.dp)
     pm = build_parallel_model(job, rt)

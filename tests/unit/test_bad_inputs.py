@@ -155,6 +155,7 @@ FIELD_CASES = [
     ("parallel.diloco_inner_steps", "-1"), ("parallel.diloco_outer_lr", "0"), ("parallel.diloco_outer_lr", "nan"),
     ("parallel.diloco_outer_momentum", "1"), ("parallel.diloco_fragments", "0"), ("parallel.diloco_quantize", "int4"),
     ("train.optimizer", "lion"),
+    ("parallel.rank_order", "dp-tp"), ("parallel.rank_order", "tp-tp-pp"), ("parallel.rank_order", "tp,dp,pp"),
     # valid numbers no machine's memory holds: refused instead of swapping or being killed
     ("model.dim", "65536"), ("model.vocab_size", "100000000"), ("train.eval_batches", "100000000"),
     ("model.max_seq_len", "2000000000"), ("train.micro_batch", "100000000"),
@@ -414,6 +415,10 @@ FLAG_CASES = [
     ["doctor", "--nproc", "0"], ["doctor", "--factor", "1"], ["doctor", "--budget", "0"], ["doctor", "--budget", "nan"],
     ["doctor", "--min-size", "0"], ["doctor", "--max-size", "abc"], ["doctor", "--min-size", "1G", "--max-size", "1K"],
     ["doctor", "--out", "{file}"],
+    ["doctor", "--nnodes", "2", "--node-rank", "2", "--master", "10.0.0.1"], ["doctor", "--nnodes", "2", "--master", ""],
+    ["doctor", "--nnodes", "2", "--master", "no-such-host.invalid:29500"],
+    ["doctor", "--nnodes", "2", "--master", "127.0.0.1:29500"], ["doctor", "--nnodes", "2", "--master", "x:99999"],
+    ["doctor", "--nnodes", "2", "--master", "10.0.0.1", "--ops", "all_gather"],
     ["mesh", "--nproc", "0"], ["mesh", "--nproc", "-4"], ["mesh", "--nproc", "4", "--set", "parallel.tp=3"],
     ["ckpt", "inspect", "/no/such/dir"], ["ckpt", "inspect", "{file}"], ["ckpt", "inspect", "{dir}"],
     ["ckpt", "export", "{run}", "--hf", "{file}"], ["ckpt", "export", "{dir}", "--hf", "{dir}/hf"],

@@ -136,7 +136,8 @@ def test_recipe_uses_trainer_sections():
     assert doc["model"] == {"preset": "llama3-8b"}
     assert doc["parallel"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 4, "pp": 2, "ep": 1, "zero": 0,
                                "pp_schedule": "interleaved-1f1b", "pp_microbatches": 0, "pp_virtual_stages": 2,
-                               "sequence_parallel": True, "grad_compression": "none", "diloco_inner_steps": 0}
+                               "sequence_parallel": True, "grad_compression": "none", "diloco_inner_steps": 0,
+                               "rank_order": "tp-dp-pp"}
     assert doc["train"] == {"micro_batch": 2, "global_batch": 64, "seq_len": 4096, "activation_checkpoint": "selective",
                             "precision": "bf16", "steps": 3815}
     # A model given by its shape: the trainer lays [model] over its default preset, `tiny`, so the
