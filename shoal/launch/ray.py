@@ -60,7 +60,11 @@ def launch(job, out: Path, nproc: int, *, resume: str, show: bool) -> int:
         sig = signal.Signals(stopped[0])
         ray.shutdown()  # the driver leaving ends its job's actors; a private instance stops entirely
         print(f"shoal: stopped by {sig.name}; all {nproc} Ray workers were stopped", file=sys.stderr, flush=True)
-        return 128 + int(sig)
+        # End here: with fit()'s thread still inside Ray's core worker, the interpreter's normal exit
+        # crashed with SIGSEGV (joined cluster, 1 run in 3). The kernel drops --out's lock; every
+        # metrics row is already one whole write, and checkpoints commit atomically.
+        sys.stdout.flush()
+        os._exit(128 + int(sig))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -177,6 +181,7 @@ def _stop_on(*signals: signal.Signals) -> tuple[list[int], dict]:
 
     def stop(signum, frame):
         received.append(signum)
-        raise _Stopped
+        if len(received) == 1:  # a second Ctrl-C while the workers are being stopped changes nothing
+            raise _Stopped
 
     return received, {sig: signal.signal(sig, stop) for sig in signals}
