@@ -16,7 +16,10 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, help="output directory (metrics.jsonl, checkpoints/, model/), one per run; "
                                                "default: a new runs/<recipe>-<YYYYmmdd-HHMMSS>")
     p.add_argument("--nproc", type=nonnegative_int, default=0,
-                   help="start this many local workers (elastic launcher); 0: run in this process")
+                   help="start this many workers (see --launcher); 0: run in this process")
+    p.add_argument("--launcher", choices=("local", "ray"), default="local",
+                   help="who starts the --nproc workers: local (PyTorch's elastic launcher) or ray (Ray Train's "
+                        "TorchTrainer, on the Ray cluster at RAY_ADDRESS or a private one; pip install 'shoal[ray]')")
     p.add_argument("--max-restarts", type=nonnegative_int, default=0,
                    help="when a worker dies, restart all workers from the last checkpoint, up to this many times")
     p.add_argument("--resume", default="auto", metavar="auto|never|PATH",
@@ -39,6 +42,8 @@ def run(args) -> int:
     from shoal.train.memory_check import CHECKED_ENV, check_memory, local_world_size
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
+    if args.launcher == "ray":
+        _check_ray_flags(args)
     if "WORLD_SIZE" not in os.environ:  # srun -n2 shoal train: two copies that would each train alone
         from shoal.launch.slurm import check_srun_copies
 
@@ -76,6 +81,10 @@ def _launch_or_train(args, job, out, nodes=None) -> int:
     from shoal.train.nonfinite import EXIT_CODE, NonFiniteStep
     from shoal.train.trainer import train
 
+    if args.launcher == "ray":
+        from shoal.launch.ray import launch
+
+        return launch(job, out, args.nproc, resume=args.resume, show=not args.quiet)
     if args.nproc > 1 or nodes:
         from shoal.launch.local import launch
         from shoal.launch.multinode import launch_nodes
@@ -113,6 +122,21 @@ def _out(args) -> str:
     out = default_out(args.recipe)
     print(f"shoal: writing to {out} (choose with --out)", file=sys.stderr, flush=True)
     return str(out)
+
+
+def _check_ray_flags(args) -> None:
+    """--launcher ray: Ray places the workers on its nodes and restarts nothing; refuse flags it would ignore."""
+    from shoal.errors import UserError
+    from shoal.launch.ray import require_ray
+
+    for flag, value, unset in (("--nnodes", args.nnodes, 1), ("--node-rank", args.node_rank, 0),
+                               ("--master", args.master, ""), ("--max-restarts", args.max_restarts, 0)):
+        if value != unset:
+            raise UserError(flag, value, "is for --launcher local; with --launcher ray leave it out (Ray places "
+                                         "the workers; rerun to resume from the last checkpoint)")
+    if args.nproc < 1:
+        raise UserError("--nproc", args.nproc, "give the number of Ray workers with --launcher ray, e.g. --nproc 2")
+    require_ray()
 
 
 def _node_plan(args):

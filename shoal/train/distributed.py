@@ -56,8 +56,9 @@ def init_runtime(job) -> Runtime:
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     if world == 1:
         return Runtime(0, 1, device, dims)
-    if not dist.is_initialized():
+    if not dist.is_initialized():  # Ray Train (shoal/launch/ray.py) makes the group itself: join that one
         dist.init_process_group("nccl" if use_cuda else "gloo")
+    assert dist.get_world_size() == world, (dist.get_world_size(), world)
     mesh, expert_mesh = build_mesh(dims, device.type)
     return Runtime(dist.get_rank(), world, device, dims, mesh, expert_mesh)
 

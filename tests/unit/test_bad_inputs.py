@@ -385,6 +385,10 @@ PLAN = ["plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "
 FLAG_CASES = [
     ["train", "--nproc", "-3"], ["train", "--nproc", "abc"], ["train", "--max-restarts", "-1"],
     ["train", "--max-restarts", "1.5"], ["train", "--resume", "/no/such/checkpoint"],
+    ["train", "--launcher", "mpi"], ["train", "--launcher", "ray"], ["train", "--launcher", "ray", "--nproc", "2", "--nnodes", "2"],
+    ["train", "--launcher", "ray", "--nproc", "2", "--node-rank", "1"],
+    ["train", "--launcher", "ray", "--nproc", "2", "--master", "10.0.0.1"],
+    ["train", "--launcher", "ray", "--nproc", "2", "--max-restarts", "1"],
     ["train", "--resume", "{file}"], ["train", "--resume", "never"],
     [*PLAN, "--tokens", "-5"], [*PLAN, "--tokens", "0"], [*PLAN, "--tokens", "nan"], [*PLAN, "--tokens", "inf"],
     [*PLAN, "--tokens", "15X"], [*PLAN, "--tokens", "-1T"], [*PLAN, "--mtbf-hours", "-1"], [*PLAN, "--mtbf-hours", "0"],
@@ -458,6 +462,12 @@ def test_bad_environment(env, corpus, unchanged, capsys, monkeypatch):
 def test_nproc_inside_a_launcher(corpus, unchanged, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")  # a leftover: --nproc would silently run one process
     assert_one_line(*run_cli(capsys, base(corpus, unchanged) + ["--nproc", "2"]), hint="--nproc")
+
+
+def test_ray_not_installed(corpus, unchanged, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError, as without the package
+    assert_one_line(*run_cli(capsys, base(corpus, unchanged) + ["--launcher", "ray", "--nproc", "2"]),
+                    hint="pip install 'shoal[ray]'")
 
 
 def test_bad_environment_fresh_process(tmp_path, corpus):
