@@ -243,14 +243,15 @@ def _is_store(ip: str, port: int) -> bool:
 
 
 def launch_nodes(argv: list[str], nproc: int, plan: NodePlan, max_restarts: int = 0,
-                 said_why: tuple[int, ...] = ()) -> int:
+                 said_why: tuple[int, ...] = (), on_sigterm=None) -> int:
     """shoal.launch.local.launch for one node of a multi-node job."""
     from torch.distributed.elastic.rendezvous import RendezvousError
 
     from shoal.launch.local import launch
 
     try:
-        return launch(argv, nproc, max_restarts=max_restarts, said_why=said_why, nodes=apply(plan))
+        return launch(argv, nproc, max_restarts=max_restarts, said_why=said_why, nodes=apply(plan),
+                      on_sigterm=on_sigterm)
     except RendezvousError as e:  # the nodes never met: nothing trained
         why = type(e).__name__ + (f": {str(e).splitlines()[0]}" if str(e).strip() else "")
         raise UserError("--master", f"{plan.master_ip}:{plan.port}",
