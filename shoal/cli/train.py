@@ -142,7 +142,7 @@ def _node_plan(args):
     if args.out is None:  # each node would pick its own timestamped directory
         raise UserError("--out", "(not given)", "with --nnodes every node must write the same directory, on a "
                                                 "filesystem they share: pass --out DIR")
-    return plan_node(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout)
+    return plan_node(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout, args.rdzv)
 
 
 def _warn_placement(job, per_node: int) -> None:

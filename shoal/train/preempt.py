@@ -60,6 +60,16 @@ def agreed(rt) -> bool:
     return bool(flag.item())
 
 
+def stopped(rt, step: int, path) -> Preempted:
+    """After the stop's checkpoint: wait until every rank is here (rank 0 has committed it), since a
+    scheduler may kill the whole job as soon as one process exits (srun --kill-on-bad-exit)."""
+    if rt.world_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    return Preempted(step, str(path))
+
+
 def exit_code_after(root, workers: int, since: float) -> int:
     """The launcher's exit code once its workers are gone after a SIGTERM that came at `since`:
     EXIT_CODE when a checkpoint was committed after it (rank 0 has said so), else 128 + SIGTERM."""

@@ -121,7 +121,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         if stopping:
             for done in (ckpt, progress, log):
                 done.close()
-            raise preempt.Preempted(step + 1, str(ckpt.path_of(step + 1)))
+            raise preempt.stopped(rt, step + 1, ckpt.path_of(step + 1))
     ckpt.close()  # waits for a save still being written in the background
     snapshot.dump()
     progress.close()
