@@ -31,6 +31,7 @@ SlurmctldPort={PORTS[0]}
 SlurmdPort={PORTS[1]}
 AuthType=auth/munge
 AuthInfo=cred_expire=5
+SchedulerParameters=bf_interval=1,sched_interval=2
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
