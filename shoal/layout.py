@@ -223,15 +223,18 @@ def _batch_problems(lay: Layout, global_batch: int) -> list[UserError]:
     if per_rank % n:
         return [UserError(field, value, f"{n} micro-batches must divide the {per_rank} sequences each "
                           f"data-parallel rank gets per step")]
+    # torch.distributed.pipelining's schedules need these two; a pipeline with fewer micro-batches than
+    # stages, or interleaving without a multiple of pp, is still sound (Megatron's 1F1B warms up with
+    # min(pp - rank - 1, m); Llama 3 made both flexible, §3.3.2): trainer limits, not errors.
     if lay.pp_schedule != "gpipe" and n < lay.pp:
         fit = [mb for mb in divisors_upto(per_rank, per_rank) if per_rank // mb >= lay.pp]
         fix = (f"set train.micro_batch={fit[-1]}" if fit and not lay.pp_microbatches
                else f"raise train.global_batch to {lay.pp * lay.micro_batch * lay.dp}")
-        return [UserError(field, value, f"{lay.pp_schedule} needs at least pp={lay.pp} micro-batches per step to "
-                          f"fill the pipeline, this gives {n}; {fix}")]
+        return [TrainerLimit(field, value, f"{lay.pp_schedule} needs at least pp={lay.pp} micro-batches per step "
+                             f"to fill the pipeline, this gives {n}; {fix}")]
     if lay.pp_schedule in INTERLEAVED and n % lay.pp:
-        return [UserError(field, value, f"{lay.pp_schedule} needs a multiple of pp={lay.pp} micro-batches per "
-                          f"step, this gives {n}")]
+        return [TrainerLimit(field, value, f"{lay.pp_schedule} needs a multiple of pp={lay.pp} micro-batches per "
+                             f"step, this gives {n}")]
     return []
 
 

@@ -13,6 +13,7 @@ import sys
 from shoal.cli.argtypes import check_output_dir, check_output_file, nonnegative_float, positive_float
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, SCHEDULES
+from shoal.planner.layout import PRECISIONS
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -43,11 +44,12 @@ def register(sub) -> None:
     w = p.add_argument_group("workload and cluster")
     w.add_argument("--seq-len", type=int, help="tokens per sequence (required unless --validate)")
     w.add_argument("--global-batch", type=int, help="sequences per optimizer step (required unless --validate)")
-    w.add_argument("--gpu", metavar="NAME", help="a100, h100, h200, b200, mi300x, tpu-v5p, tpu-v4, local")
+    w.add_argument("--gpu", metavar="NAME", help="a100, a100-40gb, h100, h800, h200, b200, mi300x, tpu-v5p, tpu-v4, local")
     w.add_argument("--gpus", type=int, help="GPU count (optional with --scale)")
     w.add_argument("--gpus-per-node", type=int)
-    w.add_argument("--precision", choices=("bf16", "fp32"),
-                   help="default bf16 (mixed precision); fp32 with --gpu local, as CPUs train in fp32")
+    w.add_argument("--precision", choices=PRECISIONS,
+                   help="default bf16 (mixed precision); fp32 with --gpu local, as CPUs train in fp32; fp8: GEMMs "
+                        "in FP8 (Transformer Engine), the rest as bf16; MFU stays against the BF16 peak")
     w.add_argument("--attention", choices=("flash", "unfused"), default="flash",
                    help="unfused: S×S scores in memory, as Megatron-LM before flash attention (default flash)")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
@@ -170,6 +172,9 @@ def build(args):
     if args.gpus is None and not args.scale:
         raise UserError("gpus", None, "give the GPU count with --gpus N (or sweep with --scale A:B)")
     precision = args.precision or ("fp32" if gpu.name == "local" else "bf16")
+    if precision == "fp8" and not gpu.peak_fp8_flops:
+        raise UserError("precision", "fp8", f"{gpu.name} has no FP8 tensor cores; use bf16, or give its FP8 peak "
+                                            f"with --hw peak_fp8_flops=...")
     workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention)
     per_node = args.gpus_per_node or gpu.gpus_per_node
     cluster = Cluster(gpu, args.gpus, per_node) if args.gpus else Cluster(gpu, 1, per_node)
@@ -250,10 +255,9 @@ def validate(args) -> int:
 
 def run(args) -> int:
     from shoal.planner import cost, energy, scaling
-    from shoal.planner.evaluate import evaluate
     from shoal.layout import Layout
     from shoal.planner.render import plan_json
-    from shoal.planner.search import search
+    from shoal.planner.search import evaluate_pinned, search
 
     if args.validate:
         return validate(args)
@@ -265,6 +269,9 @@ def run(args) -> int:
     if args.emit:
         check_output_file("--emit", args.emit)
     workload, cluster, fixed, name = build(args)
+    if args.emit and workload.precision == "fp8":
+        raise UserError("precision", "fp8", "shoal train has no FP8 yet, so there is no recipe to emit; "
+                                            "plan with --precision bf16 to emit one")
     result = single = None
     if args.gpus:
         if fixed.complete and (fixed.ep or not workload.model.is_moe):
@@ -273,7 +280,7 @@ def run(args) -> int:
                             pp_virtual_stages=fixed.pp_virtual_stages or 1,
                             activation_checkpoint=fixed.activation_checkpoint,
                             sequence_parallel=fixed.tp > 1 if fixed.sequence_parallel is None else fixed.sequence_parallel)
-            single = evaluate(workload, layout, cluster)
+            single = evaluate_pinned(workload, layout, cluster, interleave_given=fixed.pp_virtual_stages is not None)
         else:
             result = search(workload, cluster, fixed, rank_by=args.rank_by, keep=max(args.top, 10))
     best = single or (result.best if result else None)

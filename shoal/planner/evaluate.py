@@ -52,13 +52,13 @@ class Plan:
     @property
     def mfu(self) -> float:
         """Model FLOPs utilisation (DESIGN.md convention: recomputation not counted)."""
-        peak = self.cluster.gpu.peak_flops(self.workload.precision)
+        peak = self.cluster.gpu.mfu_peak(self.workload.precision)
         return self.model_flops_per_step / (self.time.step * self.cluster.n_gpus * peak)
 
     @property
     def hfu(self) -> float:
         """Hardware FLOPs utilisation: recomputation counted."""
-        peak = self.cluster.gpu.peak_flops(self.workload.precision)
+        peak = self.cluster.gpu.mfu_peak(self.workload.precision)
         return self.hardware_flops_per_step / (self.time.step * self.cluster.n_gpus * peak)
 
     @cached_property

@@ -15,7 +15,7 @@ from functools import lru_cache
 from shoal.model.config import ModelConfig
 from shoal.planner.hardware import GPU
 
-PRECISIONS = ("bf16", "fp32")
+PRECISIONS = ("bf16", "fp32", "fp8")
 ATTENTION = ("flash", "unfused")
 
 
@@ -28,7 +28,8 @@ class Workload:
     global_batch: int
     """Sequences per optimizer step, over all data-parallel ranks."""
     precision: str = "bf16"
-    """`bf16` mixed precision (fp32 master weights and Adam state) or plain `fp32`. The trainer's
+    """`bf16` mixed precision (fp32 master weights and Adam state), plain `fp32`, or `fp8`: bf16 mixed
+    precision with the layers' GEMMs in FP8 (Transformer Engine's recipe; shoal train has no FP8). The trainer's
     `bf16-params` plans as `bf16`: both compute in 16 bits over fp32 master state."""
     attention: str = "flash"
     """`flash`: fused attention that keeps no S×S matrix (what shoal runs). `unfused`: the S×S scores,

@@ -25,6 +25,7 @@ FRAGMENTATION = 0.05
 
 # bytes per parameter: (weights, gradients, optimizer state K) — ZeRO paper notation
 STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8)}
+STATE_BYTES["fp8"] = STATE_BYTES["bf16"]  # FP8 recipes keep bf16 weights and fp32 master/Adam state
 
 
 def model_state_bytes(psi: float, dp: int, zero: int, precision: str = "bf16") -> tuple[float, float, float]:

@@ -144,7 +144,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     g_dp = group_ranks_per_node(lay.dp, lay.tp, G)
     g_edp = group_ranks_per_node(edp, lay.tp * lay.ep, G)
 
-    grad = GRAD_REDUCE_BYTES if prec == "bf16" else elem
+    grad = elem if prec == "fp32" else GRAD_REDUCE_BYTES
 
     def gather(n_dense: float, n_expert: float, nbytes: int = elem) -> float:
         """All-gather (or reduce-scatter: same time) of these many unsharded parameters."""

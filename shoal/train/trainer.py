@@ -24,10 +24,10 @@ from shoal.model.transformer import build_model, cross_entropy
 from shoal.parallel.compression import wire_fields
 from shoal.parallel.parallel_model import ParallelModel
 from shoal.parallel.parallelize import parallelize
-from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mark, shutdown, straggler_stats
+from shoal.train.distributed import Runtime, enable_debugging, group_labels, init_runtime, mark, rank_stats, shutdown
 from shoal.train.memory_check import predicted_peak_bytes
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
-from shoal.train.memory import model_state_bytes
+from shoal.train.memory import RankMemory, StateBytes, model_state
 from shoal.train import preempt
 from shoal.train.nonfinite import NonFiniteGuard
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
@@ -78,7 +78,8 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     optimizer = build_optimizer(pm, t, rt, cfg.parallel.zero)
     enable_debugging(cfg, rt)
     snapshot = MemorySnapshot(cfg.debug.memory_snapshot, rt.device, out, rt.rank)
-    counter = CommCounter()
+    counter = CommCounter(group_labels(rt))
+    memory = RankMemory(pm.parameters(), rt.device, measure_activations=not t.compile)
     if rt.is_main:
         out.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(cfg, out, rt, pm, optimizer, data.loader, resume)
@@ -96,19 +97,20 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         set_lr(optimizer, lr_at(step, t))
         counter.reset()
         with counter:  # everything the step sends, ZeRO-1's parameter broadcast in optimizer.step included
-            loss = pm.forward_backward(data.loader.next_step())
+            with memory.measure_first_step():
+                loss = pm.forward_backward(data.loader.next_step())
             grad_norm = clip_grad_norm(list(pm.parameters()), t.grad_clip, rt)
         loss = rt.global_mean(loss)  # for the log, not the step's traffic; equal on every rank, so the
         with counter:                # guard below decides alike everywhere
             if guard.allows_update(step + 1, loss, grad_norm):  # NaN/Inf: stop (raises) or skip the update
                 optimizer.step()
-        state_bytes = model_state_bytes(pm.parameters(), optimizer)  # after the step: AdamW state exists
+        state = model_state(pm.parameters(), optimizer)  # after the step: AdamW state exists
         optimizer.zero_grad(set_to_none=True)
         step_time = time.perf_counter() - t0
         tokens_seen += t.global_batch * t.seq_len
         row = dict(step=step + 1, loss=loss, lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
                    tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
-                   mfu=step_flops / step_time / peak.flops, **measured(job, rt, pm, counter, state_bytes, step_time))
+                   mfu=step_flops / step_time / peak.flops, **measured(job, rt, pm, counter, state, memory, step_time))
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
             row["eval_loss"] = eval_loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))
@@ -140,11 +142,16 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
 
 
 
-def measured(job: Job, rt: Runtime, pm: ParallelModel, counter: CommCounter, state_bytes: int, step_time: float) -> dict:
-    """A step's measurements beside its loss: memory, bytes on the wire, the spread across ranks."""
-    return dict(peak_mem_bytes=peak_mem_bytes(rt.device), model_state_bytes=state_bytes,
+def measured(job: Job, rt: Runtime, pm: ParallelModel, counter: CommCounter, state: StateBytes, memory: RankMemory,
+             step_time: float) -> dict:
+    """A step's measurements beside its loss: memory (every rank's, when it changed), bytes on the
+    wire by collective, dtype and parallel dimension, the spread of step time across ranks."""
+    mine = memory.kinds(state)
+    spread, by_rank = rank_stats(rt, step_time, mine)
+    return dict(peak_mem_bytes=mine["peak"], model_state_bytes=state.total,
                 comm_bytes=dict(counter.bytes), comm_bytes_by_dtype=dict(counter.by_dtype),
-                **wire_fields(pm, counter, job.layout.grad_compression), **straggler_stats(rt, step_time))
+                comm_bytes_by_dim=dict(counter.by_dim), **wire_fields(pm, counter, job.layout.grad_compression),
+                **spread, **memory.row_fields(by_rank))
 
 
 def run_summary(job: Job, rt: Runtime, pm: ParallelModel, log: MetricsLog, row: dict, eval_loss: float,

@@ -391,6 +391,7 @@ FLAG_CASES = [
     [*PLAN, "--hw", "hbm_bytes=nan"], [*PLAN, "--hw", "hbm_bytes=-1"], [*PLAN, "--hw", "nonsense"],
     [*PLAN, "--hw-file", "{dir}"], [*PLAN, "--hw-file", "{binary}"], [*PLAN, "--hw-file", "{missing}"],
     [*PLAN[:-4], "--scale", "16:8"], [*PLAN[:-4], "--scale", "8-16"], [*PLAN, "--gpu", "h1000"],
+    [*PLAN, "--gpu", "a100", "--precision", "fp8"], [*PLAN, "--precision", "fp8", "--emit", "{dir}/fp8.toml"],
     ["plan", "--model", "llama9", "--seq-len", "8", "--global-batch", "8", "--gpu", "h100", "--gpus", "8"],
     ["generate", "{run}", "--tokens", "0"], ["generate", "{run}", "--tokens", "-1"],
     ["generate", "{run}", "--tokens", "100000000"], ["generate", "{run}", "--tokens", "abc"],

@@ -148,3 +148,23 @@ def test_prediction_for_a_gpu_run_has_step_time_and_mfu(tmp_path, monkeypatch):
     monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))  # no `local` profile measured here
     cpu = predict(dict(info, device="cpu", device_name="cpu"))
     assert cpu.plan is None and "shoal plan --gpu local" in cpu.why_no_time and cpu.memory.total > 0
+
+
+def test_memory_and_communication_are_drawn_per_rank_and_per_dimension(tmp_path):
+    """Every rank's memory (the busiest named; past 32 ranks, the highest peaks) and bytes by dimension."""
+    from shoal.report.run_report import build_report
+
+    world = 40
+    by_rank = {"params": [1 << 20] * world, "grads": [1 << 20] * world, "optimizer": [2 << 20] * world,
+               "activations": [3 << 20] * world, "peak": [(100 + r) << 20 for r in range(world)]}
+    by_rank["peak"][7] = 900 << 20
+    d = write_run(tmp_path / "run", [1, 2, 3, 4, 5])
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    rows[0]["memory_by_rank"] = by_rank
+    for r in rows:
+        r["comm_bytes_by_dim"] = {"all_gather:dp_shard": 3 << 20, "reduce_scatter:dp_shard": 3 << 20, "send:pp": 1 << 20}
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = build_report(d).read_text()
+    assert "Busiest rank: 7, 0.88 GiB" in page
+    assert "the 32 highest peaks of 40" in page and "ranks 7," in page and "rank 0," not in page
+    assert "by parallel dimension: dp_shard 6.00 MiB, pp 1.00 MiB" in page
