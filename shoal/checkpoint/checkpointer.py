@@ -50,11 +50,12 @@ class Checkpointer:
         self._pending: Future | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="shoal-ckpt") if c.async_save and c.every else None
         self._stager = _host_stager() if self._pool else None
-        if self.every and rt.is_main:
+        if rt.is_main:
             store.remove_partials(self.root)  # before any rank can start a save: new_group below waits for all
         # Checkpoint collectives get their own gloo group: a background save must not interleave with
         # training's collectives, and gloo moves the small plan objects on any device.
-        self.pg = dist.new_group(backend="gloo") if self.every and rt.world_size > 1 else None
+        # (Also without checkpoint.every: a SIGTERM still saves, see shoal/train/preempt.py.)
+        self.pg = dist.new_group(backend="gloo") if rt.world_size > 1 else None
 
     # ------------------------------------------------------------------------------------------
     # Resume
@@ -131,18 +132,22 @@ class Checkpointer:
     # ------------------------------------------------------------------------------------------
     # Save
 
+    def path_of(self, step: int) -> Path:
+        return self.root / store.step_dir_name(step)
+
     def due(self, step: int) -> bool:
         return bool(self.every) and (step % self.every == 0 or step == self.total)
 
-    def maybe_save(self, step: int, loss: float | None = None) -> None:
-        """After `step` optimizer steps: save if one is due (in the background with checkpoint.async)."""
-        if not self.due(step):
+    def maybe_save(self, step: int, loss: float | None = None, *, stopping: bool = False) -> None:
+        """After `step` optimizer steps: save if one is due (in the background with checkpoint.async).
+        stopping: the process exits next (SIGTERM), so save now, due or not, and commit before returning."""
+        if not (self.due(step) or stopping):
             return
         self.wait()  # one save in flight at a time
         live = ckpt_state.capture(self.pm.modules, self.optimizer, self.rt.rank, self.pm.grad_compressor,
                                   self.pm.diloco)
         info = self._train_state(step, loss)
-        if self._pool is None:
+        if self._pool is None or stopping:
             self._write(live, step, info)
         else:
             staged = self._stager.stage(live)  # a private copy: training goes on changing the live tensors

@@ -77,6 +77,10 @@ def run(args) -> int:
 
 
 def _launch_or_train(args, job, out, nodes=None) -> int:
+    from functools import partial
+
+    from shoal.checkpoint.choose import checkpoint_root
+    from shoal.train import preempt
     from shoal.train.memory_check import CHECKED_ENV
     from shoal.train.nonfinite import EXIT_CODE, NonFiniteStep
     from shoal.train.trainer import train
@@ -93,19 +97,27 @@ def _launch_or_train(args, job, out, nodes=None) -> int:
                 *[f"--set={o}" for o in args.overrides], "--out", str(out), "--resume", args.resume,
                 *(["--quiet"] if args.quiet else [])]
         os.environ[CHECKED_ENV] = "1"  # the workers inherit the environment: checked once, here
+        # Workers exiting 2 (a user mistake), 3 (a non-finite loss) or 75 (saved on SIGTERM) have said why.
+        said_why = (2, EXIT_CODE, preempt.EXIT_CODE)
+        on_sigterm = partial(preempt.exit_code_after, checkpoint_root(job.cfg, out), args.nproc * args.nnodes)
         try:
-            # Workers exiting 2 (a user mistake) or 3 (a non-finite loss) have said why in one line.
             if nodes:
-                return launch_nodes(argv, args.nproc, nodes, max_restarts=args.max_restarts, said_why=(2, EXIT_CODE))
-            return launch(argv, args.nproc, max_restarts=args.max_restarts, said_why=(2, EXIT_CODE))
+                return launch_nodes(argv, args.nproc, nodes, max_restarts=args.max_restarts, said_why=said_why,
+                                    on_sigterm=on_sigterm)
+            return launch(argv, args.nproc, max_restarts=args.max_restarts, said_why=said_why, on_sigterm=on_sigterm)
         finally:
             os.environ.pop(CHECKED_ENV, None)
+    preempt.install()  # this process exists to train: SIGTERM saves a checkpoint, then exits
     try:
         train(job, out, show=not args.quiet, resume=args.resume)
     except NonFiniteStep as e:  # every rank stops at the same step; one of them says so
         if os.environ.get("RANK", "0") == "0":
             print(f"shoal train: error: {e}", file=sys.stderr)
         return EXIT_CODE
+    except preempt.Preempted as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"shoal train: {e}", file=sys.stderr, flush=True)
+        return preempt.EXIT_CODE
     return 0
 
 
@@ -154,7 +166,7 @@ def _node_plan(args):
     if args.out is None:  # each node would pick its own timestamped directory
         raise UserError("--out", "(not given)", "with --nnodes every node must write the same directory, on a "
                                                 "filesystem they share: pass --out DIR")
-    return plan_node(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout)
+    return plan_node(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout, args.rdzv)
 
 
 def _warn_placement(job, per_node: int) -> None:

@@ -40,6 +40,7 @@ class Watchdog:
         self.dead_after = max(2.0, 3 * self.interval)  # a heartbeat unchanged this long: the rank is gone
         self._stop = threading.Event()
         self._sigterm = False
+        self._graceful = False  # SIGTERM is the trainer's to handle (stop after the step, save)
         self._store_gone = False
         self._wakeup_r = self._wakeup_w = None
         self._old_handler = self._old_wakeup = None
@@ -63,8 +64,11 @@ class Watchdog:
         self.monitor.on_failure = None
 
     def _install_sigterm(self) -> None:
-        """Route SIGTERM to this thread (via the wakeup fd) when nobody else handles it."""
-        if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        """Route SIGTERM to this thread (via the wakeup fd) when nobody else handles it, or when the
+        trainer's handler does (shoal/train/preempt.py: stop after the step and save), chained to it."""
+        current = signal.getsignal(signal.SIGTERM)
+        self._graceful = getattr(current, "shoal_stops_after_a_step", False)
+        if threading.current_thread() is not threading.main_thread() or not (current is signal.SIG_DFL or self._graceful):
             return
         self._wakeup_r, self._wakeup_w = os.pipe()
         os.set_blocking(self._wakeup_w, False)
@@ -87,6 +91,8 @@ class Watchdog:
 
     def _on_sigterm(self, signum, frame) -> None:
         self._sigterm = True  # the watchdog thread acts on it; this handler may never run if main is in C++
+        if callable(self._old_handler):
+            self._old_handler(signum, frame)
 
     # -- the loop -------------------------------------------------------------------------------
     def _sleep(self) -> None:
@@ -173,18 +179,21 @@ class Watchdog:
     def _on_terminate(self) -> None:
         """SIGTERM: report first if this rank is stuck in a collective because a rank failed, then go.
 
-        A plain stop (Ctrl-C, a scheduler ending the job) exits quietly even mid-collective; a
+        A plain stop (Ctrl-C, a scheduler ending the job) exits quietly even mid-collective, or,
+        under the trainer (graceful), is left to it: every rank stops after the step and saves. A
         report is for the launcher tearing the job down after a rank died or crashed.
         """
         cur = STATE.inflight
+        failed = self._failed_ranks() if cur is not None and cur.status in ("waiting", "issued", "checking") else []
         if self.incident.started:
             self.incident.done.wait(self.incident.grace_s + 10)
-        elif cur is not None and cur.status in ("waiting", "issued", "checking"):
-            failed = self._failed_ranks()
-            if failed:
-                why = (f"the launcher is terminating rank {STATE.rank} in {records.describe(cur.to_dict())} "
-                       f"after rank {failed[0]} failed")
-                self.incident.run(why, 128 + signal.SIGTERM)
+        elif failed:
+            why = (f"the launcher is terminating rank {STATE.rank} in {records.describe(cur.to_dict())} "
+                   f"after rank {failed[0]} failed")
+            self.incident.run(why, 128 + signal.SIGTERM)
+        elif self._graceful:
+            self._sigterm = False
+            return
         self._exit(128 + signal.SIGTERM)
 
     def _failed_ranks(self) -> list[int]:

@@ -11,7 +11,9 @@ import logging
 import os
 import signal
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from shoal.errors import UserError
@@ -27,7 +29,8 @@ def worker_env(nproc: int) -> dict[str, str]:
 
 
 def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | None = None,
-           said_why: tuple[int, ...] = (), nodes: dict | None = None) -> int:
+           said_why: tuple[int, ...] = (), nodes: dict | None = None,
+           on_sigterm: Callable[[float], int] | None = None) -> int:
     """Run `python ARGV...` as `nproc` workers on this machine; returns the job's exit code.
 
     Rendezvous is a c10d store on localhost on a free port (like `torchrun --standalone`).
@@ -44,6 +47,11 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     on which worker rank 0 hosts a new, empty store.
 
     `nodes` replaces LaunchConfig fields for a multi-node job (shoal.launch.multinode says which and why).
+
+    on_sigterm: SIGTERM to this process is passed on to the workers, which stop after their step
+    and save (shoal/train/preempt.py); the agent waits for them up to its shutdown timeout
+    (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s) and then on_sigterm(the time the signal came) gives the
+    exit code. Without it SIGTERM stops the workers outright, like Ctrl-C.
     """
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -71,11 +79,15 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     chatty = [agent_log, logging.getLogger("torch.distributed.elastic.agent.server.api")]
     for log in chatty:
         log.addFilter(quiet_signals)
-    stopped_by, previous = _stop_workers_outright_on(signal.SIGINT, signal.SIGTERM)
+    stopped_by, previous = _stop_workers_outright_on(signal.SIGINT, *([] if on_sigterm else [signal.SIGTERM]))
+    if on_sigterm:
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _pass_on(stopped_by))
     try:
         elastic_launch(config, entrypoint=sys.executable)(*argv)
     except SignalException as e:  # raised by the signal handlers, caught by the agent after it stopped the workers
-        sig = signal.Signals(stopped_by[0] if stopped_by else e.sigval)
+        sig = signal.Signals(stopped_by[0][0] if stopped_by else e.sigval)
+        if sig == signal.SIGTERM and on_sigterm:
+            return on_sigterm(stopped_by[0][1])
         print(f"shoal: stopped by {sig.name}; all {nproc} workers were stopped", file=sys.stderr)
         return 128 + int(sig)
     except ChildFailedError as e:
@@ -95,7 +107,7 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
 
 
 def _stop_workers_outright_on(*signals: signal.Signals) -> tuple[list[int], dict]:
-    """Ctrl-C or SIGTERM to the launcher ends the workers with SIGKILL, at once and in silence.
+    """Ctrl-C (and SIGTERM, for workers that do not save on it) ends the workers with SIGKILL, at once and in silence.
 
     The agent's own handlers forward the signal itself; a worker then either sits out a collective
     its dead peer never joins, or its hang watchdog (shoal/debug/watchdog.py) takes the peer's
@@ -103,14 +115,14 @@ def _stop_workers_outright_on(*signals: signal.Signals) -> tuple[list[int], dict
     checkpoints commit atomically and metrics rows are whole lines. The agent keeps SIGHUP and
     SIGQUIT; we take these, kill the workers (this process's children) and hand the agent a
     SignalException asking for SIGKILL, which it sends to any it started since. Returns the list
-    the received signal goes into, and the handlers to put back.
+    the received signal (and when it came) goes into, and the handlers to put back.
     """
     from torch.distributed.elastic.multiprocessing import SignalException
 
-    received: list[int] = []
+    received: list[tuple[int, float]] = []
 
     def stop(signum, frame):
-        received.append(signum)
+        received.append((signum, time.time()))
         workers = _children(os.getpid())
         for sig in (signal.SIGSTOP, signal.SIGKILL):  # all frozen first: none sees a peer die and complains
             for pid in workers:
@@ -121,6 +133,20 @@ def _stop_workers_outright_on(*signals: signal.Signals) -> tuple[list[int], dict
         raise SignalException(f"shoal launcher got {signal.Signals(signum).name}", sigval=signal.SIGKILL)
 
     return received, {sig: signal.signal(sig, stop) for sig in signals}
+
+
+def _pass_on(received: list[tuple[int, float]]):
+    """A SIGTERM handler that has the agent pass the signal on to the workers and wait for them to
+    exit (its SignalException path); a second SIGTERM changes nothing, the agent's timeout bounds the wait."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    def pass_on(signum, frame):
+        if received:
+            return
+        received.append((signum, time.time()))
+        raise SignalException("shoal launcher got SIGTERM", sigval=signal.SIGTERM)
+
+    return pass_on
 
 
 def _children(pid: int) -> list[int]:

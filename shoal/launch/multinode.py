@@ -42,6 +42,10 @@ def add_args(p) -> None:
     p.add_argument("--ifname", default="", help="network interface for gloo (default: the one that routes to --master)")
     p.add_argument("--rdzv-timeout", type=int, default=120,
                    help="seconds each node waits for the master and the other nodes")
+    p.add_argument("--rdzv", choices=("c10d", "static"), default="c10d",
+                   help="c10d: nodes are numbered by sorting their addresses, and a node whose workers die can "
+                        "rejoin (--max-restarts); static: numbered by --node-rank (what `shoal slurm` uses, so rank "
+                        "blocks follow the allocation), the whole job restarts together")
 
 
 @dataclass(frozen=True)
@@ -54,11 +58,14 @@ class NodePlan:
     local_addr: str
     is_host: bool
     timeout: int
+    rdzv: str = "c10d"
 
     def launch_config(self) -> dict:
         """Fields of torch's LaunchConfig for this node (shoal.launch.local.launch(nodes=...))."""
+        conf = {"rank": self.node_rank, "timeout": self.timeout} if self.rdzv == "static" else \
+            {"join_timeout": self.timeout, "is_host": self.is_host}
         return dict(min_nodes=self.nnodes, max_nodes=self.nnodes, rdzv_endpoint=f"{self.master_ip}:{self.port}",
-                    rdzv_configs={"join_timeout": self.timeout, "is_host": self.is_host}, local_addr=self.local_addr,
+                    rdzv_backend=self.rdzv, rdzv_configs=conf, local_addr=self.local_addr,
                     run_id=f"shoal-{self.master_ip}-{self.port}")  # the same on every node without coordination
 
     def env(self) -> dict[str, str]:
@@ -70,7 +77,8 @@ class NodePlan:
                 f"{self.master_ip}:{self.port}")
 
 
-def plan_node(nnodes: int, node_rank: int, master: str, ifname: str = "", timeout: int = 120) -> NodePlan:
+def plan_node(nnodes: int, node_rank: int, master: str, ifname: str = "", timeout: int = 120,
+              rdzv: str = "c10d") -> NodePlan:
     """Check this node's flags and network, and work out its settings; raises UserError on the first problem."""
     if nnodes < 1:
         raise UserError("--nnodes", nnodes, "must be a positive integer")
@@ -83,7 +91,7 @@ def plan_node(nnodes: int, node_rank: int, master: str, ifname: str = "", timeou
     host, port = _split(master)
     ip = _resolve(host, master)
     local = _source_addr(ip, port, master)
-    if local.startswith("127.") or ip.startswith("127."):
+    if nnodes > 1 and (local.startswith("127.") or ip.startswith("127.")):
         raise UserError("--master", master, "is a loopback address the other nodes cannot reach; give node 0's "
                                             "address on the network that joins the nodes")
     addrs = interface_addrs()
@@ -110,7 +118,7 @@ def plan_node(nnodes: int, node_rank: int, master: str, ifname: str = "", timeou
         _check_port_free(ip, port, master)
     else:
         _wait_for_master(ip, port, master, timeout)
-    return NodePlan(nnodes, node_rank, ip, port, ifname, local, is_host, timeout)
+    return NodePlan(nnodes, node_rank, ip, port, ifname, local, is_host, timeout, rdzv)
 
 
 def _split(master: str) -> tuple[str, int]:
@@ -243,14 +251,15 @@ def _is_store(ip: str, port: int) -> bool:
 
 
 def launch_nodes(argv: list[str], nproc: int, plan: NodePlan, max_restarts: int = 0,
-                 said_why: tuple[int, ...] = ()) -> int:
+                 said_why: tuple[int, ...] = (), on_sigterm=None) -> int:
     """shoal.launch.local.launch for one node of a multi-node job."""
     from torch.distributed.elastic.rendezvous import RendezvousError
 
     from shoal.launch.local import launch
 
     try:
-        return launch(argv, nproc, max_restarts=max_restarts, said_why=said_why, nodes=apply(plan))
+        return launch(argv, nproc, max_restarts=max_restarts, said_why=said_why, nodes=apply(plan),
+                      on_sigterm=on_sigterm)
     except RendezvousError as e:  # the nodes never met: nothing trained
         why = type(e).__name__ + (f": {str(e).splitlines()[0]}" if str(e).strip() else "")
         raise UserError("--master", f"{plan.master_ip}:{plan.port}",

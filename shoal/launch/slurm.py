@@ -1,9 +1,11 @@
 """Slurm: an sbatch script that runs a recipe on N nodes, and the guard against independent copies.
 
-The script starts one task per node with srun; each task runs torchrun with static rendezvous at
-the allocation's first node and `--node-rank $SLURM_NODEID`, so rank blocks follow the order of
-the allocation (`scontrol show hostnames`). c10d rendezvous would instead order nodes by sorting
-their addresses or names (`node10` before `node2`).
+The script starts one task per node with srun; each task runs `shoal train --nnodes` (the elastic
+agent behind torchrun) with static rendezvous at the allocation's first node and `--node-rank
+$SLURM_NODEID`, so rank blocks follow the order of the allocation (`scontrol show hostnames`).
+c10d rendezvous would instead order nodes by sorting their addresses or names (`node10` before
+`node2`). shoal's launcher rather than torchrun, because torchrun exits 1 whatever its workers
+exit with, and the script requeues on the workers' code for "saved on SIGTERM" (75).
 
 Under Slurm, `srun -n2 shoal train` with nothing mapping ranks starts two complete single-process
 trainings into the same --out (they corrupt metrics.jsonl and exit 0): `check_srun_copies`
@@ -17,8 +19,10 @@ import re
 import shlex
 
 from shoal.errors import UserError
+from shoal.train.preempt import EXIT_CODE as PREEMPTED_EXIT  # torch-free
 
 PORT = 29500
+SIGNAL_LEAD_S = 120  # SIGTERM this long before the time limit: time to finish a step and save
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")  # minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
 
 
@@ -43,30 +47,44 @@ def sbatch_script(name: str, recipe: str, run_out: str, nodes: int, gpus_per_nod
             *( [f"#SBATCH --partition={partition}"] if partition else []),
             *( [f"#SBATCH --time={time}"] if time else []),
             f"#SBATCH --output={run_out}/slurm-%j.out",
-            "# --requeue: after a preemption or a node failure the job starts again and resumes",
-            "#SBATCH --requeue"]
-    train = " ".join(shlex.quote(a) for a in ["-m", "shoal.train", recipe, "--out", run_out,
+            "#SBATCH --open-mode=append  # a requeued run adds to the same log",
+            "# A job that saved on SIGTERM is requeued (below) and resumes from that checkpoint; SIGTERM comes",
+            f"# from scancel --signal=TERM, preemption, and {SIGNAL_LEAD_S} s before the time limit (--signal).",
+            "#SBATCH --requeue",
+            f"#SBATCH --signal=TERM@{SIGNAL_LEAD_S}"]
+    train = " ".join(shlex.quote(a) for a in ["-m", "shoal", "train", recipe, "--out", run_out,
                                               *[f"--set={o}" for o in overrides]])
     return "\n".join([
         "#!/bin/bash",
         f"# written by: shoal slurm {recipe} --nodes {nodes} --gpus-per-node {gpus_per_node}",
         *head,
-        "set -euo pipefail",
+        "set -uo pipefail",
         f"mkdir -p {shlex.quote(run_out)}  # on a filesystem every node shares: checkpoints are written by all ranks",
         "",
         "# Node order is the allocation's: node 0 (first in the list) hosts the rendezvous, and",
-        "# --node-rank $SLURM_NODEID gives each node the next block of ranks.",
+        "# --node-rank $SLURM_NODEID gives each node the next block of ranks (static rendezvous).",
         'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
         f"PORT={port}",
         "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
         "",
-        "# one task per node; each runs torchrun, which starts the node's workers ($0 and $@ carry the",
-        "# python and shoal's arguments past the inner shell without a second round of quoting)",
+        "# One task per node; each runs shoal's launcher, which starts the node's workers and exits with",
+        f"# their code ({PREEMPTED_EXIT}: every rank saved a checkpoint on SIGTERM). $0 and $@ carry the python and",
+        "# shoal's arguments past the inner shell without a second round of quoting.",
         "export HEAD PORT",
         "srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \\",
-        f"  'exec \"$0\" -m torch.distributed.run --nnodes=\"$SLURM_JOB_NUM_NODES\" --nproc-per-node={nproc} "
-        "--node-rank=\"$SLURM_NODEID\" --rdzv-backend=static --master-addr=\"$HEAD\" --master-port=\"$PORT\" \"$@\"' \\",
-        f"  {shlex.quote(python)} {train}",
+        f"  'exec \"$0\" \"$@\" --nproc {nproc} --nnodes \"$SLURM_JOB_NUM_NODES\" --node-rank \"$SLURM_NODEID\" "
+        "--master \"$HEAD:$PORT\" --rdzv static' \\",
+        f"  {shlex.quote(python)} {train} &",
+        "SRUN=$!",
+        "# SIGTERM sent to this batch shell (scancel --batch, --signal=B:TERM@N) goes on to srun and the tasks",
+        'trap \'kill -TERM "$SRUN" 2>/dev/null\' TERM',
+        'code=0; wait "$SRUN" || code=$?',
+        'while kill -0 "$SRUN" 2>/dev/null; do code=0; wait "$SRUN" || code=$?; done  # a trap ends wait early',
+        f'if [ "$code" -eq {PREEMPTED_EXIT} ]; then',
+        '  echo "shoal slurm: a checkpoint was saved on SIGTERM; requeueing job $SLURM_JOB_ID to resume from it"',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$code"',
         "",
     ])
 

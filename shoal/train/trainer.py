@@ -29,6 +29,7 @@ from shoal.parallel.parallelize import parallelize
 from shoal.train.distributed import Runtime, enable_debugging, group_labels, init_runtime, mark, rank_stats, shutdown
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
 from shoal.train.memory import RankMemory, StateBytes, model_state
+from shoal.train import preempt
 from shoal.train.nonfinite import NonFiniteGuard
 from shoal.train.prediction import RunPrediction, predict_this_run
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
@@ -121,11 +122,16 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
             row["eval_loss"] = eval_loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))
-        log.write(row, sync=ckpt.due(step + 1))  # on disk at least as far as the checkpoint
+        stopping = step + 1 < t.steps and preempt.agreed(rt)  # SIGTERM on any rank: all stop after this step
+        log.write(row, sync=ckpt.due(step + 1) or stopping)  # on disk at least as far as the checkpoint
         progress.update(row)
-        ckpt.maybe_save(step + 1, row["loss"])
+        ckpt.maybe_save(step + 1, row["loss"], stopping=stopping)
         if ckpt.due(step + 1):
             progress.event(f"checkpoint at step {step + 1} ({'saving in the background' if cfg.checkpoint.async_save else 'saved'})")
+        if stopping:
+            for done in (ckpt, progress, log):
+                done.close()
+            raise preempt.stopped(rt, step + 1, ckpt.path_of(step + 1))
     ckpt.close()  # waits for a save still being written in the background
     snapshot.dump()
     progress.close()

@@ -1,9 +1,11 @@
 """A script from `shoal slurm` on a real one-node Slurm (Debian's slurm-wlm + munge), started and
-stopped here: the job trains and writes metrics, and its exit code reaches `sbatch --wait`.
+stopped here: the job trains and writes metrics, its exit code reaches `sbatch --wait`, and a
+`scancel --signal=TERM` mid-run is saved, requeued and resumed.
 
 Skipped where slurm-wlm is not installed (`apt-get install slurm-wlm munge`, as root).
 """
 
+import json
 import os
 import shutil
 import signal
@@ -28,6 +30,8 @@ SlurmUser=root
 SlurmctldPort={PORTS[0]}
 SlurmdPort={PORTS[1]}
 AuthType=auth/munge
+AuthInfo=cred_expire=5
+SchedulerParameters=bf_interval=1,sched_interval=2
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -89,24 +93,38 @@ def _until(ok, what, d=None, timeout=30):
         time.sleep(0.5)
 
 
-def _sbatch(slurm, tmp_path, name, *sets):
-    run = tmp_path / name
+def _script(slurm, tmp_path, name, *sets) -> Path:
     r = subprocess.run([sys.executable, "-m", "shoal", "slurm", "recipes/debug.toml", "--nodes", "1",
                         "--gpus-per-node", "0", "--name", name, "--port", str(PORTS[2]), "--python", sys.executable,
-                        "--run-out", str(run), "--out", str(tmp_path), *[f"--set={s}" for s in sets]],
+                        "--run-out", str(tmp_path / name), "--out", str(tmp_path), *[f"--set={s}" for s in sets]],
                        cwd=REPO, env=slurm, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    job = subprocess.run(["sbatch", "--wait", str(tmp_path / f"{name}.sbatch")], cwd=REPO, env=slurm,
+    return tmp_path / f"{name}.sbatch"
+
+
+def _logs(run: Path) -> str:
+    return "\n".join(p.read_text() for p in run.glob("slurm-*.out"))
+
+
+def _sbatch(slurm, tmp_path, name, *sets):
+    job = subprocess.run(["sbatch", "--wait", str(_script(slurm, tmp_path, name, *sets))], cwd=REPO, env=slurm,
                          capture_output=True, text=True, timeout=240)
-    logs = "\n".join(p.read_text() for p in run.glob("slurm-*.out"))
-    return job.returncode, run, logs
+    return job.returncode, tmp_path / name, _logs(tmp_path / name)
 
 
-def test_generated_script_trains_on_slurm(slurm, tmp_path):
-    code, run, logs = _sbatch(slurm, tmp_path, "ok", "model.preset=debug", "train.steps=3", "train.eval_every=0",
-                              "train.sample_tokens=0")
+STEPS = 40
+RUN = ("model.preset=debug", f"train.steps={STEPS}", "train.eval_every=0", "train.sample_tokens=0")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm, tmp_path_factory):
+    return _sbatch(slurm, tmp_path_factory.mktemp("slurm-ok"), "ok", *RUN)
+
+
+def test_generated_script_trains_on_slurm(uninterrupted):
+    code, run, logs = uninterrupted
     assert code == 0, logs
-    assert len((run / "metrics.jsonl").read_text().splitlines()) == 3, logs
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == STEPS, logs
 
 
 def test_job_exit_code_reaches_sbatch(slurm, tmp_path):
@@ -114,3 +132,27 @@ def test_job_exit_code_reaches_sbatch(slurm, tmp_path):
                             "data.path=/no/such/corpus")
     assert code != 0, logs
     assert "data.path='/no/such/corpus': no such file or directory" in logs, logs  # the worker's one line
+
+
+def test_scancel_mid_run_saves_requeues_and_resumes_bitwise(slurm, tmp_path, uninterrupted):
+    """SIGTERM to the job's steps (what preemption and the time limit send): the run saves the step
+    it stops after and exits 75, the script requeues the job, and the second start resumes from that
+    checkpoint and ends equal to the uninterrupted job, bit for bit, with every step logged once."""
+    run = tmp_path / "pre"
+    job = subprocess.Popen(["sbatch", "--wait", "--parsable", str(_script(slurm, tmp_path, "pre", *RUN))], cwd=REPO,
+                           env=slurm, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job_id = job.stdout.readline().strip().split(";")[0]
+    metrics = run / "metrics.jsonl"
+    _until(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3, "step 3", timeout=120)
+    subprocess.run(["scancel", "--signal=TERM", job_id], env=slurm, check=True, timeout=30)
+    assert job.wait(timeout=240) == 0, _logs(run) + job.stderr.read()
+    logs = _logs(run)
+    stop = int(logs.split("stopped by SIGTERM after step ")[1].split(";")[0])
+    assert 3 <= stop < STEPS and f"requeueing job {job_id}" in logs, logs
+    assert f"resuming from step {stop} ({run}/checkpoints/step_{stop:08d})" in logs, logs
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    ref = [json.loads(line) for line in (uninterrupted[1] / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), logs
+    assert [r["loss"] for r in rows] == [r["loss"] for r in ref]
+    weights = lambda r: (r / "model" / "model.safetensors").read_bytes()
+    assert weights(run) == weights(uninterrupted[1])

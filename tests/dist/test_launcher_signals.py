@@ -1,7 +1,8 @@
 """The workers of `shoal train --nproc 2` die with their launcher however it dies (SIGKILL: the
-kernel's parent-death signal; SIGTERM/SIGINT: one line, exit 128+signal), and a second run into the
-same --out is refused while the first one lives."""
+kernel's parent-death signal; SIGINT: one line, exit 130; SIGTERM: a checkpoint of the step they
+stop after, one line, exit 75), and a second run into the same --out is refused while the first one lives."""
 
+import json
 import os
 import signal
 import subprocess
@@ -80,6 +81,12 @@ def test_workers_die_with_their_launcher(sig, tmp_path):
     err = launcher.stderr.read()
     if sig == "SIGKILL":
         assert code == -signal.SIGKILL
+    elif sig == "SIGTERM":  # preemption: every rank stops after the same step and saves it (shoal/train/preempt.py)
+        lines = err.strip().splitlines()
+        assert code == 75 and len(lines) == 1 and lines[0].startswith("shoal train: stopped by SIGTERM after step"), err
+        step = int(lines[0].split("after step ")[1].split(";")[0])
+        assert [p.name for p in (out / "checkpoints").glob("step_*")] == [f"step_{step:08d}"], err
+        assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == step
     else:
         assert code == 128 + getattr(signal, sig), (code, err)
         assert err.strip().splitlines() == [f"shoal: stopped by {sig}; all 2 workers were stopped"], err

@@ -103,8 +103,11 @@ def test_damaged_newest_checkpoint_is_reported_and_the_previous_one_used(saved, 
     err = capsys.readouterr().err
     assert str(newest) in err and "damaged or incomplete" in err and "trying the previous one" in err
     if damage == "truncate":  # and training really continues from it, bitwise
+        logged = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
         run(out)
         assert losses(out) == losses(saved) and weights(out) == weights(saved)
+        # the rows of steps 1..6 stay as they were, byte for byte; 7 and 8 were run again, once each
+        assert (out / "metrics.jsonl").read_text().startswith("".join(logged[:6])) and len(losses(out)) == STEPS
 
 
 def test_loading_never_unpickles_code(saved, tmp_path):

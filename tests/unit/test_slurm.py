@@ -1,7 +1,7 @@
 """`shoal slurm`: the sbatch script (golden file, bash syntax), bad input, and the srun-copies guard.
 
-No Slurm runs in these tests: slurm-wlm is not installed on CI machines (a real one-node Slurm
-recipe is in docs/cluster.md), so the script is checked as text and by `bash -n`.
+No Slurm runs in these tests: the script is checked as text and by `bash -n` (the real one-node
+Slurm runs it in tests/cluster/test_real_slurm.py).
 """
 
 import os
@@ -34,7 +34,9 @@ def test_script_matches_golden_and_parses(tmp_path, monkeypatch):
     assert got == GOLDEN.read_text(), "regenerate with SHOAL_UPDATE_GOLDEN=1 if intended"
     assert subprocess.run(["bash", "-n", str(tmp_path / "tiny.sbatch")]).returncode == 0
     # node order is the allocation's: static rendezvous with the node's index in the job
-    assert '--node-rank="$SLURM_NODEID" --rdzv-backend=static' in got and "--nproc-per-node=4" in got
+    assert '--nproc 4 --nnodes "$SLURM_JOB_NUM_NODES" --node-rank "$SLURM_NODEID"' in got and "--rdzv static" in got
+    # saved on SIGTERM (exit 75): requeued, to resume from that checkpoint
+    assert "#SBATCH --requeue" in got and 'if [ "$code" -eq 75 ]' in got and 'scontrol requeue "$SLURM_JOB_ID"' in got
 
 
 @pytest.mark.parametrize("flag,value,field", [
