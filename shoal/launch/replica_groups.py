@@ -27,8 +27,10 @@ from shoal.train.rundir import LAUNCHER_ENV
 JOIN_TIMEOUT_MS = 10_000
 """How long the lighthouse waits for a live group that has not yet asked for this step's quorum
 (a slower group) before going on without it."""
-HEARTBEAT_TIMEOUT_MS = 3_000
-"""A group silent this long is dead: quorums go on without it."""
+HEARTBEAT_TIMEOUT_MS = 1_000
+"""A group silent this long is dead: quorums go on without it. Groups heartbeat every 100 ms from a
+thread of their own, so a second is ten missed beats; torchft's default of 5 s would stall the
+live groups that long on every failure."""
 
 
 def group_out(out: Path, group: int) -> Path:

@@ -23,7 +23,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -122,10 +124,12 @@ class ReplicaGroups(OneGroup):
 
         from shoal.checkpoint import state as ckpt_state
 
-        logging.getLogger("torchft.manager").addFilter(_NoFlightRecorderNote())
+        logging.getLogger("torchft.manager").addFilter(_QuietManagerLog())
+        # torchft's transport rebuilds the received tensors over a read-only bytes buffer; they are only
+        # copied into the model and optimizer (load_live_state), never written through.
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
         self.place, self.rt, self.loader = place, rt, loader
-        self._optimizer = optimizer
 
         def live_state() -> dict:  # references; torchft's transport copies them out under its lock
             return {"train": ckpt_state.capture(pm.modules, optimizer, rt.rank, pm.grad_compressor),
@@ -152,9 +156,11 @@ class ReplicaGroups(OneGroup):
         self.rejoining = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         self._wait_for_all = start == 0 and not self.rejoining
         self._data_at_start: dict = {}
+        self._seconds = {"quorum_s": 0.0, "replica_allreduce_s": 0.0, "commit_s": 0.0}  # what torchft costs a step
 
     def start_step(self, step: int) -> int:
         """Join this step's quorum; returns the step to run, the live one after healing."""
+        t0 = time.perf_counter()
         self.manager.start_quorum()
         if self._wait_for_all:  # a fresh job: the first step waits until every group is in the quorum
             self._wait_for_all = False
@@ -162,8 +168,13 @@ class ReplicaGroups(OneGroup):
             while self.manager.num_participants() < self.place.groups and time.monotonic() < deadline:
                 time.sleep(0.2)
                 self.manager.start_quorum()
+        live = self.manager.current_step()
+        if live != step and self.rt.is_main:
+            print(f"shoal: replica group {self.place.group} rejoined at step {live} with the state of a live group "
+                  f"(it was at step {step})", file=sys.stderr, flush=True)
         self._data_at_start = self.loader.state_dict()
-        return self.manager.current_step()
+        self._seconds["quorum_s"] = time.perf_counter() - t0
+        return live
 
     def average_grads(self, params) -> None:
         """Mean of every gradient over the groups in the quorum, as one flat fp32 buffer."""
@@ -172,28 +183,34 @@ class ReplicaGroups(OneGroup):
         grads = [_local(p.grad) for p in params if p.grad is not None]
         if not grads:
             return
+        t0 = time.perf_counter()
         flat = torch.cat([g.reshape(-1).float() for g in grads])
         self.manager.allreduce(flat).wait()  # divides by the participants; a failure shows in should_commit
         for g, part in zip(grads, flat.split([g.numel() for g in grads])):
             g.copy_(part.view_as(g))
+        self._seconds["replica_allreduce_s"] = time.perf_counter() - t0
 
     def should_commit(self) -> bool:
+        t0 = time.perf_counter()
         committed = self.manager.should_commit()
+        self._seconds["commit_s"] = time.perf_counter() - t0
         if not committed:  # the step is redone: take the same batch again
             self.loader.load_state_dict(self._data_at_start)
         return committed
 
     def row(self) -> dict:
-        return {"replicas": self.manager.num_participants(), "replica_group": self.place.group}
+        return {"replicas": self.manager.num_participants(), "replica_group": self.place.group, **self._seconds}
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
 
 
-class _NoFlightRecorderNote(logging.Filter):
-    """torchft warns on every quorum that it cannot reset NCCL's flight recorder, also where there is no NCCL."""
+class _QuietManagerLog(logging.Filter):
+    """torchft warns on every quorum that it cannot reset NCCL's flight recorder, also where there is
+    no NCCL; and a peer's death, expected here, comes with a traceback: keep its one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text = None, None
         return "flight recorder" not in str(record.msg)
 
 
