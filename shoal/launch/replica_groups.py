@@ -45,7 +45,7 @@ def group_config(cfg, replica_groups: int, nnodes: int):
         check_replica_groups(replica_groups, cfg, nnodes)
         return group_share(cfg, replica_groups)
     place = replica_place()
-    return group_share(cfg, place.groups) if place else cfg
+    return group_share(cfg, place.groups, GROUPS_ENV) if place else cfg
 
 
 def check_replica_groups(groups: int, cfg, nnodes: int) -> None:

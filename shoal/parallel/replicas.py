@@ -69,8 +69,9 @@ def replica_place() -> ReplicaPlace | None:
     if not 0 <= group < groups:
         raise UserError(GROUP_ENV, group, f"must be in 0..{groups - 1} ({GROUPS_ENV}={groups})")
     if not os.environ.get(LIGHTHOUSE_ENV):
-        raise UserError(LIGHTHOUSE_ENV, None, "environment variable must give the lighthouse's address, e.g. "
-                                              "http://host:29510 (start one with torchft_lighthouse --min_replicas 1)")
+        raise UserError(LIGHTHOUSE_ENV, None, f"environment variable must give the lighthouse's address when "
+                                              f"{GROUP_ENV} is set, e.g. http://host:29510 (start one with "
+                                              "torchft_lighthouse --min_replicas 1)")
     return ReplicaPlace(group, groups)
 
 
@@ -82,14 +83,16 @@ def import_torchft():
     return torchft
 
 
-def group_share(cfg, groups: int):
-    """The config one group trains with: its 1/groups of every global batch."""
+def group_share(cfg, groups: int, source: str = "--replica-groups"):
+    """The config one group trains with: its 1/groups of every global batch (`source` names where
+    the number of groups came from, for the message)."""
     batch = cfg.train.global_batch
     if groups <= 1:
         return cfg
     if batch % groups:
-        raise UserError("train.global_batch", batch, f"must split evenly among --replica-groups {groups}; "
-                                                     f"set train.global_batch={groups * max(1, batch // groups)}")
+        raise UserError("train.global_batch", batch, f"must split evenly among the {groups} replica groups "
+                                                     f"({source}={groups}); set train.global_batch="
+                                                     f"{groups * -(-batch // groups)}")
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, global_batch=batch // groups))
 
 
