@@ -1,6 +1,7 @@
 """What fault-tolerant replica groups cost per step, and what a group dropping out costs in loss.
 
-    flock /tmp/shoal-cpu.lock python bench/bench_rejoin.py [--steps 800] [--kill-at 100] [--seeds 0 1]
+    flock /tmp/shoal-cpu.lock python bench/bench_rejoin.py [--only collective|training] [--steps 800]
+                                                           [--kill-at 100] [--seeds 0 1]
 
 0. The collective alone: a 2-rank gloo all_reduce of the debug model's gradient size vs the same
    all-reduce through torchft (start_quorum + Manager.allreduce + should_commit, 2 groups of 1).
@@ -137,16 +138,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--kill-at", type=int, default=100)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--only", choices=["collective", "steps", "loss"], help="run one part (default: all)")
+    ap.add_argument("--only", choices=["collective", "training"],
+                    help="collective: part 0 alone; training: parts 1 and 2 (they share runs); default: all")
     ap.add_argument("--iters", type=int, default=300, help="iterations of the collective alone")
     ap.add_argument("--port", type=int, default=33100, help="free TCP port for the plain gloo group")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rejoin-bench-"))
-    if args.only in (None, "collective"):
+    if args.only != "training":
         collective_cost(args.iters, args.port)
-    if args.only == "collective":
-        return
+    if args.only != "collective":
+        training(args, tmp)
 
+
+def training(args, tmp: Path) -> None:
     ddp = plain_ddp(tmp / "ddp", args.steps, args.seeds[0])
     whole = {s: run_replica_groups(RECIPE, tmp / f"whole-{s}", overrides(args.steps, s)) for s in args.seeds}
     g0 = whole[args.seeds[0]].rows[0]
