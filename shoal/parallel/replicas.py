@@ -135,11 +135,12 @@ class ReplicaGroups(OneGroup):
         self.place, self.rt, self.loader = place, rt, loader
 
         def live_state() -> dict:  # references; torchft's transport copies them out under its lock
-            return {"train": ckpt_state.capture(pm.modules, optimizer, rt.rank, pm.grad_compressor),
+            return {"train": ckpt_state.capture(pm.modules, optimizer, rt.rank, pm.grad_compressor,
+                                                 pm.diloco),
                     "data": loader.state_dict()}
 
         def load_live_state(state: dict) -> None:
-            ckpt_state.apply(pm.modules, optimizer, state["train"], pm.grad_compressor)
+            ckpt_state.apply(pm.modules, optimizer, state["train"], pm.grad_compressor, pm.diloco)
             loader.load_state_dict(state["data"])
 
         store = {}
