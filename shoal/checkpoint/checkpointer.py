@@ -32,6 +32,7 @@ from shoal.checkpoint.choose import check_not_finished, checkpoint_root, choose_
 from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
 from shoal.config import JobConfig
 from shoal.errors import UserError
+from shoal.parallel.replicas import replica_place
 from shoal.train.metrics import truncate_metrics
 from shoal.train.rundir import DiskFull, no_space_left
 
@@ -64,7 +65,7 @@ class Checkpointer:
         """Load the chosen checkpoint, if any; returns the number of steps already done."""
         path = self._agree(lambda: choose_checkpoint(self.resume_from, self.root))
         if path is None:
-            if restart_count() and self.rt.is_main:
+            if restart_count() and self.rt.is_main and replica_place() is None:  # a replica group heals from a peer
                 lost = _last_logged_step(self.out)
                 store.warn(f"elastic restart {restart_count()} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: "
                            f"no checkpoint yet, starting over; the failed attempt had reached step {lost}, "

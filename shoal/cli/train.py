@@ -22,6 +22,9 @@ def register(sub) -> None:
                         "TorchTrainer, on the Ray cluster at RAY_ADDRESS or a private one; pip install 'shoal[ray]')")
     p.add_argument("--max-restarts", type=nonnegative_int, default=0,
                    help="when a worker dies, restart all workers from the last checkpoint, up to this many times")
+    p.add_argument("--replica-groups", type=nonnegative_int, default=0, metavar="N",
+                   help="N replica groups of --nproc workers each (needs torchft): a group whose worker dies "
+                        "leaves, the others keep stepping, and it rejoins from a live peer's state")
     p.add_argument("--resume", default="auto", metavar="auto|never|PATH",
                    help="auto: continue from the newest intact checkpoint if there is one (default); never: start "
                         "over (refused if checkpoints exist); PATH: a checkpoint directory to start from, any layout")
@@ -38,12 +41,14 @@ def run(args) -> int:
     from shoal.config import load_config
     from shoal.job import resolve
     from shoal.launch.env import world_size
+    from shoal.launch.replica_groups import group_config
     from shoal.train import rundir
     from shoal.train.memory_check import CHECKED_ENV, check_memory, local_world_size
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
     if args.launcher == "ray":
         _check_ray_flags(args)
+    cfg = group_config(cfg, args.replica_groups, args.nnodes)  # a replica group trains its share of the batch
     if "WORLD_SIZE" not in os.environ:  # srun -n2 shoal train: two copies that would each train alone
         from shoal.launch.slurm import check_srun_copies
 
@@ -89,18 +94,23 @@ def _launch_or_train(args, job, out, nodes=None) -> int:
         from shoal.launch.ray import launch
 
         return launch(job, out, args.nproc, resume=args.resume, show=not args.quiet)
-    if args.nproc > 1 or nodes:
+    if args.nproc > 1 or nodes or args.replica_groups:
         from shoal.launch.local import launch
         from shoal.launch.multinode import launch_nodes
 
         argv = ["-m", "shoal.train", *([args.recipe] if args.recipe else []),
-                *[f"--set={o}" for o in args.overrides], "--out", str(out), "--resume", args.resume,
+                *[f"--set={o}" for o in args.overrides], "--resume", args.resume,
                 *(["--quiet"] if args.quiet else [])]
         os.environ[CHECKED_ENV] = "1"  # the workers inherit the environment: checked once, here
         # Workers exiting 2 (a user mistake), 3 (a non-finite loss) or 75 (saved on SIGTERM) have said why.
         said_why = (2, EXIT_CODE, preempt.EXIT_CODE)
         on_sigterm = partial(preempt.exit_code_after, checkpoint_root(job.cfg, out), args.nproc * args.nnodes)
         try:
+            if args.replica_groups:
+                from shoal.launch.replica_groups import launch_groups
+
+                return launch_groups(argv, out, args.replica_groups, max(args.nproc, 1), args.max_restarts)
+            argv += ["--out", str(out)]
             if nodes:
                 return launch_nodes(argv, args.nproc, nodes, max_restarts=args.max_restarts, said_why=said_why,
                                     on_sigterm=on_sigterm)

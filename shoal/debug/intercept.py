@@ -29,6 +29,8 @@ class MonitorObserver(patch.Observer):
     def before(self, door, name, target, args, kwargs):
         mon = self.mon
         if door == "pg":
+            if not mon.is_jobs(target):
+                return None  # torchft's cross-replica groups: a dead peer there is expected and handled
             if name in ops.P2P:
                 rec, pending = mon.begin_p2p(target, name, args)
             else:

@@ -86,6 +86,12 @@ class Monitor:
             self.channel.timeout_s = check_timeout_s
             self.checker = Checker(self.channel, check_timeout_s) if check else None
 
+    @staticmethod
+    def is_jobs(pg) -> bool:
+        """A group of this job's torch.distributed world, not one a library keeps on its own (torchft's
+        replica groups reconfigure themselves when a peer dies; their failures are not this job's)."""
+        return pg in c10d._world.pg_names
+
     def group(self, pg) -> GroupInfo:
         g = self._groups.get(pg)
         if g is None:

@@ -26,6 +26,7 @@ from shoal.model.transformer import build_model, cross_entropy
 from shoal.parallel.compression import wire_fields
 from shoal.parallel.parallel_model import ParallelModel
 from shoal.parallel.parallelize import parallelize
+from shoal.parallel.replicas import join_replicas, replica_place
 from shoal.train.distributed import Runtime, enable_debugging, group_labels, init_runtime, mark, rank_stats, shutdown
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
 from shoal.train.memory import RankMemory, StateBytes, model_state
@@ -50,9 +51,14 @@ def build_data(job: Job, dp_rank: int = 0, dp_size: int = 1) -> Data:
     cfg = job.cfg
     tokenizer, cache = load_data(cfg.data, job.model.vocab_size)
     t, src = cfg.train, cfg.data.path
-    loader = TokenLoader(cache.train, t.seq_len, t.global_batch, job.layout.micro_batch, dp_rank, dp_size, t.seed, source=src)
-    # Evaluation batches hold global_batch sequences, so every layout evaluates the same text.
-    eval_set = eval_batches(cache.val, t.seq_len, t.global_batch, t.eval_batches, dp_rank, dp_size, source=src)
+    # Replica groups each train their share of the whole batch: group g is the g-th block of dp ranks.
+    place = replica_place()
+    group, groups = (place.group, place.groups) if place else (0, 1)
+    batch = t.global_batch * groups
+    loader = TokenLoader(cache.train, t.seq_len, batch, job.layout.micro_batch, group * dp_size + dp_rank,
+                         groups * dp_size, t.seed, source=src)
+    # Evaluation batches hold the whole batch's sequences, so every layout evaluates the same text.
+    eval_set = eval_batches(cache.val, t.seq_len, batch, t.eval_batches, dp_rank, dp_size, source=src)
     return Data(tokenizer, loader, eval_set)
 
 
@@ -92,21 +98,29 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     peak = job_peak(rt.device, t.precision, rt.world_size)  # the job's hardware: 4 ranks on 2 cores get 2
     plan = predict_this_run(job, rt, step_flops, peak.flops, say=print if show else None)  # rank 0 only
     write_run_info(job, rt, out, start, plan)  # <out>/run.json for `shoal report` and `shoal plan --validate`
-    log = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main, append=start > 0)
+    replicas = join_replicas(rt, pm, optimizer, data.loader, start)  # other replica groups, if any
+    log = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main, append=start > 0 or replicas.rejoining)
     progress = Progress(t.steps, start, enabled=show and rt.is_main)
     guard = NonFiniteGuard(t.on_nonfinite, before_stop=lambda: (ckpt.close(), progress.close()), report=rt.is_main)
     tokens_seen, started, eval_loss, row = start * t.global_batch * t.seq_len, time.perf_counter(), float("nan"), {}
-    for step in range(start, t.steps):
+    step = start
+    while step < t.steps:
         t0 = time.perf_counter()
+        step = replicas.start_step(step)  # a rejoining replica group takes the live state and step here
         mark(step + 1, "train")
         set_lr(optimizer, lr_at(step, t))
         counter.reset()
         with counter:  # everything the step sends, ZeRO-1's parameter broadcast in optimizer.step included
             with memory.measure_first_step():
                 loss = pm.forward_backward(data.loader.next_step())
+            replicas.average_grads(pm.parameters())
             grad_norm = clip_grad_norm(list(pm.parameters()), t.grad_clip, rt)
         loss = rt.global_mean(loss)  # for the log, not the step's traffic; equal on every rank, so the
-        with counter:                # guard below decides alike everywhere
+        #                              guard below decides alike everywhere
+        if not replicas.should_commit():  # a replica group died mid-step: nobody steps, the step is redone
+            optimizer.zero_grad(set_to_none=True)
+            continue
+        with counter:
             if guard.allows_update(step + 1, loss, grad_norm):  # NaN/Inf: stop (raises) or skip the update
                 optimizer.step()
             if pm.diloco is not None:  # DiLoCo's outer step, every diloco_inner_steps (or per fragment)
@@ -118,7 +132,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         row = dict(step=step + 1, loss=loss, lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
                    tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
                    mfu=step_flops / step_time / peak.flops, **measured(job, rt, pm, counter, state, memory, step_time),
-                   **(plan.metrics_fields() if plan else {}))
+                   **(plan.metrics_fields() if plan else {}), **replicas.row())
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
             row["eval_loss"] = eval_loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))
@@ -132,6 +146,8 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
             for done in (ckpt, progress, log):
                 done.close()
             raise preempt.stopped(rt, step + 1, ckpt.path_of(step + 1))
+        step += 1
+    replicas.close()
     ckpt.close()  # waits for a save still being written in the background
     snapshot.dump()
     progress.close()

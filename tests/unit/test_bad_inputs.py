@@ -429,6 +429,9 @@ FLAG_CASES = [
     ["ckpt", "export", "{run}", "--hf", "x", "--dtype", "int8"],
     ["config", "{binary}"], ["config", "--set", "train.lr=nan"], ["config", "{dir}"],
     ["bogus-command"], [],
+    ["train", "--replica-groups", "3"], ["train", "--replica-groups", "-1"], ["train", "--replica-groups", "x"],
+    ["train", "--replica-groups", "2", "--nnodes", "2"],
+    ["train", "--replica-groups", "2", "--set", "checkpoint.dir=/tmp/one-dir-for-all-groups"],
 ]
 
 
@@ -448,7 +451,11 @@ def test_bad_flag(argv, files, corpus, unchanged, capsys):
 ENV_CASES = [{"WORLD_SIZE": "abc"}, {"WORLD_SIZE": "0"}, {"WORLD_SIZE": "-1"}, {"WORLD_SIZE": ""},
              {"RANK": "x"}, {"RANK": "-1"}, {"WORLD_SIZE": "2", "RANK": "5"}, {"LOCAL_RANK": "one"},
              {"WORLD_SIZE": "2", "RANK": "0"}, {"WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "http"},
-             {"TORCHELASTIC_RESTART_COUNT": "x"}]
+             {"TORCHELASTIC_RESTART_COUNT": "x"},
+             {"SHOAL_REPLICA_GROUP": "x", "SHOAL_REPLICA_GROUPS": "2", "TORCHFT_LIGHTHOUSE": "http://localhost:1"},
+             {"SHOAL_REPLICA_GROUP": "2", "SHOAL_REPLICA_GROUPS": "2", "TORCHFT_LIGHTHOUSE": "http://localhost:1"},
+             {"SHOAL_REPLICA_GROUP": "0", "SHOAL_REPLICA_GROUPS": "2"},
+             {"SHOAL_REPLICA_GROUP": "0", "SHOAL_REPLICA_GROUPS": "3", "TORCHFT_LIGHTHOUSE": "http://localhost:1"}]
 
 
 @pytest.mark.parametrize("env", ENV_CASES, ids=[",".join(f"{k}={v}" for k, v in e.items()) for e in ENV_CASES])

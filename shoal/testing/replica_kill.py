@@ -1,0 +1,77 @@
+"""Run `shoal train --replica-groups N` and SIGKILL one group's worker mid-run (for tests and bench/).
+
+The kill lands on the worker process itself (not its launcher), by pid, once the group's own
+metrics.jsonl shows the chosen step: exactly what a crashed GPU or an OOM-killed rank looks like
+to the group's elastic agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.launch.replica_groups import group_out
+
+
+@dataclass
+class ReplicaRun:
+    exit_code: int
+    rows: list[list[dict]]  # each group's metrics.jsonl rows, group 0 first
+    killed_at: int | None   # the victim group's last logged step when its worker was killed
+    log: str                # the launcher's stdout and stderr
+
+
+def read_rows(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def run_replica_groups(recipe: str, out: Path, overrides: list[str], groups: int = 2, nproc: int = 1,
+                       kill_group: int | None = None, kill_at: int = 0, timeout_s: float = 280) -> ReplicaRun:
+    """Train with `groups` replica groups of `nproc` workers; kill group `kill_group`'s first worker
+    when it has logged step `kill_at` (no kill when kill_group is None)."""
+    cmd = [sys.executable, "-m", "shoal", "train", recipe, "--replica-groups", str(groups), "--nproc", str(nproc),
+           "--max-restarts", "2", "--out", str(out), "--quiet", *[f"--set={o}" for o in overrides]]
+    log = Path(f"{out}.log")
+    deadline = time.monotonic() + timeout_s
+    with open(log, "w") as sink:
+        launcher = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        killed_at = None
+        try:
+            if kill_group is not None:
+                metrics = group_out(out, kill_group) / "metrics.jsonl"
+                while (rows := read_rows(metrics))[-1:] == [] or rows[-1]["step"] < kill_at:
+                    if launcher.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"the run ended or stalled before group {kill_group} reached step {kill_at}")
+                    time.sleep(0.02)
+                os.kill(_worker_of(launcher.pid, group_out(out, kill_group)), signal.SIGKILL)
+                killed_at = rows[-1]["step"]
+            code = launcher.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.wait()
+    return ReplicaRun(code, [read_rows(group_out(out, k) / "metrics.jsonl") for k in range(groups)], killed_at,
+                      log.read_text())
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def _worker_of(launcher: int, group_dir: Path) -> int:
+    """The first worker of the group writing to group_dir: launcher -> group launcher -> worker."""
+    group = next(p for p in _children(launcher) if f"--out {group_dir} " in _cmdline(p) + " ")
+    return next(p for p in _children(group) if "shoal.train" in _cmdline(p))
