@@ -25,8 +25,9 @@ METHODS = {  # name -> settings
     "none": [],
     "bf16": ["parallel.grad_compression=bf16"],
     "int8": ["parallel.grad_compression=int8"],
-    "topk10%": ["parallel.grad_compression=topk", "parallel.topk_density=0.1"],
-    "topk1%": ["parallel.grad_compression=topk", "parallel.topk_density=0.01"],
+    "topk10%": ["parallel.grad_compression=topk", "parallel.topk_density=0.1", "parallel.topk_warmup=30"],
+    "topk10%w0": ["parallel.grad_compression=topk", "parallel.topk_density=0.1", "parallel.topk_warmup=0"],
+    "topk1%": ["parallel.grad_compression=topk", "parallel.topk_density=0.01", "parallel.topk_warmup=30"],
     "powersgd4": ["parallel.grad_compression=powersgd", "parallel.powersgd_rank=4", "parallel.powersgd_warmup=10"],
     "powersgd1": ["parallel.grad_compression=powersgd", "parallel.powersgd_rank=1", "parallel.powersgd_warmup=10"],
 }
