@@ -1,14 +1,16 @@
 """Gradient compression on a slow link: plain data parallelism vs each method, in wall-clock time.
 
-    sudo python bench/bench_slow_link.py [--steps 12] [--model tiny] [--methods none,bf16,...]
+    sudo python bench/bench_slow_link.py [--steps 12] [--model tiny] [--methods none,bf16,...] [--hsdp]
 
 Builds the emulated two-node cluster (shoal/testing/emulated_cluster.py: two network namespaces
 joined by a veth shaped to 400 Mbit/s), runs `torchrun --nnodes 2` with one rank per node, so all
 data-parallel traffic (DDP, dp_replicate=2) crosses the shaped link, and trains the same model from
 the same seed with each method of bench_compression.py's table, one after another in one process
 group. Prints per method: median tokens/s over the steps after the first two, its ratio to plain,
-and the gradient bytes one rank sent per step against the fp32 all-reduce's (metrics.jsonl). Needs
-root (namespaces). The compressors' warm-ups are cut to 2 steps so the timed steps compress.
+and the gradient bytes one rank sent per step against the fp32 all-reduce's (metrics.jsonl).
+--hsdp: two ranks per node instead, FSDP2 zero=2 sharded within each node (dp_shard=2) and
+replicated across the link (dp_replicate=2), where int8/topk/powersgd compress the cross-node
+all-reduce (parallel/compression_fsdp.py). Needs root (namespaces). The compressors' warm-ups are cut to 2 steps so the timed steps compress.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def settings(a, method: str) -> list[str]:
     return [f"model.preset={a.model}", f"train.steps={a.steps}", "train.seed=0", f"train.seq_len={a.seq_len}",
             f"train.global_batch={a.global_batch}", "train.warmup_steps=2", "train.eval_every=0",
             "train.eval_batches=1", "train.sample_tokens=0", "train.memory_check=false",
-            "parallel.dp_replicate=2", "parallel.dp_shard=1", "parallel.zero=0"] + METHODS[method] + SHORT_WARMUPS
+            "parallel.dp_replicate=2"] + (["parallel.dp_shard=2", "parallel.zero=2"] if a.hsdp else
+                                           ["parallel.dp_shard=1", "parallel.zero=0"]) + METHODS[method] + SHORT_WARMUPS
 
 
 def worker(out: Path, runs: list[tuple[str, list[str]]]) -> None:
@@ -64,6 +67,7 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--global-batch", type=int, default=4)
     p.add_argument("--methods", default="none,bf16,int8,topk10%,topk1%,powersgd4")
+    p.add_argument("--hsdp", action="store_true", help="2 ranks per node: dp_shard=2 inside, dp_replicate=2 across")
     p.add_argument("--out", default="", help="keep the runs here (default: a temporary directory)")
     p.add_argument("--worker", nargs=2, metavar=("OUT", "RUNS_JSON"), help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -80,14 +84,15 @@ def main() -> None:
     argv = [__file__, "--worker", str(out), json.dumps(runs)]
     with emulated_cluster() as cluster:
         logs = [(out / f"node{k}.log").open("w") for k in range(2)]
-        procs = [cluster.torchrun(k, 1, PORT, f"slow-link-{time.time():.0f}", argv, stdout=logs[k],
+        procs = [cluster.torchrun(k, 2 if a.hsdp else 1, PORT, f"slow-link-{time.time():.0f}", argv, stdout=logs[k],
                                   stderr=subprocess.STDOUT, cwd=REPO) for k in range(2)]
         codes = [p.wait(timeout=3600) for p in procs]
     if codes != [0, 0]:
         raise SystemExit("\n".join((out / f"node{k}.log").read_text()[-3000:] for k in range(2)))
     results = {m: summarize(out / m) for m in methods}
     base = results["none"]
-    print(f"{a.model} model, 2 nodes x 1 rank (DDP) over a {RATE} link, {a.steps} steps of "
+    layout = "2 ranks (HSDP: zero=2 within, replicas across)" if a.hsdp else "1 rank (DDP)"
+    print(f"{a.model} model, 2 nodes x {layout} over a {RATE} link, {a.steps} steps of "
           f"{a.global_batch}x{a.seq_len} tokens; median over steps 3..{a.steps - 1}")
     print(f"{'method':<11}{'tok/s':>9}{'vs plain':>10}{'step s':>9}{'bytes/step':>13}{'fewer':>8}")
     for m in methods:
