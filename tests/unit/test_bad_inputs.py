@@ -152,6 +152,7 @@ FIELD_CASES = [
     ("model.note", "x"),
     ("parallel.tp", "0"), ("parallel.pp", "-1"), ("parallel.zero", "4"), ("parallel.pp_schedule", "1f2b"),
     ("parallel.pp_microbatches", "-1"), ("parallel.pp_lighter_edges", "-1"), ("parallel.sequence_parallel", "2"),
+    ("parallel.topk_warmup", "-1"),
     # valid numbers no machine's memory holds: refused instead of swapping or being killed
     ("model.dim", "65536"), ("model.vocab_size", "100000000"), ("train.eval_batches", "100000000"),
     ("model.max_seq_len", "2000000000"), ("train.micro_batch", "100000000"),
