@@ -46,6 +46,33 @@ def test_topk_error_feedback_identity(world_of_one):
         torch.testing.assert_close(sent + e_new, g + e_old, rtol=0, atol=1e-6)
 
 
+def test_topk_error_feedback_follows_each_parameter_through_ddp_bucket_rebuild(world_of_one):
+    """DDP regroups its buckets after the first step (here: 1 bucket, then 3). Per parameter, what
+    it sent plus its new error is its gradient plus its old error, before and after the rebuild."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 50))
+    c = compression.TopK(model, world_of_one, _cfg(topk_density=0.3), seed=0)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.002, gradient_as_bucket_view=True)
+    ddp.register_comm_hook(c, compression.TopK.hook)
+    reduce, got, buckets = c.reduce, {}, []
+
+    def spy(flat, segments):  # the local gradient each parameter brought, by name
+        got.update((n, g.clone()) for (n, _), g in zip(segments, flat.split([s.numel() for _, s in segments])))
+        buckets[-1] += 1
+        return reduce(flat, segments)
+
+    c.reduce = spy
+    for _ in range(3):
+        e_old, buckets = {n: e.clone() for n, e in c.error.items()}, buckets + [0]
+        ddp(torch.randint(0, 50, (4, 8))).sum().backward()
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad.view(-1) + c.error[name], got[name] + e_old.get(name, 0), rtol=0, atol=1e-6)
+        model.zero_grad(set_to_none=False)
+    assert buckets == [1, 3, 3]
+
+
 def test_topk_warmup_steps_are_plain_then_it_sparsifies(world_of_one):
     """topk_warmup=2: steps 1-2 pass the gradient through whole (a plain mean; no error kept), step 3
     sends k values and keeps the rest as error."""
