@@ -51,12 +51,18 @@ def worker(out: Path, runs: list[tuple[str, list[str]]]) -> None:
     shutdown()
 
 
+def gradient_bytes(row: dict) -> int:
+    """Plain runs carry no grad_bytes: their gradient collectives are the reduce-scatters and all-reduces
+    (neither layout here has tensor parallelism; the gradient norm's all-reduce adds a few bytes)."""
+    return row["comm_bytes"].get("reduce_scatter", 0) + row["comm_bytes"].get("all_reduce", 0)
+
+
 def summarize(run: Path) -> dict:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     timed = rows[2:-1] or rows  # past start-up; the last step also evaluates
     return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
-            "sent": statistics.mean(r.get("grad_bytes", sum(r["comm_bytes"].values())) for r in timed),
-            "plain": statistics.mean(r.get("grad_bytes_uncompressed", sum(r["comm_bytes"].values())) for r in timed),
+            "sent": statistics.mean(r.get("grad_bytes", gradient_bytes(r)) for r in timed),
+            "plain": statistics.mean(r.get("grad_bytes_uncompressed", gradient_bytes(r)) for r in timed),
             "step_s": statistics.median(r["step_time_s"] for r in timed)}
 
 
