@@ -28,7 +28,7 @@ Every rank ends each bucket with the same values (all-gathers and means of ident
 replicas stay identical as with a plain all-reduce. Degenerate settings equal the plain path:
 topk at density 1 sends every value (bitwise equal to the all-reduce on 2 ranks), PowerSGD at a
 rank >= the gradients' rank reconstructs them exactly, to within fp32 rounding of P and Q on the
-wire given headroom for the warm start (tests/dist/test_compression.py says how much).
+wire given headroom for the warm start (tests/dist/compression_worker.py says how much).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Runs under `shoal run --nproc 2 compression_worker.py OUT`: every run tests/dist/test_compression.py
+"""Runs under `shoal run --nproc 2 compression_worker.py OUT`: every run tests/dist/test_compression_two_ranks.py
 compares, in one process group (forming one costs seconds). Each run writes OUT/<name>/."""
 
 import sys

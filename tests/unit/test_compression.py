@@ -1,7 +1,7 @@
 """Gradient compressors on their own (a gloo world of one, in process) and their config rules.
 
 The two-rank equivalences (degenerate settings == plain DDP, resume == uninterrupted, the dtype on
-the wire) are in tests/dist/test_compression.py."""
+the wire) are in tests/dist/test_compression_two_ranks.py, and under FSDP2 in test_compression_fsdp.py."""
 
 from __future__ import annotations
 
