@@ -63,18 +63,24 @@ def summarize(out: Path, name: str) -> dict:
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady)}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str, methods: dict, steps: int) -> argparse.ArgumentParser:
+    """The settings every method runs with (bench_diloco.py takes the same)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(methods))
     p.add_argument("--model", default="debug")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--out", default="", help="keep the runs here (default: a temporary directory)")
+    return p
+
+
+def main() -> None:
+    p = arguments(__doc__, METHODS, steps=300)
     p.add_argument("--worker", nargs=2, metavar=("OUT", "RUNS_JSON"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:

@@ -4,7 +4,8 @@
     PYTHONPATH=. .venv/bin/python bench/bench_planner_accuracy.py --heldout  # only the held-out ones
 
 Each run of bench/published_runs.toml goes through the planner with its published layout pinned
-(the same evaluate() that `shoal plan` calls when every dimension is given). The compared number
+(the same evaluate_pinned() that `shoal plan` calls when every dimension is given; where the source
+does not publish the micro-batch or the recompute, the same search `shoal plan` runs over them). The compared number
 is tokens/s per GPU, so the relative error is the MFU error whatever FLOP formula the source used.
 Prints per-run and per-family error and the mean absolute error, all runs and held-out apart.
 """
@@ -19,8 +20,9 @@ from pathlib import Path
 from shoal.model import analytics
 from shoal.model.config import PRESETS, ModelConfig
 from shoal.planner import hardware
-from shoal.planner.evaluate import evaluate
-from shoal.planner.layout import Cluster, Layout, Workload
+from shoal.planner.search import Fixed, evaluate_pinned, search
+from shoal.layout import Layout
+from shoal.planner.layout import Cluster, Workload
 
 DATA = Path(__file__).with_name("published_runs.toml")
 
@@ -37,9 +39,14 @@ def model(name: str, shapes: dict, seq: int) -> ModelConfig:
 def published_tokens_per_gpu_s(run: dict, cfg: ModelConfig) -> float:
     if "tokens_per_gpu_s" in run:
         return float(run["tokens_per_gpu_s"])
-    assert run["metric"] == "megatron_eq3", run["id"]
+    if run["metric"] == "model_tflops":  # DESIGN.md's model FLOPs per token (6N + 12LHS, PaLM's convention)
+        return run["tflops_per_gpu"] * 1e12 / analytics.flops_per_token(cfg, run["seq"])
     B, s = run["global_batch"], run["seq"]
-    flops = analytics.megatron_flops_per_iteration(B, s, cfg.n_layers, cfg.dim, cfg.vocab_size)
+    if run["metric"] == "megatron_model":  # Megatron-LM's num_floating_point_operations = Korthikanti Eq. 7
+        flops = analytics.korthikanti_model_flops_per_iteration(B, s, cfg.n_layers, cfg.dim, cfg.vocab_size)
+    else:
+        assert run["metric"] == "megatron_eq3", run["id"]
+        flops = analytics.megatron_flops_per_iteration(B, s, cfg.n_layers, cfg.dim, cfg.vocab_size)
     step = flops / (run["tflops_per_gpu"] * 1e12 * run["gpus"])
     return B * s / step / run["gpus"]
 
@@ -49,11 +56,19 @@ def predict(run: dict, cfg: ModelConfig):
     if run.get("hw"):
         gpu = hardware.apply_overrides(gpu, run["hw"])
     lay = run["layout"]
+    wl = Workload(cfg, run["seq"], run["global_batch"], attention=run.get("attention", "flash"),
+                  precision=run.get("precision", "bf16"))
+    cluster = Cluster(gpu, run["gpus"], gpu.gpus_per_node)
+    if "micro_batch" not in lay or "recompute" not in lay:
+        # The source leaves them out: search them, as `shoal plan` does with only these dimensions pinned.
+        fixed = Fixed(dp=lay["dp"], tp=lay["tp"], pp=lay["pp"], zero=lay.get("zero"), sequence_parallel=lay.get("sp"),
+                      pp_schedule=lay.get("schedule"), pp_virtual_stages=lay.get("virtual"))
+        return search(wl, cluster, fixed).best
     layout = Layout(dp_shard=lay["dp"], tp=lay["tp"], pp=lay["pp"], zero=lay["zero"], micro_batch=lay["micro_batch"],
                     activation_checkpoint=lay["recompute"], pp_schedule=lay.get("schedule", "1f1b"),
                     pp_virtual_stages=lay.get("virtual", 1), sequence_parallel=lay.get("sp", False))
-    wl = Workload(cfg, run["seq"], run["global_batch"], attention=run.get("attention", "flash"))
-    return evaluate(wl, layout, Cluster(gpu, run["gpus"], gpu.gpus_per_node))
+    # The same call as `shoal plan` with every dimension pinned (an unpublished interleaving factor is searched).
+    return evaluate_pinned(wl, layout, cluster, interleave_given="virtual" in lay)
 
 
 def main(argv: list[str]) -> int:

@@ -21,6 +21,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from shoal.errors import UserError
+from shoal.layout import DEFAULT_RANK_ORDER
 from shoal.model.config import ModelConfig, get_preset
 
 # [model] takes a preset plus any ModelConfig field to override it; None means "the preset's value".
@@ -44,9 +45,9 @@ class ParallelConfig:
     dp_shard: int = -1
     """Data-parallel ranks that shard state (ZeRO/FSDP); -1 takes whatever the world size leaves."""
     tp: int = 1
-    """Tensor-parallel degree (innermost: neighbouring ranks)."""
+    """Tensor-parallel degree (innermost by default: neighbouring ranks)."""
     pp: int = 1
-    """Pipeline stages (outermost)."""
+    """Pipeline stages (outermost by default)."""
     ep: int = 1
     """Expert-parallel degree; borrows ranks from the data-parallel dimension."""
     zero: int = 3
@@ -76,6 +77,21 @@ class ParallelConfig:
     """grad_compression=powersgd: rank of each gradient matrix's approximation (>= 1)."""
     powersgd_warmup: int = 10
     """grad_compression=powersgd: steps reduced uncompressed before compressing (PowerSGD's start iteration)."""
+    diloco_inner_steps: int = 0
+    """DiLoCo (H): each dp_replicate group trains this many steps on its own, then the groups average
+    their progress in an outer step (shoal/parallel/diloco.py); 0 = off (gradients all-reduced every step)."""
+    diloco_outer_lr: float = 0.7
+    """DiLoCo: outer SGD learning rate on the averaged pseudo-gradient (1 with momentum 0 = plain averaging)."""
+    diloco_outer_momentum: float = 0.9
+    """DiLoCo: outer Nesterov momentum, in [0, 1) (0: plain SGD)."""
+    diloco_fragments: int = 1
+    """Streaming DiLoCo: parameters in this many fragments, synced on a staggered schedule (1 to H)."""
+    diloco_quantize: str = "none"
+    """DiLoCo: dtype of the pseudo-gradient on the wire: none (fp32) | bf16 | int8 (per-chunk scales)."""
+    rank_order: str = DEFAULT_RANK_ORDER
+    """Which ranks form each group: tp, dp and pp from innermost (neighbouring ranks, one node) to
+    outermost. Launchers give each node a block of neighbouring ranks, so tp-dp-pp keeps TP inside a
+    node; dp-tp-pp puts DP there instead (for placement experiments; `shoal mesh --nnodes` shows it)."""
 
 
 @dataclass
@@ -86,6 +102,8 @@ class TrainConfig:
     """Optimizer steps."""
     seed: int = 0
     """Seeds model init, data order and dropout-free sampling; a CPU run with a seed is bitwise reproducible."""
+    optimizer: str = "adamw"
+    """adamw | sgd (plain SGD: no momentum, weight decay added to the gradient; DiLoCo's degenerate check)."""
     lr: float = 3e-3
     """Peak learning rate (AdamW)."""
     min_lr_ratio: float = 0.1
@@ -216,6 +234,7 @@ class JobConfig:
         _check(_finite(t.lr) and t.lr >= 0, "train.lr", t.lr, "learning rate must be a finite number >= 0, e.g. 3e-4")
         _check(_finite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1, "train.min_lr_ratio", t.min_lr_ratio,
                "must be between 0 and 1, e.g. 0.1")
+        _check(t.optimizer in ("adamw", "sgd"), "train.optimizer", t.optimizer, "use 'adamw' or 'sgd'")
         _check(t.warmup_steps >= 0, "train.warmup_steps", t.warmup_steps, "must be >= 0")
         _check(_finite(t.weight_decay) and t.weight_decay >= 0, "train.weight_decay", t.weight_decay,
                "must be a finite number >= 0, e.g. 0.1 (0 disables)")
@@ -257,6 +276,16 @@ class JobConfig:
         _check(p.powersgd_rank >= 1, "parallel.powersgd_rank", p.powersgd_rank, "must be >= 1, e.g. 4")
         _check(p.topk_warmup >= 0, "parallel.topk_warmup", p.topk_warmup, "must be >= 0 (0: compress from step 1)")
         _check(p.powersgd_warmup >= 0, "parallel.powersgd_warmup", p.powersgd_warmup, "must be >= 0 (0: compress from step 1)")
+        _check(p.diloco_inner_steps >= 0, "parallel.diloco_inner_steps", p.diloco_inner_steps,
+               "must be >= 0 (0: off), e.g. 50")
+        _check(_finite(p.diloco_outer_lr) and p.diloco_outer_lr > 0, "parallel.diloco_outer_lr", p.diloco_outer_lr,
+               "must be a finite number > 0, e.g. 0.7")
+        _check(_finite(p.diloco_outer_momentum) and 0 <= p.diloco_outer_momentum < 1, "parallel.diloco_outer_momentum",
+               p.diloco_outer_momentum, "must be in [0, 1), e.g. 0.9")
+        _check(1 <= p.diloco_fragments <= max(1, p.diloco_inner_steps), "parallel.diloco_fragments", p.diloco_fragments,
+               f"must be from 1 to diloco_inner_steps={p.diloco_inner_steps} (one fragment synced per step at most)")
+        _check(p.diloco_quantize in ("none", "bf16", "int8"), "parallel.diloco_quantize", p.diloco_quantize,
+               "use 'none', 'bf16' or 'int8'")
         c = self.checkpoint
         _check(c.every >= 0, "checkpoint.every", c.every, "must be >= 0 (0: only at the end)")
         _check(c.keep >= 1, "checkpoint.keep", c.keep, "must be >= 1")

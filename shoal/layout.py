@@ -29,6 +29,11 @@ GRAD_COMPRESSION = ("none", "bf16", "int8", "topk", "powersgd")
 """How gradients cross the data-parallel group (shoal/parallel/compression.py). bf16 is a reduce
 dtype and runs on every data-parallel wrapper; the others replace the reduction itself: a DDP comm
 hook, or FSDP2's reduce-scatter and HSDP all-reduce hooks (compression_fsdp.py)."""
+RANK_ORDER_DIMS = ("tp", "dp", "pp")
+"""The dimensions parallel.rank_order orders, innermost (neighbouring ranks) first. dp stands for
+dp_shard inside dp_replicate, with ep inside dp_shard, so they stay together."""
+DEFAULT_RANK_ORDER = "tp-dp-pp"
+"""TP on neighbouring ranks (inside a node), PP outermost: Megatron's and torchtitan's order."""
 
 
 def compresses_in_hooks(method: str) -> bool:
@@ -60,6 +65,8 @@ class Layout:
     activation_checkpoint: str = "none"
     sequence_parallel: bool = True
     grad_compression: str = "none"
+    diloco_inner_steps: int = 0
+    rank_order: str = DEFAULT_RANK_ORDER
 
     @property
     def dp(self) -> int:
@@ -84,6 +91,13 @@ class Layout:
     def sequence_parallel_on(self) -> bool:
         return self.sequence_parallel and self.tp > 1
 
+    def rank_stride(self, dim: str) -> int:
+        """How many ranks apart neighbours of a tp/dp/pp group are: the product of the dimensions
+        inside it in rank_order (with the default order tp is 1, dp is tp, pp is tp*dp)."""
+        sizes = {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+        inner = self.rank_order.split("-")
+        return math.prod(sizes[d] for d in inner[:inner.index(dim)])
+
     def microbatches(self, global_batch: int) -> int:
         """Micro-batches each pipeline (each data-parallel rank) runs per step."""
         per_rank = global_batch // self.dp
@@ -102,6 +116,10 @@ class Layout:
             parts.append("sp")
         if self.grad_compression != "none":
             parts.append(self.grad_compression)
+        if self.diloco_inner_steps:
+            parts.append(f"diloco{self.diloco_inner_steps}")
+        if self.rank_order != DEFAULT_RANK_ORDER:
+            parts.append(f"order {self.rank_order}")
         return " ".join(parts)
 
 
@@ -128,6 +146,10 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
         if getattr(lay, name) < 1:
             bad(name, getattr(lay, name), "must be a positive integer")
     if out:
+        return out
+    if sorted(lay.rank_order.split("-")) != sorted(RANK_ORDER_DIMS):
+        bad("rank_order", lay.rank_order, f"name {', '.join(RANK_ORDER_DIMS)} once each, innermost first, joined "
+            f"by '-', e.g. {DEFAULT_RANK_ORDER} (tp inside a node) or dp-tp-pp")
         return out
     m = model
     if lay.world != world:
@@ -162,6 +184,7 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     if lay.activation_checkpoint not in ACTIVATION_CHECKPOINT:
         bad("activation_checkpoint", lay.activation_checkpoint, f"use one of {', '.join(ACTIVATION_CHECKPOINT)}")
     out += _compression_problems(lay)
+    out += _diloco_problems(lay)
     out += _pipeline_problems(lay, m)
     out += _batch_problems(lay, global_batch)
     return out
@@ -191,6 +214,31 @@ def _compression_problems(lay: Layout) -> list[UserError]:
         return [TrainerLimit("parallel.grad_compression", c, "compresses HSDP's all-reduce across dp_replicate; "
                              "with dp_replicate=1 FSDP2 only reduce-scatters (every value goes to one rank); "
                              "set parallel.dp_replicate > 1 (dp_shard within a node), or use int8 or bf16")]
+    return []
+
+
+def _diloco_problems(lay: Layout) -> list[UserError]:
+    """DiLoCo replaces the gradient all-reduce across dp_replicate groups with an outer step every H
+    steps (parallel/diloco.py). It composes with tp, pp and dp_shard (each group shards alike, so
+    the ranks at one coordinate hold the same slices). Not with grad_compression: inside a group
+    gradients cross the fast links, and the slow cross-group traffic is the pseudo-gradient, which
+    parallel.diloco_quantize compresses."""
+    h = lay.diloco_inner_steps
+    if h == 0:
+        return []
+    if lay.dp_replicate < 2:
+        return [UserError("parallel.diloco_inner_steps", h, "DiLoCo averages across dp_replicate groups but "
+                          f"dp_replicate={lay.dp_replicate}; set parallel.dp_replicate to 2 or more, or diloco_inner_steps=0")]
+    if lay.grad_compression != "none":
+        return [UserError("parallel.grad_compression", lay.grad_compression, "DiLoCo sends no gradients across "
+                          "groups; compress its pseudo-gradient with parallel.diloco_quantize=bf16|int8 and set "
+                          "grad_compression=none")]
+    if lay.ep > 1:
+        return [TrainerLimit("parallel.ep", lay.ep, "expert weights are sharded across dp_replicate, which DiLoCo "
+                             "keeps apart; set ep=1 or diloco_inner_steps=0")]
+    if lay.zero == 1:
+        return [TrainerLimit("parallel.zero", 1, "ZeRO-1 shards the optimizer across all data-parallel ranks, "
+                             "DiLoCo keeps each group's own; use zero=0, 2 or 3")]
     return []
 
 
@@ -235,15 +283,18 @@ def _batch_problems(lay: Layout, global_batch: int) -> list[UserError]:
     if per_rank % n:
         return [UserError(field, value, f"{n} micro-batches must divide the {per_rank} sequences each "
                           f"data-parallel rank gets per step")]
+    # torch.distributed.pipelining's schedules need these two; a pipeline with fewer micro-batches than
+    # stages, or interleaving without a multiple of pp, is still sound (Megatron's 1F1B warms up with
+    # min(pp - rank - 1, m); Llama 3 made both flexible, §3.3.2): trainer limits, not errors.
     if lay.pp_schedule != "gpipe" and n < lay.pp:
         fit = [mb for mb in divisors_upto(per_rank, per_rank) if per_rank // mb >= lay.pp]
         fix = (f"set train.micro_batch={fit[-1]}" if fit and not lay.pp_microbatches
                else f"raise train.global_batch to {lay.pp * lay.micro_batch * lay.dp}")
-        return [UserError(field, value, f"{lay.pp_schedule} needs at least pp={lay.pp} micro-batches per step to "
-                          f"fill the pipeline, this gives {n}; {fix}")]
+        return [TrainerLimit(field, value, f"{lay.pp_schedule} needs at least pp={lay.pp} micro-batches per step "
+                             f"to fill the pipeline, this gives {n}; {fix}")]
     if lay.pp_schedule in INTERLEAVED and n % lay.pp:
-        return [UserError(field, value, f"{lay.pp_schedule} needs a multiple of pp={lay.pp} micro-batches per "
-                          f"step, this gives {n}")]
+        return [TrainerLimit(field, value, f"{lay.pp_schedule} needs a multiple of pp={lay.pp} micro-batches per "
+                             f"step, this gives {n}")]
     return []
 
 

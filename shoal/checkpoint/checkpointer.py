@@ -80,12 +80,12 @@ class Checkpointer:
             check_not_finished(int(train_state["step"]), self.total, path)  # before the long load
             saved = {k: v for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size")}
             targets = ckpt_state.load_targets(self.pm.modules, self.optimizer, self.rt.rank, saved,
-                                                self.pm.grad_compressor)
+                                                self.pm.grad_compressor, self.pm.diloco)
             dcp.load(targets, storage_reader=SafeReader(path), planner=TensorsOnlyLoadPlanner(),
                      process_group=self.pg, no_dist=self.rt.world_size == 1)
         except UnsafeCheckpoint as e:
             raise UserError("--resume", str(path), f"refused: {e}") from None
-        ckpt_state.apply(self.pm.modules, self.optimizer, targets, self.pm.grad_compressor)
+        ckpt_state.apply(self.pm.modules, self.optimizer, targets, self.pm.grad_compressor, self.pm.diloco)
         self.loader.load_state_dict(train_state["data"])
         step = int(train_state["step"])
         if self.rt.is_main:
@@ -139,7 +139,8 @@ class Checkpointer:
         if not self.due(step):
             return
         self.wait()  # one save in flight at a time
-        live = ckpt_state.capture(self.pm.modules, self.optimizer, self.rt.rank, self.pm.grad_compressor)
+        live = ckpt_state.capture(self.pm.modules, self.optimizer, self.rt.rank, self.pm.grad_compressor,
+                                  self.pm.diloco)
         info = self._train_state(step, loss)
         if self._pool is None:
             self._write(live, step, info)

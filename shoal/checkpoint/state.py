@@ -6,6 +6,9 @@
     compress.<rank>.<name>         gradient compression state (error feedback, PowerSGD's Q, its
                                    step), different on every rank, keyed by parameter name
                                    (parallel/compression.py); loaded back by the same rank
+    diloco.outer.<fqn>, diloco.momentum.<fqn>   DiLoCo's outer parameters and Nesterov momentum
+    diloco.replica<g>.model.*, .optim.*         replica group g's own parameters and optimizer
+                                   state (the groups differ between outer steps; parallel/diloco.py)
 
 Names are the plain model's (`layers.7.attention.wq.weight`): pipeline stages keep them, and the
 wrappers' prefixes (DDP's `module.`, the activation-checkpoint wrapper's) are stripped. So one
@@ -78,7 +81,7 @@ def rng_state(rank: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def capture(modules: list[nn.Module], optimizer, rank: int, compressor=None) -> dict:
+def capture(modules: list[nn.Module], optimizer, rank: int, compressor=None, diloco=None) -> dict:
     """This rank's share of the training state, as DCP saves it (references, not copies)."""
     view = model_view(modules)
     if _is_zero1(optimizer):
@@ -90,11 +93,14 @@ def capture(modules: list[nn.Module], optimizer, rank: int, compressor=None) -> 
         model, optim = get_state_dict(view, optimizer, options=_OPTIONS)
         optim = {k: v for k, v in optim.items() if k.startswith("state.")}
     compress = {f"{rank}.{k}": v for k, v in compressor.state_dict().items()} if compressor is not None else {}
-    return {"model": model, "optim": optim, "rng": rng_state(rank), "compress": compress}
+    out = {"model": model, "optim": optim, "rng": rng_state(rank), "compress": compress}
+    if diloco is not None:  # outer state, and this replica group's own model and optimizer state
+        out["diloco"] = diloco.capture(model, optim)
+    return out
 
 
 def load_targets(modules: list[nn.Module], optimizer, rank: int, saved_keys: dict[str, object],
-                 compressor=None) -> dict:
+                 compressor=None, diloco=None) -> dict:
     """Tensors shaped like this rank's share for DCP to fill in; `saved_keys` maps each key in the
     checkpoint to its TensorStorageMetadata (global size and dtype)."""
     view = model_view(modules)
@@ -122,13 +128,18 @@ def load_targets(modules: list[nn.Module], optimizer, rank: int, saved_keys: dic
     mine = f"compress.{rank}."
     compress = {key.removeprefix("compress."): torch.empty(meta.size, dtype=meta.properties.dtype)
                 for key, meta in saved_keys.items() if compressor is not None and key.startswith(mine)}
-    return {"model": model, "optim": optim, "rng": rng, "compress": compress}
+    out = {"model": model, "optim": optim, "rng": rng, "compress": compress}
+    if diloco is not None:
+        out["model"], out["optim"], out["diloco"] = diloco.load_targets(model, optim, saved_keys)
+    return out
 
 
-def apply(modules: list[nn.Module], optimizer, loaded: dict, compressor=None) -> None:
+def apply(modules: list[nn.Module], optimizer, loaded: dict, compressor=None, diloco=None) -> None:
     """Put what DCP read into the model, the optimizer, the random-number generators and the
     gradient compressor."""
     view = model_view(modules)
+    if diloco is not None:
+        diloco.take_replica(loaded)
     if _is_zero1(optimizer):
         set_model_state_dict(view, loaded["model"], options=_OPTIONS)
         for name, p in _zero1_owned(view, optimizer).items():
@@ -150,3 +161,5 @@ def apply(modules: list[nn.Module], optimizer, loaded: dict, compressor=None) ->
     if compressor is not None and loaded.get("compress"):
         prefix = next(iter(loaded["compress"])).split(".")[0] + "."
         compressor.load_state_dict({k.removeprefix(prefix): v for k, v in loaded["compress"].items()})
+    if diloco is not None:
+        diloco.after_load(loaded)

@@ -1,11 +1,14 @@
 """`shoal doctor [--nproc N] [--max-size 256M] [--out DIR]`: check the environment, benchmark the links.
-`shoal doctor --peak`: the peak FLOP/s MFU is against, beside a measured matmul."""
+`shoal doctor --peak`: the peak FLOP/s MFU is against, beside a measured matmul.
+`shoal doctor --nnodes N --node-rank K --master HOST:PORT [--nproc P]` on every node: that node's
+network, a shared --out, and all_reduce busbw inside and across nodes (shoal/measure/node_doctor.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from shoal.cli.argtypes import int_at_least, positive_float, positive_int
+from shoal.launch.multinode import add_args as add_node_args
 
 VERDICT_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
 
@@ -23,7 +26,9 @@ def register(sub) -> None:
     p.add_argument("--peak", action="store_true", help="print the datasheet peak FLOP/s that MFU is against, "
                    "beside a measured matmul on this process's cores; no benchmark")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="for --peak (default fp32)")
-    p.add_argument("--out", default="runs/doctor", help="where the raw timings and the plot go")
+    p.add_argument("--out", default="runs/doctor", help="where the raw timings and the plot go; with --nnodes, "
+                   "the directory checked to be shared by all nodes (give the filesystem your runs will use)")
+    add_node_args(p)  # --nnodes, --node-rank, --master, --ifname, --rdzv-timeout, as shoal train has them
     p.set_defaults(func=run)
 
 
@@ -37,6 +42,8 @@ def run(args) -> int:
 
     if args.peak:
         return show_peak(args.precision)
+    if args.nnodes > 1 or args.master:
+        return run_node(args)
     if not args.checks_only:
         check_output_dir("--out", args.out)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
@@ -59,6 +66,36 @@ def run(args) -> int:
         console.print(straggler_lines(rep))
         console.print(f"figure: {rep.figure}")
     return 1 if any(c.verdict == "fail" for c in rep.checks) else 0
+
+
+def run_node(args) -> int:
+    """One node of `shoal doctor --nnodes`: its table; exit 2 (one line) when --out is not shared."""
+    from rich.table import Table
+
+    from shoal.cli.argtypes import check_output_dir
+    from shoal.cli.console import console as make_console
+    from shoal.measure import doctor, node_doctor
+
+    from shoal.errors import UserError
+
+    for flag, value, default in (("--ops", args.ops, None), ("--checks-only", args.checks_only, False),
+                                 ("--min-size", args.min_size, "1K"), ("--factor", args.factor, 4)):
+        if value != default:
+            raise UserError(flag, value, "does not apply with --nnodes, which times one all_reduce of --max-size "
+                                         "bytes per network tier; leave it out")
+    check_output_dir("--out", args.out)
+    nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
+    rep = node_doctor.run(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout, nproc,
+                          Path(args.out).resolve(), doctor.parse_size(args.max_size), args.budget)
+    t = Table(title=f"node {rep.node_rank} of {args.nnodes}", title_justify="left")
+    for col in ("check", "verdict", "detail"):
+        t.add_column(col)
+    for name, verdict, detail in rep.rows:
+        t.add_row(name, f"[{VERDICT_STYLE[verdict]}]{verdict}[/]", detail)
+    make_console(highlight=False).print(t)
+    if rep.not_shared:
+        raise rep.not_shared
+    return 1 if any(verdict == "fail" for _, verdict, _ in rep.rows) else 0
 
 
 def render_rows(rep):

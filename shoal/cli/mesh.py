@@ -29,7 +29,8 @@ def print_groups(dims, per_node: int = 0) -> None:
 
     per_node = per_node if 0 < per_node < dims.world_size else 0
     print(f"world {dims.world_size} = pp {dims.pp} x dp_replicate {dims.dp_replicate} x dp_shard {dims.dp_shard} "
-          f"x tp {dims.tp}" + (f"   (ep {dims.ep} inside dp_shard)" if dims.ep > 1 else ""))
+          f"x tp {dims.tp}" + (f"   (ep {dims.ep} inside dp_shard)" if dims.ep > 1 else "")
+          + f"   rank order {dims.rank_order} (innermost first)")
     print("rank grid [pp][dp_replicate][dp_shard][tp]:")
     print(dims.grid())
     if per_node:

@@ -12,7 +12,8 @@ import sys
 
 from shoal.cli.argtypes import check_output_dir, check_output_file, nonnegative_float, positive_float
 from shoal.errors import UserError
-from shoal.layout import ACTIVATION_CHECKPOINT, SCHEDULES
+from shoal.layout import ACTIVATION_CHECKPOINT, GRAD_COMPRESSION, SCHEDULES
+from shoal.planner.layout import PRECISIONS
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -43,11 +44,12 @@ def register(sub) -> None:
     w = p.add_argument_group("workload and cluster")
     w.add_argument("--seq-len", type=int, help="tokens per sequence (required unless --validate)")
     w.add_argument("--global-batch", type=int, help="sequences per optimizer step (required unless --validate)")
-    w.add_argument("--gpu", metavar="NAME", help="a100, h100, h200, b200, mi300x, tpu-v5p, tpu-v4, local")
+    w.add_argument("--gpu", metavar="NAME", help="a100, a100-40gb, h100, h800, h200, b200, mi300x, tpu-v5p, tpu-v4, local")
     w.add_argument("--gpus", type=int, help="GPU count (optional with --scale)")
     w.add_argument("--gpus-per-node", type=int)
-    w.add_argument("--precision", choices=("bf16", "fp32"),
-                   help="default bf16 (mixed precision); fp32 with --gpu local, as CPUs train in fp32")
+    w.add_argument("--precision", choices=PRECISIONS,
+                   help="default bf16 (mixed precision); fp32 with --gpu local, as CPUs train in fp32; fp8: GEMMs "
+                        "in FP8 (Transformer Engine), the rest as bf16; MFU stays against the BF16 peak")
     w.add_argument("--attention", choices=("flash", "unfused"), default="flash",
                    help="unfused: S×S scores in memory, as Megatron-LM before flash attention (default flash)")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
@@ -68,6 +70,16 @@ def register(sub) -> None:
     lay.add_argument("--pp-virtual-stages", "--pp-virtual", dest="pp_virtual_stages", type=int,
                      help="stages per pipeline rank (interleaved schedules)")
     lay.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
+
+    s = p.add_argument_group("slow links (change the data-parallel communication term, planner/slow_links.py)")
+    s.add_argument("--grad-compression", choices=GRAD_COMPRESSION, default="none", help="as parallel.grad_compression")
+    s.add_argument("--topk-density", type=float, default=0.1, help="--grad-compression topk: share of values sent")
+    s.add_argument("--powersgd-rank", type=int, default=4, help="--grad-compression powersgd: rank")
+    s.add_argument("--diloco-inner-steps", type=int, default=0, metavar="H",
+                   help="DiLoCo: each data-parallel rank a replica group (zero=0) that all-reduces its parameters "
+                        "every H steps instead of gradients every step")
+    s.add_argument("--diloco-quantize", choices=("none", "bf16", "int8"), default="none",
+                   help="DiLoCo: dtype of the pseudo-gradient on the wire")
 
     o = p.add_argument_group("budget and output")
     o.add_argument("--tokens", type=_amount, help="tokens to train, e.g. 15e12 or 15T")
@@ -92,8 +104,9 @@ def register(sub) -> None:
                                                  "and scaling pictures (DIR/index.html)")
     v = p.add_argument_group("predicted vs measured")
     v.add_argument("--validate", metavar="RUN_DIR",
-                   help="compare the plan for a finished `shoal train --out RUN_DIR` run with what it measured "
-                        "(its config from its newest checkpoint, or --recipe; hardware from --gpu, default local)")
+                   help="compare a finished `shoal train --out RUN_DIR` run's measurement with the prediction it "
+                        "stored; with --gpu/--hw-file/--hw (or a run that stored none) plan it now for that hardware "
+                        "(default local) from its run.json, newest checkpoint or --recipe")
     v.add_argument("--recipe", metavar="TOML", help="with --validate: the recipe the run was started with")
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="with --validate --recipe: the run's --set overrides (repeatable)")
@@ -165,24 +178,46 @@ def build(args):
         raise UserError("gpu", None, f"name a device with --gpu ({', '.join(hardware.known_names())}) or --hw-file")
     if args.hw:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
-    if args.gpus:
-        gpu = hardware.local_for_ranks(gpu, args.gpus)
+    if args.gpus:  # `local`: the ranks share this machine's cores unless --gpus-per-node spreads them
+        gpu = hardware.local_for_ranks(gpu, args.gpus_per_node or args.gpus)
     if args.gpus is None and not args.scale:
         raise UserError("gpus", None, "give the GPU count with --gpus N (or sweep with --scale A:B)")
-    precision = args.precision or ("fp32" if gpu.name == "local" else "bf16")
-    workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention)
+    precision = args.precision or ("fp32" if hardware.is_local(gpu) else "bf16")
+    if precision == "fp8" and not gpu.peak_fp8_flops:
+        raise UserError("precision", "fp8", f"{gpu.name} has no FP8 tensor cores; use bf16, or give its FP8 peak "
+                                            f"with --hw peak_fp8_flops=...")
+    _slow_link_flags(args)
+    workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention,
+                        grad_compression=args.grad_compression, topk_density=args.topk_density,
+                        powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,
+                        diloco_quantize=args.diloco_quantize)
     per_node = args.gpus_per_node or gpu.gpus_per_node
     cluster = Cluster(gpu, args.gpus, per_node) if args.gpus else Cluster(gpu, 1, per_node)
     schedule = args.pp_schedule
     if schedule is None and args.pp_virtual_stages and args.pp_virtual_stages > 1:
         schedule = "interleaved-1f1b"  # asking for virtual stages means interleaving
-    fixed = Fixed(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep, zero=args.zero, micro_batch=args.micro_batch,
+    zero = 0 if args.diloco_inner_steps else args.zero  # DiLoCo plans replica groups of one rank
+    fixed = Fixed(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep, zero=zero, micro_batch=args.micro_batch,
                   activation_checkpoint=args.activation_checkpoint, pp_schedule=schedule,
                   pp_virtual_stages=args.pp_virtual_stages, sequence_parallel=args.sequence_parallel)
     if args.gpus:
         _check_pinned(fixed, args.gpus, workload)
     name = args.model or f"custom {cfg.n_layers}L/{cfg.dim}H/{cfg.n_heads}A"
     return workload, cluster, fixed, name
+
+
+def _slow_link_flags(args) -> None:
+    if not 0 < args.topk_density <= 1:
+        raise UserError("topk-density", args.topk_density, "must be in (0, 1], e.g. 0.1")
+    _positive("powersgd_rank", args.powersgd_rank)
+    if args.diloco_inner_steps < 0:
+        raise UserError("diloco-inner-steps", args.diloco_inner_steps, "must be >= 0 (0: off), e.g. 50")
+    if args.diloco_inner_steps and args.grad_compression != "none":
+        raise UserError("grad-compression", args.grad_compression, "DiLoCo sends no gradients across replica groups; "
+                        "use --diloco-quantize for its pseudo-gradient")
+    if args.diloco_inner_steps and args.zero not in (None, 0):
+        raise UserError("zero", args.zero, "the planner's DiLoCo makes each data-parallel rank its own replica "
+                        "group, which replicates (zero=0); drop --zero")
 
 
 def _check_pinned(fixed, n_gpus: int, workload) -> None:
@@ -227,9 +262,10 @@ def validate(args) -> int:
     from shoal.planner import hardware
     from shoal.planner.validate import compare
 
+    gpu = None  # the prediction the run stored, unless other hardware is asked for
     if args.hw_file:
         gpu = hardware.load_hw_file(args.hw_file, args.gpu)
-    else:
+    elif args.gpu or args.hw or args.remeasure:
         gpu = hardware.get_gpu(args.gpu or "local", remeasure=args.remeasure)
     if args.hw:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
@@ -240,7 +276,8 @@ def validate(args) -> int:
         return 0
     mfu = f"{c.measured_mfu:.2%}" if c.measured_mfu is not None else "-"
     pred_mfu = f"{c.predicted_mfu:.2%}" if c.predicted_mfu is not None else "-"
-    print(f"shoal plan --validate {c.run_dir}: {c.layout} on {c.world} x {gpu.name}, {c.steps_measured} steady steps")
+    print(f"shoal plan --validate {c.run_dir}: {c.layout} on {c.world} x {c.hardware}, {c.steps_measured} steady steps")
+    print(f"  prediction {c.source}")
     print(f"  {'':12} {'predicted':>10} {'measured':>10} {'ratio':>6}")
     print(f"  {'step (s)':12} {c.predicted_step_s:10.4g} {c.measured_step_s:10.4g} {c.step_ratio:6.2f}")
     print(f"  {'peak GiB':12} {c.predicted_peak_gib:10.3g} {c.measured_peak_gib:10.3g} {c.memory_ratio:6.2f}")
@@ -250,10 +287,9 @@ def validate(args) -> int:
 
 def run(args) -> int:
     from shoal.planner import cost, energy, scaling
-    from shoal.planner.evaluate import evaluate
     from shoal.layout import Layout
     from shoal.planner.render import plan_json
-    from shoal.planner.search import search
+    from shoal.planner.search import evaluate_pinned, search
 
     if args.validate:
         return validate(args)
@@ -265,6 +301,9 @@ def run(args) -> int:
     if args.emit:
         check_output_file("--emit", args.emit)
     workload, cluster, fixed, name = build(args)
+    if args.emit and workload.precision == "fp8":
+        raise UserError("precision", "fp8", "shoal train has no FP8 yet, so there is no recipe to emit; "
+                                            "plan with --precision bf16 to emit one")
     result = single = None
     if args.gpus:
         if fixed.complete and (fixed.ep or not workload.model.is_moe):
@@ -273,7 +312,7 @@ def run(args) -> int:
                             pp_virtual_stages=fixed.pp_virtual_stages or 1,
                             activation_checkpoint=fixed.activation_checkpoint,
                             sequence_parallel=fixed.tp > 1 if fixed.sequence_parallel is None else fixed.sequence_parallel)
-            single = evaluate(workload, layout, cluster)
+            single = evaluate_pinned(workload, layout, cluster, interleave_given=fixed.pp_virtual_stages is not None)
         else:
             result = search(workload, cluster, fixed, rank_by=args.rank_by, keep=max(args.top, 10))
     best = single or (result.best if result else None)

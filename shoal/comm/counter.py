@@ -37,17 +37,22 @@ def dtype_name(x) -> str:
 
 class CommCounter(patch.Observer):
     """with CommCounter() as c: ...; c.bytes -> {"all_gather": n, ...} (bytes this rank sent);
-    c.by_dtype -> {"all_gather:bfloat16": n, ...}, the same bytes split by the dtype actually sent."""
+    c.by_dtype -> {"all_gather:bfloat16": n, ...}, the same bytes split by the dtype actually sent;
+    c.by_dim -> {"all_gather:dp_shard": n, ...}, split by the parallel dimension whose group carried
+    them, from `labels` (process-group name -> dimension; groups not in it count as "other")."""
 
     doors = ("pg", "op")
 
-    def __init__(self):
+    def __init__(self, labels: dict[str, str] | None = None):
+        self.labels = labels or {}
         self.bytes: Counter[str] = Counter()
         self.by_dtype: Counter[str] = Counter()
+        self.by_dim: Counter[str] = Counter()
 
     def reset(self) -> None:
         self.bytes.clear()
         self.by_dtype.clear()
+        self.by_dim.clear()
 
     def __enter__(self) -> CommCounter:
         patch.attach(self)
@@ -56,11 +61,12 @@ class CommCounter(patch.Observer):
     def __exit__(self, *exc) -> None:
         patch.detach(self)
 
-    def add(self, kind: str, payload: int, n: int, rank: int, splits=None, dtype: str = "?") -> None:
+    def add(self, kind: str, payload: int, n: int, rank: int, splits=None, dtype: str = "?", group: str = "") -> None:
         own = ops.own_chunk(payload, splits, rank, n) if kind == "all_to_all" else None
         sent = int(ops.wire_bytes(kind, payload, n, own))
         self.bytes[kind] += sent
         self.by_dtype[f"{kind}:{dtype}"] += sent
+        self.by_dim[f"{kind}:{self.labels.get(group, 'other')}"] += sent
 
     def before(self, door, name, target, args, kwargs):
         if door == "pg":
@@ -68,12 +74,12 @@ class CommCounter(patch.Observer):
             if m.payload is not None:
                 splits = args[m.splits] if m.splits is not None and len(args) > m.splits else None
                 self.add(m.kind, nbytes(args[m.payload]), target.size(), target.rank(), splits,
-                         dtype_name(args[m.payload]))
+                         dtype_name(args[m.payload]), target.group_name)
         else:  # "op": a functional collective; the group name is the last argument
             from torch.distributed.distributed_c10d import _resolve_process_group
 
             kind, index = ops.FUNCTIONAL_OPS[name]
             pg = _resolve_process_group(kwargs.get("group_name", args[-1]))
             splits = args[ops.FUNCTIONAL_SPLITS] if kind == "all_to_all" else None
-            self.add(kind, nbytes(args[index]), pg.size(), pg.rank(), splits, dtype_name(args[index]))
+            self.add(kind, nbytes(args[index]), pg.size(), pg.rank(), splits, dtype_name(args[index]), pg.group_name)
         return None  # nothing to hear afterwards

@@ -58,26 +58,41 @@ def ranks_per_core() -> float:
     return max(1.0, local / cores)
 
 
-def step_spread(compute_time_s: float, group=None) -> dict:
-    """Gather every rank's compute time for this step; warn about a rank that stays slower than 0.7x
-    the median (see the module docstring for when exactly).
-
-    Collective over `group` (default: the world): every rank calls it at the same point. Returns
-    {"compute_time_median_s", "compute_time_spread" (max/median), "slowest_rank", "stragglers"}.
-    """
+def gather_per_rank(values: list[float], group=None) -> list[list[float]]:
+    """Every rank's `values` (the same count on each), in group rank order: one all_gather of float64s.
+    Collective over `group` (default: the world); without a process group, this rank's alone."""
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        return spread([compute_time_s])
+        return [list(values)]
     on_gpu = dist.get_backend(group) == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    n = dist.get_world_size(group)
-    mine = torch.tensor([compute_time_s], dtype=torch.float64, device=device)
-    times = torch.empty(n, dtype=torch.float64, device=device)
+    n, k = dist.get_world_size(group), len(values)
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    out = torch.empty(n * k, dtype=torch.float64, device=device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-    gather(times, mine, group=group)
-    times = times.tolist()
+    gather(out, mine, group=group)
+    flat = out.tolist()
+    return [flat[i * k:(i + 1) * k] for i in range(n)]
+
+
+def step_spread(compute_time_s: float, group=None) -> dict:
+    """Gather every rank's compute time for this step and judge it (`judge_spread`)."""
+    return judge_spread([row[0] for row in gather_per_rank([compute_time_s], group)], group)
+
+
+def judge_spread(times: list[float], group=None) -> dict:
+    """Per-rank compute times of one step (gathered over `group`, default: the world) -> the fields
+    of a metrics row: {"compute_time_median_s", "compute_time_spread" (max/median), "slowest_rank",
+    "stragglers"}; warns about a rank that stays slower than 0.7x the median (see the module
+    docstring for when exactly)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return spread(times)
+    on_gpu = dist.get_backend(group) == "nccl"
+    n = len(times)
     out = spread(times)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
     out["slowest_rank"] = ranks[out["slowest_rank"]]

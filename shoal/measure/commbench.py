@@ -24,9 +24,12 @@ ELEM = 4  # float32 bytes
 
 
 class Bench:
-    def __init__(self, device: torch.device, budget_s: float, max_iters: int):
-        self.device, self.budget_s, self.max_iters = device, budget_s, max_iters
-        self.rank, self.n = dist.get_rank(), dist.get_world_size()
+    """Times collectives over `group` (default: the whole job); `shoal doctor --nnodes` passes the
+    ranks of one node, or one rank per node, to measure each network tier."""
+
+    def __init__(self, device: torch.device, budget_s: float, max_iters: int, group=None):
+        self.device, self.budget_s, self.max_iters, self.group = device, budget_s, max_iters, group
+        self.rank, self.n = dist.get_rank(group), dist.get_world_size(group)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -34,31 +37,32 @@ class Bench:
 
     def buffers(self, op: str, size: int):
         """(call, bytes as nccl-tests counts them) for one op at about `size` bytes."""
-        n, dev = self.n, self.device
+        n, dev, g = self.n, self.device, self.group
         count = max(1, size // ELEM)
         if op == "all_reduce":
             x = torch.ones(count, device=dev)
-            return (lambda: dist.all_reduce(x)), count * ELEM
+            return (lambda: dist.all_reduce(x, group=g)), count * ELEM
         if op == "broadcast":
             x = torch.ones(count, device=dev)
-            return (lambda: dist.broadcast(x, src=0)), count * ELEM
+            return (lambda: dist.broadcast(x, group_src=0, group=g)), count * ELEM
         if op in ("all_gather", "reduce_scatter", "all_to_all"):
             per_rank = max(1, count // n)
             big, small = torch.ones(per_rank * n, device=dev), torch.ones(per_rank, device=dev)
             if op == "all_gather":  # size = the gathered output
                 gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-                return (lambda: gather(big, small)), per_rank * n * ELEM
+                return (lambda: gather(big, small, group=g)), per_rank * n * ELEM
             if op == "reduce_scatter":  # size = the input
                 scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-                return (lambda: scatter(small, big)), per_rank * n * ELEM
+                return (lambda: scatter(small, big, group=g)), per_rank * n * ELEM
             out = torch.empty_like(big)  # all_to_all: size = one rank's send buffer
-            return (lambda: dist.all_to_all_single(out, big)), per_rank * n * ELEM
+            return (lambda: dist.all_to_all_single(out, big, group=g)), per_rank * n * ELEM
         if op == "sendrecv":  # a ring: send to the next rank, receive from the previous one
             send, recv = torch.ones(count, device=dev), torch.empty(count, device=dev)
             nxt, prv = (self.rank + 1) % n, (self.rank - 1) % n
 
             def ring():
-                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prv)]):
+                for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, group=g, group_peer=nxt),
+                                                 dist.P2POp(dist.irecv, recv, group=g, group_peer=prv)]):
                     w.wait()
             return ring, count * ELEM
         raise ValueError(op)
@@ -66,7 +70,7 @@ class Bench:
     def agree(self, value: float) -> float:
         """The max over ranks, so every rank runs the same number of iterations."""
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return t.item()
 
     def time(self, call) -> tuple[float, int]:
@@ -78,7 +82,7 @@ class Bench:
         self.sync()
         estimate = self.agree(time.perf_counter() - t0)
         iters = int(max(1, min(self.max_iters, self.budget_s / max(estimate, 1e-9))))
-        dist.barrier()
+        dist.barrier(group=self.group)
         t0 = time.perf_counter()
         for _ in range(iters):
             call()
@@ -88,7 +92,7 @@ class Bench:
     def gather(self, value: float) -> list[float]:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         out = [torch.zeros_like(t) for _ in range(self.n)]
-        dist.all_gather(out, t)
+        dist.all_gather(out, t, group=self.group)
         return [x.item() for x in out]
 
     def compute_gflops(self) -> float:
@@ -97,6 +101,15 @@ class Bench:
         rate = matmul_flops(4096 if cuda else 384, torch.bfloat16 if cuda else torch.float32, self.device,
                             seconds=self.budget_s, min_reps=3)
         return rate.mean / 1e9  # sustained, not the best single one: a straggler is slow on average
+
+
+def join_job() -> torch.device:
+    """Start this worker's process group (NCCL on CUDA devices, gloo on CPU); returns its device."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 
 def main() -> None:
@@ -108,11 +121,7 @@ def main() -> None:
     p.add_argument("--max-iters", type=int, default=50)
     args = p.parse_args()
 
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if cuda else "gloo")
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    device = join_job()
     bench = Bench(device, args.budget, args.max_iters)
     ops = [op for op in args.ops.split(",") if op != "sendrecv" or bench.n > 1]
     results = []

@@ -4,9 +4,10 @@ Run as `python -m shoal.measure.local_profile --out PATH` (the planner does this
 the planner itself never imports torch.distributed). Takes a few seconds:
 - matmul FLOP/s on one thread, bf16 and fp32 (one rank per core is how shoal runs on a CPU);
 - copy bandwidth (read + write) of a 64 MiB tensor on one thread;
-- the dispatch cost of one eager op that autograd records (a tiny multiply);
-- all_reduce between two local processes over gloo: a 4-byte one for latency, a 16 MiB one for
-  bus bandwidth (nccl-tests convention: busbw = bytes / time * 2(n-1)/n, which is bytes / time for n = 2).
+- the cost of one counted kernel beyond its arithmetic (a forward and backward of the `debug` model
+  on 8 tokens over the kernels the planner counts for it);
+- gloo between two local processes: a 4-byte all_reduce for latency, and an all_gather plus a
+  reduce_scatter of 4 MiB for bus bandwidth (nccl-tests convention, see _gloo_worker).
 """
 
 from __future__ import annotations
@@ -49,47 +50,66 @@ def measure_copy(nbytes: int = 64 * 2**20, repeats: int = 5) -> float:
     return 2.0 * nbytes / t  # read + write
 
 
-def measure_op_overhead(repeats: int = 2000) -> float:
-    """Seconds of dispatch per eager op: a tiny multiply recorded by autograd, where the arithmetic is nothing."""
+def measure_kernel_overhead(repeats: int = 20) -> float:
+    """Seconds per kernel the planner counts (shoal/planner/compute.py), where the arithmetic is nothing:
+    a forward and backward of the `debug` model on 8 tokens, divided by the kernels the planner counts
+    for it. What it holds: nn.Module calls, the op dispatcher, autograd recording and its backward
+    engine, the Python between them; at tiny hidden sizes these, not FLOPs, set the step time. (A bare
+    multiply, 2.3 us here, counts only the dispatch and is ~10x too small for a real layer's ops.)"""
     import torch
 
-    a = torch.ones(8, requires_grad=True)
+    from shoal.model.config import get_preset
+    from shoal.model.transformer import build_model, cross_entropy
+    from shoal.planner.compute import DENSE_LAYER_KERNELS, HEAD_KERNELS
 
-    def ops():
-        for _ in range(repeats):
-            torch.mul(a, 2.0)
+    cfg = get_preset("debug")
+    model = build_model(cfg).train()
+    tokens = torch.zeros(1, 9, dtype=torch.long)
 
-    return _best_time(ops, 3) / repeats
+    def step():
+        cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+
+    forward_kernels = cfg.n_layers * DENSE_LAYER_KERNELS + HEAD_KERNELS
+    return _best_time(step, repeats) / (3 * forward_kernels)  # backward counts twice the forward's kernels
+
+
+GLOO_PAIR_BYTES = 4 * 2**20
+"""The buffer of the all_gather + reduce_scatter pair the profile times: the size class of one tiny-to-
+small layer's parameters or activations (FSDP and sequence-parallel TP run the pair per layer)."""
 
 
 def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from shoal.comm.ops import busbw as bus_bandwidth
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     small = torch.zeros(1)
-    big = torch.zeros(4 * 2**20)  # 16 MiB of fp32
-    for _ in range(5):
-        dist.all_reduce(small)
-    dist.barrier()
-    t0 = time.perf_counter()
-    reps = 50
-    for _ in range(reps):
-        dist.all_reduce(small)
-    latency_op = (time.perf_counter() - t0) / reps
-    dist.all_reduce(big)
-    dist.barrier()
-    reps = 4
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        dist.all_reduce(big)
-    big_op = (time.perf_counter() - t0) / reps
+    full = torch.zeros(GLOO_PAIR_BYTES // 4)
+    shard = torch.zeros(full.numel() // world)
+
+    def pair():
+        dist.all_gather_into_tensor(full, shard)
+        dist.reduce_scatter_tensor(shard, full)
+
+    def best(fn, reps: int) -> float:
+        fn()
+        dist.barrier()
+        times = []
+        for _ in range(3):  # best of three rounds: the machine may be shared
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            times.append((time.perf_counter() - t0) / reps)
+        return min(times)
+
+    latency_op = best(lambda: dist.all_reduce(small), 50)
+    pair_op = best(pair, 4)
     if rank == 0:
-        nbytes = big.numel() * 4
-        bw = bus_bandwidth("all_reduce", nbytes, big_op, world)
+        # nccl-tests: all_gather and reduce_scatter each move S (n-1)/n per rank, S the full buffer. The
+        # pair, not an all_reduce: gloo's reduce_scatter took ~1.4x an all_reduce of the same buffer
+        # here (2-8 MiB, 2 ranks), so an all_reduce's bus bandwidth would flatter every per-layer collective.
+        bw = 2 * GLOO_PAIR_BYTES * (world - 1) / world / pair_op
         # A ring all_reduce has 2(n-1) steps; the alpha of the alpha-beta model is per step.
         Path(out_file).write_text(json.dumps({"gloo_busbw": bw, "gloo_latency": latency_op / (2 * (world - 1))}))
     dist.destroy_process_group()
@@ -125,7 +145,7 @@ def measure() -> dict:
         "matmul_fp32_flops": measure_matmul("float32"),
         "matmul_bf16_flops": measure_matmul("bfloat16"),
         "copy_bandwidth": measure_copy(),
-        "op_overhead": measure_op_overhead(),
+        "kernel_overhead": measure_kernel_overhead(),
     }
     profile.update(measure_gloo())
     return profile
@@ -139,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     profile = measure()
     profile["seconds"] = time.perf_counter() - t0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(profile, indent=2))
+    tmp = Path(args.out).with_name(Path(args.out).name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(profile, indent=2))
+    os.replace(tmp, args.out)  # a run reading the cache meanwhile sees no profile or a whole one
     print(json.dumps(profile, indent=2))
     return 0
 

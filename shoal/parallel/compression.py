@@ -126,24 +126,30 @@ class Bf16(Compressor):
 
 class Int8(Compressor):
     def reduce(self, flat, segments):
-        p, n = self.world, flat.numel()
-        per_rank = math.ceil(n / (p * CHUNK)) * CHUNK
-        x = flat.new_zeros(p * per_rank)
-        x[:n] = flat
-        # 1. Each rank quantizes its whole gradient and sends rank j the j-th slice.
-        q, scale = quantize(x)
-        q_in, s_in = torch.empty_like(q), torch.empty_like(scale)
-        dist.all_to_all_single(q_in, q, group=self.group)
-        dist.all_to_all_single(s_in, scale, group=self.group)
-        # 2. Sum the p contributions to my slice in fp32, then quantize the mean once more.
-        mine = dequantize(q_in, s_in).view(p, per_rank).sum(0).div_(p)
-        q_mine, s_mine = quantize(mine)
-        # 3. Everyone gathers every slice.
-        q_all, s_all = torch.empty_like(q), torch.empty_like(scale)
-        _all_gather(q_all, q_mine, group=self.group)
-        _all_gather(s_all, s_mine, group=self.group)
-        flat.copy_(dequantize(q_all, s_all)[:n])
-        return flat
+        return int8_mean_(flat, self.group)
+
+
+def int8_mean_(flat: torch.Tensor, group) -> torch.Tensor:
+    """The mean of `flat` over `group`, in place, sent as int8 with per-chunk scales (DiLoCo's
+    quantized pseudo-gradient uses it too)."""
+    p, n = dist.get_world_size(group), flat.numel()
+    per_rank = math.ceil(n / (p * CHUNK)) * CHUNK
+    x = flat.new_zeros(p * per_rank)
+    x[:n] = flat
+    # 1. Each rank quantizes its whole gradient and sends rank j the j-th slice.
+    q, scale = quantize(x)
+    q_in, s_in = torch.empty_like(q), torch.empty_like(scale)
+    dist.all_to_all_single(q_in, q, group=group)
+    dist.all_to_all_single(s_in, scale, group=group)
+    # 2. Sum the p contributions to my slice in fp32, then quantize the mean once more.
+    mine = dequantize(q_in, s_in).view(p, per_rank).sum(0).div_(p)
+    q_mine, s_mine = quantize(mine)
+    # 3. Everyone gathers every slice.
+    q_all, s_all = torch.empty_like(q), torch.empty_like(scale)
+    _all_gather(q_all, q_mine, group=group)
+    _all_gather(s_all, s_mine, group=group)
+    flat.copy_(dequantize(q_all, s_all)[:n])
+    return flat
 
 
 def _all_gather(out: torch.Tensor, x: torch.Tensor, group) -> None:

@@ -1,7 +1,10 @@
 """The rank grid: ParallelDims -> one DeviceMesh with named axes.
 
-Ranks are laid out as `arange(world).view(pp, dp_replicate, dp_shard, tp)`: tp innermost, so a
-tensor-parallel group is made of neighbouring ranks (one machine), pp outermost. Expert
+By default ranks are laid out as `arange(world).view(pp, dp_replicate, dp_shard, tp)`: tp
+innermost, so a tensor-parallel group is made of neighbouring ranks (one machine), pp outermost.
+`parallel.rank_order` reorders the dimensions (e.g. dp-tp-pp: `arange(world).view(pp, tp,
+dp_replicate, dp_shard)`); the mesh keeps its axes in the order above and only which rank sits at
+each coordinate changes, so nothing downstream of the mesh knows the order. Expert
 parallelism borrows ranks from dp_shard: dp_shard is split into (dp_shard // ep, ep), and the ep
 ranks that share a (pp, dp_replicate, dp_shard // ep, tp) coordinate exchange tokens.
 The rules a layout must follow live in shoal/layout.py; this module only lays out ranks.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shoal.layout import DEFAULT_RANK_ORDER
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,8 @@ class ParallelDims:
     pp: int
     ep: int
     world_size: int
+    rank_order: str = DEFAULT_RANK_ORDER
+    """tp, dp, pp innermost first (shoal/layout.py checks it)."""
 
     @property
     def dp(self) -> int:
@@ -33,13 +39,19 @@ class ParallelDims:
     @classmethod
     def of(cls, layout) -> "ParallelDims":
         """The grid of a checked shoal.layout.Layout."""
-        return cls(layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, layout.ep, layout.world)
+        return cls(layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, layout.ep, layout.world,
+                   layout.rank_order)
 
     def grid(self):
         """Global rank at each (pp, dp_replicate, dp_shard, tp) coordinate, as a numpy array."""
         import numpy as np
 
-        return np.arange(self.world_size).reshape(self.shape)
+        axes = ("pp", "dp_replicate", "dp_shard", "tp")
+        size = dict(zip(axes, self.shape))
+        # Number the ranks with the order's outermost dimension slowest, then view them on the mesh's axes.
+        outer_first = [a for d in reversed(self.rank_order.split("-")) for a in ORDERED_AXES[d]]
+        ranks = np.arange(self.world_size).reshape([size[a] for a in outer_first])
+        return ranks.transpose([outer_first.index(a) for a in axes])
 
     def groups(self) -> dict[str, list[list[int]]]:
         """The rank groups of each kind, as lists of global ranks."""
@@ -59,16 +71,15 @@ class ParallelDims:
         return groups
 
     def coords(self, rank: int) -> dict[str, int]:
-        pp, dr, ds, tp = (int(i) for i in divmod_all(rank, self.shape))
+        import numpy as np
+
+        pp, dr, ds, tp = (int(i) for i in np.argwhere(self.grid() == rank)[0])
         return {"pp": pp, "dp_replicate": dr, "dp_shard": ds, "tp": tp, "dp": dr * self.dp_shard + ds}
 
 
-def divmod_all(rank: int, shape: tuple[int, ...]) -> list[int]:
-    out = []
-    for size in reversed(shape):
-        rank, r = divmod(rank, size)
-        out.append(r)
-    return list(reversed(out))
+# The mesh axes each rank_order name stands for, outermost first: dp_shard varies fastest inside dp,
+# so HSDP's shard groups are neighbours and its replicas are further apart.
+ORDERED_AXES = {"tp": ("tp",), "dp": ("dp_replicate", "dp_shard"), "pp": ("pp",)}
 
 
 class Meshes:
@@ -83,15 +94,19 @@ class Meshes:
 
 
 def build_mesh(dims: ParallelDims, device_type: str) -> tuple[Meshes, Meshes | None]:
-    """The world mesh (pp, dp_replicate, dp_shard, tp) and, with ep > 1, the expert mesh that splits dp_shard."""
-    from torch.distributed.device_mesh import init_device_mesh
+    """The world mesh (pp, dp_replicate, dp_shard, tp) and, with ep > 1, the expert mesh that splits dp_shard.
 
-    world = init_device_mesh(device_type, dims.shape, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+    DeviceMesh is given the grid itself (init_device_mesh would number ranks in the default order only)."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    grid = torch.as_tensor(dims.grid().copy())  # contiguous: DeviceMesh and reshape need it
+    world = DeviceMesh(device_type, grid, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
     world = Meshes(world, {"dp": world["dp_replicate", "dp_shard"]._flatten("dp")})
     expert = None
     if dims.ep > 1:
-        expert = init_device_mesh(
-            device_type, (dims.pp, dims.dp_replicate, dims.dp_shard // dims.ep, dims.ep, dims.tp),
+        expert = DeviceMesh(
+            device_type, grid.reshape(dims.pp, dims.dp_replicate, dims.dp_shard // dims.ep, dims.ep, dims.tp),
             mesh_dim_names=("pp", "dp_replicate", "dp_shard_mod_ep", "ep", "tp"))
         expert = Meshes(expert, {"dp_mod_ep": expert["dp_replicate", "dp_shard_mod_ep"]._flatten("dp_mod_ep")})
     return world, expert
@@ -99,8 +114,9 @@ def build_mesh(dims: ParallelDims, device_type: str) -> tuple[Meshes, Meshes | N
 
 # Nodes. Every launcher shoal uses (torchrun's c10d rendezvous, Slurm's srun + torchrun, Kubernetes
 # with PET_* flags) gives each node one contiguous block of ranks, so rank r runs on node
-# r // per_node as local device r % per_node. With tp innermost in the grid, a TP group stays
-# inside a node whenever tp divides the ranks per node; dp and pp, outermost, are what cross.
+# r // per_node as local device r % per_node. With tp innermost in the grid (the default
+# rank_order), a TP group stays inside a node whenever tp divides the ranks per node; dp and pp,
+# outermost, are what cross.
 
 def node_of(rank: int, per_node: int) -> int:
     return rank // per_node
@@ -137,4 +153,6 @@ def placement_warning(dims: ParallelDims, per_node: int) -> str:
     size = len(groups[0])
     return (f"shoal: warning: {kind} groups span nodes ({kind}={size} with {per_node} ranks per node, e.g. "
             f"[{','.join(map(str, groups[0]))}]): {LATENCY_BOUND[kind]}, here over the slow inter-node link; "
-            f"choose {kind} and the ranks per node so each group fits in one node (see shoal mesh --nnodes)")
+            f"choose {kind} and the ranks per node so each group fits in one node"
+            + (f", or the default parallel.rank_order={DEFAULT_RANK_ORDER}" if dims.rank_order != DEFAULT_RANK_ORDER else "")
+            + " (see shoal mesh --nnodes)")

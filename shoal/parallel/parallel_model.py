@@ -42,6 +42,9 @@ class ParallelModel:
     grad_compressor: object | None = None
     """The DDP or FSDP2 hooks' state when gradients are compressed (parallel/compression.py): its
     per-step byte counts go to the metrics and its state into checkpoints."""
+    diloco: object | None = None
+    """The outer optimizer across dp_replicate groups when DiLoCo is on (parallel/diloco.py): the
+    trainer calls it after each inner step; its state goes into checkpoints."""
     attention: str = ""
     """The attention kernel the step runs, e.g. 'flash (cuda)' (shoal/model/kernels.py), for the run summary."""
 

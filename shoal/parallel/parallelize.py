@@ -12,6 +12,7 @@ from shoal.model.kernels import attention_backend
 from shoal.parallel.activation_checkpoint import apply_activation_checkpointing
 from shoal.parallel.compile import apply_compile
 from shoal.parallel.data_parallel import apply_ddp, apply_fsdp
+from shoal.parallel.diloco import DiLoCo
 from shoal.parallel.expert_parallel import apply_expert_parallel
 from shoal.parallel.mesh import ParallelDims
 from shoal.parallel.parallel_model import ParallelModel, set_aux_loss_scale
@@ -26,6 +27,8 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
     lay, dims, train = job.layout, job.dims, job.cfg.train
     # 1. Pipeline: keep only this rank's stages. Everything after this works per stage.
     ids, modules, n_stages, compressor = [0], [model], 1, None
+    # Data parallelism within a replica group only, under DiLoCo: the groups meet in its outer step.
+    dp, dp_axis = (dims.dp_shard, "dp_shard") if lay.diloco_inner_steps else (dims.dp, "dp")
     if dims.pp > 1:
         n_stages = dims.pp * lay.virtual_stages
         ids, modules = split_model(model, mesh["pp"].get_local_rank(), dims.pp, lay.virtual_stages,
@@ -45,12 +48,12 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
         #    graph, between blocks, where they overlap compute), as torchtitan orders them.
         apply_compile(m, train.compile, tensor_parallel=dims.tp > 1, device_type=device.type)
         # 6. Data parallel last: it shards (or replicates) whatever the steps above produced.
-        if dims.dp > 1 and uses_ddp(dims, lay.zero):  # DDP wants real weights to start from
-            m, group = materialize(m, device, train.seed), mesh["dp"].get_group()
+        if dp > 1 and uses_ddp(dims, lay.zero):  # DDP wants real weights to start from
+            m, group = materialize(m, device, train.seed), mesh[dp_axis].get_group()
             compressor = build_compressor(lay.grad_compression, m, group, job.cfg.parallel, train.seed)
             modules[i] = apply_ddp(m, group, compressor)
-        elif dims.dp > 1:
-            units = apply_fsdp(m, dp_mesh(mesh, dims, lay.zero, lay.grad_compression),
+        elif dp > 1:
+            units = apply_fsdp(m, dp_mesh(mesh, dims, lay.zero, lay.diloco_inner_steps > 0, lay.grad_compression),
                                zero=data_parallel_zero(dims, lay.zero), precision=train.precision,
                                expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None,
                                deferred_weight_grads=dims.pp > 1 and lay.pp_schedule == "zero-bubble",
@@ -62,13 +65,16 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
                 attach_to_fsdp(units, compressor, int8_reduce_scatter=lay.grad_compression == "int8")
         else:
             modules[i] = materialize(m, device, train.seed)
-    wrapper = "none" if dims.dp == 1 else "ddp" if uses_ddp(dims, lay.zero) else "fsdp"
+    wrapper = "none" if dp == 1 else "ddp" if uses_ddp(dims, lay.zero) else "fsdp"
     m = job.model
     attention = attention_backend(m.n_heads // dims.tp, m.n_kv_heads // dims.tp, m.head_dim, train.seq_len, device,
                                   torch.float32 if train.precision == "fp32" else torch.bfloat16)
-    pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dims.dp > 1 else 0,
+    pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dp > 1 else 0,
                        wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention)
     pm.grad_compressor = compressor
+    if lay.diloco_inner_steps:
+        pm.diloco = DiLoCo(modules, mesh["dp_replicate"].get_group(), job.cfg.parallel,
+                           replica=mesh["dp_replicate"].get_local_rank())
     n_micro = job.n_microbatches
     set_aux_loss_scale(modules, 1.0 if dims.pp > 1 else 1.0 / n_micro)
     if dims.pp > 1:
@@ -115,9 +121,12 @@ def uses_ddp(dims: ParallelDims, zero: int) -> bool:
     return replicates_with_ddp(dims.dp_shard, zero, dims.tp, dims.pp, dims.ep)
 
 
-def dp_mesh(mesh, dims: ParallelDims, zero: int, grad_compression: str = "none"):
-    """The mesh FSDP2 works on: 2-D (replicate, shard) for HSDP, else the one data-parallel axis.
-    A compressor that replaces HSDP's all-reduce leaves FSDP2 the dp_shard axis alone."""
+def dp_mesh(mesh, dims: ParallelDims, zero: int, diloco: bool = False, grad_compression: str = "none"):
+    """The mesh FSDP2 works on: 2-D (replicate, shard) for HSDP, else the one data-parallel axis;
+    under DiLoCo, the replica group's own dp_shard ranks. A compressor that replaces HSDP's
+    all-reduce also leaves FSDP2 the dp_shard axis alone."""
+    if diloco:
+        return mesh["dp_shard"]
     if data_parallel_zero(dims, zero) == 0:
         return mesh["dp"]
     if dims.dp_replicate > 1 and not compresses_in_hooks(grad_compression):

@@ -41,11 +41,10 @@ def gemm_time(m: float, k: float, n: float, gpu: GPU, precision: str) -> float:
     """An (m x k) @ (k x n) GEMM, roofline: compute-bound unless it is skinny."""
     if m <= 0 or k <= 0 or n <= 0:
         return 0.0
-    elem = 4 if precision == "fp32" else 2
+    elem = {"fp32": 4, "fp8": 1}.get(precision, 2)
     flops = 2.0 * m * k * n
-    moved = elem * (m * k + k * n + m * n)
-    return max(flops / (gpu.peak_flops(precision) * gpu.matmul_efficiency * gpu.sustained_scale),
-               moved / (gpu.hbm_bandwidth * gpu.hbm_efficiency))
+    moved = elem * (m * k + k * n) + max(elem, 2) * m * n  # FP8 GEMMs write a 16-bit output
+    return max(flops / gpu.matmul_rate(precision), moved / (gpu.hbm_bandwidth * gpu.hbm_efficiency))
 
 
 # Kernels per layer forward in an eager PyTorch layer (norms, projections, rotary, attention,
@@ -57,17 +56,31 @@ HEAD_KERNELS = 6
 
 
 # Element-wise traffic of an eager PyTorch layer under bf16 mixed precision, in 16-bit-element
-# equivalents per token, forward (backward moves about twice as much). Norms run in fp32: torch.autocast
-# lists layer_norm among the ops it runs in float32, and RMSNorm implementations (shoal's, torchtitan's,
-# Llama's reference) call x.float() themselves. So each of the two norms costs an upcast (read 2 B, write
-# 4 B), the normalisation in fp32 (read 4, write 4) and the downcast for the next GEMM (read 4, write 2):
-# 20 bytes = 10 elements per channel; two residual adds read two and write one: 6. Total 26 per channel
-# where fused bf16 kernels would need 10 (this model's count before it was measured against the
-# llm-foundry and torchtitan tables, bench/published_runs.toml). Rotary on q and k in eager code (split,
-# two multiplies, add, concatenate, in fp32 in torchtitan's complex form): about 3 read+write passes each,
-# 6 elements per channel of q and k.
-EAGER_OUTSIDE_ELEMS = 26
-EAGER_ROTARY_PASSES = 6
+# equivalents (2 bytes) per token, forward; backward moves about twice as much. Counted op by op from the
+# eager Llama block that torchtitan trains (torchtitan/models/llama/model.py: RMSNorm `_norm(x.float())
+# .type_as(x) * weight`, complex-form rotary in fp32, `output.transpose(1, 2).contiguous()`, SwiGLU
+# `silu(w1 x) * w3 x`); shoal's own block (shoal/model/transformer.py) does about the same work (its
+# rotary rotates halves and its SDPA takes GQA heads as they are). Every op is
+# its own kernel that reads its inputs from HBM and writes its output there:
+# - each RMSNorm: upcast (read 2 B, write 4), square (4, 4), mean (4), scale by the rsqrt (4, 4),
+#   downcast (4, 2), weight multiply (2, 2): 36 bytes = 18 elements per channel; two norms 36;
+# - two residual adds, each reads two and writes one: 6;
+# - rotary on q and k in fp32: upcast (2, 4), complex multiply (4, 4), downcast (4, 2): 10 per element;
+# - the attention output's transpose back to [tokens, heads x dim] is a copy: 2 per element of q;
+# - SwiGLU: silu reads and writes f (2), the product reads two and writes one (3): 5 per element of f;
+#   a GELU MLP applies one fused kernel: 2.
+# (Before this count the model used 26 per channel, 6 per rotary element and 3 per SwiGLU element.)
+EAGER_OUTSIDE_ELEMS = 42
+EAGER_ROTARY_PASSES = 10
+EAGER_ATTN_OUT_COPY = 2
+EAGER_GLU_ELEMS, EAGER_GELU_ELEMS = 5, 2
+
+# FP8 (Transformer Engine's recipe): each GEMM input is cast to FP8 by a kernel that reads it in 16 bits and
+# writes one byte (the amax it needs is taken in the same pass), 1.5 element-equivalents per input element:
+# the inputs of QKV and of the first MLP GEMM(s) (h each), of the output projection (q_dim) and of the last
+# MLP GEMM (f). Weights are cast once per step and cached across micro-batches (Megatron's
+# is_first_microbatch), so they are left out. Attention, norms and the output head stay in 16 bits.
+FP8_CAST_ELEMS = 1.5
 
 
 def _stream(nbytes: float, gpu: GPU) -> float:
@@ -78,7 +91,8 @@ def _stream(nbytes: float, gpu: GPU) -> float:
 def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
                attention: str, precision: str, moe: bool, ep: int) -> KernelTime:
     """Kernel time of one layer; `moe` picks an MoE layer (routed experts spread over ep ranks)."""
-    elem = 4 if precision == "fp32" else 2
+    elem = 4 if precision == "fp32" else 2  # activations: FP8 runs keep them in bf16 between GEMMs
+    core = "bf16" if precision == "fp8" else precision  # attention runs in 16 bits under FP8 too
     T = float(seq_len * micro_batch)  # tokens through the TP group
     h, hd = cfg.dim, cfg.head_dim
     q_dim, kv_dim = cfg.n_heads * hd, cfg.n_kv_heads * hd
@@ -98,31 +112,36 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         gemm += local_experts * expert + gemm_time(T, h, cfg.n_experts, gpu, precision)  # + router
         if shared_f:
             gemm += gemm_time(T, h, (2 if glu else 1) * shared_f / tp, gpu, precision) + gemm_time(T, shared_f / tp, h, gpu, precision)
-        act_elems = cfg.top_k * (3 if glu else 2) * f / tp + (3 if glu else 2) * shared_f / tp
+        act = EAGER_GLU_ELEMS if glu else EAGER_GELU_ELEMS
+        act_elems = cfg.top_k * act * f / tp + act * shared_f / tp
         act_elems += 4 * cfg.top_k * h / tp  # permute tokens to experts and back (gather + scatter)
     else:
         f = cfg.ffn_hidden
         gemm += gemm_time(T, h, (2 if glu else 1) * f / tp, gpu, precision) + gemm_time(T, f / tp, h, gpu, precision)
-        act_elems = (3 if glu else 2) * f / tp
+        act_elems = (EAGER_GLU_ELEMS if glu else EAGER_GELU_ELEMS) * f / tp
 
     # Attention core. FLOPs of QK^T and PV: 4·T·S·q_dim per layer, over tp.
     core_flops = 4.0 * T * seq_len * q_dim / tp
     if attention == "flash":
         # Causal flash attention skips the upper triangle (half the work); backward does 2.5x the
         # forward FLOPs because it recomputes the scores.
-        rate = gpu.peak_flops(precision) * gpu.attention_efficiency * gpu.sustained_scale
+        rate = gpu.peak_flops(core) * gpu.attention_efficiency * gpu.sustained_scale
         attn_fwd = 0.5 * core_flops / rate
         attn_bwd = 2.5 * attn_fwd
-        outside, inside = EAGER_OUTSIDE_ELEMS * h, EAGER_ROTARY_PASSES * (q_dim + kv_dim) + act_elems
+        outside = EAGER_OUTSIDE_ELEMS * h
+        inside = (EAGER_ROTARY_PASSES * (q_dim + kv_dim) + EAGER_ATTN_OUT_COPY * q_dim) / tp + act_elems
     else:
         # Megatron before flash attention: batched GEMMs over the full S×S, then scale-mask-softmax,
         # dropout and their masks in HBM: about 13 bytes per score forward and 19 backward (16-bit).
-        rate = gpu.peak_flops(precision) * gpu.matmul_efficiency * gpu.sustained_scale
+        rate = gpu.matmul_rate(core)
         scores = cfg.n_heads * float(seq_len) * seq_len * micro_batch / tp
         attn_fwd = core_flops / rate + _stream(13 * scores * elem / 2, gpu)
         attn_bwd = 2 * core_flops / rate + _stream(19 * scores * elem / 2, gpu)
         # Layer norms, bias-dropout-add with 1-byte masks; bias-GeLU inside the TP region.
         outside, inside = 11 * h, act_elems
+    if precision == "fp8":
+        outside += FP8_CAST_ELEMS * 2 * h
+        inside += FP8_CAST_ELEMS * (q_dim + (cfg.top_k if moe else 1) * f) / tp
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
     kernels = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + 2 * cfg.n_experts / ep if moe else 0)
     gaps = kernels * gpu.kernel_gap
@@ -133,9 +152,10 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
 
 @lru_cache(maxsize=4096)
 def head_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, precision: str) -> KernelTime:
-    """The output projection (vocab-parallel over tp) and the fp32 cross-entropy, on the last stage."""
+    """The output projection (vocab-parallel over tp) and the fp32 cross-entropy, on the last stage.
+    FP8 recipes keep the output head in 16 bits."""
     T = float(seq_len * micro_batch)
-    gemm = gemm_time(T, cfg.dim, cfg.vocab_size / tp, gpu, precision)
+    gemm = gemm_time(T, cfg.dim, cfg.vocab_size / tp, gpu, "bf16" if precision == "fp8" else precision)
     # Logits upcast to fp32, softmax, loss: about three fp32 passes over the logits forward, two backward.
     logits = T * cfg.vocab_size / tp * 4
     gaps = HEAD_KERNELS * gpu.kernel_gap

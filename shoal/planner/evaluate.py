@@ -52,13 +52,13 @@ class Plan:
     @property
     def mfu(self) -> float:
         """Model FLOPs utilisation (DESIGN.md convention: recomputation not counted)."""
-        peak = self.cluster.gpu.peak_flops(self.workload.precision)
+        peak = self.cluster.gpu.mfu_peak(self.workload.precision)
         return self.model_flops_per_step / (self.time.step * self.cluster.n_gpus * peak)
 
     @property
     def hfu(self) -> float:
         """Hardware FLOPs utilisation: recomputation counted."""
-        peak = self.cluster.gpu.peak_flops(self.workload.precision)
+        peak = self.cluster.gpu.mfu_peak(self.workload.precision)
         return self.hardware_flops_per_step / (self.time.step * self.cluster.n_gpus * peak)
 
     @cached_property
@@ -74,7 +74,7 @@ class Plan:
         if lay.pp > 1:
             costs.append((t.bubble, f"bubble {t.bubble / t.step:.0%}"))
         if lay.tp > 1:
-            where = "on NVLink" if t.tp_on_nvlink else f"across nodes (tp {lay.tp} > {G} per node)"
+            where = "on NVLink" if t.tp_on_nvlink else f"across nodes (tp {lay.tp}, {G} per node, rank order {lay.rank_order})"
             costs.append((t.tp_comm, f"TP comm {where} {t.tp_comm / t.step:.0%}"))
         if t.recompute > 0:
             costs.append((t.recompute, f"{lay.activation_checkpoint} recompute {t.recompute / t.step:.0%}"))

@@ -33,6 +33,12 @@ POWER_CLOCK_EXPONENT = 0.30
 one die: H100 NVL (132 SMs, 350-400 W) peaks at 835 dense BF16 TFLOP/s and H100 SXM (132 SMs, 700 W)
 at 989, so 835/989 = (400/700) ** 0.30. Derived, approximate (a power law through two points)."""
 
+FP8_MATMUL_RATIO = 0.734 / 0.803
+"""An FP8 GEMM reaches a smaller fraction of its (twice as high) peak than a BF16 one: ml-engineering's
+MAMF table measures H200 FP8 at 1453.4 of 1979 TFLOP/s (73.4%) against 80.3% for BF16 on the same chip.
+So an FP8 GEMM runs at peak_fp8_flops x matmul_efficiency x 0.914 (the ratio of the two measurements;
+B200's pair, 76.3% vs 77.6%, would give 0.98: approximate)."""
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -83,8 +89,15 @@ class GPU:
     approximate: the `local` entry measures its own (op_overhead)."""
     reserved_bytes: float = 2.5 * GiB
     """Memory that is never the model's: CUDA context, NCCL buffers, cuBLAS workspaces."""
+    allocator_slack: float = 0.0
+    """Memory the allocator holds beyond what is live, as a fraction of the memory that comes and goes
+    (activations, logits, buffers); 0: a GPU caching allocator's FRAGMENTATION (memory.py). `local`
+    sets the measured one of glibc's malloc (LOCAL_ALLOCATOR_SLACK)."""
     peak_fp32_flops: float = 0.0
     """Peak for fp32 training; 0 means half the BF16 peak (the TF32 tensor-core rate on NVIDIA)."""
+    peak_fp8_flops: float = 0.0
+    """Dense FP8 peak, FLOP/s, for `--precision fp8` (Transformer Engine-style: GEMMs in FP8, attention,
+    norms and master weights as in bf16); 0: the device has no FP8 tensor cores (A100, TPUs)."""
     power_watts: float = 0.0
     """Board power at full training load (the TDP: training holds GPUs at their power limit, see the
     matmul_efficiency note), watts; with the job's PUE it gives the energy of a run (energy.py)."""
@@ -119,9 +132,22 @@ class GPU:
         return self.inter_node_bandwidth * self.inter_node_efficiency
 
     def peak_flops(self, precision: str = "bf16") -> float:
+        """The tensor-core peak the GEMMs of this precision run against."""
         if precision == "fp32":
             return self.peak_fp32_flops or self.peak_bf16_flops / 2
+        if precision == "fp8":
+            return self.peak_fp8_flops
         return self.peak_bf16_flops
+
+    def matmul_rate(self, precision: str = "bf16") -> float:
+        """FLOP/s a large GEMM sustains in training at this precision (the power cap included)."""
+        ratio = FP8_MATMUL_RATIO if precision == "fp8" else 1.0
+        return self.peak_flops(precision) * self.matmul_efficiency * ratio * self.sustained_scale
+
+    def mfu_peak(self, precision: str = "bf16") -> float:
+        """MFU's denominator: the dense BF16 peak, also for FP8 runs (Llama 3's "BF16 MFU"; torchtitan and
+        Megatron report FP8 runs against it too), and the fp32 peak for fp32 training."""
+        return self.peak_flops("fp32" if precision == "fp32" else "bf16")
 
 
 # Matmul efficiency is the *sustained* rate (ml-engineering's MSMF: power-saturated clocks, all GPUs of
@@ -147,6 +173,9 @@ class GPU:
 # (same die). FA3 would be ~0.6-0.75 there: --hw attention_efficiency=0.6 for FA3/cuDNN runs. B200 and
 # MI300X have no published measurement read here: the H100 FA2 share is assumed (approximate).
 #
+# FP8 dense peaks (the vendors' datasheets, without sparsity): H100 SXM and H200 1979 TFLOP/s, B200 4.5
+# PFLOP/s, MI300X 2614.9 TFLOP/s; A100 and the TPUs here have no FP8 tensor cores.
+#
 # Power (board TDP, the vendors' datasheets): A100 SXM 400 W, H100 SXM and H200 SXM 700 W, B200 1000 W,
 # MI300X 750 W. TPUs have no published TDP: v4 ~200 W is the mean power per chip reported in Jouppi et
 # al., "TPU v4" (ISCA 2023, ~170-192 W measured); v5p 450 W is a guess scaled by peak FLOPs (approximate).
@@ -167,28 +196,28 @@ CATALOG: dict[str, GPU] = {
         hbm_bytes=81559 * 2**20, hbm_bandwidth=3.35e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
-        power_watts=700, usd_per_gpu_hour=2.99,
+        peak_fp8_flops=1979e12, power_watts=700, usd_per_gpu_hour=2.99,
         note="HGX H100: NVLink4 900 GB/s bidirectional, one 400 Gb/s NDR InfiniBand/RoCE NIC per GPU"),
     "h200": GPU(
         name="h200", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.35,
         hbm_bytes=143771 * 2**20, hbm_bandwidth=4.8e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
-        power_watts=700, usd_per_gpu_hour=3.50,
+        peak_fp8_flops=1979e12, power_watts=700, usd_per_gpu_hour=3.50,
         note="HGX H200: H100 compute with 141 GB HBM3e; 400 Gb/s per GPU between nodes"),
     "b200": GPU(
         name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.35,
         hbm_bytes=180 * GiB, hbm_bandwidth=8.0e12, hbm_efficiency=0.85,
         gpus_per_node=8, intra_node_bandwidth=900e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
-        power_watts=1000, usd_per_gpu_hour=5.99,
+        peak_fp8_flops=4500e12, power_watts=1000, usd_per_gpu_hour=5.99,
         note="HGX B200: NVLink5 1.8 TB/s bidirectional, 400 Gb/s per GPU between nodes; ~180 GiB usable"),
     "mi300x": GPU(
         name="mi300x", peak_bf16_flops=1307e12, matmul_efficiency=0.60, attention_efficiency=0.35,
         hbm_bytes=192 * GiB, hbm_bandwidth=5.3e12, hbm_efficiency=0.8,
         gpus_per_node=8, intra_node_bandwidth=448e9, intra_node_efficiency=0.7, intra_node_latency=8e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.85, inter_node_latency=12e-6,
-        power_watts=750, usd_per_gpu_hour=2.50,
+        peak_fp8_flops=2615e12, power_watts=750, usd_per_gpu_hour=2.50,
         note="8x MI300X: Infinity Fabric 7 x 64 GB/s per direction to peers, 400 Gb/s per GPU between nodes"),
     "tpu-v5p": GPU(
         name="tpu-v5p", peak_bf16_flops=459e12, matmul_efficiency=0.75, attention_efficiency=0.5,
@@ -207,8 +236,18 @@ CATALOG: dict[str, GPU] = {
         note="TPU-v4-like, approximate: 64-chip ICI cubes as 'nodes'"),
 }
 
+# Variants of two entries, from the datasheets: A100 SXM 40GB has HBM2 at 1,555 GB/s (the 80GB's 2,039;
+# many 2022-23 runs used it); H800 SXM is H100 SXM with NVLink cut to 400 GB/s bidirectional.
+CATALOG["a100-40gb"] = dataclasses.replace(
+    CATALOG["a100-80gb"], name="a100-40gb", hbm_bytes=40 * GiB, hbm_bandwidth=1.555e12, usd_per_gpu_hour=0.0,
+    note="DGX A100 40GB: as a100-80gb with 40 GB of HBM2 at 1.555 TB/s")
+CATALOG["h800"] = dataclasses.replace(
+    CATALOG["h100-sxm"], name="h800", intra_node_bandwidth=200e9, usd_per_gpu_hour=0.0,
+    note="HGX H800: H100 SXM compute and memory, NVLink 400 GB/s bidirectional, 400 Gb/s per GPU between nodes")
+
 ALIASES = {
-    "a100": "a100-80gb", "a100-sxm": "a100-80gb", "a100-80g": "a100-80gb",
+    "a100": "a100-80gb", "a100-sxm": "a100-80gb", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
+    "h800-sxm": "h800",
     "h100": "h100-sxm", "h100-80gb": "h100-sxm",
     "h200-sxm": "h200", "b200-sxm": "b200", "mi300": "mi300x", "tpu": "tpu-v5p", "v5p": "tpu-v5p",
 }
@@ -279,7 +318,8 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
         if kind != "str" and not math.isfinite(value):  # float("nan") parses; a nan bandwidth plans nonsense
             raise UserError(f"{source}.{key}", raw, "must be a finite number")
         if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "power_watts",
-                                                         "nodes_per_leaf", "overlap_cost", "power_limit_watts",
+                                                         "nodes_per_leaf", "overlap_cost", "power_limit_watts", "peak_fp8_flops",
+                                                         "allocator_slack",
                                                          "usd_per_gpu_hour"):
             raise UserError(f"{source}.{key}", raw, "must be positive")
         if key.endswith("_efficiency") and not 0 < value <= 1:
@@ -324,6 +364,16 @@ def load_hw_file(path: str | os.PathLike, default_base: str | None) -> GPU:
 # --- the `local` profile: measured on this machine by shoal.measure.local_profile ---
 
 
+LOCAL_PROCESS_BYTES = 0.3 * GiB
+"""A CPU rank's own footprint beyond the model: the interpreter, torch's libraries, gloo (the GPU
+entries' reserved_bytes is a CUDA context, NCCL and cuBLAS workspaces instead)."""
+
+
+LOCAL_ALLOCATOR_SLACK = 0.7
+"""glibc malloc's slack on a CPU rank: what the process's resident set holds beyond the live tensors,
+as a fraction of the memory that comes and goes each step."""
+
+
 def local_profile_path() -> Path:
     return cache_dir() / "local_profile.json"
 
@@ -345,17 +395,37 @@ def local_gpu(*, remeasure: bool = False) -> GPU:
     return gpu_from_profile(json.loads(path.read_text()))
 
 
+def is_local(gpu: GPU) -> bool:
+    """The measured `local` entry, or a hardware file built on it (`base = "local"`, named local+FILE)."""
+    return gpu.name.split("+", 1)[0] == "local"
+
+
 def local_for_ranks(gpu: GPU, ranks: int) -> GPU:
-    """The `local` entry as a job of `ranks` processes sees it. The profile is one thread per rank
-    (launched workers get OMP_NUM_THREADS=1, shoal/launch/local.py), but a single process keeps
-    torch's default, every core: its matmul and copy rates scale with the cores (approximately:
-    linear) and it has the whole memory."""
-    if gpu.name != "local" or ranks != 1 or gpu.gpus_per_node <= 1:
-        return gpu
+    """The `local` entry as `ranks` processes on one node see it; its gpus_per_node is the node's
+    cores (one rank per core is how the profile was measured: launched workers get
+    OMP_NUM_THREADS=1, shoal/launch/local.py).
+
+    - One process keeps torch's default, every core: its matmul and copy rates scale with the
+      cores (approximately: linear) and it has the whole memory.
+    - More ranks than cores time-share them: Linux's scheduler (CFS) gives each runnable process an
+      equal share, so each rank's compute, memory and loopback-link rates are cores/ranks of one
+      core's, and each op's dispatch and each collective step's latency take ranks/cores as long.
+    """
     cores = gpu.gpus_per_node
-    return dataclasses.replace(gpu, peak_bf16_flops=gpu.peak_bf16_flops * cores,
-                               peak_fp32_flops=gpu.peak_fp32_flops * cores, hbm_bandwidth=gpu.hbm_bandwidth * cores,
-                               hbm_bytes=gpu.hbm_bytes * cores, gpus_per_node=1)
+    if not is_local(gpu) or cores < 1 or ranks == cores:
+        return gpu
+    if ranks == 1:
+        return dataclasses.replace(gpu, peak_bf16_flops=gpu.peak_bf16_flops * cores,
+                                   peak_fp32_flops=gpu.peak_fp32_flops * cores, hbm_bandwidth=gpu.hbm_bandwidth * cores,
+                                   hbm_bytes=gpu.hbm_bytes * cores, gpus_per_node=1)
+    if ranks < cores:
+        return gpu
+    share = cores / ranks
+    return dataclasses.replace(gpu, peak_bf16_flops=gpu.peak_bf16_flops * share,
+                               peak_fp32_flops=gpu.peak_fp32_flops * share, hbm_bandwidth=gpu.hbm_bandwidth * share,
+                               hbm_bytes=gpu.hbm_bytes * share, intra_node_bandwidth=gpu.intra_node_bandwidth * share,
+                               intra_node_latency=gpu.intra_node_latency / share, kernel_gap=gpu.kernel_gap / share,
+                               gpus_per_node=ranks)
 
 
 def gpu_from_profile(profile: dict) -> GPU:
@@ -377,9 +447,12 @@ def gpu_from_profile(profile: dict) -> GPU:
         inter_node_bandwidth=float(profile.get("inter_node_bandwidth", 1.25e9)),  # 10 GbE if ever multi-host
         inter_node_efficiency=0.9,
         inter_node_latency=float(profile.get("inter_node_latency", 50e-6)),
-        kernel_gap=float(profile.get("op_overhead", 20e-6)),
+        # kernel_overhead: per counted kernel of a real layer; op_overhead, a bare multiply, is what
+        # profiles measured before it (--remeasure replaces it)
+        kernel_gap=float(profile.get("kernel_overhead", profile.get("op_overhead", 20e-6))),
+        allocator_slack=LOCAL_ALLOCATOR_SLACK,
         overlap_cost=1.0,
-        reserved_bytes=0.3 * GiB,
+        reserved_bytes=LOCAL_PROCESS_BYTES,
         note=f"measured on {profile.get('host', 'this machine')} at {profile.get('measured_at', '?')} "
              f"(one thread per rank, gloo between local processes)",
     )

@@ -15,7 +15,7 @@ from functools import lru_cache
 from shoal.model.config import ModelConfig
 from shoal.planner.hardware import GPU
 
-PRECISIONS = ("bf16", "fp32")
+PRECISIONS = ("bf16", "fp32", "fp8")
 ATTENTION = ("flash", "unfused")
 
 
@@ -28,16 +28,37 @@ class Workload:
     global_batch: int
     """Sequences per optimizer step, over all data-parallel ranks."""
     precision: str = "bf16"
-    """`bf16` mixed precision (fp32 master weights and Adam state) or plain `fp32`. The trainer's
+    """`bf16` mixed precision (fp32 master weights and Adam state), plain `fp32`, or `fp8`: bf16 mixed
+    precision with the layers' GEMMs in FP8 (Transformer Engine's recipe; shoal train has no FP8). The trainer's
     `bf16-params` plans as `bf16`: both compute in 16 bits over fp32 master state."""
     attention: str = "flash"
     """`flash`: fused attention that keeps no S×S matrix (what shoal runs). `unfused`: the S×S scores,
     softmax and dropout are materialised, as in Megatron-LM before flash attention (Korthikanti's
     Table 2 layer); use it to compare with runs from 2021-2022."""
+    grad_compression: str = "none"
+    """parallel.grad_compression: scales the data-parallel gradient bytes (planner/slow_links.py)."""
+    topk_density: float = 0.1
+    powersgd_rank: int = 4
+    diloco_inner_steps: int = 0
+    """parallel.diloco_inner_steps: every data-parallel rank is its own replica group (zero=0) and
+    all-reduces its parameters once every H steps instead of its gradients every step."""
+    diloco_quantize: str = "none"
 
     def __post_init__(self):
         if self.precision == "bf16-params":
             object.__setattr__(self, "precision", "bf16")
+
+    @classmethod
+    def of_job(cls, job) -> Workload:
+        """What a `shoal train` job (shoal.job.Job) computes and sends: its model, batch, precision,
+        the attention it runs and its slow-link settings."""
+        from dataclasses import asdict
+
+        from shoal.planner.slow_links import slow_link_fields
+
+        t = job.cfg.train
+        return cls(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash",
+                   **slow_link_fields(asdict(job.cfg.parallel)))
 
     @property
     def tokens_per_step(self) -> int:

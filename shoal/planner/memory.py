@@ -25,6 +25,7 @@ FRAGMENTATION = 0.05
 
 # bytes per parameter: (weights, gradients, optimizer state K) — ZeRO paper notation
 STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8)}
+STATE_BYTES["fp8"] = STATE_BYTES["bf16"]  # FP8 recipes keep bf16 weights and fp32 master/Adam state
 
 
 def model_state_bytes(psi: float, dp: int, zero: int, precision: str = "bf16") -> tuple[float, float, float]:
@@ -193,7 +194,7 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         dynamic = activations + logits + buffers
         bd = MemoryBreakdown(params=w + we, grads=g + ge, optimizer=o + oe, activations=activations,
                              logits=logits, buffers=buffers,
-                             overhead=gpu.reserved_bytes + FRAGMENTATION * dynamic,
+                             overhead=gpu.reserved_bytes + (gpu.allocator_slack or FRAGMENTATION) * dynamic,
                              stage=stage, capacity=gpu.hbm_bytes)
         if best is None or bd.total > best.total:
             best = bd

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shoal.errors import UserError
-from shoal.planner.evaluate import Plan
+from shoal.planner.evaluate import Plan, evaluate
 from shoal.layout import ACTIVATION_CHECKPOINT, INTERLEAVED, Layout, TrainerLimit, problems
 from shoal.planner.layout import Cluster, Workload
 from shoal.planner.memory import memory
@@ -225,6 +225,25 @@ def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, ke
                              for _, lay, mem in missing[:misses]]
     result.seconds = time.perf_counter() - start
     return result
+
+
+def evaluate_pinned(workload: Workload, layout: Layout, cluster: Cluster, *, interleave_given: bool = True) -> Plan:
+    """A layout with every dimension given. An interleaved schedule whose interleaving factor was not given
+    (papers rarely publish it: Llama 3 names V but not its value) gets the fastest factor the layer count
+    allows, one that fits if any does, as a tuned run would have; the bubble is (p-1)/(v·m), so v matters."""
+    if interleave_given or layout.pp_schedule not in INTERLEAVED:
+        return evaluate(workload, layout, cluster)
+    plans = []
+    for v in VIRTUAL_STAGES:
+        if layout.pp * v <= workload.model.n_layers:
+            try:
+                plans.append(evaluate(workload, replace(layout, pp_virtual_stages=v), cluster))
+            except UserError:
+                continue
+    if not plans:
+        return evaluate(workload, layout, cluster)  # raises the layout's own problem
+    fitting = [p for p in plans if p.fits]
+    return max(fitting or plans, key=lambda p: p.tokens_per_s)
 
 
 def _no_layout_fix(workload: Workload, n_gpus: int, fixed: Fixed) -> str:

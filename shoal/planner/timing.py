@@ -27,6 +27,7 @@ from shoal.planner.compute import head_time, layer_time
 from shoal.layout import Layout
 from shoal.planner.layout import Cluster, Workload, group_ranks_per_node, layers_per_rank, moe_layer_count
 from shoal.planner.memory import rank_params
+from shoal.planner.slow_links import QUANTIZED, grad_wire_factor
 
 GRAD_REDUCE_BYTES = 4
 """Gradients are reduced in fp32 under bf16 mixed precision: shoal's FSDP2 policy (reduce_dtype=float32,
@@ -119,7 +120,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     head = head_time(cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, prec)
 
     # --- tensor parallel: per layer, on the critical path ---
-    g_tp = group_ranks_per_node(lay.tp, 1, G)
+    g_tp = group_ranks_per_node(lay.tp, lay.rank_stride("tp"), G)
     act = T * cfg.dim * elem  # one full-sequence activation tensor
     if lay.tp > 1 and lay.sequence_parallel:
         tp_fwd = 4 * coll.all_gather(act, lay.tp, g_tp, net)  # 2 all-gathers + 2 reduce-scatters
@@ -131,7 +132,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
 
     # --- expert all-to-all: dispatch + combine, per MoE layer ---
     if n_moe and lay.ep > 1:
-        g_ep = group_ranks_per_node(lay.ep, lay.tp, G)
+        g_ep = group_ranks_per_node(lay.ep, lay.rank_stride("dp"), G)
         a2a = coll.all_to_all(T * cfg.top_k * cfg.dim * elem / lay.tp, lay.ep, g_ep, net)
         ep_fwd = moe_share * 2 * a2a
         ep_bwd = ep_fwd + (ep_fwd if lay.activation_checkpoint == "full" else 0.0)
@@ -141,10 +142,11 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     # --- data parallel ---
     params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last")
     edp = max(1, lay.dp // lay.ep)
-    g_dp = group_ranks_per_node(lay.dp, lay.tp, G)
-    g_edp = group_ranks_per_node(edp, lay.tp * lay.ep, G)
+    g_dp = group_ranks_per_node(lay.dp, lay.rank_stride("dp"), G)
+    g_edp = group_ranks_per_node(edp, lay.rank_stride("dp") * lay.ep, G)
 
-    grad = GRAD_REDUCE_BYTES if prec == "bf16" else elem
+    grad = (elem if prec == "fp32" else GRAD_REDUCE_BYTES) * grad_wire_factor(
+        workload.grad_compression, lay.dp, cfg, workload.topk_density, workload.powersgd_rank)
 
     def gather(n_dense: float, n_expert: float, nbytes: int = elem) -> float:
         """All-gather (or reduce-scatter: same time) of these many unsharded parameters."""
@@ -165,7 +167,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     # --- one micro-batch on the busiest rank ---
     p2p = 0.0
     if lay.pp > 1:
-        same_node = lay.tp * lay.dp < G
+        same_node = lay.rank_stride("pp") < G
         # Only 1/tp of the activation crosses: sequence parallelism leaves it split, and without it
         # Megatron's scatter/gather sends a 1/tp slice and all-gathers it over NVLink (Narayanan §4.1).
         p2p = lay.virtual_stages * coll.p2p(act / lay.tp, same_node, net)
@@ -181,7 +183,12 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
 
     # --- once per step: gradient reduction and (ZeRO-1/2) parameter gather ---
     dp_total = dp_exposed = 0.0
-    if lay.dp > 1 and lay.zero <= 2:
+    if lay.dp > 1 and workload.diloco_inner_steps:
+        # DiLoCo: no gradient traffic across ranks; the parameters' all-reduce every H steps, waited for
+        outer = 4 * QUANTIZED[workload.diloco_quantize]
+        dp_total = dp_exposed = (coll.all_reduce(params.dense * outer, lay.dp, g_dp, net)
+                                 + coll.all_reduce(params.expert * outer, edp, g_edp, net)) / workload.diloco_inner_steps
+    elif lay.dp > 1 and lay.zero <= 2:
         if lay.zero == 0:
             sync = (coll.all_reduce(params.dense * grad, lay.dp, g_dp, net)
                     + coll.all_reduce(params.expert * grad, edp, g_edp, net))
@@ -230,7 +237,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         step=step,
         microbatches=m,
         dp_comm_total=dp_total,
-        tp_on_nvlink=lay.tp <= G,
+        tp_on_nvlink=g_tp == lay.tp,
     )
 
 

@@ -1,10 +1,12 @@
 """Predicted vs measured: the planner's numbers for a finished `shoal train` run, beside what it logged.
 
-The run's config comes from its newest checkpoint (train_state.json keeps the config and the world
-size) or from the recipe it was started with; the measurement from its metrics.jsonl: the median step
-time without the warm-up steps (the summary leaves out the same ones), the peak memory rank 0 logged, the
-MFU it logged. The prediction is the planner's for that very layout, precision and rank count on the
-named hardware (`--gpu local` for a CPU run: this machine, measured). Torch-free, like the planner.
+The prediction is the one the run stored before its first step (run.json's `prediction`, written by
+shoal/train/prediction.py for the run's own layout on its own hardware). A run from before shoal
+stored predictions, or a question about other hardware (`--gpu`, `--hw-file`, `--hw`), is planned
+here instead, from the run's config: run.json's, else its newest checkpoint's (train_state.json),
+else the recipe it was started with; the comparison says which. The measurement comes from its
+metrics.jsonl: the median step time without the warm-up steps (the summary leaves out the same
+ones), the peak memory rank 0 logged, the MFU it logged. Torch-free, like the planner.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.errors import UserError
+from shoal.planner.hardware import GiB
 
 WARMUP_STEPS = 2
 """Steps left out of the measured mean: the trainer's summary leaves out the same first two
@@ -23,6 +26,10 @@ WARMUP_STEPS = 2
 @dataclass(frozen=True)
 class Comparison:
     run_dir: str
+    hardware: str
+    """The planner's hardware entry the prediction is for."""
+    source: str
+    """Where the prediction comes from: stored by the run, or planned now (and why)."""
     layout: str
     world: int
     steps_measured: int
@@ -36,7 +43,8 @@ class Comparison:
     @property
     def predicted_mfu(self) -> float | None:
         """The predicted step's MFU against the run's own peak, so the two MFUs compare (the planner's
-        `local` peak is a measured matmul rate, not the datasheet peak the trainer divides by)."""
+        `local` peak is a measured matmul rate, not the datasheet peak the trainer divides by): the
+        measured MFU scaled by measured / predicted step time."""
         return None if self.measured_mfu is None else self.measured_mfu * self.measured_step_s / self.predicted_step_s
 
     @property
@@ -68,7 +76,8 @@ def _newest_train_state(run_dir: Path) -> dict | None:
 
 def run_config(run_dir: Path, recipe: str | None, overrides: list[str], gpus: int | None):
     """(JobConfig, world size) of the run."""
-    from shoal.config import JobConfig, _set, load_config
+    from shoal.config import load_config
+    from shoal.train.prediction import config_from_sections
 
     if recipe is not None:
         if gpus is None:
@@ -78,18 +87,11 @@ def run_config(run_dir: Path, recipe: str | None, overrides: list[str], gpus: in
     if state is None or "config" not in state:
         raise UserError("validate", str(run_dir), "holds no checkpoint with the run's config; pass the recipe it "
                                                   "ran: --validate DIR --recipe RECIPE.toml [--set ...] --gpus N")
-    cfg = JobConfig()
-    for section, values in state["config"].items():
-        for key, value in values.items():
-            if value is not None:
-                _set(cfg, f"{section}.{key}", value)
-    for item in overrides:
-        dotted, _, value = item.partition("=")
-        _set(cfg, dotted.strip(), value)
+    cfg = config_from_sections(state["config"], overrides)
     world = gpus or int(state.get("layout", {}).get("world_size", 0)) or None
     if world is None:
         raise UserError("gpus", None, "the checkpoint does not say how many ranks ran; give --gpus N")
-    return cfg.validate(), world
+    return cfg, world
 
 
 def measured(run_dir: Path) -> tuple[int, float, float, float | None]:
@@ -116,24 +118,50 @@ def measured(run_dir: Path) -> tuple[int, float, float, float | None]:
     return len(steady), step, peak, (sum(mfus) / len(mfus) if mfus else None)
 
 
-def compare(run_dir: str | Path, gpu, *, recipe: str | None = None, overrides: list[str] = (),
+def read_run_info(run_dir: Path) -> dict | None:
+    from shoal.train.run_info import RUN_INFO
+
+    try:
+        return json.loads((run_dir / RUN_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def compare(run_dir: str | Path, gpu=None, *, recipe: str | None = None, overrides: list[str] = (),
             gpus: int | None = None, gpus_per_node: int | None = None) -> Comparison:
-    from shoal.job import resolve
-    from shoal.planner.evaluate import evaluate
-    from shoal.planner.hardware import GiB
-    from shoal.planner.layout import Cluster, Workload
+    """The run's stored prediction against its measurement; with `gpu` (or for a run that stored
+    none) the plan is made now for that hardware (default: this machine, `local`)."""
+    from shoal.train.prediction import from_run_info
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError("validate", str(run_dir), "no such directory")
     n, step, peak, mfu = measured(run_dir)
-    cfg, world = run_config(run_dir, recipe, list(overrides), gpus)
-    from shoal.planner.hardware import local_for_ranks
+    info = read_run_info(run_dir) or {}
+    stored = from_run_info(info) if gpu is None and recipe is None and not overrides else None
+    if stored is not None and stored.step_time_s is not None:
+        from shoal.layout import Layout
 
-    gpu = local_for_ranks(gpu, world)
-    job = resolve(cfg, world)
-    t = cfg.train
-    workload = Workload(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash")
-    plan = evaluate(workload, job.layout, Cluster(gpu, world, gpus_per_node or gpu.gpus_per_node), check=False)
-    return Comparison(str(run_dir), job.layout.short(), world, n, plan.time.step, step, plan.memory.total / GiB,
-                      peak / GiB, mfu)
+        return Comparison(str(run_dir), stored.hardware, "stored by the run (run.json)", Layout(**info["layout"]).short(),
+                          int(info["world"]), n, stored.step_time_s, step, stored.memory.total / GiB, peak / GiB, mfu)
+    why = ("planned now: run.json holds no step-time prediction (a run from before shoal stored them)"
+           if gpu is None else "planned now for the hardware asked for")
+    job, per_node = _run_job(run_dir, info, recipe, list(overrides), gpus)
+    from shoal.planner.hardware import get_gpu, local_for_ranks
+    from shoal.train.prediction import plan_job
+
+    per_node = gpus_per_node or per_node or job.world
+    plan = plan_job(job, local_for_ranks(gpu or get_gpu("local"), per_node), per_node)
+    return Comparison(str(run_dir), plan.hardware, why, job.layout.short(), job.world, n, plan.step_time_s, step,
+                      plan.memory.total / GiB, peak / GiB, mfu)
+
+
+def _run_job(run_dir: Path, info: dict, recipe: str | None, overrides: list[str], gpus: int | None):
+    """(the run's resolved Job, ranks per node or 0): from --recipe, else run.json, else a checkpoint."""
+    from shoal.job import resolve
+    from shoal.train.prediction import config_from_sections
+
+    if recipe is None and info.get("config") and info.get("world"):
+        return resolve(config_from_sections(info["config"], overrides), gpus or int(info["world"])), int(info.get("local_world", 0))
+    cfg, world = run_config(run_dir, recipe, overrides, gpus)
+    return resolve(cfg, world), 0

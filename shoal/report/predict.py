@@ -1,55 +1,34 @@
 """The planner's prediction for a finished run's own layout, beside what the run measured.
 
-Memory always (the planner's memory model needs only the device's capacity); step time and MFU
-where the planner knows the hardware: a catalog GPU by its CUDA name, or this machine's `local`
-profile once `shoal plan --gpu local` has measured it (a report never starts a benchmark).
+The run stored it before its first step (run.json's `prediction`, shoal/train/prediction.py); a
+run from before shoal stored predictions is planned here instead, and the report says so. That
+fallback predicts memory always (it needs only the device's reserved bytes) and step time where
+the planner knows the hardware: a catalog GPU by its CUDA name, or this machine's `local` profile
+once it has been measured (a report never starts a benchmark).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from shoal.layout import Layout
-from shoal.model.config import ModelConfig
-
 
 @dataclass
-class Prediction:
-    memory: object
-    """shoal.planner.memory.MemoryBreakdown of the busiest rank."""
-    plan: object | None
-    """shoal.planner.evaluate.Plan (None: hardware unknown to the planner)."""
-    hardware: str
-    why_no_time: str = ""
+class ReportPrediction:
+    pred: object
+    """shoal.train.prediction.RunPrediction (memory, step time, MFU against the run's own peak)."""
+    source: str
+    """'' when the run stored it; else a note saying it was planned now."""
 
 
-def predict(info: dict) -> Prediction:
-    from shoal.planner import hardware
-    from shoal.planner.evaluate import evaluate
-    from shoal.planner.layout import Cluster, Workload
-    from shoal.planner.memory import memory
+def predict(info: dict, measured: dict | None = None) -> ReportPrediction:
+    """The run's prediction; `measured` (step_time_s, mfu) puts a re-planned step's MFU on the run's peak."""
+    from shoal.train.prediction import from_run_info, replan_run_info
 
-    model = ModelConfig(**info["model"])
-    layout = Layout(**info["layout"])
-    t = info["config"]["train"]
-    workload = Workload(model, t["seq_len"], t["global_batch"], precision=t["precision"], attention="flash")
-    gpu, why = None, ""
-    if info.get("device") == "cuda":
-        gpu = hardware.lookup_gpu(info.get("device_name", ""))
-        why = "" if gpu else f"the planner's catalog does not know {info.get('device_name')!r}"
-    elif hardware.local_profile_path().exists():
-        gpu = hardware.local_gpu()
-    else:
-        why = "this machine is not measured yet: run `shoal plan --gpu local ...` once, then report again"
-    per_node = max(1, info.get("local_world", info["world"]))
-    if gpu is None:
-        from shoal.planner.hardware import CATALOG
-        from shoal.train.memory_check import CPU_RESERVED_BYTES
-
-        # memory needs only capacity and reserved bytes; the entry's rates are not read
-        gpu = replace(next(iter(CATALOG.values())), name=info.get("device", "cpu"), hbm_bytes=float("inf"),
-                      reserved_bytes=CPU_RESERVED_BYTES)
-        mem = memory(workload, layout, Cluster(gpu, info["world"], per_node))
-        return Prediction(mem, None, info.get("device", "cpu"), why)
-    plan = evaluate(workload, layout, Cluster(gpu, info["world"], per_node))
-    return Prediction(plan.memory, plan, gpu.name)
+    stored = from_run_info(info)
+    if stored is not None:
+        return ReportPrediction(stored, "")
+    pred = replan_run_info(info)
+    if pred.step_time_s is not None and measured and measured.get("mfu"):
+        # the measured MFU's peak is not in run.json; scale it by measured / predicted step time
+        pred = replace(pred, mfu=measured["mfu"] * measured["step_time_s"] / pred.step_time_s)
+    return ReportPrediction(pred, "this run stored no prediction (an older shoal): planned now")

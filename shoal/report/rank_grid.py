@@ -1,7 +1,7 @@
 """The rank grid: every rank on its node and device, one panel per kind of group (TP, PP, DP, EP).
 
 Ranks are numbered as shoal/parallel/mesh.py lays them out ([pp][dp_replicate][dp_shard][tp],
-tp innermost) and placed on nodes in order, `per_node` to a node, as torchrun and Slurm place
+tp innermost unless parallel.rank_order says otherwise) and placed on nodes in order, `per_node` to a node, as torchrun and Slurm place
 them. Cells of one colour in a panel form one group; a group with ranks on two nodes talks over
 the slower inter-node link, so its cells get a thick red border and the panel title names it.
 """

@@ -68,30 +68,69 @@ def training_figure(run, stem: Path) -> list[Path]:
     return save(fig, stem)
 
 
-def memory_figure(measured: dict, predicted, stem: Path) -> list[Path]:
-    """Stacked bars: the planner's breakdown of the busiest rank beside rank 0's measurement."""
+MAX_RANK_BARS = 32
+"""Ranks drawn one bar each; beyond this, the ones with the highest peaks (named in the caption)."""
+
+
+def latest_memory_by_rank(run) -> dict[str, list] | None:
+    """The newest per-rank memory a run recorded (rows carry it only when it moved), or None."""
+    return next((r["memory_by_rank"] for r in reversed(run.rows) if "memory_by_rank" in r), None)
+
+
+def ranks_to_draw(by_rank: dict[str, list]) -> list[int]:
+    peak = by_rank["peak"]
+    if len(peak) <= MAX_RANK_BARS:
+        return list(range(len(peak)))
+    return sorted(sorted(range(len(peak)), key=lambda r: -(peak[r] or 0))[:MAX_RANK_BARS])
+
+
+def memory_figure(measured: dict, predicted, stem: Path, by_rank: dict[str, list] | None = None) -> list[Path]:
+    """Stacked bars: the planner's breakdown of the busiest rank (when there is a prediction), then
+    every rank's measurement:
+    parameters, gradients, optimizer state, activations (what autograd saved, measured on the first
+    step) and the rest of the peak. Runs from before per-rank memory show rank 0's state and peak."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 2.8))
+    ranks = ranks_to_draw(by_rank) if by_rank else []
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.3 * max(2, len(ranks) + 1)))
+    seen: set[str] = set()
+
+    def bar(label: str, part: str, value: float, left: float, legend: str | None = None, hatch: str | None = "//",
+            color: str | None = None) -> float:
+        """One segment; each part named once in the legend. Measured segments are hatched."""
+        ax.barh(label, value, left=left, color=color or COLORS.get(part, "#bbbbbb"), hatch=hatch, edgecolor="white",
+                label=None if part in seen else (legend or part))
+        seen.add(part)
+        return left + value
+
     left = 0.0
-    for part in MEMORY_PARTS:
-        v = getattr(predicted, part) / GiB
-        ax.barh("predicted\n(planner)", v, left=left, color=COLORS[part], label=part)
-        left += v
-    state, peak = measured["model_state_bytes"] / GiB, measured["peak_mem_bytes"] / GiB
-    ax.barh("measured\n(rank 0)", state, color="#4c72b0", hatch="//", edgecolor="white",
-            label="params+grads+optimizer (measured)")
-    ax.barh("measured\n(rank 0)", max(0.0, peak - state), left=state, color="#bbbbbb",
-            label=f"rest of the peak ({measured['what']})")
-    ax.set_xlabel("GiB per rank (2^30 bytes)")
+    for part in MEMORY_PARTS if predicted else ():
+        left = bar("predicted\n(planner)", part, getattr(predicted, part) / GiB, left, hatch=None)
+    rest = f"rest of the peak ({measured['what']})"
+    if by_rank:
+        for r in ranks:
+            label, left = f"rank {r}", 0.0
+            for part in ("params", "grads", "optimizer", "activations"):
+                left = bar(label, part, (by_rank[part][r] or 0) / GiB, left)
+            bar(label, "rest", max(0.0, (by_rank["peak"][r] or 0) / GiB - left), left, legend=rest)
+    else:
+        state, peak = measured["model_state_bytes"] / GiB, measured["peak_mem_bytes"] / GiB
+        bar("measured\n(rank 0)", "state", state, 0.0, legend="params+grads+optimizer (measured)", color="#4c72b0")
+        bar("measured\n(rank 0)", "rest", max(0.0, peak - state), state, legend=rest)
+    ax.invert_yaxis()
+    ax.set_xlabel("GiB per rank (2^30 bytes); hatched: measured")
     ax.set_title("memory per rank")
-    ax.legend(ncol=3, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), frameon=False)
+    ax.legend(ncol=4, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18 - 0.6 / max(2, len(ranks) + 1)),
+              frameon=False)
     return save(fig, stem)
 
 
 def comm_figure(run, stem: Path) -> list[Path]:
-    """Bytes each step sent, by collective (stacked)."""
+    """Left: bytes each step sent, by collective (stacked). Right: the steady steps' mean by
+    parallel dimension (the group that carried it), stacked by collective."""
+    from shoal.report.run_dir import steady_rows
+
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 3.2))
+    fig, (ax, ax_dim) = plt.subplots(1, 2, figsize=(11, 3.2), gridspec_kw={"width_ratios": [3, 2]})
     kinds = sorted({k for r in run.rows for k in r.get("comm_bytes", {})})
     steps = [r["step"] for r in run.rows]
     bottom = [0.0] * len(steps)
@@ -103,11 +142,33 @@ def comm_figure(run, stem: Path) -> list[Path]:
         ax.text(0.5, 0.5, "no collectives (one rank)", transform=ax.transAxes, ha="center")
     ax.set_xlabel("step")
     ax.set_ylabel("MiB sent per step (rank 0)")
-    ax.set_title("communication by collective")
+    ax.set_title("by collective")
     if kinds:
         ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
+    by_dim = mean_bytes_by_dim(steady_rows(run.rows))
+    dims = sorted({d for kind_dim in by_dim for d in [kind_dim.split(":")[1]]})
+    left = {d: 0.0 for d in dims}
+    for kind in sorted({kd.split(":")[0] for kd in by_dim}):
+        vals = [by_dim.get(f"{kind}:{d}", 0) / 2**20 for d in dims]
+        ax_dim.barh(dims, vals, left=[left[d] for d in dims], color=COMM_COLORS.get(kind), label=kind)
+        for d, v in zip(dims, vals):
+            left[d] += v
+    if not dims:
+        ax_dim.text(0.5, 0.5, "not recorded (one rank, or a run\nfrom before bytes by dimension)",
+                    transform=ax_dim.transAxes, ha="center", va="center", fontsize=8)
+    ax_dim.set_xlabel("MiB per steady step (rank 0)")
+    ax_dim.set_title("by parallel dimension")
+    ax_dim.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
     return save(fig, stem)
+
+
+def mean_bytes_by_dim(rows: list[dict]) -> dict[str, float]:
+    """{"collective:dimension": mean bytes per step} over rows that recorded comm_bytes_by_dim."""
+    rows = [r for r in rows if "comm_bytes_by_dim" in r]
+    keys = {k for r in rows for k in r["comm_bytes_by_dim"]}
+    return {k: sum(r["comm_bytes_by_dim"].get(k, 0) for r in rows) / len(rows) for k in keys}
 
 
 def straggler_figure(run, stem: Path, world: int | None = None) -> list[Path]:
@@ -135,9 +196,9 @@ def straggler_figure(run, stem: Path, world: int | None = None) -> list[Path]:
 def predicted_figure(measured: dict, pred, stem: Path) -> list[Path]:
     """Predicted vs measured step time, peak memory and MFU, each as a pair of bars."""
     plt = pyplot()
-    pairs = [("step time (s)", pred.plan.time.step if pred.plan else None, measured["step_time_s"]),
+    pairs = [("step time (s)", pred.step_time_s, measured["step_time_s"]),
              ("peak memory (GiB)", pred.memory.total / GiB, measured["peak_mem_bytes"] / GiB),
-             ("MFU (%)", 100 * pred.plan.mfu if pred.plan else None, 100 * measured["mfu"])]
+             ("MFU (%)", None if pred.mfu is None else 100 * pred.mfu, 100 * measured["mfu"])]
     fig, axes = plt.subplots(1, 3, figsize=(10, 2.8))
     for ax, (name, p, m) in zip(axes, pairs):
         ax.bar(["predicted", "measured"], [p or 0, m], color=["#8c8c8c", "#4c72b0"])

@@ -134,35 +134,34 @@ def measured_sections(run: Run, out: Path) -> list[Section]:
     if run.info:
         from shoal.report.predict import predict
 
-        pred = predict(run.info)
+        found = predict(run.info, measured)
+        pred = found.pred
+    memory_section(mem, run, measured, pred, out)
     if pred:
-        png = rf.memory_figure(measured, pred.memory, out / "memory")[0]
-        mem.paragraphs.append("metrics.jsonl records rank 0 only: its measured parameters, gradients and optimizer "
-                              "state, and its peak; the planner's bar is the busiest rank "
-                              f"({pred.memory.stage} pipeline stage).")
-        mem.figures.append(Figure(png, "Two stacked bars in GiB: the planner's predicted memory split into parameters, "
-                                       "gradients, optimizer, activations, logits, buffers and overhead, and the "
-                                       "measured model state and peak of rank 0.",
-                                  "Memory per rank: predicted breakdown beside rank 0's measurement."))
         plan_cmd = _plan_command(run)
         pred_s.paragraphs.append(f"The planner on this run's own layout: {plan_cmd}")
+        if found.source:
+            pred_s.notes.append(found.source)
         if pred.why_no_time:
             pred_s.notes.append(f"no step-time or MFU prediction: {pred.why_no_time}")
         png = rf.predicted_figure(measured, pred, out / "prediction")[0]
-        pred_s.table = [("step time (s)", f"predicted {pred.plan.time.step:.3f}, measured {measured['step_time_s']:.3f}"
-                         if pred.plan else f"measured {measured['step_time_s']:.3f}"),
+        timed = pred.step_time_s is not None
+        pred_s.table = [("step time (s)", f"predicted {pred.step_time_s:.3f}, measured {measured['step_time_s']:.3f}"
+                         if timed else f"measured {measured['step_time_s']:.3f}"),
                         ("peak memory (GiB)", f"predicted {pred.memory.total / 2**30:.2f}, "
                                               f"measured {measured['peak_mem_bytes'] / 2**30:.2f}"),
-                        ("MFU", f"predicted {pred.plan.mfu:.2%}, measured {measured['mfu']:.2%}" if pred.plan
+                        ("MFU", f"predicted {pred.mfu:.2%}, measured {measured['mfu']:.2%}" if pred.mfu is not None
                          else f"measured {measured['mfu']:.2%}")]
         pred_s.figures.append(Figure(png, "Three pairs of bars: predicted and measured step time, peak memory and MFU.",
                                      "Predicted (planner) vs measured (median of the steady steps)."))
     else:
-        for s in (mem, pred_s):
-            s.notes.append("no run.json: the layout is unknown, so there is no prediction")
+        pred_s.notes.append("no run.json: the layout is unknown, so there is no prediction")
     png = rf.comm_figure(run, out / "communication")[0]
-    comm.figures.append(Figure(png, "Stacked bars per step of the mebibytes rank 0 sent, by collective.",
-                               "Bytes sent per step by collective (rank 0, as counted by shoal's comm counter)."))
+    comm.paragraphs.append(comm_paragraph(run))
+    comm.figures.append(Figure(png, "Left: stacked bars per step of the mebibytes rank 0 sent, by collective. Right: "
+                                    "the mean per steady step by parallel dimension, stacked by collective.",
+                               "Bytes rank 0 sent per step by collective (left) and by the parallel dimension "
+                               "whose group carried them (right), as counted by shoal's comm counter."))
     rows = [r for r in run.rows if "compute_time_spread" in r]
     if rows:
         named = sorted({k for r in rows for k in r.get("stragglers", [])})
@@ -175,6 +174,60 @@ def measured_sections(run: Run, out: Path) -> list[Section]:
     else:
         strag.paragraphs.append("One rank: no spread to show.")
     return [mem, comm, strag, pred_s]
+
+
+def memory_section(mem: Section, run: Run, measured: dict, pred, out: Path) -> None:
+    from shoal.report import run_figures as rf
+
+    by_rank = rf.latest_memory_by_rank(run)
+    if not (pred or by_rank):
+        mem.notes.append("no run.json and no per-rank memory in metrics.jsonl: nothing to draw")
+        return
+    mem.paragraphs.append(memory_paragraph(run, measured, pred, by_rank))
+    png = rf.memory_figure(measured, pred.memory if pred else None, out / "memory", by_rank)[0]
+    shown = rf.ranks_to_draw(by_rank) if by_rank else [0]
+    which = (f"ranks {', '.join(map(str, shown))} (the {len(shown)} highest peaks of {len(by_rank['peak'])})"
+             if by_rank and len(shown) < len(by_rank["peak"]) else "each rank" if by_rank else "rank 0")
+    mem.figures.append(Figure(png, "Stacked horizontal bars in GiB: "
+                                   + ("the planner's predicted memory split into parameters, gradients, optimizer, "
+                                      "activations, logits, buffers and overhead; then " if pred else "")
+                                   + f"the measured parameters, gradients, optimizer state, activations and the rest "
+                                     f"of the peak for {which}.",
+                              "Memory per rank: " + ("predicted breakdown (planner) beside " if pred else "")
+                              + f"the measurement of {which}; hatched segments are measured."))
+
+
+def memory_paragraph(run: Run, measured: dict, pred, by_rank: dict | None) -> str:
+    if not by_rank:
+        return ("This run's metrics.jsonl records rank 0 only (it predates per-rank memory): its measured "
+                "parameters, gradients and optimizer state, and its peak"
+                + (f"; the planner's bar is the busiest rank ({pred.memory.stage} pipeline stage)." if pred else "."))
+    peaks = by_rank["peak"]
+    busiest = max(range(len(peaks)), key=lambda r: peaks[r] or 0)
+    text = (f"Measured on every rank: parameters, gradients and optimizer state from the tensors each holds, "
+            f"activations as the peak of what autograd saved for backward on the first step, and the peak "
+            f"({measured['what']}). Busiest rank: {busiest}, {peaks[busiest] / 2**30:.2f} GiB.")
+    acts = [a for a in by_rank.get("activations", []) if a is not None]
+    if pred and acts:
+        text += (f" Activations: largest measured {max(acts) / 2**30:.3f} GiB vs {pred.memory.activations / 2**30:.3f} "
+                 f"GiB predicted for the busiest rank ({pred.memory.stage} pipeline stage).")
+    elif not acts:
+        text += " Activations were not measured (train.compile, or a run that stopped in its first step)."
+    return text
+
+
+def comm_paragraph(run: Run) -> str:
+    from shoal.report.run_dir import steady_rows
+    from shoal.report.run_figures import mean_bytes_by_dim
+
+    by_dim = mean_bytes_by_dim(steady_rows(run.rows))
+    if not by_dim:
+        return "Bytes by parallel dimension were not recorded (one rank, or a run from before they were)."
+    totals: dict[str, float] = {}
+    for key, v in by_dim.items():
+        totals[key.split(":")[1]] = totals.get(key.split(":")[1], 0.0) + v
+    parts = ", ".join(f"{d} {v / 2**20:.2f} MiB" for d, v in sorted(totals.items(), key=lambda kv: -kv[1]))
+    return f"Rank 0 sends per steady step, by parallel dimension: {parts}."
 
 
 def _plan_command(run: Run) -> str:

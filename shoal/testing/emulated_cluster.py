@@ -42,9 +42,14 @@ class Cluster:
     nodes: list[Node]
     procs: list[subprocess.Popen] = field(default_factory=list)
 
-    def popen(self, node: Node, argv: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
-        """Start `argv` inside node's namespace, in a new session so teardown can kill its whole tree."""
+    def popen(self, node: Node, argv: list[str], env: dict[str, str], local_dir: str | None = None,
+              **kw) -> subprocess.Popen:
+        """Start `argv` inside node's namespace, in a new session so teardown can kill its whole tree.
+        local_dir: this process sees a fresh tmpfs there, in its own mount namespace: the same path
+        as on the other node, another filesystem (a node-local disk instead of a shared one)."""
         full_env = dict(os.environ, OMP_NUM_THREADS="1", **env)
+        if local_dir:
+            argv = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs tmpfs "{local_dir}" && exec "$@"', "sh", *argv]
         p = subprocess.Popen(["ip", "netns", "exec", node.netns, *argv], env=full_env, start_new_session=True, **kw)
         self.procs.append(p)
         return p

@@ -7,7 +7,7 @@ A worker dies with the process that started it: the kernel sends it SIGKILL when
 (prctl PR_SET_PDEATHSIG), so killing the launcher, even with SIGKILL, leaves no orphan training
 on; stopping the launcher (Ctrl-C, SIGTERM) ends its workers with SIGKILL (shoal/launch/local.py).
 Checkpoints commit atomically, so nothing that a save had finished is lost.
-A user mistake is the same on every rank: rank 0 says it in one line, every rank exits 2.
+A user mistake is the same on every rank: each node's first rank says it in one line, every rank exits 2.
 """
 
 import ctypes
@@ -54,7 +54,7 @@ def main() -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as e:
-        if os.environ.get("RANK", "0") == "0":
+        if os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":  # one line on each node's console
             print(f"shoal train: error: {e}", file=sys.stderr, flush=True)
         return 2
 

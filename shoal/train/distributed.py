@@ -72,13 +72,38 @@ def enable_debugging(cfg: JobConfig, rt: Runtime) -> None:
     shoal.debug.enable(check_collectives=cfg.debug.check_collectives, hang_timeout_s=cfg.debug.hang_timeout_s)
 
 
-def straggler_stats(rt: Runtime, compute_time_s: float) -> dict:
-    """Per-step spread of compute time across ranks (one small all-gather); names ranks slower than 0.7x."""
+def rank_stats(rt: Runtime, compute_time_s: float, memory: dict[str, float]) -> tuple[dict, dict[str, list]]:
+    """One small all-gather per step of every rank's compute time and memory (bytes by kind):
+    the spread across ranks with stragglers named (for metrics.jsonl), and {kind: [bytes per rank]}."""
+    from shoal.debug.stragglers import gather_per_rank, judge_spread
+
+    rows = gather_per_rank([compute_time_s, *memory.values()]) if rt.world_size > 1 else [[compute_time_s, *memory.values()]]
+    spread = judge_spread([r[0] for r in rows]) if rt.world_size > 1 else {}
+    by_rank = {kind: [None if v != v else int(v) for v in column]  # NaN: not measured on that rank
+               for kind, column in zip(memory, zip(*(r[1:] for r in rows)))}
+    return spread, by_rank
+
+
+def group_labels(rt: Runtime) -> dict[str, str]:
+    """Process-group name -> the parallel dimension(s) it carries ("tp", "dp_shard", "pp", "ep", ...),
+    so bytes on the wire can be told by dimension. Dimensions that are the same ranks share a group
+    (DeviceMesh hands a dimension spanning every rank the default group itself) and are joined:
+    "dp_shard/ep" when experts span the whole data-parallel group. Flattened dimensions ("dp") name
+    a group only when no single dimension does; "world" is the default group where none spans it."""
     if rt.world_size == 1:
         return {}
-    from shoal.debug.stragglers import step_spread
-
-    return step_spread(compute_time_s)
+    labels: dict[str, str] = {}
+    meshes = [m for m in (rt.mesh, rt.expert_mesh) if m is not None]
+    for m in meshes:
+        for name in m.root.mesh_dim_names:
+            group = m.root.get_group(name).group_name
+            if name not in labels.get(group, "").split("/"):
+                labels[group] = f"{labels[group]}/{name}" if group in labels else name
+    for m in meshes:
+        for name, flat in m.flattened.items():
+            labels.setdefault(flat.get_group().group_name, name)
+    labels.setdefault(dist.group.WORLD.group_name, "world")
+    return labels
 
 
 def mark(step: int, phase: str) -> None:

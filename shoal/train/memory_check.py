@@ -20,9 +20,6 @@ from shoal.errors import UserError
 
 GiB = 2**30
 CHECKED_ENV = "SHOAL_MEMORY_CHECKED"
-CPU_RESERVED_BYTES = 0.3 * GiB
-"""A CPU rank's own footprint beyond the model: the interpreter, torch's libraries, gloo. (The
-planner's 2.5 GiB default is a GPU's CUDA context, NCCL and cuBLAS workspaces.)"""
 
 
 @dataclass(frozen=True)
@@ -54,7 +51,9 @@ def local_device(local_ranks: int) -> Device | None:
     available = mem_available()
     if available is None:
         return None
-    return Device("cpu", available / local_ranks, CPU_RESERVED_BYTES,
+    from shoal.planner.hardware import LOCAL_PROCESS_BYTES
+
+    return Device("cpu", available / local_ranks, LOCAL_PROCESS_BYTES,
                   f"MemAvailable {available / GiB:.1f} GiB / {local_ranks} local rank{'s' * (local_ranks > 1)}")
 
 
@@ -99,19 +98,7 @@ def predict_peak(job, device: Device):
     # (rates, links) is the time model's and does not matter here.
     gpu = replace(next(iter(CATALOG.values())), name=device.kind, hbm_bytes=device.capacity,
                   reserved_bytes=device.reserved)
-    t = job.cfg.train
-    workload = Workload(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash")
-    return memory(workload, job.layout, Cluster(gpu, job.world, job.world))
-
-
-def predicted_peak_bytes(job, device) -> float:
-    """The planner's peak for this job on a torch.device, to print beside the measured one."""
-    reserved = CPU_RESERVED_BYTES
-    if device.type == "cuda":
-        import torch
-
-        reserved = cuda_reserved_bytes(torch.cuda.get_device_name(device))
-    return predict_peak(job, Device(device.type, float("inf"), reserved, "")).total
+    return memory(Workload.of_job(job), job.layout, Cluster(gpu, job.world, job.world))
 
 
 def check_memory(job, local_ranks: int, device: Device | None = None) -> float | None:

@@ -32,6 +32,8 @@ def build_optimizer(model, cfg: TrainConfig, rt=None, zero: int = 0) -> torch.op
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    if cfg.optimizer == "sgd":  # no state, so nothing for ZeRO-1 to shard
+        return torch.optim.SGD(groups, lr=cfg.lr, foreach=False)
     kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, **adamw_kernel(params))
     if zero == 1 and rt is not None and rt.dims.dp > 1:
         from shoal.parallel.zero1 import ShardedAdamW

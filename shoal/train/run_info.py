@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 
 RUN_INFO = "run.json"
+PREDICTION_KEY = "prediction"
 
 
-def write_run_info(job, rt, out: Path, start_step: int) -> None:
-    """Rank 0 writes (fresh run) or extends (resumed run: one more `starts` entry) <out>/run.json."""
+def write_run_info(job, rt, out: Path, start_step: int, prediction=None) -> None:
+    """Rank 0 writes (fresh run) or extends (resumed run: one more `starts` entry) <out>/run.json,
+    with the planner's prediction for this run (shoal/train/prediction.py) when there is one."""
     if not rt.is_main:
         return
     path = out / RUN_INFO
@@ -37,15 +39,17 @@ def write_run_info(job, rt, out: Path, start_step: int) -> None:
         # ranks per node: the launcher's LOCAL_WORLD_SIZE (torchrun and shoal's own launcher set it)
         "local_world": int(os.environ.get("LOCAL_WORLD_SIZE", job.world)),
         "device": rt.device.type,
-        "device_name": _device_name(rt.device),
+        "device_name": device_name(rt.device),
         "starts": starts,
     }
+    if prediction is not None:
+        info[PREDICTION_KEY] = prediction.as_dict()
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(info, indent=1, default=str))
     os.replace(tmp, path)  # a report reading it mid-write sees the old or the new record, never half
 
 
-def _device_name(device) -> str:
+def device_name(device) -> str:
     if device.type == "cuda":
         import torch
 

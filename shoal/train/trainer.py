@@ -10,11 +10,13 @@ from pathlib import Path
 import torch
 
 from shoal.checkpoint.checkpointer import Checkpointer
+from shoal.checkpoint.choose import checkpoint_root
 from shoal.checkpoint.final_export import write_final_weights
 from shoal.comm.counter import CommCounter
 from shoal.config import JobConfig
 from shoal.job import Job, resolve
 from shoal.launch.env import world_size
+from shoal.launch.shared_dir import require_shared
 from shoal.debug.memory_snapshot import MemorySnapshot
 from shoal.data.loader import TokenLoader, eval_batches
 from shoal.data.shards import load_data
@@ -24,11 +26,11 @@ from shoal.model.transformer import build_model, cross_entropy
 from shoal.parallel.compression import wire_fields
 from shoal.parallel.parallel_model import ParallelModel
 from shoal.parallel.parallelize import parallelize
-from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mark, shutdown, straggler_stats
-from shoal.train.memory_check import predicted_peak_bytes
+from shoal.train.distributed import Runtime, enable_debugging, group_labels, init_runtime, mark, rank_stats, shutdown
 from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
-from shoal.train.memory import model_state_bytes
+from shoal.train.memory import RankMemory, StateBytes, model_state
 from shoal.train.nonfinite import NonFiniteGuard
+from shoal.train.prediction import RunPrediction, predict_this_run
 from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
 from shoal.train.rundir import no_space_left
 from shoal.train.run_info import write_run_info
@@ -71,23 +73,27 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     job = job if isinstance(job, Job) else resolve(job, world_size())
     cfg, t, model_cfg = job.cfg, job.cfg.train, job.model
     rt = init_runtime(job)
+    if cfg.checkpoint.every:  # node-local checkpoint directories would split each checkpoint's shards
+        require_shared(checkpoint_root(cfg, out), "checkpoint.dir" if cfg.checkpoint.dir else "--out", rt.world_size)
     torch.manual_seed(t.seed)
     data = build_data(job, rt.dp_rank, rt.dims.dp)
     pm = build_parallel_model(job, rt)
     optimizer = build_optimizer(pm, t, rt, cfg.parallel.zero)
     enable_debugging(cfg, rt)
     snapshot = MemorySnapshot(cfg.debug.memory_snapshot, rt.device, out, rt.rank)
-    counter = CommCounter()
+    counter = CommCounter(group_labels(rt))
+    memory = RankMemory(pm.parameters(), rt.device, measure_activations=not t.compile)
     if rt.is_main:
         out.mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(cfg, out, rt, pm, optimizer, data.loader, resume)
     start = ckpt.resume()  # steps already done (0 for a fresh run)
-    write_run_info(job, rt, out, start)  # <out>/run.json for `shoal report`
+    step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
+    peak = job_peak(rt.device, t.precision, rt.world_size)  # the job's hardware: 4 ranks on 2 cores get 2
+    plan = predict_this_run(job, rt, step_flops, peak.flops, say=print if show else None)  # rank 0 only
+    write_run_info(job, rt, out, start, plan)  # <out>/run.json for `shoal report` and `shoal plan --validate`
     log = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main, append=start > 0)
     progress = Progress(t.steps, start, enabled=show and rt.is_main)
     guard = NonFiniteGuard(t.on_nonfinite, before_stop=lambda: (ckpt.close(), progress.close()), report=rt.is_main)
-    step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
-    peak = job_peak(rt.device, t.precision, rt.world_size)  # the job's hardware: 4 ranks on 2 cores get 2
     tokens_seen, started, eval_loss, row = start * t.global_batch * t.seq_len, time.perf_counter(), float("nan"), {}
     for step in range(start, t.steps):
         t0 = time.perf_counter()
@@ -95,19 +101,23 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         set_lr(optimizer, lr_at(step, t))
         counter.reset()
         with counter:  # everything the step sends, ZeRO-1's parameter broadcast in optimizer.step included
-            loss = pm.forward_backward(data.loader.next_step())
+            with memory.measure_first_step():
+                loss = pm.forward_backward(data.loader.next_step())
             grad_norm = clip_grad_norm(list(pm.parameters()), t.grad_clip, rt)
         loss = rt.global_mean(loss)  # for the log, not the step's traffic; equal on every rank, so the
         with counter:                # guard below decides alike everywhere
             if guard.allows_update(step + 1, loss, grad_norm):  # NaN/Inf: stop (raises) or skip the update
                 optimizer.step()
-        state_bytes = model_state_bytes(pm.parameters(), optimizer)  # after the step: AdamW state exists
+            if pm.diloco is not None:  # DiLoCo's outer step, every diloco_inner_steps (or per fragment)
+                pm.diloco.after_step(step + 1, last=step + 1 == t.steps)
+        state = model_state(pm.parameters(), optimizer)  # after the step: AdamW state exists
         optimizer.zero_grad(set_to_none=True)
         step_time = time.perf_counter() - t0
         tokens_seen += t.global_batch * t.seq_len
         row = dict(step=step + 1, loss=loss, lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
                    tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
-                   mfu=step_flops / step_time / peak.flops, **measured(job, rt, pm, counter, state_bytes, step_time))
+                   mfu=step_flops / step_time / peak.flops, **measured(job, rt, pm, counter, state, memory, step_time),
+                   **(plan.metrics_fields() if plan else {}))
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
             row["eval_loss"] = eval_loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))
@@ -123,7 +133,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     # Tensor by tensor: rank 0 never holds more than one full tensor beyond its own shard.
     with no_space_left(out / "model"):
         write_final_weights(pm.modules, model_cfg, cfg.data.tokenizer, out / "model", rt)
-    summary = run_summary(job, rt, pm, log, row, eval_loss, tokens_seen, time.perf_counter() - started, peak, out)
+    summary = run_summary(job, rt, pm, log, row, eval_loss, tokens_seen, time.perf_counter() - started, peak, out, plan)
     if show and rt.is_main:
         print_summary(summary)
         if t.sample_tokens:
@@ -134,26 +144,35 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
 
 
 
-def measured(job: Job, rt: Runtime, pm: ParallelModel, counter: CommCounter, state_bytes: int, step_time: float) -> dict:
-    """A step's measurements beside its loss: memory, bytes on the wire, the spread across ranks."""
-    return dict(peak_mem_bytes=peak_mem_bytes(rt.device), model_state_bytes=state_bytes,
+def measured(job: Job, rt: Runtime, pm: ParallelModel, counter: CommCounter, state: StateBytes, memory: RankMemory,
+             step_time: float) -> dict:
+    """A step's measurements beside its loss: memory (every rank's, when it changed), bytes on the
+    wire by collective, dtype and parallel dimension, the spread of step time across ranks."""
+    mine = memory.kinds(state)
+    spread, by_rank = rank_stats(rt, step_time, mine)
+    return dict(peak_mem_bytes=mine["peak"], model_state_bytes=state.total,
                 comm_bytes=dict(counter.bytes), comm_bytes_by_dtype=dict(counter.by_dtype),
-                **wire_fields(pm, counter, job.layout.grad_compression), **straggler_stats(rt, step_time))
+                comm_bytes_by_dim=dict(counter.by_dim), **wire_fields(pm, counter, job.layout.grad_compression),
+                **spread, **memory.row_fields(by_rank))
 
 
 def run_summary(job: Job, rt: Runtime, pm: ParallelModel, log: MetricsLog, row: dict, eval_loss: float,
-                tokens_seen: int, elapsed: float, peak, out: Path) -> dict:
-    """The end-of-run table; throughput over the steps the progress line shows (warm-up left out)."""
+                tokens_seen: int, elapsed: float, peak, out: Path, plan: RunPrediction | None = None) -> dict:
+    """The end-of-run table; throughput over the steps the progress line shows (warm-up left out),
+    and on rank 0 the planner's prediction for this run beside the measurement."""
     t, model_cfg = job.cfg.train, job.model
     step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
     step_time, warmup = log.steady_step_time()
     which = f"without {warmup} warm-up steps" if warmup else "all steps"
-    return {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
-            "time (s)": elapsed, f"tokens/s ({which})": t.global_batch * t.seq_len / step_time,
-            f"MFU (model FLOPs, same steps, vs {peak.label})": step_flops / step_time / peak.flops,
-            "params": param_counts(model_cfg).total, "attention": pm.attention,
-            "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem_bytes(rt.device) / 2**30,
-            "predicted peak memory (GiB, planner)": predicted_peak_bytes(job, rt.device) / 2**30, "output": str(out)}
+    mfu, peak_mem = step_flops / step_time / peak.flops, peak_mem_bytes(rt.device)
+    summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
+               "time (s)": elapsed, f"tokens/s ({which})": t.global_batch * t.seq_len / step_time,
+               "step time (s, same steps)": step_time, f"MFU (model FLOPs, same steps, vs {peak.label})": mfu,
+               "params": param_counts(model_cfg).total, "attention": pm.attention,
+               "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem / 2**30}
+    if plan is not None:
+        summary.update(plan.summary_rows(step_time, mfu, peak_mem))
+    return {**summary, "output": str(out)}
 
 SAMPLE_MAX_BYTES = 2e9
 

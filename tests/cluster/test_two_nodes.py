@@ -60,7 +60,8 @@ def test_shoal_train_sets_up_two_nodes_by_itself(cluster, reference, tmp_path):
     from shoal.train.verify import base_overrides, compare
 
     head = f"{cluster.nodes[0].addr}:{PORT + 1}"
-    sets = [f"--set={o}" for o in base_overrides(STEPS, 16) + ["parallel.tp=2"]]
+    # checkpoint.every: the run first checks that --out is one directory for both nodes (it is here)
+    sets = [f"--set={o}" for o in base_overrides(STEPS, 16) + ["parallel.tp=2", f"checkpoint.every={STEPS}"]]
     procs = []
     for k in (1, 0):  # node 1 first: it waits for node 0's rendezvous
         argv = [sys.executable, "-m", "shoal", "train", "--nnodes", "2", "--node-rank", str(k), "--master", head,

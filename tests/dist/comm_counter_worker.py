@@ -72,9 +72,9 @@ STEPS = []
 class Both:
     """Stands in for CommCounter in the trainer: runs the real one inside the reference."""
 
-    def __init__(self):
-        self.real, self.ref = CommCounter(), Reference()
-        self.bytes, self.by_dtype = self.real.bytes, self.real.by_dtype
+    def __init__(self, labels=None):
+        self.real, self.ref = CommCounter(labels), Reference()
+        self.bytes, self.by_dtype, self.by_dim = self.real.bytes, self.real.by_dtype, self.real.by_dim
 
     def reset(self):
         """A new step: the trainer may enter the counter more than once within it."""
@@ -90,7 +90,7 @@ class Both:
     def __exit__(self, *exc):
         self.real.__exit__(*exc)
         self.ref.__exit__(*exc)
-        STEPS[-1] = {"shoal": dict(self.real.bytes), "reference": dict(self.ref.bytes)}
+        STEPS[-1] = {"shoal": dict(self.real.bytes), "reference": dict(self.ref.bytes), "by_dim": dict(self.real.by_dim)}
 
 
 if __name__ == "__main__":

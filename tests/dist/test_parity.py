@@ -35,15 +35,17 @@ def test_composed_layouts_on_four_ranks(tmp_path):
     layouts = (
         "tp=2,pp=2;tp=2,dp_shard=2,zero=2;dp_replicate=2,dp_shard=2,zero=3;model=debug-moe,ep=2,dp_shard=4,zero=3;"
         "model=debug-moe,ep=2,dp_shard=2,pp=2,pp_schedule=gpipe;pp=2,dp_shard=2,zero=3,pp_schedule=zero-bubble;"
-        "pp=2,dp_shard=2,zero=1,pp_schedule=gpipe;tp=2,dp_shard=2,zero=1")
+        "pp=2,dp_shard=2,zero=1,pp_schedule=gpipe;tp=2,dp_shard=2,zero=1;"
+        # another rank order: the same groups' arithmetic, other ranks in each (DP, then PP, innermost)
+        "tp=2,dp_shard=2,zero=2,rank_order=dp-tp-pp;pp=2,dp_shard=2,zero=3,pp_schedule=gpipe,rank_order=pp-dp-tp")
     r = shoal_cli("verify", "--nproc", "4", "--steps", "3", "--layouts", layouts, "--out", str(tmp_path), timeout=540,
                   env={"COLUMNS": "200"})
     rows = _rows(r.stdout)
-    assert r.returncode == 0 and len(rows) == 8, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0 and len(rows) == 10, r.stdout[-3000:] + r.stderr[-3000:]
     assert all(result == "pass" for _, result in rows.values()), r.stdout
     # four ranks on (here) two cores: MFU is against the cores the job has, not four ranks' worth
     mfus = [json.loads(line)["mfu"] for f in tmp_path.glob("layout*/metrics.jsonl") for line in f.read_text().splitlines()]
-    assert len(mfus) == 8 * 3 and all(0 < m <= 1 for m in mfus), mfus
+    assert len(mfus) == 10 * 3 and all(0 < m <= 1 for m in mfus), mfus
 
 
 def test_a_wrong_layout_fails_verification():

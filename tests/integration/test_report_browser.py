@@ -82,7 +82,10 @@ def test_run_page_in_a_browser(runs, tmp_path, name, pipeline):
         assert "<th>restarts from steps</th><td>4</td>" in got.dom
         assert "<th>checkpoints at steps</th><td>2, 4, 6</td>" in got.dom
     if name in ("tpdp", "ep"):
-        assert "Step-time spread across ranks" in captions and "bytes sent per step" in captions.lower()
+        assert "Step-time spread across ranks" in captions and "bytes rank 0 sent per step" in captions.lower()
+        assert "the measurement of each rank" in captions and "Busiest rank:" in got.dom
+        carried = got.dom.split("per steady step, by parallel dimension:")[1].split("</p>")[0]
+        assert name[:2] in carried, carried  # tp's or ep's bytes told by their dimension
     for stem in ("training", "rank_grid", "memory", "communication", "prediction"):
         assert (runs / name / "report" / f"{stem}.png").is_file() and (runs / name / "report" / f"{stem}.svg").is_file()
 

@@ -153,6 +153,10 @@ FIELD_CASES = [
     ("parallel.tp", "0"), ("parallel.pp", "-1"), ("parallel.zero", "4"), ("parallel.pp_schedule", "1f2b"),
     ("parallel.pp_microbatches", "-1"), ("parallel.pp_lighter_edges", "-1"), ("parallel.sequence_parallel", "2"),
     ("parallel.topk_warmup", "-1"),
+    ("parallel.diloco_inner_steps", "-1"), ("parallel.diloco_outer_lr", "0"), ("parallel.diloco_outer_lr", "nan"),
+    ("parallel.diloco_outer_momentum", "1"), ("parallel.diloco_fragments", "0"), ("parallel.diloco_quantize", "int4"),
+    ("train.optimizer", "lion"),
+    ("parallel.rank_order", "dp-tp"), ("parallel.rank_order", "tp-tp-pp"), ("parallel.rank_order", "tp,dp,pp"),
     # valid numbers no machine's memory holds: refused instead of swapping or being killed
     ("model.dim", "65536"), ("model.vocab_size", "100000000"), ("train.eval_batches", "100000000"),
     ("model.max_seq_len", "2000000000"), ("train.micro_batch", "100000000"),
@@ -164,6 +168,8 @@ COMBO_CASES = [
     (["model.preset=debug-moe", "model.n_dense_layers=4"], "model.n_dense_layers"),
     (["train.seq_len=200", "model.max_seq_len=100"], "train.seq_len"),
     (["model.preset=debug", "train.sample_tokens=300"], "train.sample_tokens"),
+    (["parallel.diloco_inner_steps=5"], "parallel.diloco_inner_steps"),  # one process: no dp_replicate groups
+    (["parallel.diloco_inner_steps=4", "parallel.diloco_fragments=5"], "parallel.diloco_fragments"),
 ]
 SYNTAX_CASES = ["train.steps", "steps=5", "foo.bar=1", "train.stesp=5", "train=5", ".steps=1", "train.=1",
                 "model.preset.x=1", "=", "train.steps==5"]
@@ -392,6 +398,7 @@ FLAG_CASES = [
     [*PLAN, "--hw", "hbm_bytes=nan"], [*PLAN, "--hw", "hbm_bytes=-1"], [*PLAN, "--hw", "nonsense"],
     [*PLAN, "--hw-file", "{dir}"], [*PLAN, "--hw-file", "{binary}"], [*PLAN, "--hw-file", "{missing}"],
     [*PLAN[:-4], "--scale", "16:8"], [*PLAN[:-4], "--scale", "8-16"], [*PLAN, "--gpu", "h1000"],
+    [*PLAN, "--gpu", "a100", "--precision", "fp8"], [*PLAN, "--precision", "fp8", "--emit", "{dir}/fp8.toml"],
     ["plan", "--model", "llama9", "--seq-len", "8", "--global-batch", "8", "--gpu", "h100", "--gpus", "8"],
     ["generate", "{run}", "--tokens", "0"], ["generate", "{run}", "--tokens", "-1"],
     ["generate", "{run}", "--tokens", "100000000"], ["generate", "{run}", "--tokens", "abc"],
@@ -409,6 +416,10 @@ FLAG_CASES = [
     ["doctor", "--nproc", "0"], ["doctor", "--factor", "1"], ["doctor", "--budget", "0"], ["doctor", "--budget", "nan"],
     ["doctor", "--min-size", "0"], ["doctor", "--max-size", "abc"], ["doctor", "--min-size", "1G", "--max-size", "1K"],
     ["doctor", "--out", "{file}"],
+    ["doctor", "--nnodes", "2", "--node-rank", "2", "--master", "10.0.0.1"], ["doctor", "--nnodes", "2", "--master", ""],
+    ["doctor", "--nnodes", "2", "--master", "no-such-host.invalid:29500"],
+    ["doctor", "--nnodes", "2", "--master", "127.0.0.1:29500"], ["doctor", "--nnodes", "2", "--master", "x:99999"],
+    ["doctor", "--nnodes", "2", "--master", "10.0.0.1", "--ops", "all_gather"],
     ["mesh", "--nproc", "0"], ["mesh", "--nproc", "-4"], ["mesh", "--nproc", "4", "--set", "parallel.tp=3"],
     ["ckpt", "inspect", "/no/such/dir"], ["ckpt", "inspect", "{file}"], ["ckpt", "inspect", "{dir}"],
     ["ckpt", "export", "{run}", "--hf", "{file}"], ["ckpt", "export", "{dir}", "--hf", "{dir}/hf"],

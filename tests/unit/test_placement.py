@@ -63,3 +63,55 @@ def test_training_warns_before_it_starts_when_tp_spans_nodes(tmp_path):
     assert lines[0].startswith("shoal: warning: tp groups span nodes (tp=2 with 1 ranks per node"), r.stderr
     # node 1 never comes: the rendezvous gives up after --rdzv-timeout, one line, exit 2
     assert r.returncode == 2 and "did not all join" in lines[-1] and len(lines) == 3, r.stderr
+
+
+# parallel.rank_order: the same layout, other ranks in each group.
+
+def test_rank_order_changes_which_ranks_form_each_group():
+    tp2dp2 = dict(dp_replicate=1, dp_shard=2, tp=2, pp=1, ep=1, world_size=4)
+    default, dp_inside = ParallelDims(**tp2dp2), ParallelDims(**tp2dp2, rank_order="dp-tp-pp")
+    assert default.groups()["tp"] == [[0, 1], [2, 3]] and dp_inside.groups()["tp"] == [[0, 2], [1, 3]]
+    assert dp_inside.groups()["dp"] == [[0, 1], [2, 3]]
+    assert dp_inside.coords(2) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 1, "dp": 0}
+    pp_inside = ParallelDims(1, 2, 1, 2, 1, 4, rank_order="pp-tp-dp")
+    assert pp_inside.groups()["pp"] == [[0, 1], [2, 3]] and split_groups(pp_inside, 2) == {"dp": [[0, 2], [1, 3]]}
+    from shoal.report.rank_grid import grid_geometry  # what `shoal mesh --svg` draws
+
+    assert grid_geometry(dp_inside, 2)["crossing"] == {"tp": [[0, 2], [1, 3]], "pp": [], "dp": []}
+    line = placement_warning(dp_inside, 2)
+    assert "tp groups span nodes" in line and "e.g. [0,2]" in line and "parallel.rank_order=tp-dp-pp" in line
+
+
+def test_the_mesh_puts_each_rank_where_the_order_says():
+    """build_mesh on a fake 4-rank process group (no peers needed): rank 1's groups under dp-tp-pp."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from shoal.parallel.mesh import build_mesh
+
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+    try:
+        world, _ = build_mesh(ParallelDims(1, 2, 2, 1, 1, 4, rank_order="dp-tp-pp"), "cpu")
+        assert world["tp"].mesh.tolist() == [1, 3] and world["dp"].mesh.tolist() == [0, 1]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_mesh_cli_and_planner_follow_the_order(capsys):
+    assert main(["mesh", "--set", "model.preset=debug", "--set", "parallel.tp=2", "--set", "parallel.rank_order=dp-tp-pp",
+                 "--nnodes", "2", "--nproc-per-node", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "rank order dp-tp-pp" in out and " tp groups: [0,2]*  [1,3]*" in out and "rank_order" in err
+
+    from shoal.layout import Layout
+    from shoal.model.config import PRESETS
+    from shoal.planner import hardware
+    from shoal.planner.evaluate import evaluate
+    from shoal.planner.layout import Cluster, Workload
+
+    wl, cl = Workload(PRESETS["llama3-8b"], 4096, 64), Cluster(hardware.get_gpu("h100"), 16, 8)
+    inside, across = (evaluate(wl, Layout(dp_shard=2, tp=8, rank_order=o), cl, check=False)
+                      for o in ("tp-dp-pp", "dp-tp-pp"))
+    assert inside.time.tp_on_nvlink and not across.time.tp_on_nvlink
+    # TP leaves the node and DP moves into it
+    assert across.time.tp_comm > inside.time.tp_comm and across.time.dp_comm_total < inside.time.dp_comm_total

@@ -74,3 +74,25 @@ def test_validate_bad_input_is_one_line_and_exit_2(tmp_path, make, args, field):
     assert out.returncode == 2, (out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr and field in lines[0], out.stderr
+
+
+def test_validate_reads_the_prediction_the_run_stored(tmp_path):
+    """A run's own prediction (run.json) is what --validate compares; --gpu plans it now instead."""
+    import dataclasses
+
+    from shoal.job import resolve
+    from shoal.planner.hardware import gpu_from_profile
+    from shoal.train.prediction import plan_job
+
+    run = tmp_path / "run"
+    write_run(run, [5.0, 3.0, 1.0, 1.2, 0.8], checkpoint=False)
+    cfg = load_config("recipes/tiny.toml", ["parallel.zero=1", "train.micro_batch=8"])
+    job = resolve(cfg, 2)
+    stored = dataclasses.replace(plan_job(job, gpu_from_profile(PROFILE), 2), step_time_s=0.25)  # not what it plans
+    (run / "run.json").write_text(json.dumps({"config": cfg.to_dict(), "layout": dataclasses.asdict(job.layout),
+                                              "world": 2, "local_world": 2, "prediction": stored.as_dict()}))
+    c = json.loads(plan(tmp_path, str(run), "--json").stdout)["validate"]
+    assert c["predicted_step_s"] == 0.25 and c["step_ratio"] == pytest.approx(0.25) and "stored" in c["source"]
+    assert c["predicted_peak_gib"] == pytest.approx(stored.memory.total / 2**30)
+    now = json.loads(plan(tmp_path, str(run), "--gpu", "local", "--json").stdout)["validate"]
+    assert now["predicted_step_s"] != 0.25 and "planned now" in now["source"] and now["layout"] == c["layout"]

@@ -136,7 +136,8 @@ def test_recipe_uses_trainer_sections():
     assert doc["model"] == {"preset": "llama3-8b"}
     assert doc["parallel"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 4, "pp": 2, "ep": 1, "zero": 0,
                                "pp_schedule": "interleaved-1f1b", "pp_microbatches": 0, "pp_virtual_stages": 2,
-                               "sequence_parallel": True, "grad_compression": "none"}
+                               "sequence_parallel": True, "grad_compression": "none", "diloco_inner_steps": 0,
+                               "rank_order": "tp-dp-pp"}
     assert doc["train"] == {"micro_batch": 2, "global_batch": 64, "seq_len": 4096, "activation_checkpoint": "selective",
                             "precision": "bf16", "steps": 3815}
     # A model given by its shape: the trainer lays [model] over its default preset, `tiny`, so the
@@ -177,3 +178,25 @@ def test_power_cap_slows_kernels_and_sets_the_energy():
     lay = Layout(dp_shard=8, zero=1, micro_batch=1)
     fast, slow = evaluate(wl, lay, Cluster(h100, 8, 8)), evaluate(wl, lay, Cluster(capped, 8, 8))
     assert 1.1 < slow.time.step / fast.time.step < 1 / capped.sustained_scale + 0.01
+
+
+def test_fp8_speeds_up_the_gemms_only_and_keeps_the_bf16_mfu_denominator():
+    h100 = hardware.get_gpu("h100")
+    wl16, wl8 = (Workload(PRESETS["llama3-70b"], 8192, 64, precision=p) for p in ("bf16", "fp8"))
+    lay = Layout(dp_shard=8, tp=8, zero=1, micro_batch=1)
+    bf16, fp8 = evaluate(wl16, lay, Cluster(h100, 64, 8)), evaluate(wl8, lay, Cluster(h100, 64, 8))
+    speedup = bf16.time.step / fp8.time.step
+    assert 1.1 < speedup < 2 * hardware.FP8_MATMUL_RATIO  # attention, norms and comms stay 16-bit
+    assert fp8.mfu / bf16.mfu == pytest.approx(speedup)  # both against the BF16 peak
+    assert fp8.memory.total == bf16.memory.total
+
+
+def test_an_unpublished_interleaving_factor_is_searched_when_the_rest_is_pinned():
+    from shoal.planner.search import evaluate_pinned
+    wl = Workload(PRESETS["llama3-70b"], 4096, 64)
+    lay = Layout(dp_shard=2, tp=8, pp=8, zero=1, micro_batch=1, pp_schedule="interleaved-1f1b",
+                 activation_checkpoint="full")
+    cluster = Cluster(hardware.get_gpu("h100"), 128, 8)
+    given, free = evaluate_pinned(wl, lay, cluster), evaluate_pinned(wl, lay, cluster, interleave_given=False)
+    assert given.layout.virtual_stages == 2 and free.layout.virtual_stages > 2  # 32 micro-batches, 10 layers a rank
+    assert free.time.bubble < given.time.bubble and free.tokens_per_s > given.tokens_per_s

@@ -130,7 +130,8 @@ def test_plan_report_imports_no_torch(tmp_path):
 
 
 def test_prediction_for_a_gpu_run_has_step_time_and_mfu(tmp_path, monkeypatch):
-    """A CUDA run on a catalog GPU gets the planner's step time and MFU beside its memory."""
+    """A run that stored no prediction (an older shoal) is planned now, and says so: on a catalog GPU
+    with step time and MFU (on the measured MFU's peak), on an unmeasured CPU with memory only."""
     import dataclasses
 
     from shoal.config import JobConfig
@@ -142,9 +143,30 @@ def test_prediction_for_a_gpu_run_has_step_time_and_mfu(tmp_path, monkeypatch):
     job = resolve(cfg, 4)
     info = {"config": cfg.to_dict(), "model": dataclasses.asdict(job.model), "layout": dataclasses.asdict(job.layout),
             "world": 4, "local_world": 4, "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"}
-    pred = predict(info)
-    assert pred.plan is not None and pred.plan.time.step > 0 and 0 < pred.plan.mfu < 1
-    assert pred.memory.total == pred.plan.memory.total > 0
+    found = predict(info, {"step_time_s": 0.5, "mfu": 0.2})
+    pred = found.pred
+    assert "planned now" in found.source and pred.hardware == "h100-sxm"  # no stored prediction: an old run
+    assert pred.step_time_s > 0 and pred.mfu == pytest.approx(0.2 * 0.5 / pred.step_time_s) and pred.memory.total > 0
     monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))  # no `local` profile measured here
-    cpu = predict(dict(info, device="cpu", device_name="cpu"))
-    assert cpu.plan is None and "shoal plan --gpu local" in cpu.why_no_time and cpu.memory.total > 0
+    cpu = predict(dict(info, device="cpu", device_name="cpu")).pred
+    assert cpu.step_time_s is None and "shoal plan --gpu local" in cpu.why_no_time and cpu.memory.total > 0
+
+
+def test_memory_and_communication_are_drawn_per_rank_and_per_dimension(tmp_path):
+    """Every rank's memory (the busiest named; past 32 ranks, the highest peaks) and bytes by dimension."""
+    from shoal.report.run_report import build_report
+
+    world = 40
+    by_rank = {"params": [1 << 20] * world, "grads": [1 << 20] * world, "optimizer": [2 << 20] * world,
+               "activations": [3 << 20] * world, "peak": [(100 + r) << 20 for r in range(world)]}
+    by_rank["peak"][7] = 900 << 20
+    d = write_run(tmp_path / "run", [1, 2, 3, 4, 5])
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    rows[0]["memory_by_rank"] = by_rank
+    for r in rows:
+        r["comm_bytes_by_dim"] = {"all_gather:dp_shard": 3 << 20, "reduce_scatter:dp_shard": 3 << 20, "send:pp": 1 << 20}
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = build_report(d).read_text()
+    assert "Busiest rank: 7, 0.88 GiB" in page
+    assert "the 32 highest peaks of 40" in page and "ranks 7," in page and "rank 0," not in page
+    assert "by parallel dimension: dp_shard 6.00 MiB, pp 1.00 MiB" in page

@@ -1,4 +1,4 @@
-"""The run summary: steady-state throughput (warm-up steps left out) and the planner's memory beside the measured."""
+"""The run summary: steady-state throughput (warm-up steps left out) and the planner's prediction beside the measurement."""
 
 from pathlib import Path
 
@@ -21,15 +21,34 @@ def test_steady_step_time_leaves_out_the_warm_up(tmp_path):
     assert _log(tmp_path, [5.0, 1.0]).steady_step_time() == (3.0, 0)  # too short: every step, and it says so
 
 
-def test_summary_reports_steady_throughput_and_predicted_memory(tmp_path):
+def test_summary_and_metrics_carry_the_runs_own_prediction(tmp_path, monkeypatch):
+    """The planner's prediction for the run, computed once before step 1 on this machine's `local`
+    profile, is in run.json, beside every metrics.jsonl row, and in the summary with its ratios."""
+    import json
+
     from shoal.train.trainer import train
 
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path / "cache"))  # a profile, so nothing is measured here
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "local_profile.json").write_text(json.dumps(
+        {"cpu_count": 2, "memory_bytes": 8 * 2**30, "matmul_fp32_flops": 50e9, "matmul_bf16_flops": 5e9,
+         "copy_bandwidth": 20e9, "gloo_busbw": 1e9, "gloo_latency": 1e-4, "op_overhead": 5e-6}))
     cfg = load_config(str(Path(__file__).parents[2] / "recipes/debug.toml"), ["train.steps=4", "train.sample_tokens=0", "train.eval_batches=1",
                                               "train.seq_len=32", "train.global_batch=4"])
     summary = train(cfg, tmp_path / "run", show=False)
     assert summary["tokens/s (without 2 warm-up steps)"] > 0
     assert not any(k == "tokens/s" for k in summary)
-    measured, predicted = summary["peak memory (GiB, rank 0)"], summary["predicted peak memory (GiB, planner)"]
+    stored = json.loads((tmp_path / "run" / "run.json").read_text())["prediction"]
+    assert stored["hardware"] == "local" and stored["step_time_s"] > 0 and 0 < stored["mfu"] < 1
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(r["predicted_step_time_s"] == stored["step_time_s"] and r["predicted_mfu"] == stored["mfu"]
+                                  and r["predicted_peak_mem_bytes"] == stored["peak_memory_bytes"] for r in rows)
+    measured_step, predicted_step = summary["step time (s, same steps)"], summary["predicted step time (s, planner on local)"]
+    mfu = next(v for k, v in summary.items() if k.startswith("MFU (model FLOPs"))
+    measured_mem, predicted_mem = summary["peak memory (GiB, rank 0)"], summary["predicted peak memory (GiB, planner)"]
+    assert predicted_step == stored["step_time_s"] and summary["predicted MFU (same peak)"] == stored["mfu"]
+    assert summary["predicted / measured"] == (f"step time {predicted_step / measured_step:.2f}, "
+                                               f"MFU {stored['mfu'] / mfu:.2f}, peak memory {predicted_mem / measured_mem:.2f}")
     # CPU: the measured peak is the process's resident set (interpreter + torch), which the planner's
-    # 0.3 GiB runtime allowance stands for; the debug model itself is a few MiB.
-    assert predicted == pytest.approx(measured, rel=0.6), (predicted, measured)
+    # runtime allowance stands for; the debug model itself is a few MiB.
+    assert predicted_mem == pytest.approx(measured_mem, rel=0.6), (predicted_mem, measured_mem)

@@ -1,0 +1,76 @@
+"""DiLoCo and Streaming DiLoCo beside plain data parallelism: bench_compression.py's model, seeds,
+tokens and settings, with two replica groups of one rank each (dp_replicate=2).
+
+    python bench/bench_diloco.py [--steps 600] [--seeds 0 1 2] [--methods diloco50,...]
+
+Prints, paired by seed against plain DDP (grad_compression=none): the final eval-loss gap and the
+cross-group bytes one rank sent, averaged over every step of the run (DiLoCo sends once per H
+steps, so a per-step mean over steady steps would miss or over-count the syncs), and their ratio.
+Every run ends on an outer step of all fragments, so the evaluated model is the groups' common one.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_compression as bc  # noqa: E402  (a sibling script, not a package)
+
+DILOCO = ["parallel.diloco_inner_steps=50", "parallel.diloco_outer_lr=0.7", "parallel.diloco_outer_momentum=0.9"]
+# Less outer momentum did better here (a 600-step run has only 12 outer steps; seed 0, lr 1: momentum
+# 0 +7.8%, 0.3 +7.6%, 0.5 +7.2%, 0.9 +13.2%; lr 0.5 momentum 0.8 +8.6%)
+LOW_MOMENTUM = ["parallel.diloco_inner_steps=50", "parallel.diloco_outer_lr=1", "parallel.diloco_outer_momentum=0.5"]
+METHODS = {  # name -> settings, beside bench_compression's "none"
+    "diloco50": DILOCO,  # the paper's outer lr 0.7, Nesterov 0.9
+    "diloco50-m0.5": LOW_MOMENTUM,
+    "diloco50-m0.5-int8": LOW_MOMENTUM + ["parallel.diloco_quantize=int8"],
+    "stream50x5-m0.5": LOW_MOMENTUM + ["parallel.diloco_fragments=5"],
+    "stream50x5-m0.5-int8": LOW_MOMENTUM + ["parallel.diloco_fragments=5", "parallel.diloco_quantize=int8"],
+}
+bc.METHODS.update(METHODS)  # bc.settings() reads it
+
+
+def summarize(out: Path, name: str) -> dict:
+    rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+    per_step = [sum(r["comm_bytes"].values()) for r in rows]
+    # peak: the most one step sends, leaving out the last, which syncs every fragment at once
+    return {"eval_loss": rows[-1]["eval_loss"], "sent": statistics.mean(per_step), "peak": max(per_step[:-1]),
+            "dtypes": sorted({k for r in rows for k in r["comm_bytes_by_dtype"]})}
+
+
+def main() -> None:
+    a = bc.arguments(__doc__, METHODS, steps=600).parse_args()
+    methods = ["none"] + [m for m in a.methods.split(",") if m != "none"]
+    out = Path(a.out or tempfile.mkdtemp(prefix="shoal-bench-diloco-"))
+    results: dict[tuple[str, int], dict] = {}
+    for seed in a.seeds:
+        runs = [(f"{m}-seed{seed}", bc.settings(a, seed, m)) for m in methods]
+        # bench_compression.py's own worker entry runs them: the settings travel in argv
+        code = (f"import sys; from shoal.launch.local import launch; "
+                f"sys.exit(launch({[bc.__file__, '--worker', str(out), json.dumps(runs)]!r}, {a.nproc}))")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=bc.REPO)
+        if r.returncode:
+            raise SystemExit(r.stdout[-2000:] + r.stderr[-3000:])
+        for m in methods:
+            results[m, seed] = summarize(out, f"{m}-seed{seed}")
+    tokens = a.steps * a.global_batch * a.seq_len
+    print(f"{a.model} model, {a.nproc} replica groups (gloo loopback), {a.steps} steps = {tokens:,} tokens, "
+          f"seeds {a.seeds}; gap paired by seed; bytes: what one rank sends per step, mean over all steps")
+    print(f"{'method':<22}{'eval loss':>10}{'gap':>9}{'bytes/step':>12}{'fewer':>8}{'peak/step':>11}  on the wire")
+    for m in methods:
+        rs = [results[m, s] for s in a.seeds]
+        gaps = [results[m, s]["eval_loss"] / results["none", s]["eval_loss"] - 1 for s in a.seeds]
+        fewer = [results["none", s]["sent"] / results[m, s]["sent"] for s in a.seeds]
+        print(f"{m:<22}{statistics.mean(r['eval_loss'] for r in rs):>10.4f}{statistics.mean(gaps):>+9.2%}"
+              f"{statistics.mean(r['sent'] for r in rs):>12,.0f}{statistics.mean(fewer):>7.1f}x"
+              f"{statistics.mean(r['peak'] for r in rs):>11,.0f}  {', '.join(rs[0]['dtypes'])}")
+    print(f"runs: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The `local` hardware model: ranks sharing a host's cores, glibc's allocator slack, and the
+emulated two-node cluster's hardware file built on it."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from shoal.layout import Layout
+from shoal.model.config import PRESETS
+from shoal.planner import hardware
+from shoal.planner.evaluate import evaluate
+from shoal.planner.layout import Cluster, Workload
+
+PROFILE = {"cpu_count": 2, "memory_bytes": 8 * 2**30, "matmul_fp32_flops": 100e9, "matmul_bf16_flops": 50e9,
+           "copy_bandwidth": 40e9, "gloo_busbw": 1e9, "gloo_latency": 50e-6, "kernel_overhead": 6e-6}
+TWO_NODES = Path(__file__).parents[2] / "recipes" / "hardware" / "emulated-two-node.toml"
+
+
+def test_ranks_beyond_the_cores_time_share_them():
+    local = hardware.gpu_from_profile(PROFILE)
+    one = hardware.local_for_ranks(local, 1)  # a single process runs torch's threads on every core
+    assert one.peak_fp32_flops == 200e9 and one.hbm_bandwidth == 80e9
+    assert hardware.local_for_ranks(local, 2) == local  # one rank per core: the profile as measured
+    four = hardware.local_for_ranks(local, 4)
+    assert (four.peak_fp32_flops, four.hbm_bandwidth, four.intra_node_bandwidth) == (50e9, 20e9, 0.5e9)
+    assert (four.kernel_gap, four.intra_node_latency) == (12e-6, 100e-6)
+    h100 = hardware.get_gpu("h100")
+    assert hardware.local_for_ranks(h100, 16) is h100  # a GPU is never shared this way
+    wl = Workload(PRESETS["tiny"], 256, 16, precision="fp32")
+    lay = Layout(dp_shard=2, tp=2, zero=1, micro_batch=8)
+    shared = evaluate(wl, lay, Cluster(four, 4, 4)).time
+    alone = evaluate(wl, lay, Cluster(local, 4, 4)).time  # as if each rank had its own core
+    assert shared.compute == pytest.approx(2 * alone.compute, rel=0.01) and shared.tp_comm > 1.9 * alone.tp_comm
+
+
+def test_local_memory_counts_the_allocators_slack():
+    local = hardware.gpu_from_profile(PROFILE)
+    wl = Workload(PRESETS["tiny"], 256, 16, precision="fp32")
+    mem = evaluate(wl, Layout(micro_batch=8), Cluster(local, 1, 1)).memory
+    dynamic = mem.activations + mem.logits + mem.buffers
+    assert mem.overhead == pytest.approx(hardware.LOCAL_PROCESS_BYTES + hardware.LOCAL_ALLOCATOR_SLACK * dynamic)
+    gpu_mem = evaluate(wl, Layout(micro_batch=8), Cluster(dataclasses.replace(local, allocator_slack=0.0), 1, 1)).memory
+    assert gpu_mem.overhead < mem.overhead  # 0: a GPU caching allocator's 5%
+
+
+def test_emulated_two_node_file_gives_the_link_between_nodes(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
+    (tmp_path / "local_profile.json").write_text(json.dumps(PROFILE))
+    gpu = hardware.load_hw_file(TWO_NODES, None)
+    assert hardware.is_local(gpu) and gpu.name == "local+emulated-two-node"
+    assert gpu.inter_busbw < gpu.intra_busbw / 20  # 400 Mbit/s shared by two ranks against loopback
+    two_per_node = hardware.local_for_ranks(gpu, 2)  # one core per node: two ranks share it
+    assert two_per_node.peak_fp32_flops == PROFILE["matmul_fp32_flops"] / 2
+    wl = Workload(PRESETS["tiny"], 256, 16, precision="fp32")
+    lay = Layout(dp_shard=4, zero=0, micro_batch=4)
+    across = evaluate(wl, lay, Cluster(two_per_node, 4, 2)).time  # the gradient all-reduce crosses the link
+    inside = evaluate(wl, lay, Cluster(two_per_node, 4, 4)).time
+    assert across.dp_comm_total > 5 * inside.dp_comm_total  # 24 MB/s per rank across against 1 GB/s inside
