@@ -7,7 +7,9 @@ the same batches, then prints, paired by seed against grad_compression=none: the
 gap, the gradient bytes each rank sent per step (counted on the wire, by dtype, see metrics.jsonl)
 and their ratio to the uncompressed fp32 all-reduce, and tokens/s. Loopback has no slow link, so
 tokens/s here shows the compressors' compute cost, not their wall-clock gain on a slow network.
-All runs of a seed share one launch of N workers (forming a process group costs seconds).
+All runs of a seed share one launch of N workers (forming a process group costs seconds). Runs
+already finished in --out are read, not run again: long comparisons can be split into several
+invocations (e.g. one seed or a few methods each) and the last one prints the whole table.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ METHODS = {  # name -> settings
     "none": [],
     "bf16": ["parallel.grad_compression=bf16"],
     "int8": ["parallel.grad_compression=int8"],
-    "topk10%": ["parallel.grad_compression=topk", "parallel.topk_density=0.1"],
-    "topk1%": ["parallel.grad_compression=topk", "parallel.topk_density=0.01"],
+    "topk10%": ["parallel.grad_compression=topk", "parallel.topk_density=0.1", "parallel.topk_warmup=30"],
+    "topk10%w0": ["parallel.grad_compression=topk", "parallel.topk_density=0.1", "parallel.topk_warmup=0"],
+    "topk1%": ["parallel.grad_compression=topk", "parallel.topk_density=0.01", "parallel.topk_warmup=30"],
     "powersgd4": ["parallel.grad_compression=powersgd", "parallel.powersgd_rank=4", "parallel.powersgd_warmup=10"],
     "powersgd1": ["parallel.grad_compression=powersgd", "parallel.powersgd_rank=1", "parallel.powersgd_warmup=10"],
 }
@@ -86,11 +89,12 @@ def main() -> None:
     out = Path(a.out or tempfile.mkdtemp(prefix="shoal-bench-compression-"))
     results: dict[tuple[str, int], dict] = {}
     for seed in a.seeds:
-        runs = [(f"{m}-seed{seed}", settings(a, seed, m)) for m in methods]
+        runs = [(f"{m}-seed{seed}", settings(a, seed, m)) for m in methods
+                if not (out / f"{m}-seed{seed}" / "model").exists()]  # finished by an earlier invocation
         code = (f"import sys; from shoal.launch.local import launch; "
                 f"sys.exit(launch({[__file__, '--worker', str(out), json.dumps(runs)]!r}, {a.nproc}))")
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-        if r.returncode:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO) if runs else None
+        if r is not None and r.returncode:
             raise SystemExit(r.stdout[-2000:] + r.stderr[-3000:])
         for m in methods:
             results[m, seed] = summarize(out, f"{m}-seed{seed}")

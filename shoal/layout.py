@@ -26,13 +26,19 @@ recompute the element-wise work between them (norms, activation functions, rotar
 full: keep only each block's input and recompute the whole block."""
 ZERO_STAGES = (0, 1, 2, 3)
 GRAD_COMPRESSION = ("none", "bf16", "int8", "topk", "powersgd")
+"""How gradients cross the data-parallel group (shoal/parallel/compression.py). bf16 is a reduce
+dtype and runs on every data-parallel wrapper; the others replace the reduction itself: a DDP comm
+hook, or FSDP2's reduce-scatter and HSDP all-reduce hooks (compression_fsdp.py)."""
 RANK_ORDER_DIMS = ("tp", "dp", "pp")
 """The dimensions parallel.rank_order orders, innermost (neighbouring ranks) first. dp stands for
 dp_shard inside dp_replicate, with ep inside dp_shard, so they stay together."""
 DEFAULT_RANK_ORDER = "tp-dp-pp"
 """TP on neighbouring ranks (inside a node), PP outermost: Megatron's and torchtitan's order."""
-"""How gradients cross the data-parallel group (shoal/parallel/compression.py). bf16 runs on every
-data-parallel wrapper; the others are DDP comm hooks, and FSDP2 has no hook to put them in."""
+
+
+def compresses_in_hooks(method: str) -> bool:
+    """int8, topk and powersgd run shoal's own reduction (parallel/compression.py) in the wrapper's hooks."""
+    return method in ("int8", "topk", "powersgd")
 
 
 class TrainerLimit(UserError):
@@ -198,10 +204,16 @@ def _compression_problems(lay: Layout) -> list[UserError]:
     if lay.dp == 1:
         return [UserError("parallel.grad_compression", c, "compresses the data-parallel gradient reduction but "
                           "dp_replicate*dp_shard=1; give data parallelism ranks or set grad_compression=none")]
-    if c != "bf16" and not lay.replicates_with_ddp:
-        return [TrainerLimit("parallel.grad_compression", c, "runs as a DDP comm hook and this layout reduces "
-                             "gradients with FSDP2, which has none; use zero=0 or 1 without tp/pp/ep, or "
-                             "grad_compression=bf16")]
+    if not compresses_in_hooks(c) or lay.replicates_with_ddp:
+        return []
+    if lay.tp > 1 or lay.pp > 1 or lay.ep > 1:  # FSDP2 replicate (zero 0/1) has no hook before its all-reduce
+        return [TrainerLimit("parallel.grad_compression", c, "runs on DDP or on FSDP2's zero=2/3 shards, not yet "
+                             "with tp/pp/ep (each stage, tensor shard and expert group reduces on its own mesh); "
+                             "use grad_compression=bf16 or a layout without tp/pp/ep")]
+    if c != "int8" and lay.dp_replicate == 1:
+        return [TrainerLimit("parallel.grad_compression", c, "compresses HSDP's all-reduce across dp_replicate; "
+                             "with dp_replicate=1 FSDP2 only reduce-scatters (every value goes to one rank); "
+                             "set parallel.dp_replicate > 1 (dp_shard within a node), or use int8 or bf16")]
     return []
 
 

@@ -8,7 +8,8 @@ zero=2  + gradients sharded: FSDP2 `fully_shard` that keeps parameters gathered 
         through backward (reshard_after_forward=False) and reduce-scatters gradients.
 zero=3  + parameters sharded: FSDP2 `fully_shard`, parameters re-gathered for backward.
 With dp_replicate > 1 and dp_shard > 1 (zero 2/3), FSDP2 shards within dp_shard and all-reduces
-across dp_replicate (HSDP). Each transformer block is its own FSDP unit, so its gradient
+across dp_replicate (HSDP); with int8/topk/powersgd it shards within dp_shard only and the
+compressor all-reduces across dp_replicate (compression_fsdp.py). Each transformer block is its own FSDP unit, so its gradient
 reduction overlaps the backward of the blocks before it, and FSDP2 prefetches the next block's
 parameters during forward and backward (its default: one block ahead).
 """
@@ -40,8 +41,9 @@ def expert_modules(model: nn.Module) -> list[nn.Module]:
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
                expert_mesh: DeviceMesh | None = None, deferred_weight_grads: bool = False,
-               grad_compression: str = "none") -> None:
-    """zero=2/3 (and zero=0 through `replicate`) on one model or pipeline stage, block by block.
+               grad_compression: str = "none") -> list[nn.Module]:
+    """zero=2/3 (and zero=0 through `replicate`) on one model or pipeline stage, block by block;
+    returns the wrapped modules (FSDP's units), experts and blocks first, the model last.
 
     deferred_weight_grads: the pipeline schedule computes weight gradients after later micro-batches'
     forwards (zero-bubble). Parameters then stay gathered until the step's gradient reduction, as
@@ -61,11 +63,13 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
     else:
         wrap = fully_shard
         kwargs = {"mp_policy": mp, "reshard_after_forward": zero == 3 and not deferred_weight_grads}
+    units = []
     for experts in expert_modules(model) if expert_mesh is not None else []:
-        wrap(experts, mesh=expert_mesh, **kwargs)
+        units.append(wrap(experts, mesh=expert_mesh, **kwargs))
     for block in model.layers.values():
-        wrap(block, mesh=mesh, **kwargs)
-    wrap(model, mesh=mesh, **kwargs)
+        units.append(wrap(block, mesh=mesh, **kwargs))
+    units.append(wrap(model, mesh=mesh, **kwargs))
+    return units
 
 
 def apply_ddp(model: nn.Module, dp_group, compressor=None) -> nn.Module:

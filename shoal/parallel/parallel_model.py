@@ -40,7 +40,7 @@ class ParallelModel:
     vocab_parallel: bool = False
     """Tensor parallelism keeps the logits sharded over the vocabulary; the loss is computed in place."""
     grad_compressor: object | None = None
-    """The DDP comm hook's state when gradients are compressed (parallel/compression.py): its
+    """The DDP or FSDP2 hooks' state when gradients are compressed (parallel/compression.py): its
     per-step byte counts go to the metrics and its state into checkpoints."""
     diloco: object | None = None
     """The outer optimizer across dp_replicate groups when DiLoCo is on (parallel/diloco.py): the

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from shoal.layout import compresses_in_hooks
 from shoal.parallel.compression import build_compressor
+from shoal.parallel.compression_fsdp import attach as attach_to_fsdp
 from shoal.model.kernels import attention_backend
 from shoal.parallel.activation_checkpoint import apply_activation_checkpointing
 from shoal.parallel.compile import apply_compile
@@ -51,12 +53,16 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
             compressor = build_compressor(lay.grad_compression, m, group, job.cfg.parallel, train.seed)
             modules[i] = apply_ddp(m, group, compressor)
         elif dp > 1:
-            apply_fsdp(m, dp_mesh(mesh, dims, lay.zero, lay.diloco_inner_steps > 0), zero=data_parallel_zero(dims, lay.zero),
-                       precision=train.precision,
-                       expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None,
-                       deferred_weight_grads=dims.pp > 1 and lay.pp_schedule == "zero-bubble",
-                       grad_compression=lay.grad_compression)
+            units = apply_fsdp(m, dp_mesh(mesh, dims, lay.zero, lay.diloco_inner_steps > 0, lay.grad_compression),
+                               zero=data_parallel_zero(dims, lay.zero), precision=train.precision,
+                               expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None,
+                               deferred_weight_grads=dims.pp > 1 and lay.pp_schedule == "zero-bubble",
+                               grad_compression=lay.grad_compression)
             materialize(m, device, train.seed)
+            if compresses_in_hooks(lay.grad_compression):  # int8/topk/powersgd: across dp_replicate
+                compressor = build_compressor(lay.grad_compression, m, mesh["dp_replicate"].get_group(),
+                                              job.cfg.parallel, train.seed)
+                attach_to_fsdp(units, compressor, int8_reduce_scatter=lay.grad_compression == "int8")
         else:
             modules[i] = materialize(m, device, train.seed)
     wrapper = "none" if dp == 1 else "ddp" if uses_ddp(dims, lay.zero) else "fsdp"
@@ -65,7 +71,7 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
                                   torch.float32 if train.precision == "fp32" else torch.bfloat16)
     pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dp > 1 else 0,
                        wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention)
-    pm.grad_compressor = compressor if wrapper == "ddp" else None
+    pm.grad_compressor = compressor
     if lay.diloco_inner_steps:
         pm.diloco = DiLoCo(modules, mesh["dp_replicate"].get_group(), job.cfg.parallel,
                            replica=mesh["dp_replicate"].get_local_rank())
@@ -115,13 +121,14 @@ def uses_ddp(dims: ParallelDims, zero: int) -> bool:
     return replicates_with_ddp(dims.dp_shard, zero, dims.tp, dims.pp, dims.ep)
 
 
-def dp_mesh(mesh, dims: ParallelDims, zero: int, diloco: bool = False):
+def dp_mesh(mesh, dims: ParallelDims, zero: int, diloco: bool = False, grad_compression: str = "none"):
     """The mesh FSDP2 works on: 2-D (replicate, shard) for HSDP, else the one data-parallel axis;
-    under DiLoCo, the replica group's own dp_shard ranks."""
+    under DiLoCo, the replica group's own dp_shard ranks. A compressor that replaces HSDP's
+    all-reduce also leaves FSDP2 the dp_shard axis alone."""
     if diloco:
         return mesh["dp_shard"]
     if data_parallel_zero(dims, zero) == 0:
         return mesh["dp"]
-    if dims.dp_replicate > 1:
+    if dims.dp_replicate > 1 and not compresses_in_hooks(grad_compression):
         return mesh["dp_replicate", "dp_shard"]
     return mesh["dp_shard"]

@@ -152,6 +152,7 @@ FIELD_CASES = [
     ("model.note", "x"),
     ("parallel.tp", "0"), ("parallel.pp", "-1"), ("parallel.zero", "4"), ("parallel.pp_schedule", "1f2b"),
     ("parallel.pp_microbatches", "-1"), ("parallel.pp_lighter_edges", "-1"), ("parallel.sequence_parallel", "2"),
+    ("parallel.topk_warmup", "-1"),
     ("parallel.diloco_inner_steps", "-1"), ("parallel.diloco_outer_lr", "0"), ("parallel.diloco_outer_lr", "nan"),
     ("parallel.diloco_outer_momentum", "1"), ("parallel.diloco_fragments", "0"), ("parallel.diloco_quantize", "int4"),
     ("train.optimizer", "lion"),

@@ -1,7 +1,7 @@
 """Gradient compressors on their own (a gloo world of one, in process) and their config rules.
 
 The two-rank equivalences (degenerate settings == plain DDP, resume == uninterrupted, the dtype on
-the wire) are in tests/dist/test_compression.py."""
+the wire) are in tests/dist/test_compression_two_ranks.py, and under FSDP2 in test_compression_fsdp.py."""
 
 from __future__ import annotations
 
@@ -27,23 +27,66 @@ def world_of_one():
 
 
 def _cfg(**kw):
-    return SimpleNamespace(**({"topk_density": 0.1, "powersgd_rank": 2, "powersgd_warmup": 0} | kw))
+    return SimpleNamespace(**({"topk_density": 0.1, "topk_warmup": 0, "powersgd_rank": 2, "powersgd_warmup": 0} | kw))
 
 
 def test_topk_error_feedback_identity(world_of_one):
     """g + e_old = C(g + e_old) + e_new, step after step, and C keeps exactly k values."""
     model = nn.Linear(16, 8)
     c = compression.TopK(model, world_of_one, _cfg(topk_density=0.25), seed=0)
-    params = list(model.parameters())
-    n = sum(p.numel() for p in params)
+    segments = [(name, p.shape) for name, p in model.named_parameters()]
+    n = sum(p.numel() for p in model.parameters())
     gen = torch.Generator().manual_seed(0)
     for _ in range(5):
         g = torch.randn(n, generator=gen)
         e_old = torch.cat([c.error[name].view(-1) for name in ("weight", "bias")]) if c.error else torch.zeros(n)
-        sent = c.reduce(g.clone(), params)
+        sent = c.reduce(g.clone(), segments)
         e_new = torch.cat([c.error[name].view(-1) for name in ("weight", "bias")])
         assert int((sent != 0).sum()) == -(-n // 4)
         torch.testing.assert_close(sent + e_new, g + e_old, rtol=0, atol=1e-6)
+
+
+def test_topk_error_feedback_follows_each_parameter_through_ddp_bucket_rebuild(world_of_one):
+    """DDP regroups its buckets after the first step (here: 1 bucket, then 3). Per parameter, what
+    it sent plus its new error is its gradient plus its old error, before and after the rebuild."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 50))
+    c = compression.TopK(model, world_of_one, _cfg(topk_density=0.3), seed=0)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.002, gradient_as_bucket_view=True)
+    ddp.register_comm_hook(c, compression.TopK.hook)
+    reduce, got, buckets = c.reduce, {}, []
+
+    def spy(flat, segments):  # the local gradient each parameter brought, by name
+        got.update((n, g.clone()) for (n, _), g in zip(segments, flat.split([s.numel() for _, s in segments])))
+        buckets[-1] += 1
+        return reduce(flat, segments)
+
+    c.reduce = spy
+    for _ in range(3):
+        e_old, buckets = {n: e.clone() for n, e in c.error.items()}, buckets + [0]
+        ddp(torch.randint(0, 50, (4, 8))).sum().backward()
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad.view(-1) + c.error[name], got[name] + e_old.get(name, 0), rtol=0, atol=1e-6)
+        model.zero_grad(set_to_none=False)
+    assert buckets == [1, 3, 3]
+
+
+def test_topk_warmup_steps_are_plain_then_it_sparsifies(world_of_one):
+    """topk_warmup=2: steps 1-2 pass the gradient through whole (a plain mean; no error kept), step 3
+    sends k values and keeps the rest as error."""
+    model = nn.Linear(16, 8)
+    c = compression.TopK(model, world_of_one, _cfg(topk_density=0.25, topk_warmup=2), seed=0)
+    gen = torch.Generator().manual_seed(3)
+    for step in range(3):
+        g = torch.randn(16 * 8, generator=gen)
+        flat = g.clone()
+        c.hook(c, _Bucket(flat, [model.weight]))
+        if step < 2:
+            assert torch.equal(flat, g) and not c.error
+        else:
+            assert int((flat != 0).sum()) == 32 and c.error["weight"].count_nonzero() == 96
 
 
 def test_powersgd_is_exact_on_a_rank_deficient_matrix(world_of_one):
@@ -85,7 +128,7 @@ def test_int8_with_one_rank_only_quantizes(world_of_one):
     model = nn.Linear(30, 30)
     c = compression.Int8(model, world_of_one, _cfg(), seed=0)
     g = torch.randn(30 * 31)
-    out = c.reduce(g.clone(), list(model.parameters()))
+    out = c.reduce(g.clone(), [(name, p.shape) for name, p in model.named_parameters()])
     assert (out - g).abs().max() <= g.abs().max() / 127  # twice quantized, each within half a step
 
 
@@ -126,12 +169,21 @@ def test_compression_needs_a_data_parallel_dimension():
     assert e.value.field == "parallel.grad_compression" and "dp_replicate*dp_shard=1" in e.value.fix
 
 
-def test_hook_compression_refuses_fsdp_layouts_but_bf16_runs_there():
-    cfg = ["model.preset=debug", "train.global_batch=4", "parallel.dp_shard=2", "parallel.zero=3"]
+def test_which_fsdp_layouts_each_method_runs_on():
+    """FSDP2 zero=2/3: int8 everywhere (it compresses the reduce-scatter too); topk and powersgd only
+    with dp_replicate > 1 (HSDP's all-reduce is what they compress); none of the three with tp."""
+    def layout(method, *sets, world=2):
+        base = ["model.preset=debug", "train.global_batch=4", "parallel.dp_shard=2", "parallel.zero=3"]
+        return resolve(load_config(None, base + list(sets) + [f"parallel.grad_compression={method}"]), world).layout
+
+    assert layout("int8").grad_compression == "int8" and layout("bf16").grad_compression == "bf16"
     with pytest.raises(TrainerLimit) as e:
-        resolve(load_config(None, cfg + ["parallel.grad_compression=int8"]), 2)
+        layout("topk")
+    assert "dp_replicate" in e.value.fix
+    assert layout("powersgd", "parallel.dp_replicate=2", world=4).dp_replicate == 2
+    with pytest.raises(TrainerLimit) as e:
+        layout("int8", "parallel.tp=2", world=4)
     assert "grad_compression=bf16" in e.value.fix
-    assert resolve(load_config(None, cfg + ["parallel.grad_compression=bf16"]), 2).layout.grad_compression == "bf16"
     # zero=1 and zero=0 run on DDP: every method is allowed there
     for zero in (0, 1):
-        resolve(load_config(None, cfg[:-1] + [f"parallel.zero={zero}", "parallel.grad_compression=powersgd"]), 2)
+        layout("powersgd", f"parallel.zero={zero}")
