@@ -170,13 +170,14 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 class TopK(Compressor):
     """Why a warm-up (`parallel.topk_warmup` plain steps first): AdamW divides each coordinate's
-    update by the root of its second-moment estimate v, an average over ~1/(1-beta2) = 1000 steps
-    that is bias-corrected from step 1. Sparsified from step 1, a coordinate's gradient arrives in
-    rare bursts (its accumulated error), and v is first set by those bursts at the moment AdamW's
-    updates matter most. Dense steps first give v the gradients' own scale; error feedback then
-    only delays coordinates. The same remedy as DGC's warm-up training (Lin et al. 2018) and 1-bit
-    Adam's uncompressed warm-up (Tang et al. 2021). bench/bench_compression.py, 600 steps, 3 seeds,
-    top-k 10%: eval-loss gap +7.50% with no warm-up, +3.36% with 30 steps (5% of the run)."""
+    update by the root of its second-moment estimate v, bias-corrected from step 1. Sparsified, a
+    coordinate's gradient arrives in rare bursts (its accumulated error), and v follows the bursts
+    (an average over ~1/(1-beta2) = 20 steps at train.beta2 = 0.95), so rarely sent coordinates take
+    smaller steps. Dense steps first keep that off the early steps, when AdamW's updates matter most:
+    the remedy of DGC's warm-up training (Lin et al. 2018) and 1-bit Adam's uncompressed warm-up
+    (Tang et al. 2021). bench/bench_compression.py, 600 steps, 3 seeds, top-k 10%: eval-loss gap
+    +7.50% with no warm-up, +3.36% with 30 steps (5% of the run). What else was tried, and did worse:
+    docs/parallelism.md."""
 
     def __init__(self, model, group, parallel_cfg, seed):
         super().__init__(model, group, parallel_cfg, seed)
@@ -189,7 +190,7 @@ class TopK(Compressor):
         error = torch.cat([self.error[n].view(-1) if n in self.error else flat.new_zeros(size)
                            for n, size in zip(names, sizes)])
         acc = flat + error
-        # One selection over the bucket. Per parameter was tried: no better (bench: +7.9% vs +7.5%).
+        # One selection over the bucket: one per parameter, or vectors sent dense, did worse (docs/parallelism.md).
         k = max(1, math.ceil(self.density * acc.numel()))
         _, idx = acc.abs().topk(k, sorted=False)
         # Divide before summing, as the plain hook does: density 1 then equals it bit for bit.
