@@ -79,6 +79,23 @@ def arguments(doc: str, methods: dict, steps: int) -> argparse.ArgumentParser:
     return p
 
 
+def run_all(a, out: Path, methods: list[str], summarize) -> dict[tuple[str, int], dict]:
+    """Train each method for each seed on a.nproc local ranks (this file's --worker runs them; the
+    settings travel in argv), skipping runs an earlier invocation finished; {(method, seed): summary}."""
+    results: dict[tuple[str, int], dict] = {}
+    for seed in a.seeds:
+        runs = [(f"{m}-seed{seed}", settings(a, seed, m)) for m in methods
+                if not (out / f"{m}-seed{seed}" / "model").exists()]
+        code = (f"import sys; from shoal.launch.local import launch; "
+                f"sys.exit(launch({[__file__, '--worker', str(out), json.dumps(runs)]!r}, {a.nproc}))")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO) if runs else None
+        if r is not None and r.returncode:
+            raise SystemExit(r.stdout[-2000:] + r.stderr[-3000:])
+        for m in methods:
+            results[m, seed] = summarize(out, f"{m}-seed{seed}")
+    return results
+
+
 def main() -> None:
     p = arguments(__doc__, METHODS, steps=300)
     p.add_argument("--worker", nargs=2, metavar=("OUT", "RUNS_JSON"), help=argparse.SUPPRESS)
@@ -87,17 +104,7 @@ def main() -> None:
         return worker(Path(a.worker[0]), json.loads(a.worker[1]))
     methods = ["none"] + [m for m in a.methods.split(",") if m != "none"]
     out = Path(a.out or tempfile.mkdtemp(prefix="shoal-bench-compression-"))
-    results: dict[tuple[str, int], dict] = {}
-    for seed in a.seeds:
-        runs = [(f"{m}-seed{seed}", settings(a, seed, m)) for m in methods
-                if not (out / f"{m}-seed{seed}" / "model").exists()]  # finished by an earlier invocation
-        code = (f"import sys; from shoal.launch.local import launch; "
-                f"sys.exit(launch({[__file__, '--worker', str(out), json.dumps(runs)]!r}, {a.nproc}))")
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO) if runs else None
-        if r is not None and r.returncode:
-            raise SystemExit(r.stdout[-2000:] + r.stderr[-3000:])
-        for m in methods:
-            results[m, seed] = summarize(out, f"{m}-seed{seed}")
+    results = run_all(a, out, methods, summarize)
     tokens = a.steps * a.global_batch * a.seq_len
     print(f"{a.model} model, {a.nproc} ranks (DDP, gloo loopback), {a.steps} steps = {tokens:,} tokens, "
           f"seeds {a.seeds}; gap paired by seed; bytes: gradient bytes one rank sends per step")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -47,17 +46,7 @@ def main() -> None:
     a = bc.arguments(__doc__, METHODS, steps=600).parse_args()
     methods = ["none"] + [m for m in a.methods.split(",") if m != "none"]
     out = Path(a.out or tempfile.mkdtemp(prefix="shoal-bench-diloco-"))
-    results: dict[tuple[str, int], dict] = {}
-    for seed in a.seeds:
-        runs = [(f"{m}-seed{seed}", bc.settings(a, seed, m)) for m in methods]
-        # bench_compression.py's own worker entry runs them: the settings travel in argv
-        code = (f"import sys; from shoal.launch.local import launch; "
-                f"sys.exit(launch({[bc.__file__, '--worker', str(out), json.dumps(runs)]!r}, {a.nproc}))")
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=bc.REPO)
-        if r.returncode:
-            raise SystemExit(r.stdout[-2000:] + r.stderr[-3000:])
-        for m in methods:
-            results[m, seed] = summarize(out, f"{m}-seed{seed}")
+    results = bc.run_all(a, out, methods, summarize)
     tokens = a.steps * a.global_batch * a.seq_len
     print(f"{a.model} model, {a.nproc} replica groups (gloo loopback), {a.steps} steps = {tokens:,} tokens, "
           f"seeds {a.seeds}; gap paired by seed; bytes: what one rank sends per step, mean over all steps")
