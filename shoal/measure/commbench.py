@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.comm.ops import BENCH_OPS
+from shoal.launch.worker_exit import exit_worker
 from shoal.measure.matmul import matmul_flops
 
 ELEM = 4  # float32 bytes
@@ -141,3 +142,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_worker(0)

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from shoal.comm.ops import busbw
 from shoal.launch.shared_dir import node_name, unshared_nodes
+from shoal.launch.worker_exit import exit_worker
 from shoal.measure.commbench import Bench, join_job
 
 
@@ -71,3 +72,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_worker(0)

@@ -17,6 +17,7 @@ import sys
 
 from shoal.cli.main import build_parser
 from shoal.errors import UserError
+from shoal.launch.worker_exit import exit_worker
 from shoal.train.rundir import LAUNCHER_ENV
 
 PR_SET_PDEATHSIG = 1
@@ -60,4 +61,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_worker(main())

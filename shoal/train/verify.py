@@ -22,6 +22,7 @@ from pathlib import Path
 from shoal.config import JobConfig, load_config
 from shoal.errors import UserError
 from shoal.job import resolve
+from shoal.launch.worker_exit import exit_worker
 
 # Layouts tried by default; each is "key=value,..." over parallel.* fields, plus model=PRESET and
 # section.key=value for anything else. N stands for the number of ranks.
@@ -164,3 +165,4 @@ def worker(out: str, layouts: list[str], nproc: int, steps: int) -> None:
 if __name__ == "__main__":
     out, nproc, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     worker(out, json.loads(sys.argv[4]), nproc, steps)
+    exit_worker(0)

@@ -29,6 +29,11 @@ def on_both_nodes(cluster, command: list[str], port: int, local: str) -> dict[in
     return {k: (procs[k].returncode, *outputs[k]) for k in procs}
 
 
+def consoles(results: dict[int, tuple[int, str, str]]) -> str:
+    """Each node's exit code and whole console, for a failure message pytest does not shorten."""
+    return "\n".join(f"--- node {k}: exit {code}\n{out}{err}" for k, (code, out, err) in results.items())
+
+
 def the_error(command: str, stderr: str) -> str:
     lines = [line for line in stderr.splitlines() if line.startswith(f"shoal {command}: error:")]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
@@ -41,7 +46,7 @@ def test_training_refuses_a_run_directory_that_only_one_node_sees(cluster, tmp_p
     results = on_both_nodes(cluster, ["train", "--out", str(run), "--quiet", "--set", "model.preset=debug",
                                       "--set", "train.steps=2", "--set", "train.seq_len=32",
                                       "--set", "checkpoint.every=1"], 32010, str(run))
-    assert [code for code, _, _ in results.values()] == [2, 2], results
+    assert [code for code, _, _ in results.values()] == [2, 2], consoles(results)
     for k, (_, _, stderr) in results.items():  # one line on each node's console: the directory, the nodes, the fix
         line = the_error("train", stderr)
         assert f"--out='{run}/checkpoints': is not one directory for all nodes" in line, line
@@ -56,7 +61,7 @@ def test_doctor_checks_each_node_measures_both_tiers_and_refuses_a_node_local_ou
     results = on_both_nodes(cluster, ["doctor", "--out", str(out), "--max-size", "2M", "--budget", "0.2"], 32020,
                             str(out))
     print(results[0][1])
-    assert [code for code, _, _ in results.values()] == [2, 2], results
+    assert [code for code, _, _ in results.values()] == [2, 2], consoles(results)
     for k, (_, stdout, stderr) in results.items():
         node = cluster.nodes[k]
         assert f"node {k} of 2" in stdout and f"{node.ifname} ({node.addr}) routes to the master" in stdout, stdout

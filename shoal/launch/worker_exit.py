@@ -1,0 +1,33 @@
+"""How a launched worker process ends: without interpreter finalization.
+
+Gloo runs each collective on its own threads, and they drop the collective's tensors a moment after
+the caller's `wait()` has returned. When the caller was the last step of the program, that drop can
+land while the interpreter is finalizing: it needs the GIL, CPython ends any thread that asks for
+the GIL then (cpython#87135), and ending a thread inside a C++ destructor aborts the whole process
+("terminate called without an active exception", exit -6). A refused two-node run showed it, one
+time in ten on a loaded machine: one node exited 2, the other -6.
+
+So a worker does what finalization would have done for it (joins its own threads, runs the atexit
+hooks, flushes its output) and then leaves with os._exit, before Gloo's threads can be cut off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from typing import NoReturn
+
+
+def exit_worker(code: int | None) -> NoReturn:
+    for thread in threading.enumerate():  # what finalization waits for: non-daemon threads we started
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # the hang watchdog's goodbye to the other ranks, logging, torch's own hooks
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing left to save
+            pass
+    os._exit(code or 0)
