@@ -7,8 +7,8 @@ the GIL then (cpython#87135), and ending a thread inside a C++ destructor aborts
 ("terminate called without an active exception", exit -6). A refused two-node run showed it, one
 time in ten on a loaded machine: one node exited 2, the other -6.
 
-So a worker does what finalization would have done for it (joins its own threads, runs the atexit
-hooks, flushes its output) and then leaves with os._exit, before Gloo's threads can be cut off.
+So a worker does what finalization would have done for it before tearing objects down (stops and
+joins its threads, runs the atexit hooks, flushes its output) and then leaves with os._exit, before Gloo's threads can be cut off.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import NoReturn
 
 
 def exit_worker(code: int | None) -> NoReturn:
-    for thread in threading.enumerate():  # what finalization waits for: non-daemon threads we started
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # Finalization's own first two steps, in its order. threading._shutdown stops idle executor
+    # threads (concurrent.futures registers that with threading, not atexit) and then joins every
+    # non-daemon thread; joining them ourselves instead hung on a checkpoint executor's idle worker.
+    threading._shutdown()
     atexit._run_exitfuncs()  # the hang watchdog's goodbye to the other ranks, logging, torch's own hooks
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -52,6 +52,15 @@ class ParallelModel:
         for m in self.modules:
             yield from m.parameters()
 
+    def slow_link_state(self) -> list:
+        """What gradient compression and DiLoCo keep beside the optimizer: error feedback, PowerSGD's
+        Q, DiLoCo's outer copy and momentum. Memory counts it as optimizer state, as the planner
+        does (planner/slow_links.py)."""
+        held = list(self.grad_compressor.state_dict().values()) if self.grad_compressor is not None else []
+        if self.diloco is not None:
+            held += [*self.diloco.outer.values(), *self.diloco.buf.values()]
+        return held
+
     def forward_backward(self, batches: list[Batch]) -> torch.Tensor:
         """Forward and backward over one step's micro-batches; this rank's mean loss (detached).
         Gradients end up averaged over the micro-batches and reduced over data-parallel ranks."""

@@ -18,6 +18,7 @@ from shoal.layout import INTERLEAVED, Layout
 from shoal.model import analytics
 from shoal.model.config import ModelConfig
 from shoal.planner.layout import Cluster, Workload, layers_per_rank, moe_layer_count
+from shoal.planner.slow_links import extra_state_bytes
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 FRAGMENTATION = 0.05
@@ -189,6 +190,8 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last" if stage == "only" else stage)
         w, g, o = model_state_bytes(params.dense, lay.dp, lay.zero, workload.precision)
         we, ge, oe = model_state_bytes(params.expert, max(1, lay.dp // lay.ep), lay.zero, workload.precision)
+        psi = params.dense + params.expert
+        o += extra_state_bytes(workload, psi, psi / (lay.dp if lay.zero >= 2 else 1))
         activations = act_layer * n_held + working
         buffers = _buffers(workload, layout, params.layer, T, elem, sp)
         dynamic = activations + logits + buffers

@@ -13,6 +13,10 @@ Bytes per rank per step against the fp32 ring all-reduce of the gradients, 2(p-1
                not the mean, and shoal's trainer applies each fragment in the step it was sent, so
                the planner does not hide them behind compute.
 
+Memory: top-k and PowerSGD keep an fp32 error-feedback residual the size of the gradient a rank
+reduces; DiLoCo keeps an fp32 outer copy of the rank's parameters and its momentum (memory.py adds
+both to the optimizer state).
+
 The time model takes the same collective with its bytes scaled by the factor: latency terms stay,
 so a tiny model gains less than the factor says, as it does on a real network.
 """
@@ -45,6 +49,14 @@ def grad_wire_factor(method: str, dp: int, cfg: ModelConfig, density: float = 0.
         mats = weight_matrices(cfg)
         return sum((m + k) * min(rank, m, k) for m, k in mats) / sum(m * k for m, k in mats)
     raise ValueError(method)
+
+
+def extra_state_bytes(workload, params: float, grads_per_rank: float) -> float:
+    """Bytes a rank holds beyond the optimizer's own state for its slow-link method, given the
+    parameters it holds and the gradient elements it reduces (parallel/compression.py's `error`,
+    parallel/diloco.py's `outer` and `buf`, all fp32)."""
+    extra = 4.0 * grads_per_rank if workload.grad_compression in ("topk", "powersgd") else 0.0
+    return extra + (8.0 * params if workload.diloco_inner_steps else 0.0)
 
 
 def slow_link_fields(parallel: dict) -> dict:

@@ -38,18 +38,15 @@ class StateBytes:
         return self.params + self.grads + self.optimizer
 
 
-def model_state(params, optimizer) -> StateBytes:
+def model_state(params, optimizer, beside_optimizer=()) -> StateBytes:
+    """`beside_optimizer`: other per-step state counted with the optimizer's (ParallelModel.slow_link_state)."""
     params = list(params)
+    state = [v for state in optimizer.state.values() for v in state.values()] + list(beside_optimizer)
     return StateBytes(
         params=sum(_local_nbytes(p) for p in params),
         grads=sum(_local_nbytes(p.grad) for p in params if p.grad is not None),
         # under zero=1 only this rank's share has state; 0-d tensors are step counters
-        optimizer=sum(_local_nbytes(v) for state in optimizer.state.values() for v in state.values()
-                      if isinstance(v, torch.Tensor) and v.ndim > 0))
-
-
-def model_state_bytes(params, optimizer) -> int:
-    return model_state(params, optimizer).total
+        optimizer=sum(_local_nbytes(v) for v in state if isinstance(v, torch.Tensor) and v.ndim > 0))
 
 
 class ActivationMeter:

@@ -125,7 +125,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
                 optimizer.step()
             if pm.diloco is not None:  # DiLoCo's outer step, every diloco_inner_steps (or per fragment)
                 pm.diloco.after_step(step + 1, last=step + 1 == t.steps)
-        state = model_state(pm.parameters(), optimizer)  # after the step: AdamW state exists
+        state = model_state(pm.parameters(), optimizer, pm.slow_link_state())  # after the step: AdamW state exists
         optimizer.zero_grad(set_to_none=True)
         step_time = time.perf_counter() - t0
         tokens_seen += t.global_batch * t.seq_len

@@ -51,6 +51,13 @@ def test_cross_group_bytes_fall_h_fold(runs):
     assert set().union(*(r["comm_bytes_by_dtype"] for r in diloco.values())) == {"all_reduce:float32"}
 
 
+def test_outer_copy_and_momentum_are_counted_as_optimizer_state(runs):
+    """AdamW keeps two fp32 copies of the parameters; DiLoCo's outer copy and momentum are two more
+    (the planner counts the same: planner/slow_links.py)."""
+    plain, diloco = (_rows(runs, n)[1]["memory_by_rank"]["optimizer"] for n in ("plain", "diloco_h5"))
+    assert diloco == [2 * b for b in plain] and all(plain)
+
+
 def test_streaming_fragments_sync_on_their_schedule_and_cover_the_model_once(runs):
     """H=4, F=2: fragment 1 at steps 2 and 6 (step % 4 == 2), fragment 0 at 4 (step % 4 == 0), and
     both at the last step; the two fragments together are exactly one full-model all-reduce."""

@@ -124,6 +124,22 @@ def test_moe_experts_are_split_by_ep():
     assert one.params - eight.params == pytest.approx(2 * expert * (1 - 1 / 8), rel=1e-9)
 
 
+@pytest.mark.parametrize("zero", [0, 2])
+def test_slow_link_state_is_optimizer_memory(zero):
+    """Error feedback: one fp32 residual of the gradient a rank reduces (sharded under ZeRO-2);
+    DiLoCo: an fp32 outer copy and momentum of the rank's parameters. Nothing else moves."""
+    cfg = PRESETS["llama3-8b"]
+    cl, lay = Cluster(get_gpu("h100"), 64, 8), Layout(dp_shard=8, tp=8, zero=zero, sequence_parallel=True)
+    psi = analytics.param_counts(cfg).total / 8  # the rank's share under tp=8, embedding and head included
+    plain = memory(Workload(cfg, 4096, 256), lay, cl)
+    for fields, extra in (({"grad_compression": "topk"}, 4 * psi / (8 if zero else 1)),
+                          ({"grad_compression": "powersgd"}, 4 * psi / (8 if zero else 1)),
+                          ({"grad_compression": "int8"}, 0), ({"diloco_inner_steps": 50}, 8 * psi)):
+        other = memory(Workload(cfg, 4096, 256, **fields), lay, cl)
+        assert other.optimizer - plain.optimizer == pytest.approx(extra, rel=0.01), fields
+        assert other.total - other.optimizer - other.overhead == plain.total - plain.optimizer - plain.overhead
+
+
 def test_search_respects_memory_and_pins():
     wl = Workload(PRESETS["llama3-70b"], 4096, 512)
     cl = Cluster(get_gpu("h100"), 256, 8)
