@@ -26,6 +26,7 @@ from shoal.debug.state import HANG_EXIT_CODE, STATE
 __all__ = ["enable", "disable", "progress", "watch_ddp", "is_enabled", "CollectiveMismatchError", "HANG_EXIT_CODE"]
 
 DEFAULT_HANG_TIMEOUT_S = 300.0  # the config's default ([debug] hang_timeout_s)
+GOODBYE_TIMEOUT_S = 2.0  # how long an exiting rank tries to tell the others; the store may be gone
 _active: dict = {}  # monitor, patches, watchdog, excepthook while enabled
 
 
@@ -139,6 +140,7 @@ def _at_exit() -> None:
     try:
         from shoal.debug import records
 
+        monitor.channel.hurry(GOODBYE_TIMEOUT_S)
         records.publish(monitor.channel, STATE.rank, STATE.snapshot())
         monitor.channel.set(f"pulse/{STATE.rank}", STATE.pulse())
     except Exception:  # the store may already be gone

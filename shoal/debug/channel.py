@@ -88,6 +88,13 @@ class Channel:
             except Exception:  # the store went away with the job; nothing left to clean
                 return
 
+    def hurry(self, timeout_s: float) -> None:
+        """Every call from now on, a new connection's connect included, gives up after timeout_s.
+        For a process on its way out: the store's host (the agent, or rank 0) may be gone already,
+        and a connect to it retries for the whole store timeout, which can be the job's."""
+        self.timeout_s = min(self.timeout_s, timeout_s)
+        self._base.set_timeout(timedelta(seconds=self.timeout_s))  # what clone() connects with
+
     def close(self) -> None:
         self._closed.set()
         if self._janitor is not None and self._janitor is not threading.current_thread():
