@@ -91,11 +91,16 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
         print(f"shoal: stopped by {sig.name}; all {nproc} workers were stopped", file=sys.stderr)
         return 128 + int(sig)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
+        rank, failure = root_failure(e)
         if failure.exitcode in said_why:
             return failure.exitcode
-        print(f"shoal: worker rank {rank} failed (exit code {failure.exitcode}); "
-              f"see its output above", file=sys.stderr)
+        if failure.exitcode < 0:  # a signal from outside: it had nothing to say
+            print(f"shoal: worker rank {rank} {how_it_ended(failure.exitcode)} (exit code {failure.exitcode}), from "
+                  f"outside shoal (the kernel's OOM killer, a scheduler, kill); the other workers stopped when they "
+                  f"lost it", file=sys.stderr)
+        else:
+            print(f"shoal: worker rank {rank} failed (exit code {failure.exitcode}); "
+                  f"see its output above", file=sys.stderr)
         return failure.exitcode if failure.exitcode > 0 else 1
     finally:
         agent_log.removeFilter(report)
@@ -171,6 +176,30 @@ class _DropSignalChatter(logging.Filter):
         return not ("death signal" in msg or msg.startswith(("Closing process", "Sending process")))
 
 
+def root_failure(e) -> tuple[int, object]:
+    """(rank, failure) of the worker the others followed: the earliest that is not a rank giving up
+    on a peer that went first (a hang report, a lost connection). A killed worker leaves no error
+    file, so the agent's own choice, the earliest timestamp, can fall on its peer instead."""
+    from shoal.debug.state import HANG_EXIT_CODE
+    from shoal.launch.worker_exit import LOST_PEER_EXIT_CODE
+
+    causes = {r: f for r, f in e.failures.items() if f.exitcode not in (HANG_EXIT_CODE, LOST_PEER_EXIT_CODE)}
+    if not causes:
+        return e.get_first_failure()
+    rank = min(causes, key=lambda r: (causes[r].timestamp, r))
+    return rank, causes[rank]
+
+
+def how_it_ended(code) -> str:
+    """'exited with code 3' or, for the agent's negative codes, 'was killed by SIGKILL'."""
+    if isinstance(code, int) and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 class _FailureReport(logging.Filter):
     """Turns the agent's "failed (exitcode: -9) local_rank: 1 (pid: 123)" into one line saying what
     happened and what comes next."""
@@ -187,12 +216,7 @@ class _FailureReport(logging.Filter):
             return True  # without restarts, the launcher's own "worker rank N failed" line says it all
         code, rank, pid = record.args[:3]
         self.failures += 1
-        how = f"exited with code {code}"
-        if isinstance(code, int) and code < 0:
-            try:
-                how = f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
+        how = how_it_ended(code)
         if self.failures <= self.max_restarts:
             then = (f"restarting all {self.nproc} workers "
                     f"(restart {self.failures} of {self.max_restarts})")

@@ -7,6 +7,10 @@ the GIL then (cpython#87135), and ending a thread inside a C++ destructor aborts
 ("terminate called without an active exception", exit -6). A refused two-node run showed it, one
 time in ten on a loaded machine: one node exited 2, the other -6.
 
+A worker whose peer died (killed from outside, out of memory, a lost node) fails in its next
+collective with the transport's error; `lost_peer` recognizes it so the worker can say so in one line,
+and the launcher names the worker that failed first (shoal/launch/local.py).
+
 So a worker does what finalization would have done for it before tearing objects down (stops and
 joins its threads, runs the atexit hooks, flushes its output) and then leaves with os._exit, before Gloo's threads can be cut off.
 """
@@ -15,9 +19,24 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import sys
 import threading
 from typing import NoReturn
+
+LOST_PEER_EXIT_CODE = 76  # EX_PROTOCOL in sysexits.h: the other end went away; the launcher looks past it
+
+# What Gloo and NCCL say when the process at the other end of a connection is gone.
+_PEER_GONE = re.compile(r"Connection (reset|closed) by peer|Broken pipe|remote process exited|"
+                        r"NCCL communicator was aborted|Connection refused")
+
+
+def lost_peer(error: BaseException) -> str | None:
+    """The transport's own words, short, when `error` is a collective failing because a peer is gone."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if not isinstance(error, RuntimeError) or not _PEER_GONE.search(first):
+        return None
+    return re.sub(r"^\[[^\]]*\.(cc|cpp):\d+\]\s*", "", first).split(". This is typically")[0]
 
 
 def exit_worker(code: int | None) -> NoReturn:

@@ -8,6 +8,7 @@ A worker dies with the process that started it: the kernel sends it SIGKILL when
 on; stopping the launcher (Ctrl-C, SIGTERM) ends its workers with SIGKILL (shoal/launch/local.py).
 Checkpoints commit atomically, so nothing that a save had finished is lost.
 A user mistake is the same on every rank: each node's first rank says it in one line, every rank exits 2.
+A rank whose peer died says so in one line, not a traceback from inside the collective.
 """
 
 import ctypes
@@ -17,7 +18,7 @@ import sys
 
 from shoal.cli.main import build_parser
 from shoal.errors import UserError
-from shoal.launch.worker_exit import exit_worker
+from shoal.launch.worker_exit import LOST_PEER_EXIT_CODE, exit_worker, lost_peer
 from shoal.train.rundir import LAUNCHER_ENV
 
 PR_SET_PDEATHSIG = 1
@@ -58,6 +59,13 @@ def main() -> int:
         if os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":  # one line on each node's console
             print(f"shoal train: error: {e}", file=sys.stderr, flush=True)
         return 2
+    except RuntimeError as e:
+        why = lost_peer(e) if "WORLD_SIZE" in os.environ else None
+        if why is None:
+            raise
+        print(f"shoal train: rank {os.environ['RANK']} stopped: a peer is gone ({why}); the launcher's line names "
+              f"the worker that failed first", file=sys.stderr, flush=True)
+        return LOST_PEER_EXIT_CODE
 
 
 if __name__ == "__main__":

@@ -39,10 +39,10 @@ def alive(pid: int) -> bool:
         return False
 
 
-def start_training(out: Path) -> tuple[subprocess.Popen, list[int]]:
+def start_training(out: Path, extra: list[str] = ()) -> tuple[subprocess.Popen, list[int]]:
     """A 2-worker run, once both workers are training (a metrics row is written)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    launcher = subprocess.Popen([sys.executable, "-m", "shoal", "train", *RUN, "--nproc", "2", "--out", str(out)],
+    launcher = subprocess.Popen([sys.executable, "-m", "shoal", "train", *RUN, *extra, "--nproc", "2", "--out", str(out)],
                                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size):
@@ -102,3 +102,21 @@ def test_a_nonfinite_loss_in_the_workers_is_one_line(tmp_path):
     step = int(errors[0].split("step ")[1].split(":")[0])
     saved = sorted(int(p.name.split("_")[1]) for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
     assert max(saved, default=0) == step - 1 and not (tmp_path / "run" / "model").exists()  # the last good step
+
+
+@pytest.mark.parametrize("watchdog", [True, False])
+def test_a_worker_killed_from_outside_is_named_without_a_traceback(tmp_path, watchdog):
+    """kill -9 on one worker (the OOM killer, a scheduler): the launcher names that worker and the
+    signal, and the surviving rank says it lost a peer (the hang report naming the dead rank, or
+    without the watchdog its own line) instead of a traceback from inside the collective."""
+    launcher, workers = start_training(tmp_path / "run", [] if watchdog else ["--set", "debug.hang_timeout_s=0"])
+    # rank 1: rank 0 hosts the job's store, and a peer losing the store as well is another story
+    # (docs/debugging.md)
+    victim = next(p for p in workers if b"\0RANK=1\0" in Path(f"/proc/{p}/environ").read_bytes())
+    rank = 1
+    os.kill(victim, signal.SIGKILL)
+    _, err = launcher.communicate(timeout=90)
+    assert launcher.returncode == 1 and "Traceback" not in err, err[-4000:]
+    assert f"worker rank {rank} was killed by SIGKILL (exit code -9), from outside shoal" in err, err[-4000:]
+    assert (f"rank {rank}: DEAD" if watchdog else f"rank {1 - rank} stopped: a peer is gone") in err, err[-4000:]
+    assert gone_within(workers, 10)
