@@ -128,23 +128,35 @@ def _excepthook(exc_type, exc, tb) -> None:
     _active.get("excepthook", sys.__excepthook__)(exc_type, exc, tb)
 
 
-def _at_exit() -> None:
-    """Tell the other ranks this one is gone, so they do not mistake it for a straggler; stop our
-    threads before the interpreter tears down the C++ objects they use."""
+def say_goodbye() -> None:
+    """Publish that this rank has finished. A job leaving cleanly calls it before its last barrier
+    (shoal/train/distributed.py's shutdown), while every rank, rank 0 with the store included, is
+    surely still there; at exit, there is then nothing left to say."""
     STATE.exit = STATE.exit or "finished"
-    if _active.get("watchdog") is not None:
-        _active["watchdog"].stop(timeout_s=1.0)
     monitor = _active.get("monitor")
-    if monitor is None or monitor.channel is None or STATE.rank is None:
+    if monitor is None or monitor.channel is None or STATE.rank is None or _active.get("said_goodbye"):
         return
     try:
         from shoal.debug import records
 
-        monitor.channel.hurry(GOODBYE_TIMEOUT_S)
         records.publish(monitor.channel, STATE.rank, STATE.snapshot())
         monitor.channel.set(f"pulse/{STATE.rank}", STATE.pulse())
+        _active["said_goodbye"] = True
     except Exception:  # the store may already be gone
         pass
+
+
+def _at_exit() -> None:
+    """Tell the other ranks this one is gone, so they do not mistake it for a straggler; stop our
+    threads before the interpreter tears down the C++ objects they use."""
+    if _active.get("watchdog") is not None:
+        _active["watchdog"].stop(timeout_s=1.0)
+    monitor = _active.get("monitor")
+    if monitor is None or monitor.channel is None:
+        return
+    if not _active.get("said_goodbye"):  # an exit without shutdown (an error): the store's host may be gone
+        monitor.channel.hurry(GOODBYE_TIMEOUT_S)
+        say_goodbye()
     monitor.channel.close()
 
 

@@ -79,12 +79,9 @@ def require_shared(directory: Path, field: str, world_size: int) -> None:
         return
     problems = unshared_nodes(directory)
     if problems:
-        import torch.distributed as dist
+        from shoal.train.distributed import shutdown
 
-        # Every rank stops here together: leave the group as a finished run does, so no rank aborts
-        # on a peer (or the store on rank 0) that has already exited.
-        dist.barrier()
-        dist.destroy_process_group()
+        shutdown()  # every rank stops here together, as a finished run does
         raise unshared_message(problems, field, directory)
 
 

@@ -115,6 +115,12 @@ def mark(step: int, phase: str) -> None:
 
 
 def shutdown() -> None:
+    """Leave the job together: say goodbye to the hang watchdogs while every rank (rank 0, which
+    may host the store, included) is still there, then one barrier, so nobody's goodbye finds the
+    store gone."""
     if dist.is_initialized():
+        import shoal.debug
+
+        shoal.debug.say_goodbye()
         dist.barrier()
         dist.destroy_process_group()
