@@ -10,15 +10,23 @@ import runpy
 import sys
 
 import shoal.debug
+from shoal.launch.worker_exit import exit_worker
 
 
-def main() -> None:
+def main() -> int:
     if len(sys.argv) < 2:
         sys.exit("usage: python -m shoal.debug.bootstrap script.py [args...]")
     shoal.debug.enable()
     sys.argv = sys.argv[1:]
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as e:  # the script's own sys.exit(code)
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    exit_worker(main())  # not through finalization: shoal/launch/worker_exit.py says why

@@ -94,10 +94,13 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
         rank, failure = root_failure(e)
         if failure.exitcode in said_why:
             return failure.exitcode
-        if failure.exitcode < 0:  # a signal from outside: it had nothing to say
+        if -failure.exitcode in (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # it had nothing to say
             print(f"shoal: worker rank {rank} {how_it_ended(failure.exitcode)} (exit code {failure.exitcode}), from "
                   f"outside shoal (the kernel's OOM killer, a scheduler, kill); the other workers stopped when they "
                   f"lost it", file=sys.stderr)
+        elif failure.exitcode < 0:  # SIGABRT, SIGSEGV, ...: a crash inside the process
+            print(f"shoal: worker rank {rank} crashed ({how_it_ended(failure.exitcode)}, exit code "
+                  f"{failure.exitcode}); see its output above", file=sys.stderr)
         else:
             print(f"shoal: worker rank {rank} failed (exit code {failure.exitcode}); "
                   f"see its output above", file=sys.stderr)
