@@ -179,14 +179,20 @@ class _DropSignalChatter(logging.Filter):
         return not ("death signal" in msg or msg.startswith(("Closing process", "Sending process")))
 
 
-def root_failure(e) -> tuple[int, object]:
-    """(rank, failure) of the worker the others followed: the earliest that is not a rank giving up
-    on a peer that went first (a hang report, a lost connection). A killed worker leaves no error
-    file, so the agent's own choice, the earliest timestamp, can fall on its peer instead."""
+def _followers() -> tuple[int, int]:
+    """Exit codes of a rank giving up on a peer that went first: after a hang report, or on a lost
+    connection (shoal/launch/worker_exit.py)."""
     from shoal.debug.state import HANG_EXIT_CODE
     from shoal.launch.worker_exit import LOST_PEER_EXIT_CODE
 
-    causes = {r: f for r, f in e.failures.items() if f.exitcode not in (HANG_EXIT_CODE, LOST_PEER_EXIT_CODE)}
+    return HANG_EXIT_CODE, LOST_PEER_EXIT_CODE
+
+
+def root_failure(e) -> tuple[int, object]:
+    """(rank, failure) of the worker the others followed: the earliest that is not a follower. A
+    killed worker leaves no error file, so the agent's own choice, the earliest timestamp, can fall
+    on its peer instead."""
+    causes = {r: f for r, f in e.failures.items() if f.exitcode not in _followers()}
     if not causes:
         return e.get_first_failure()
     rank = min(causes, key=lambda r: (causes[r].timestamp, r))
@@ -218,6 +224,8 @@ class _FailureReport(logging.Filter):
         if not self.max_restarts or not str(record.msg).startswith("failed (exitcode:") or len(record.args or ()) < 3:
             return True  # without restarts, the launcher's own "worker rank N failed" line says it all
         code, rank, pid = record.args[:3]
+        if code in _followers():  # a rank that only lost the one that failed: not a failure of its own
+            return False
         self.failures += 1
         how = how_it_ended(code)
         if self.failures <= self.max_restarts:
