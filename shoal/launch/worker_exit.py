@@ -12,7 +12,8 @@ collective with the transport's error; `lost_peer` recognizes it so the worker c
 and the launcher names the worker that failed first (shoal/launch/local.py).
 
 So a worker does what finalization would have done for it before tearing objects down (stops and
-joins its threads, runs the atexit hooks, flushes its output) and then leaves with os._exit, before Gloo's threads can be cut off.
+joins its threads, runs the atexit hooks, flushes its output) and then leaves with os._exit, before
+Gloo's threads can be cut off.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def lost_peer(error: BaseException) -> str | None:
 def exit_worker(code: int | None) -> NoReturn:
     # Finalization's own first two steps, in its order. threading._shutdown stops idle executor
     # threads (concurrent.futures registers that with threading, not atexit) and then joins every
-    # non-daemon thread; joining them ourselves instead hung on a checkpoint executor's idle worker.
+    # non-daemon thread. (A first version joined them itself, skipping the executor step; test runs
+    # hung then, cause not pinned down.)
     threading._shutdown()
     atexit._run_exitfuncs()  # the hang watchdog's goodbye to the other ranks, logging, torch's own hooks
     for stream in (sys.stdout, sys.stderr):
