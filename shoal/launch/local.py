@@ -6,6 +6,7 @@ workers are started by `torchrun` (or Slurm/Kubernetes calling it); nothing here
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -83,7 +84,8 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     if on_sigterm:
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _pass_on(stopped_by))
     try:
-        elastic_launch(config, entrypoint=sys.executable)(*argv)
+        with report.watching():
+            elastic_launch(config, entrypoint=sys.executable)(*argv)
     except SignalException as e:  # raised by the signal handlers, caught by the agent after it stopped the workers
         sig = signal.Signals(stopped_by[0][0] if stopped_by else e.sigval)
         if sig == signal.SIGTERM and on_sigterm:
@@ -189,12 +191,15 @@ def _followers() -> tuple[int, int]:
 
 
 def root_failure(e) -> tuple[int, object]:
-    """(rank, failure) of the worker the others followed: the earliest that is not a follower. A
-    killed worker leaves no error file, so the agent's own choice, the earliest timestamp, can fall
-    on its peer instead."""
-    causes = {r: f for r, f in e.failures.items() if f.exitcode not in _followers()}
-    if not causes:
-        return e.get_first_failure()
+    """(rank, failure) of the worker the others followed, from the agent's ChildFailedError."""
+    return _root(e.failures) if e.failures else e.get_first_failure()
+
+
+def _root(failures: dict) -> tuple[int, object]:
+    """The earliest failure that is not a follower. The agent's own choice, the earliest timestamp,
+    cannot tell them apart: a killed worker leaves no error file, its timestamp is the second the
+    agent noticed, and a peer that lost it within the same 0.1 s poll ties with it and can win."""
+    causes = {r: f for r, f in failures.items() if f.exitcode not in _followers()} or failures
     rank = min(causes, key=lambda r: (causes[r].timestamp, r))
     return rank, causes[rank]
 
@@ -210,28 +215,51 @@ def how_it_ended(code) -> str:
 
 
 class _FailureReport(logging.Filter):
-    """Turns the agent's "failed (exitcode: -9) local_rank: 1 (pid: 123)" into one line saying what
-    happened and what comes next."""
+    """With restarts, one line per failed attempt saying which worker failed, how, and what comes
+    next, in place of the agent's "failed (exitcode: -9) local_rank: 1 (pid: 123)". That line names
+    the agent's choice of worker (see _root), so the line is written from the attempt's whole list
+    of failures, which `watching` hands over as the agent collects it."""
 
     def __init__(self, nproc: int, max_restarts: int, said_why: tuple[int, ...] = ()):
         super().__init__()
         self.nproc, self.max_restarts, self.said_why, self.failures = nproc, max_restarts, said_why, 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if str(record.msg).startswith("failed (exitcode:") and (record.args or (None,))[0] in self.said_why \
-                and not self.max_restarts:
-            return False  # the worker's own line says it all (with restarts, the line below says what comes next)
-        if not self.max_restarts or not str(record.msg).startswith("failed (exitcode:") or len(record.args or ()) < 3:
-            return True  # without restarts, the launcher's own "worker rank N failed" line says it all
-        code, rank, pid = record.args[:3]
-        if code in _followers():  # a rank that only lost the one that failed: not a failure of its own
-            return False
+        if not str(record.msg).startswith("failed (exitcode:"):
+            return True
+        if self.max_restarts:
+            return False  # attempt_failed says it
+        # Without restarts the launcher's own "worker rank N failed" line follows, or the worker's own line said why.
+        return (record.args or (None,))[0] not in self.said_why
+
+    def attempt_failed(self, failures: dict) -> None:
+        if not self.max_restarts:
+            return
+        rank, failure = _root(failures)
         self.failures += 1
-        how = how_it_ended(code)
         if self.failures <= self.max_restarts:
-            then = (f"restarting all {self.nproc} workers "
-                    f"(restart {self.failures} of {self.max_restarts})")
+            then = f"restarting all {self.nproc} workers (restart {self.failures} of {self.max_restarts})"
         else:
             then = "no restarts left"
-        print(f"shoal: worker rank {rank} (pid {pid}) {how}; {then}", file=sys.stderr, flush=True)
-        return False
+        print(f"shoal: worker rank {rank} (pid {failure.pid}) {how_it_ended(failure.exitcode)}; {then}",
+              file=sys.stderr, flush=True)
+
+    @contextlib.contextmanager
+    def watching(self):
+        """Hands each failed attempt's failures to attempt_failed: the agent polls its workers
+        through SubprocessContext._poll and keeps the result to itself."""
+        from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
+        poll = SubprocessContext._poll
+
+        def _poll(context):
+            result = poll(context)
+            if result is not None and result.is_failed():
+                self.attempt_failed(result.failures)
+            return result
+
+        SubprocessContext._poll = _poll
+        try:
+            yield
+        finally:
+            SubprocessContext._poll = poll
