@@ -21,7 +21,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from shoal.errors import UserError
-from shoal.layout import DEFAULT_RANK_ORDER
+from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER
 from shoal.model.config import ModelConfig, get_preset
 
 # [model] takes a preset plus any ModelConfig field to override it; None means "the preset's value".
@@ -132,7 +132,8 @@ class TrainConfig:
     then run in bf16, so losses differ from 1 process by ~1e-3, not bitwise-comparable). Without FSDP
     bf16-params is bf16."""
     activation_checkpoint: str = "none"
-    """none | selective (recompute all but matmul and attention outputs) | full (recompute each layer)."""
+    """none | selective (recompute all but matmul and attention outputs) | selective-op (torchtitan's
+    per-op policy: selective, and every second matmul recomputed too) | full (recompute each layer)."""
     compile: bool = False
     """torch.compile each transformer block (inductor; on CPU it needs a C++ compiler and the first
     step spends tens of seconds compiling). Same losses as eager within float rounding."""
@@ -250,8 +251,8 @@ class JobConfig:
                f"exceeds the model's max_seq_len={m.max_seq_len}; lower it or set model.max_seq_len")
         _check(t.precision in PRECISIONS, "train.precision", t.precision, "use 'fp32', 'bf16' or 'bf16-params'")
         _check(t.on_nonfinite in ("stop", "skip"), "train.on_nonfinite", t.on_nonfinite, "use 'stop' or 'skip'")
-        _check(t.activation_checkpoint in ("none", "selective", "full"), "train.activation_checkpoint",
-               t.activation_checkpoint, "use 'none', 'selective' or 'full'")
+        _check(t.activation_checkpoint in ACTIVATION_CHECKPOINT, "train.activation_checkpoint",
+               t.activation_checkpoint, f"use one of {', '.join(ACTIVATION_CHECKPOINT)}")
         # The zero-bubble schedule computes each block's input and weight gradients in two passes
         # over its autograd graph; a compiled block is one node whose backward does both at once
         # (shoal verify: gradient norm off by 1.4e-2 on pp=2).

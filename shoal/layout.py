@@ -20,10 +20,12 @@ from shoal.model.config import ModelConfig
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 INTERLEAVED = ("interleaved-1f1b", "zero-bubble")
-ACTIVATION_CHECKPOINT = ("none", "selective", "full")
+ACTIVATION_CHECKPOINT = ("none", "selective", "selective-op", "full")
 """none: keep every activation. selective: keep the outputs of matmuls and of the attention kernel,
 recompute the element-wise work between them (norms, activation functions, rotary) in backward.
-full: keep only each block's input and recompute the whole block."""
+selective-op: torchtitan's per-op selective checkpointing (`selective_ac_option = "op"`): like
+selective, but the output of every second matmul of a block (wk, wo and w3 of a Llama block) is
+recomputed too. full: keep only each block's input and recompute the whole block."""
 ZERO_STAGES = (0, 1, 2, 3)
 GRAD_COMPRESSION = ("none", "bf16", "int8", "topk", "powersgd")
 """How gradients cross the data-parallel group (shoal/parallel/compression.py). bf16 is a reduce
@@ -111,7 +113,7 @@ class Layout:
         parts += [f"z{self.zero}", f"mb{self.micro_batch}"]
         if self.pp > 1:
             parts.append(self.pp_schedule + (f"x{self.virtual_stages}" if self.virtual_stages > 1 else ""))
-        parts.append({"none": "noAC", "selective": "selAC", "full": "fullAC"}[self.activation_checkpoint])
+        parts.append({"none": "noAC", "selective": "selAC", "selective-op": "opAC", "full": "fullAC"}[self.activation_checkpoint])
         if self.sequence_parallel_on:
             parts.append("sp")
         if self.grad_compression != "none":

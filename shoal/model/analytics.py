@@ -70,11 +70,15 @@ def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str, at
     forward_layers = flops_per_token(cfg, seq_len) / 3  # forward is a third of forward + backward
     if recompute == "full":
         return forward_layers
-    if recompute == "selective" and attention == "unfused":
+    extra = 0.0
+    if recompute == "selective-op":
+        # Every second GEMM of a block: wk, wo, and w3 (w2 for GeLU, the same size); counted as in a dense layer.
+        extra = 2.0 * cfg.n_layers * cfg.dim * (cfg.n_kv_heads * cfg.head_dim + cfg.n_heads * cfg.head_dim + cfg.ffn_hidden)
+    if recompute in ("selective", "selective-op") and attention == "unfused":
         # Korthikanti's selective recompute: the attention core (the S×S GEMMs) runs again.
-        return 4.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
-    # shoal's selective recompute repeats only element-wise work (no matmul FLOPs).
-    return 0.0
+        extra += 4.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+    # shoal's selective recompute otherwise repeats only element-wise work (no matmul FLOPs).
+    return extra
 
 
 def activation_bytes_per_layer(
@@ -116,10 +120,14 @@ def activation_bytes_per_layer(
     else:
         inside_tp += 4 * cfg.ffn_hidden if cfg.mlp == "swiglu" else 2 * cfg.ffn_hidden
     elements = sb * (outside_tp / (tp if sequence_parallel else 1) + inside_tp / tp)
-    if recompute == "selective":
+    if recompute in ("selective", "selective-op"):
         # Norm outputs (and the normalized x) and activation-function results are recomputed, matmul
         # inputs are kept: each norm keeps only its input.
         elements -= sb * 4 * h / (tp if sequence_parallel else 1)
+    if recompute == "selective-op":
+        # Every second matmul's output is recomputed too: k, and the SwiGLU up projection (w3); the
+        # other two (wo, or w2 with GeLU) produce tensors this count leaves out. MoE: k only.
+        elements -= sb * (kv + (cfg.ffn_hidden if cfg.mlp == "swiglu" and not cfg.is_moe_layer(layer) else 0)) / tp
     return elements * bytes_per_element
 
 
@@ -169,7 +177,7 @@ def korthikanti_activation_bytes_per_layer(
     sbh = float(seq_len) * micro_batch * dim
     if recompute == "full":
         return 2.0 * sbh
-    scores = 0.0 if recompute == "selective" else 5.0 * n_heads * seq_len / dim
+    scores = 0.0 if recompute in ("selective", "selective-op") else 5.0 * n_heads * seq_len / dim
     if sequence_parallel:
         return sbh * (34.0 + scores) / tp
     return sbh * (10.0 + 24.0 / tp + scores / tp)

@@ -35,6 +35,10 @@ class KernelTime:
     element-wise kernels between the saved GEMM and fused-attention outputs. With unfused attention
     it is Korthikanti's selective recompute instead, the S×S attention core, as the 2021-22 runs
     this mode is for did it."""
+    op_fwd: float = 0.0
+    """What selective-op checkpointing repeats (torchtitan's per-op policy, shoal/layout.py): the
+    selective work plus every second forward GEMM in call order, wk, wo and w3 (w2 with GeLU). In an
+    MoE layer the matmuls after attention are the router and one to three per expert, taken as half."""
 
 
 def gemm_time(m: float, k: float, n: float, gpu: GPU, precision: str) -> float:
@@ -101,6 +105,8 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
 
     # Attention projections: column-parallel QKV, row-parallel output.
     gemm = gemm_time(T, h, (q_dim + 2 * kv_dim) / tp, gpu, precision) + gemm_time(T, q_dim / tp, h, gpu, precision)
+    attention_gemm = gemm
+    every_second = gemm_time(T, h, kv_dim / tp, gpu, precision) + gemm_time(T, q_dim / tp, h, gpu, precision)  # wk, wo
     # Feed-forward.
     if moe:
         f = cfg.expert_hidden
@@ -112,12 +118,14 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         gemm += local_experts * expert + gemm_time(T, h, cfg.n_experts, gpu, precision)  # + router
         if shared_f:
             gemm += gemm_time(T, h, (2 if glu else 1) * shared_f / tp, gpu, precision) + gemm_time(T, shared_f / tp, h, gpu, precision)
+        every_second += (gemm - attention_gemm) / 2
         act = EAGER_GLU_ELEMS if glu else EAGER_GELU_ELEMS
         act_elems = cfg.top_k * act * f / tp + act * shared_f / tp
         act_elems += 4 * cfg.top_k * h / tp  # permute tokens to experts and back (gather + scatter)
     else:
         f = cfg.ffn_hidden
         gemm += gemm_time(T, h, (2 if glu else 1) * f / tp, gpu, precision) + gemm_time(T, f / tp, h, gpu, precision)
+        every_second += gemm_time(T, h, f / tp, gpu, precision) if glu else gemm_time(T, f / tp, h, gpu, precision)  # w3 / w2
         act_elems = (EAGER_GLU_ELEMS if glu else EAGER_GELU_ELEMS) * f / tp
 
     # Attention core. FLOPs of QK^T and PV: 4·T·S·q_dim per layer, over tp.
@@ -147,7 +155,7 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     gaps = kernels * gpu.kernel_gap
     selective = elementwise if attention == "flash" else attn_fwd
     return KernelTime(fwd=gemm + attn_fwd + elementwise + gaps, bwd=2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps,
-                      attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective)
+                      attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective, op_fwd=selective + every_second)
 
 
 @lru_cache(maxsize=4096)

@@ -116,7 +116,8 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         return (1 - moe_share) * d + moe_share * e
 
     fwd, bwd = avg("fwd"), avg("bwd")
-    recompute = {"none": 0.0, "selective": avg("selective_fwd"), "full": fwd}[lay.activation_checkpoint]
+    recompute = {"none": 0.0, "selective": avg("selective_fwd"), "selective-op": avg("op_fwd"),
+                 "full": fwd}[lay.activation_checkpoint]
     head = head_time(cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, prec)
 
     # --- tensor parallel: per layer, on the critical path ---

@@ -59,7 +59,7 @@ def test_same_seed_same_losses(debug_run, tmp_path):
     assert [x["loss"] for x in rows(tmp_path / "seed1")] != [x["loss"] for x in rows(out)][:3]
 
 
-@pytest.mark.parametrize("mode", ["selective", "full"])
+@pytest.mark.parametrize("mode", ["selective", "selective-op", "full"])
 def test_activation_checkpointing_and_accumulation_keep_losses(debug_run, tmp_path, mode):
     """Recomputation and a different micro-batch split change nothing but memory and time."""
     out, _ = debug_run

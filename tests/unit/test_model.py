@@ -111,7 +111,7 @@ def test_moe_aux_loss_reaches_router():
     assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("mode", ["selective", "full"])
+@pytest.mark.parametrize("mode", ["selective", "selective-op", "full"])
 def test_activation_checkpointing_keeps_loss_and_grads(mode):
     x = torch.randint(0, 256, (2, 33))
     grads = {}
@@ -127,6 +127,34 @@ def test_activation_checkpointing_keeps_loss_and_grads(mode):
     assert grads["none"][1].keys() == grads[mode][1].keys()
     for name, g in grads["none"][1].items():
         torch.testing.assert_close(g, grads[mode][1][name], rtol=1e-6, atol=1e-7)
+
+
+def test_each_checkpointing_mode_recomputes_its_matmuls():
+    """Backward runs each block's forward matmuls again as the mode says: none under selective, every
+    second one (wk, wo, w3 of seven) under selective-op, and under full all but w2, the last, whose
+    output backward does not need (non-reentrant checkpointing stops recomputing once it has all it needs)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountMatmuls(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, op, types, args=(), kwargs=None):
+            CountMatmuls.count += op == torch.ops.aten.mm.default
+            return op(*args, **(kwargs or {}))
+
+    cfg = get_preset("debug")
+    x = torch.randint(0, 256, (2, 17))
+    in_backward = {}
+    for mode in ("none", "selective", "selective-op", "full"):
+        model = build_model(cfg, seed=0)
+        apply_activation_checkpointing(model, mode)
+        loss = cross_entropy(model(x[:, :-1]), x[:, 1:])
+        CountMatmuls.count = 0
+        with CountMatmuls():
+            loss.backward()
+        in_backward[mode] = CountMatmuls.count
+    recomputed = {mode: (n - in_backward["none"]) / cfg.n_layers for mode, n in in_backward.items()}
+    assert recomputed == {"none": 0, "selective": 0, "selective-op": 3, "full": 6}
 
 
 def test_a_stage_materialized_from_meta_gets_the_whole_models_values():

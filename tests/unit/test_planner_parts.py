@@ -200,3 +200,22 @@ def test_an_unpublished_interleaving_factor_is_searched_when_the_rest_is_pinned(
     given, free = evaluate_pinned(wl, lay, cluster), evaluate_pinned(wl, lay, cluster, interleave_given=False)
     assert given.layout.virtual_stages == 2 and free.layout.virtual_stages > 2  # 32 micro-batches, 10 layers a rank
     assert free.time.bubble < given.time.bubble and free.tokens_per_s > given.tokens_per_s
+
+
+def test_selective_op_recomputes_every_second_gemm_and_keeps_less():
+    """torchtitan's per-op checkpointing: selective's element-wise work plus wk, wo and w3 forward."""
+    from shoal.planner.compute import gemm_time, layer_time
+
+    h100, cfg = hardware.get_gpu("h100"), PRESETS["llama3-8b"]
+    wl = Workload(cfg, 8192, 64)
+    plans = {ac: evaluate(wl, Layout(dp_shard=8, zero=3, micro_batch=1, activation_checkpoint=ac), Cluster(h100, 8, 8))
+             for ac in ("selective", "selective-op", "full")}
+    layer = layer_time(cfg, h100, 8192, 1, 1, False, "flash", "bf16", False, 1)
+    q, kv, T = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, 8192.0
+    every_second = sum(gemm_time(T, k, n, h100, "bf16") for k, n in ((cfg.dim, kv), (q, cfg.dim), (cfg.dim, cfg.ffn_hidden)))
+    assert layer.op_fwd == pytest.approx(layer.selective_fwd + every_second)
+    recompute = {ac: p.time.recompute for ac, p in plans.items()}
+    assert recompute["selective"] < recompute["selective-op"] < recompute["full"]
+    activations = {ac: p.memory.activations for ac, p in plans.items()}
+    assert activations["full"] < activations["selective-op"] < activations["selective"]
+    assert plans["selective"].hfu < plans["selective-op"].hfu and plans["selective"].mfu > plans["selective-op"].mfu
