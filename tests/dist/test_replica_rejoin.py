@@ -59,3 +59,21 @@ def test_killed_group_rejoins_while_the_other_keeps_stepping(runs):
     # Group 1 took group 0's state: from then on they are one model.
     assert g1[-1]["eval_loss"] == g0[-1]["eval_loss"]
     assert abs(g0[-1]["eval_loss"] / one[-1]["eval_loss"] - 1) < NOISE
+
+
+def test_groups_with_tensor_parallelism_inside_step_like_one_job(tmp_path):
+    """2 groups x tp2 (4 ranks) against one tp2 x dp2 job: the groups' mean loss and the gradient
+    norm match step for step, so torchft's cross-group average composes with DTensor gradients."""
+    run = [f"--set={o}" for o in ("train.steps=6", "train.eval_every=0", "train.sample_tokens=0", "parallel.tp=2")]
+    groups = shoal_cli("train", RECIPE, "--replica-groups", "2", "--nproc", "2", "--out", str(tmp_path / "groups"),
+                       "--quiet", *run, timeout=240)
+    assert groups.returncode == 0, groups.stderr[-2000:]
+    one = shoal_cli("train", RECIPE, "--nproc", "4", "--out", str(tmp_path / "one"), "--quiet", *run, timeout=240)
+    assert one.returncode == 0, one.stderr[-2000:]
+    g0, g1 = (read_rows(tmp_path / "groups" / sub / "metrics.jsonl") for sub in ("", "replica-1"))
+    ref = read_rows(tmp_path / "one" / "metrics.jsonl")
+    assert len(g0) == len(g1) == len(ref) == 6
+    for a, b, r in zip(g0, g1, ref):
+        assert a["replicas"] == b["replicas"] == 2
+        assert (a["loss"] + b["loss"]) / 2 == pytest.approx(r["loss"], rel=1e-5), a["step"]
+        assert a["grad_norm"] == pytest.approx(r["grad_norm"], rel=1e-5), a["step"]
