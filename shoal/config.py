@@ -88,6 +88,9 @@ class ParallelConfig:
     """Streaming DiLoCo: parameters in this many fragments, synced on a staggered schedule (1 to H)."""
     diloco_quantize: str = "none"
     """DiLoCo: dtype of the pseudo-gradient on the wire: none (fp32) | bf16 | int8 (per-chunk scales)."""
+    diloco_overlap_steps: int = 0
+    """Streaming DiLoCo's tau: a fragment's all-reduce runs beside this many inner steps before its
+    outer step is applied, mixed half and half with what the group learnt meanwhile (0: applied at once)."""
     rank_order: str = DEFAULT_RANK_ORDER
     """Which ranks form each group: tp, dp and pp from innermost (neighbouring ranks, one node) to
     outermost. Launchers give each node a block of neighbouring ranks, so tp-dp-pp keeps TP inside a
@@ -287,6 +290,10 @@ class JobConfig:
                f"must be from 1 to diloco_inner_steps={p.diloco_inner_steps} (one fragment synced per step at most)")
         _check(p.diloco_quantize in ("none", "bf16", "int8"), "parallel.diloco_quantize", p.diloco_quantize,
                "use 'none', 'bf16' or 'int8'")
+        _check(p.diloco_overlap_steps == 0 or 0 < p.diloco_overlap_steps < p.diloco_inner_steps,
+               "parallel.diloco_overlap_steps", p.diloco_overlap_steps,
+               f"must be from 0 to diloco_inner_steps-1={p.diloco_inner_steps - 1} (a fragment's outer step lands "
+               "before its next sync)" if p.diloco_inner_steps else "needs parallel.diloco_inner_steps > 0 (DiLoCo on)")
         c = self.checkpoint
         _check(c.every >= 0, "checkpoint.every", c.every, "must be >= 0 (0: only at the end)")
         _check(c.keep >= 1, "checkpoint.keep", c.keep, "must be >= 1")

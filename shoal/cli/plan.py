@@ -80,6 +80,8 @@ def register(sub) -> None:
                         "every H steps instead of gradients every step")
     s.add_argument("--diloco-quantize", choices=("none", "bf16", "int8"), default="none",
                    help="DiLoCo: dtype of the pseudo-gradient on the wire")
+    s.add_argument("--diloco-overlap-steps", type=int, default=0, metavar="TAU",
+                   help="DiLoCo: the parameters' all-reduce runs beside this many inner steps (1 to H-1)")
 
     o = p.add_argument_group("budget and output")
     o.add_argument("--tokens", type=_amount, help="tokens to train, e.g. 15e12 or 15T")
@@ -190,7 +192,7 @@ def build(args):
     workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention,
                         grad_compression=args.grad_compression, topk_density=args.topk_density,
                         powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,
-                        diloco_quantize=args.diloco_quantize)
+                        diloco_quantize=args.diloco_quantize, diloco_overlap_steps=args.diloco_overlap_steps)
     per_node = args.gpus_per_node or gpu.gpus_per_node
     cluster = Cluster(gpu, args.gpus, per_node) if args.gpus else Cluster(gpu, 1, per_node)
     schedule = args.pp_schedule
@@ -212,6 +214,10 @@ def _slow_link_flags(args) -> None:
     _positive("powersgd_rank", args.powersgd_rank)
     if args.diloco_inner_steps < 0:
         raise UserError("diloco-inner-steps", args.diloco_inner_steps, "must be >= 0 (0: off), e.g. 50")
+    if args.diloco_overlap_steps and not 0 < args.diloco_overlap_steps < args.diloco_inner_steps:
+        raise UserError("diloco-overlap-steps", args.diloco_overlap_steps,
+                        f"must be from 1 to --diloco-inner-steps - 1 (={args.diloco_inner_steps - 1})"
+                        if args.diloco_inner_steps else "needs --diloco-inner-steps H (DiLoCo on)")
     if args.diloco_inner_steps and args.grad_compression != "none":
         raise UserError("grad-compression", args.grad_compression, "DiLoCo sends no gradients across replica groups; "
                         "use --diloco-quantize for its pseudo-gradient")

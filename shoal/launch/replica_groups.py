@@ -55,6 +55,9 @@ def check_replica_groups(groups: int, cfg, nnodes: int) -> None:
     if nnodes > 1:
         raise UserError("--nnodes", nnodes, "with --replica-groups start each group's torchrun yourself, with "
                                             f"{GROUP_ENV}, {GROUPS_ENV} and {LIGHTHOUSE_ENV} set (see docs)")
+    if cfg.parallel.diloco_overlap_steps:  # a group that rejoins fetches state, not the others' transfers in flight
+        raise UserError("parallel.diloco_overlap_steps", cfg.parallel.diloco_overlap_steps,
+                        "does not work with --replica-groups yet; set it to 0")
     if cfg.checkpoint.dir and Path(cfg.checkpoint.dir).is_absolute():
         raise UserError("checkpoint.dir", cfg.checkpoint.dir, "is one folder for every replica group; give a "
                                                               "relative folder so each group keeps its own")

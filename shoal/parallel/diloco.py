@@ -24,6 +24,14 @@ outer update of the fragment before it. The pseudo-gradient can go on the wire i
 (`parallel.diloco_quantize`; int8 is compression.py's quantize -> all-to-all -> mean -> quantize
 -> all-gather). The last step of a run syncs every fragment, so the run ends with one model.
 
+Overlap (`parallel.diloco_overlap_steps` = tau >= 1, Streaming DiLoCo's overlapped communication):
+a due fragment's pseudo-gradient is sent at step t and its all-reduce runs on Gloo's or NCCL's
+threads beside the next tau inner steps; at step t + tau the outer step is taken on it and the
+fragment's parameters become MIX * theirs + (1 - MIX) * the new outer copy, keeping half of what the
+group learnt in those tau steps (the paper's alpha = 0.5). A checkpoint first applies every transfer
+in flight, so a resumed run continues as the saved one did. The int8 pseudo-gradient's all-to-all
+runs when the fragment is applied, so it is not overlapped.
+
 Params and outer copies are this rank's local shards: every group shards the same way over its
 dp_shard (and tp, pp) ranks, so the rank at the same coordinate in each group holds the same slice.
 The outer copy and the momentum keep the parameters' DTensor placements, so the run's DCP
@@ -39,6 +47,9 @@ import torch
 import torch.distributed as dist
 
 from shoal.model.transformer import param_name
+
+MIX = 0.5
+"""Overlapped outer steps keep this share of the group's own parameters (Douillard et al. 2025, alpha)."""
 
 
 def due_fragments(step: int, inner_steps: int, fragments: int) -> list[int]:
@@ -71,6 +82,8 @@ class DiLoCo:
         self.inner_steps, self.lr = parallel_cfg.diloco_inner_steps, parallel_cfg.diloco_outer_lr
         self.mu, self.quantize = parallel_cfg.diloco_outer_momentum, parallel_cfg.diloco_quantize
         self.fragments = parallel_cfg.diloco_fragments
+        self.overlap = parallel_cfg.diloco_overlap_steps
+        self.in_flight: list[tuple[int, list[str], object]] = []  # (apply after step, names, finish)
         self.params = {param_name(n): p for m in modules for n, p in _unwrapped(m).named_parameters()}
         with torch.no_grad():
             self.outer = {n: p.detach().clone() for n, p in self.params.items()}
@@ -80,10 +93,23 @@ class DiLoCo:
         self.fragment_names = [[n for n, f in zip(names, where) if f == j] for j in range(self.fragments)]
 
     def after_step(self, step: int, last: bool) -> None:
+        landed = [f for f in self.in_flight if f[0] <= step or last]
+        self.finish_in_flight(landed)
         due = range(self.fragments) if last else due_fragments(step, self.inner_steps, self.fragments)
         names = [self.fragment_names[j] for j in due if self.fragment_names[j]]
-        if names:
+        if names and self.overlap and not last:  # the run's last step ends on one model: no overlap there
+            self.in_flight += [(step + self.overlap, ns, self._send(ns)[1]) for ns in names]
+        elif names:
             self.sync(names)
+
+    @torch.no_grad()
+    def finish_in_flight(self, which: list | None = None) -> None:
+        """Outer steps for transfers in flight (all of them by default: before a checkpoint), in the
+        order they were sent, which is the same on every group."""
+        for item in list(self.in_flight) if which is None else which:
+            self.in_flight.remove(item)
+            _, names, finish = item
+            self._apply(names, finish(), mix=MIX)
 
     @torch.no_grad()
     def sync(self, fragments: list[list[str]]) -> None:
@@ -91,15 +117,23 @@ class DiLoCo:
         fragment is applied."""
         pending = [(names, *self._send(names)) for names in fragments]
         for names, flat, finish in pending:
-            mean = finish()
-            for n, d in zip(names, mean.split([_local(self.outer[n]).numel() for n in names])):
-                outer, buf = _local(self.outer[n]), _local(self.buf[n])
-                d = d.view_as(outer)
-                if self.mu:
-                    buf.mul_(self.mu).add_(d)
-                    d = d.add(buf, alpha=self.mu)  # Nesterov: look ahead along the momentum
-                outer.sub_(d, alpha=self.lr)
-                _local(self.params[n]).copy_(outer)
+            self._apply(names, finish(), mix=0.0)
+
+    def _apply(self, names: list[str], mean: torch.Tensor, mix: float) -> None:
+        """The outer step on these parameters' averaged pseudo-gradient; the parameters become
+        mix * theirs + (1 - mix) * the new outer copy."""
+        for n, d in zip(names, mean.split([_local(self.outer[n]).numel() for n in names])):
+            outer, buf = _local(self.outer[n]), _local(self.buf[n])
+            d = d.view_as(outer)
+            if self.mu:
+                buf.mul_(self.mu).add_(d)
+                d = d.add(buf, alpha=self.mu)  # Nesterov: look ahead along the momentum
+            outer.sub_(d, alpha=self.lr)
+            param = _local(self.params[n])
+            if mix:
+                param.mul_(mix).add_(outer, alpha=1 - mix)
+            else:
+                param.copy_(outer)
 
     def _send(self, names: list[str]):
         """Start averaging this fragment's pseudo-gradient over the groups; returns (flat, finish),
@@ -120,6 +154,7 @@ class DiLoCo:
     # Checkpoint (checkpoint/state.py calls these; keys go under "diloco.")
 
     def capture(self, model: dict, optim: dict) -> dict:
+        self.finish_in_flight()  # model and optim hold the live tensors: they are saved as updated here
         g = self.replica
         return ({f"outer.{n}": t for n, t in self.outer.items()} | {f"momentum.{n}": t for n, t in self.buf.items()}
                 | {f"replica{g}.model.{k}": v for k, v in model.items()}

@@ -43,6 +43,8 @@ class Workload:
     """parallel.diloco_inner_steps: every data-parallel rank is its own replica group (zero=0) and
     all-reduces its parameters once every H steps instead of its gradients every step."""
     diloco_quantize: str = "none"
+    diloco_overlap_steps: int = 0
+    """parallel.diloco_overlap_steps: the parameters' all-reduce runs beside this many steps' kernels."""
 
     def __post_init__(self):
         if self.precision == "bf16-params":

@@ -61,5 +61,6 @@ def extra_state_bytes(workload, params: float, grads_per_rank: float) -> float:
 
 def slow_link_fields(parallel: dict) -> dict:
     """The Workload fields a run's `parallel` config section sets (validate and report plan its run)."""
-    names = ("grad_compression", "topk_density", "powersgd_rank", "diloco_inner_steps", "diloco_quantize")
+    names = ("grad_compression", "topk_density", "powersgd_rank", "diloco_inner_steps", "diloco_quantize",
+             "diloco_overlap_steps")
     return {k: parallel[k] for k in names if k in parallel}

@@ -23,6 +23,9 @@ RUNS = {  # name -> (steps, extra settings)
     "plain": (10, []),
     "diloco_h5": (10, ["parallel.diloco_inner_steps=5"]),
     "stream": (8, ["parallel.diloco_inner_steps=4", "parallel.diloco_fragments=2", "checkpoint.every=3"]),
+    # tau = 2: fragment 1 sent at step 2 is applied at the save after step 3, fragment 0 sent at 4 at step 6
+    "overlap": (8, ["parallel.diloco_inner_steps=4", "parallel.diloco_fragments=2", "checkpoint.every=3",
+                    "parallel.diloco_overlap_steps=2"]),
     "stream_int8": (2, ["parallel.diloco_inner_steps=2", "parallel.diloco_fragments=2", "parallel.diloco_quantize=int8"]),
     "stream_bf16": (2, ["parallel.diloco_inner_steps=2", "parallel.diloco_fragments=2", "parallel.diloco_quantize=bf16"]),
 }
@@ -39,4 +42,6 @@ if __name__ == "__main__":
     # From step 3: mid-round, when the two groups' weights and AdamW states differ.
     train(config(*RUNS["stream"]), out / "stream_resumed", show=False, keep_process_group=True,
           resume=str(out / "stream" / "checkpoints" / "step_00000003"))
+    train(config(*RUNS["overlap"]), out / "overlap_resumed", show=False, keep_process_group=True,
+          resume=str(out / "overlap" / "checkpoints" / "step_00000003"))
     shutdown()

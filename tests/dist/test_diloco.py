@@ -82,3 +82,16 @@ def test_resume_mid_round_equals_an_uninterrupted_run(runs):
     """Saved at step 3, between fragment syncs: the outer copy, momentum and each group's own
     weights and AdamW state come back, so steps 4-8 and the final weights match bit for bit."""
     assert _diff(runs, "stream_resumed", "stream", first_step=4) == 0.0
+
+
+def test_overlapped_fragments_send_as_streaming_does_and_land_later(runs):
+    """tau = 2: the same bytes at the same steps as without overlap (sent, then reduced beside the
+    next steps), but the outer steps land two steps later (fragment 1's after step 3, where the save
+    applies it, not 2; fragment 0's after 6, not 4), so steps 3 and 5 train on other weights; the save after step 3 applied fragment 1's transfer, so resuming there continues bit
+    for bit, and the run ends on one model as every DiLoCo run does."""
+    overlap, stream = _rows(runs, "overlap"), _rows(runs, "stream")
+    assert [s for s, r in overlap.items() if _sent(r)] == [2, 4, 6, 8]
+    assert [_sent(overlap[s]) for s in (2, 4, 6, 8)] == [_sent(stream[s]) for s in (2, 4, 6, 8)]
+    assert [overlap[s]["loss"] for s in (1, 2)] == [stream[s]["loss"] for s in (1, 2)]
+    assert overlap[3]["loss"] != stream[3]["loss"] and overlap[5]["loss"] != stream[5]["loss"]
+    assert _diff(runs, "overlap_resumed", "overlap", first_step=4) == 0.0

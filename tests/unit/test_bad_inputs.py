@@ -170,6 +170,8 @@ COMBO_CASES = [
     (["model.preset=debug", "train.sample_tokens=300"], "train.sample_tokens"),
     (["parallel.diloco_inner_steps=5"], "parallel.diloco_inner_steps"),  # one process: no dp_replicate groups
     (["parallel.diloco_inner_steps=4", "parallel.diloco_fragments=5"], "parallel.diloco_fragments"),
+    (["parallel.diloco_overlap_steps=1"], "parallel.diloco_overlap_steps"),  # DiLoCo off
+    (["parallel.diloco_inner_steps=4", "parallel.diloco_overlap_steps=4"], "parallel.diloco_overlap_steps"),
 ]
 SYNTAX_CASES = ["train.steps", "steps=5", "foo.bar=1", "train.stesp=5", "train=5", ".steps=1", "train.=1",
                 "model.preset.x=1", "=", "train.steps==5"]
@@ -391,6 +393,7 @@ FLAG_CASES = [
     ["train", "--launcher", "ray", "--nproc", "2", "--master", "10.0.0.1"],
     ["train", "--launcher", "ray", "--nproc", "2", "--max-restarts", "1"],
     ["train", "--resume", "{file}"], ["train", "--resume", "never"],
+    [*PLAN, "--diloco-overlap-steps", "2"], [*PLAN, "--diloco-inner-steps", "4", "--diloco-overlap-steps", "4"],
     [*PLAN, "--tokens", "-5"], [*PLAN, "--tokens", "0"], [*PLAN, "--tokens", "nan"], [*PLAN, "--tokens", "inf"],
     [*PLAN, "--tokens", "15X"], [*PLAN, "--tokens", "-1T"], [*PLAN, "--mtbf-hours", "-1"], [*PLAN, "--mtbf-hours", "0"],
     [*PLAN, "--mtbf-hours", "nan"], [*PLAN, "--checkpoint-every-min", "0"], [*PLAN, "--checkpoint-every-min", "-5"],
@@ -433,6 +436,7 @@ FLAG_CASES = [
     ["train", "--replica-groups", "3"], ["train", "--replica-groups", "-1"], ["train", "--replica-groups", "x"],
     ["train", "--replica-groups", "2", "--nnodes", "2"],
     ["train", "--replica-groups", "2", "--set", "checkpoint.dir=/tmp/one-dir-for-all-groups"],
+    ["train", "--replica-groups", "2", "--set", "parallel.diloco_inner_steps=4", "--set", "parallel.diloco_overlap_steps=1"],
 ]
 
 

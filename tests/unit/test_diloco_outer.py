@@ -22,7 +22,7 @@ def one_group(tmp_path_factory):
 
 def _cfg(**kw):
     base = dict(diloco_inner_steps=5, diloco_outer_lr=0.7, diloco_outer_momentum=0.9, diloco_fragments=1,
-                diloco_quantize="none")
+                diloco_quantize="none", diloco_overlap_steps=0)
     return SimpleNamespace(**base | kw)
 
 
@@ -67,6 +67,39 @@ def test_nesterov_arithmetic_matches_torch_sgd(one_group):
         diloco.after_step(step, last=False)
         sgd.step()
         assert torch.allclose(model.weight, ref, atol=1e-7)
+
+
+def test_an_overlapped_outer_step_lands_tau_steps_later_mixed_half_and_half(one_group):
+    """H=4, tau=2, outer lr 1, no momentum, one group: the pseudo-gradient sent after step 4 is applied
+    after step 6; the outer copy becomes step 4's weights and the weights the mean of theirs and it."""
+    model = torch.nn.Linear(3, 2, bias=False)
+    w0 = model.weight.detach().clone()
+    diloco = DiLoCo([model], one_group, _cfg(diloco_inner_steps=4, diloco_outer_lr=1.0, diloco_outer_momentum=0.0,
+                                             diloco_overlap_steps=2), replica=0)
+    outer = diloco.outer[next(iter(diloco.outer))]
+    for step in range(1, 7):
+        with torch.no_grad():
+            model.weight.sub_(0.1)  # an "inner step"
+        diloco.after_step(step, last=False)
+        if step in (4, 5):  # sent, not applied yet: the group trains on
+            assert len(diloco.in_flight) == 1 and torch.equal(outer, w0)
+            assert torch.allclose(model.weight, w0 - 0.1 * step)
+    assert not diloco.in_flight
+    assert torch.allclose(outer, w0 - 0.4, atol=1e-6)
+    assert torch.allclose(model.weight, 0.5 * (w0 - 0.6) + 0.5 * (w0 - 0.4), atol=1e-6)
+
+
+def test_a_checkpoint_applies_what_is_in_flight(one_group):
+    model = torch.nn.Linear(3, 2, bias=False)
+    diloco = DiLoCo([model], one_group, _cfg(diloco_inner_steps=2, diloco_outer_lr=1.0, diloco_outer_momentum=0.0,
+                                             diloco_overlap_steps=1), replica=0)
+    for step in (1, 2):
+        with torch.no_grad():
+            model.weight.sub_(0.1)
+        diloco.after_step(step, last=False)
+    assert diloco.in_flight
+    saved = diloco.capture({}, {})
+    assert not diloco.in_flight and torch.equal(saved[f"outer.{next(iter(diloco.outer))}"], model.weight)
 
 
 def test_fragments_sync_on_a_staggered_schedule():

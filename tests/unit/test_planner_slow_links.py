@@ -38,6 +38,16 @@ def test_the_dp_term_shrinks_by_the_methods_factor(changes, factor):
         assert exposed == got  # the outer all-reduce waits at the end of its step: nothing hides it
 
 
+def test_an_overlapped_outer_all_reduce_hides_behind_the_steps_beside_it():
+    """diloco_overlap_steps: the same bytes, shown only past the steps' kernels it runs beside (and
+    the device's overlap cost); int8's all-to-all runs when the fragment lands, so it stays exposed."""
+    total, exposed = _dp(diloco_inner_steps=50)
+    total1, exposed1 = _dp(diloco_inner_steps=50, diloco_overlap_steps=1)
+    assert total1 == total and exposed1 == pytest.approx(CLUSTER.gpu.overlap_cost * total)
+    _, exposed8 = _dp(diloco_inner_steps=50, diloco_quantize="int8", diloco_overlap_steps=1)
+    assert exposed8 == _dp(diloco_inner_steps=50, diloco_quantize="int8")[1]
+
+
 def test_powersgd_factor_is_low_rank_bytes_over_full_bytes():
     cfg = ModelConfig(dim=64, n_layers=1, n_heads=4, n_kv_heads=4, ffn_hidden=128, vocab_size=256)
     # four 64x64 attention matrices, three 64x128 (or 128x64) FFN ones, embedding and head 256x64
