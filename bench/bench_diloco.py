@@ -30,6 +30,10 @@ METHODS = {  # name -> settings, beside bench_compression's "none"
     "diloco50-m0.5-int8": LOW_MOMENTUM + ["parallel.diloco_quantize=int8"],
     "stream50x5-m0.5": LOW_MOMENTUM + ["parallel.diloco_fragments=5"],
     "stream50x5-m0.5-int8": LOW_MOMENTUM + ["parallel.diloco_fragments=5", "parallel.diloco_quantize=int8"],
+    # overlapped: each fragment's all-reduce runs beside the next step (tau = 1), or the whole model's
+    # beside the next five; landed mixed half and half (parallel/diloco.py)
+    "stream50x5-m0.5-tau1": LOW_MOMENTUM + ["parallel.diloco_fragments=5", "parallel.diloco_overlap_steps=1"],
+    "diloco50-m0.5-tau5": LOW_MOMENTUM + ["parallel.diloco_overlap_steps=5"],
 }
 bc.METHODS.update(METHODS)  # bc.settings() reads it
 

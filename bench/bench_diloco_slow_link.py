@@ -43,6 +43,7 @@ def main() -> None:
         raise SystemExit(f"no emulated cluster: {why}")
     methods = ["none"] + [m for m in a.methods.split(",") if m != "none"]
     out = Path(a.out or tempfile.mkdtemp(prefix="shoal-bench-diloco-link-"))
+    out.mkdir(parents=True, exist_ok=True)
     a.nproc = 2  # bc.settings: dp_replicate = 2, one rank on each node
     runs = [(f"{m}-seed{s}", bc.settings(a, s, m)) for s in a.seeds for m in methods]
     argv = [bc.__file__, "--worker", str(out), json.dumps(runs)]
