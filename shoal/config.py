@@ -21,7 +21,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from shoal.errors import UserError
-from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER
+from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
 
 # [model] takes a preset plus any ModelConfig field to override it; None means "the preset's value".
@@ -275,13 +275,11 @@ class JobConfig:
         _check(_finite(d.val_fraction) and 0 <= d.val_fraction < 1, "data.val_fraction", d.val_fraction,
                "must be in [0, 1), e.g. 0.01")
         p = self.parallel
-        _check(0 < p.topk_density <= 1, "parallel.topk_density", p.topk_density,
-               "must be in (0, 1], e.g. 0.1 (the share of gradient values sent each step)")
-        _check(p.powersgd_rank >= 1, "parallel.powersgd_rank", p.powersgd_rank, "must be >= 1, e.g. 4")
+        for problem in slow_link_setting_problems(p.topk_density, p.powersgd_rank, p.diloco_inner_steps,
+                                                  p.diloco_overlap_steps):
+            raise problem
         _check(p.topk_warmup >= 0, "parallel.topk_warmup", p.topk_warmup, "must be >= 0 (0: compress from step 1)")
         _check(p.powersgd_warmup >= 0, "parallel.powersgd_warmup", p.powersgd_warmup, "must be >= 0 (0: compress from step 1)")
-        _check(p.diloco_inner_steps >= 0, "parallel.diloco_inner_steps", p.diloco_inner_steps,
-               "must be >= 0 (0: off), e.g. 50")
         _check(_finite(p.diloco_outer_lr) and p.diloco_outer_lr > 0, "parallel.diloco_outer_lr", p.diloco_outer_lr,
                "must be a finite number > 0, e.g. 0.7")
         _check(_finite(p.diloco_outer_momentum) and 0 <= p.diloco_outer_momentum < 1, "parallel.diloco_outer_momentum",
@@ -290,10 +288,6 @@ class JobConfig:
                f"must be from 1 to diloco_inner_steps={p.diloco_inner_steps} (one fragment synced per step at most)")
         _check(p.diloco_quantize in ("none", "bf16", "int8"), "parallel.diloco_quantize", p.diloco_quantize,
                "use 'none', 'bf16' or 'int8'")
-        _check(p.diloco_overlap_steps == 0 or 0 < p.diloco_overlap_steps < p.diloco_inner_steps,
-               "parallel.diloco_overlap_steps", p.diloco_overlap_steps,
-               f"must be from 0 to diloco_inner_steps-1={p.diloco_inner_steps - 1} (a fragment's outer step lands "
-               "before its next sync)" if p.diloco_inner_steps else "needs parallel.diloco_inner_steps > 0 (DiLoCo on)")
         c = self.checkpoint
         _check(c.every >= 0, "checkpoint.every", c.every, "must be >= 0 (0: only at the end)")
         _check(c.keep >= 1, "checkpoint.keep", c.keep, "must be >= 1")

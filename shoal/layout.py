@@ -244,6 +244,27 @@ def _diloco_problems(lay: Layout) -> list[UserError]:
     return []
 
 
+def slow_link_setting_problems(topk_density: float, powersgd_rank: int, diloco_inner_steps: int,
+                               diloco_overlap_steps: int, name=config_name) -> list[UserError]:
+    """The ranges of the slow-link settings `shoal train` and `shoal plan` both take; `name` spells a
+    field the way the caller's user writes it (parallel.topk_density, or --topk-density)."""
+    h, tau = diloco_inner_steps, diloco_overlap_steps
+    out = []
+    if not 0 < topk_density <= 1:
+        out.append(UserError(name("topk_density"), topk_density,
+                             "must be in (0, 1], e.g. 0.1 (the share of gradient values sent each step)"))
+    if powersgd_rank < 1:
+        out.append(UserError(name("powersgd_rank"), powersgd_rank, "must be >= 1, e.g. 4"))
+    if h < 0:
+        out.append(UserError(name("diloco_inner_steps"), h, "must be >= 0 (0: off), e.g. 50"))
+    elif tau and not 0 < tau < h:
+        out.append(UserError(name("diloco_overlap_steps"), tau,
+                             f"must be from 1 to {name('diloco_inner_steps')}-1={h - 1} (a fragment's outer step "
+                             f"lands before its next sync), or 0 (off)" if h else
+                             f"needs {name('diloco_inner_steps')} > 0 (DiLoCo on)"))
+    return out
+
+
 def _pipeline_problems(lay: Layout, m: ModelConfig) -> list[UserError]:
     out = []
     if lay.pp_schedule not in SCHEDULES:

@@ -209,15 +209,11 @@ def build(args):
 
 
 def _slow_link_flags(args) -> None:
-    if not 0 < args.topk_density <= 1:
-        raise UserError("topk-density", args.topk_density, "must be in (0, 1], e.g. 0.1")
-    _positive("powersgd_rank", args.powersgd_rank)
-    if args.diloco_inner_steps < 0:
-        raise UserError("diloco-inner-steps", args.diloco_inner_steps, "must be >= 0 (0: off), e.g. 50")
-    if args.diloco_overlap_steps and not 0 < args.diloco_overlap_steps < args.diloco_inner_steps:
-        raise UserError("diloco-overlap-steps", args.diloco_overlap_steps,
-                        f"must be from 1 to --diloco-inner-steps - 1 (={args.diloco_inner_steps - 1})"
-                        if args.diloco_inner_steps else "needs --diloco-inner-steps H (DiLoCo on)")
+    from shoal.layout import slow_link_setting_problems
+
+    for problem in slow_link_setting_problems(args.topk_density, args.powersgd_rank, args.diloco_inner_steps,
+                                              args.diloco_overlap_steps, name=lambda field: field.replace("_", "-")):
+        raise problem
     if args.diloco_inner_steps and args.grad_compression != "none":
         raise UserError("grad-compression", args.grad_compression, "DiLoCo sends no gradients across replica groups; "
                         "use --diloco-quantize for its pseudo-gradient")

@@ -6,13 +6,16 @@ the planner itself never imports torch.distributed). Takes a few seconds:
 - copy bandwidth (read + write) of a 64 MiB tensor on one thread;
 - the cost of one counted kernel beyond its arithmetic (a forward and backward of the `debug` model
   on 8 tokens over the kernels the planner counts for it);
+- causal attention (SDPA) forward and backward, as a fraction of the matmul rate;
 - gloo between two local processes: a 4-byte all_reduce for latency, and an all_gather plus a
-  reduce_scatter of 4 MiB for bus bandwidth (nccl-tests convention, see _gloo_worker).
+  reduce_scatter of 4 MiB for bus bandwidth (nccl-tests convention, see _gloo_worker);
+- in the same two processes, what DTensor adds to each kernel of a tensor-parallel layer.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -73,6 +76,24 @@ def measure_kernel_overhead(repeats: int = 20) -> float:
     return _best_time(step, repeats) / (3 * forward_kernels)  # backward counts twice the forward's kernels
 
 
+def measure_attention_efficiency(repeats: int = 5) -> float:
+    """Causal SDPA forward + backward as a fraction of the fp32 matmul rate, counting the FLOPs the
+    planner counts for flash attention (shoal/planner/compute.py: half of 4·B·S²·D forward for the
+    causal triangle, 2.5x that backward). The shape is a tiny-to-small layer's: 4 sequences of 256, 4
+    heads of 64."""
+    import torch
+    import torch.nn.functional as F
+
+    b, heads, s, hd = 4, 4, 256, 64
+    q, k, v = (torch.randn(b, heads, s, hd, requires_grad=True) for _ in range(3))
+
+    def step():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    counted = 3.5 * 0.5 * 4.0 * b * s * s * heads * hd
+    return counted / _best_time(step, repeats) / measure_matmul("float32")
+
+
 GLOO_PAIR_BYTES = 4 * 2**20
 """The buffer of the all_gather + reduce_scatter pair the profile times: the size class of one tiny-to-
 small layer's parameters or activations (FSDP and sequence-parallel TP run the pair per layer)."""
@@ -105,14 +126,51 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
 
     latency_op = best(lambda: dist.all_reduce(small), 50)
     pair_op = best(pair, 4)
+    dtensor = _dtensor_kernel_overhead(rank, world)  # both ranks at once: two ranks on two cores, as a tp2 run
     if rank == 0:
         # nccl-tests: all_gather and reduce_scatter each move S (n-1)/n per rank, S the full buffer. The
         # pair, not an all_reduce: gloo's reduce_scatter took ~1.4x an all_reduce of the same buffer
         # here (2-8 MiB, 2 ranks), so an all_reduce's bus bandwidth would flatter every per-layer collective.
         bw = 2 * GLOO_PAIR_BYTES * (world - 1) / world / pair_op
         # A ring all_reduce has 2(n-1) steps; the alpha of the alpha-beta model is per step.
-        Path(out_file).write_text(json.dumps({"gloo_busbw": bw, "gloo_latency": latency_op / (2 * (world - 1))}))
+        Path(out_file).write_text(json.dumps({"gloo_busbw": bw, "gloo_latency": latency_op / (2 * (world - 1)),
+                                              "tp_kernel_overhead": dtensor}))
     dist.destroy_process_group()
+
+
+def _dtensor_kernel_overhead(rank: int, world: int, repeats: int = 3) -> float:
+    """Seconds DTensor adds to each counted kernel of a tensor-parallel layer: the `debug` model's forward
+    and backward on 4 x 256 tokens, sharded by shoal's TP plan (sequence parallel) over a mesh of this
+    rank alone, against the same model unsharded, per counted kernel (as measure_kernel_overhead). A
+    one-rank mesh sends nothing, so what is left is the host work: sharding propagation, redistribution
+    and the wrapping of every op's inputs and outputs (~60-100 us a kernel here, ~10x the plain op's)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from shoal.model.config import get_preset
+    from shoal.model.transformer import build_model, cross_entropy
+    from shoal.parallel.tensor_parallel import apply_tensor_parallel
+    from shoal.planner.compute import DENSE_LAYER_KERNELS, HEAD_KERNELS
+
+    alone = [dist.new_group([r]) for r in range(world)][rank]  # every rank makes every group, in order
+    cfg = get_preset("debug")
+    tokens = torch.zeros(4, 257, dtype=torch.long)
+    times = []
+    for sharded in (False, True):
+        torch.manual_seed(0)
+        model = build_model(cfg).train()
+        if sharded:
+            apply_tensor_parallel(model, DeviceMesh.from_group(alone, "cpu"), sequence_parallel=True)
+
+        def step():
+            with loss_parallel() if sharded else contextlib.nullcontext():
+                cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+
+        times.append(_best_time(step, repeats))
+    forward_kernels = cfg.n_layers * DENSE_LAYER_KERNELS + HEAD_KERNELS
+    return max(0.0, times[1] - times[0]) / (3 * forward_kernels)
 
 
 def measure_gloo(world: int = 2) -> dict:
@@ -146,6 +204,7 @@ def measure() -> dict:
         "matmul_bf16_flops": measure_matmul("bfloat16"),
         "copy_bandwidth": measure_copy(),
         "kernel_overhead": measure_kernel_overhead(),
+        "attention_efficiency": measure_attention_efficiency(),
     }
     profile.update(measure_gloo())
     return profile

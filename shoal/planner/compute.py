@@ -87,6 +87,11 @@ EAGER_GLU_ELEMS, EAGER_GELU_ELEMS = 5, 2
 FP8_CAST_ELEMS = 1.5
 
 
+def _per_kernel(gpu: GPU, tp: int) -> float:
+    """What each counted kernel costs beyond its work; tensor-parallel layers run on DTensors."""
+    return gpu.kernel_gap + (gpu.tp_kernel_overhead if tp > 1 else 0.0)
+
+
 def _stream(nbytes: float, gpu: GPU) -> float:
     return nbytes / (gpu.hbm_bandwidth * gpu.hbm_efficiency)
 
@@ -152,7 +157,7 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         inside += FP8_CAST_ELEMS * (q_dim + (cfg.top_k if moe else 1) * f) / tp
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
     kernels = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + 2 * cfg.n_experts / ep if moe else 0)
-    gaps = kernels * gpu.kernel_gap
+    gaps = kernels * _per_kernel(gpu, tp)
     selective = elementwise if attention == "flash" else attn_fwd
     return KernelTime(fwd=gemm + attn_fwd + elementwise + gaps, bwd=2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps,
                       attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective, op_fwd=selective + every_second)
@@ -166,6 +171,6 @@ def head_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: in
     gemm = gemm_time(T, cfg.dim, cfg.vocab_size / tp, gpu, "bf16" if precision == "fp8" else precision)
     # Logits upcast to fp32, softmax, loss: about three fp32 passes over the logits forward, two backward.
     logits = T * cfg.vocab_size / tp * 4
-    gaps = HEAD_KERNELS * gpu.kernel_gap
+    gaps = HEAD_KERNELS * _per_kernel(gpu, tp)
     return KernelTime(fwd=gemm + _stream(3 * logits, gpu) + gaps, bwd=2 * gemm + _stream(2 * logits, gpu) + 2 * gaps,
                       attn_fwd=0.0, gemm_fwd=gemm)

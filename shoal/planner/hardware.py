@@ -87,6 +87,11 @@ class GPU:
     (eager PyTorch on a CPU: the per-op dispatch cost). What makes tiny models slow. 2 us is the order
     of a CUDA launch seen back-to-back on the GPU (a few microseconds, NVIDIA's CUDA graphs notes);
     approximate: the `local` entry measures its own (op_overhead)."""
+    tp_kernel_overhead: float = 0.0
+    """Seconds each kernel of a tensor-parallel layer costs on top of kernel_gap: DTensor's host work
+    (sharding propagation, redistribution, wrapping each op's tensors). `local` measures it (~0.1 ms,
+    ~10x a plain op's dispatch). 0 on GPUs: the host runs ahead of the device there and this work
+    hides behind the kernels (not measured in this repo)."""
     reserved_bytes: float = 2.5 * GiB
     """Memory that is never the model's: CUDA context, NCCL buffers, cuBLAS workspaces."""
     allocator_slack: float = 0.0
@@ -317,7 +322,7 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
             raise UserError(f"{source}.{key}", raw, f"must be a number ({kind})") from None
         if kind != "str" and not math.isfinite(value):  # float("nan") parses; a nan bandwidth plans nonsense
             raise UserError(f"{source}.{key}", raw, "must be a finite number")
-        if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "power_watts",
+        if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "tp_kernel_overhead", "power_watts",
                                                          "nodes_per_leaf", "overlap_cost", "power_limit_watts", "peak_fp8_flops",
                                                          "allocator_slack",
                                                          "usd_per_gpu_hour"):
@@ -425,6 +430,7 @@ def local_for_ranks(gpu: GPU, ranks: int) -> GPU:
                                peak_fp32_flops=gpu.peak_fp32_flops * share, hbm_bandwidth=gpu.hbm_bandwidth * share,
                                hbm_bytes=gpu.hbm_bytes * share, intra_node_bandwidth=gpu.intra_node_bandwidth * share,
                                intra_node_latency=gpu.intra_node_latency / share, kernel_gap=gpu.kernel_gap / share,
+                               tp_kernel_overhead=gpu.tp_kernel_overhead / share,
                                gpus_per_node=ranks)
 
 
@@ -436,7 +442,9 @@ def gpu_from_profile(profile: dict) -> GPU:
         peak_bf16_flops=float(profile["matmul_bf16_flops"]),
         peak_fp32_flops=float(profile["matmul_fp32_flops"]),
         matmul_efficiency=1.0,
-        attention_efficiency=0.5,  # unfused CPU attention: roughly half the matmul rate
+        # CPU SDPA's causal forward + backward against the matmul rate, measured (0.34 here); profiles
+        # from before it was measured get 0.5
+        attention_efficiency=float(profile.get("attention_efficiency", 0.5)),
         hbm_bytes=float(profile["memory_bytes"]) / ranks,  # ranks share the machine's memory
         hbm_bandwidth=float(profile["copy_bandwidth"]),
         hbm_efficiency=1.0,
@@ -450,6 +458,7 @@ def gpu_from_profile(profile: dict) -> GPU:
         # kernel_overhead: per counted kernel of a real layer; op_overhead, a bare multiply, is what
         # profiles measured before it (--remeasure replaces it)
         kernel_gap=float(profile.get("kernel_overhead", profile.get("op_overhead", 20e-6))),
+        tp_kernel_overhead=float(profile.get("tp_kernel_overhead", 0.0)),
         allocator_slack=LOCAL_ALLOCATOR_SLACK,
         overlap_cost=1.0,
         reserved_bytes=LOCAL_PROCESS_BYTES,

@@ -59,3 +59,20 @@ def test_emulated_two_node_file_gives_the_link_between_nodes(tmp_path, monkeypat
     across = evaluate(wl, lay, Cluster(two_per_node, 4, 2)).time  # the gradient all-reduce crosses the link
     inside = evaluate(wl, lay, Cluster(two_per_node, 4, 4)).time
     assert across.dp_comm_total > 5 * inside.dp_comm_total  # 24 MB/s per rank across against 1 GB/s inside
+
+
+def test_measured_attention_and_dtensor_costs_reach_the_plan():
+    measured = dict(PROFILE, attention_efficiency=0.25, tp_kernel_overhead=100e-6)
+    old, new = hardware.gpu_from_profile(PROFILE), hardware.gpu_from_profile(measured)
+    assert (old.attention_efficiency, old.tp_kernel_overhead) == (0.5, 0.0)  # a profile from before both
+    wl = Workload(PRESETS["tiny"], 256, 16, precision="fp32")
+    dp, tp = Layout(dp_shard=2, zero=0, micro_batch=8), Layout(tp=2, zero=0, micro_batch=8)
+    t_old, t_new = (evaluate(wl, tp, Cluster(g, 2, 2)).time for g in (old, new))
+    # Attention: each rank's half of the batch's 4·B·S²·D in 6 layers, counted 1.75x (causal forward
+    # plus 2.5x backward), at a quarter of the matmul rate instead of a half.
+    attention = 6 * 1.75 * 4 * 16 * 256 * 256 * 256 / 2 / 100e9 * (1 / 0.25 - 1 / 0.5)
+    # DTensor: 2 micro-batches x (6 layers x 24 + 6 head kernels) x 3 (backward counts twice) x 100 us.
+    assert t_new.compute - t_old.compute == pytest.approx(attention + 2 * 150 * 3 * 100e-6, rel=0.01)
+    d_old, d_new = (evaluate(wl, dp, Cluster(g, 2, 2)).time for g in (old, new))
+    assert d_new.compute - d_old.compute == pytest.approx(attention, rel=0.01)  # no DTensor without tp
+    assert hardware.local_for_ranks(new, 4).tp_kernel_overhead == 200e-6  # two ranks a core: twice as long
