@@ -98,7 +98,7 @@ class DiLoCo:
         due = range(self.fragments) if last else due_fragments(step, self.inner_steps, self.fragments)
         names = [self.fragment_names[j] for j in due if self.fragment_names[j]]
         if names and self.overlap and not last:  # the run's last step ends on one model: no overlap there
-            self.in_flight += [(step + self.overlap, ns, self._send(ns)[1]) for ns in names]
+            self.in_flight += [(step + self.overlap, ns, self._send(ns)) for ns in names]
         elif names:
             self.sync(names)
 
@@ -115,8 +115,8 @@ class DiLoCo:
     def sync(self, fragments: list[list[str]]) -> None:
         """Outer steps for these fragments: every all-reduce issued first, each waited before its
         fragment is applied."""
-        pending = [(names, *self._send(names)) for names in fragments]
-        for names, flat, finish in pending:
+        pending = [(names, self._send(names)) for names in fragments]
+        for names, finish in pending:
             self._apply(names, finish(), mix=0.0)
 
     def _apply(self, names: list[str], mean: torch.Tensor, mix: float) -> None:
@@ -136,20 +136,20 @@ class DiLoCo:
                 param.copy_(outer)
 
     def _send(self, names: list[str]):
-        """Start averaging this fragment's pseudo-gradient over the groups; returns (flat, finish),
-        finish() waits and returns the mean in fp32."""
+        """Start averaging this fragment's pseudo-gradient over the groups; the function it returns
+        waits and returns the mean in fp32."""
         flat = torch.cat([(_local(self.outer[n]) - _local(self.params[n])).view(-1) for n in names])
         if self.quantize == "int8":
             from shoal.parallel.compression import int8_mean_
 
-            return flat, lambda: int8_mean_(flat, self.group)
+            return lambda: int8_mean_(flat, self.group)
         wire = flat.div_(self.groups).to(torch.bfloat16) if self.quantize == "bf16" else flat.div_(self.groups)
         work = dist.all_reduce(wire, group=self.group, async_op=True)
 
         def finish():
             work.wait()
             return wire.float() if wire is not flat else flat
-        return flat, finish
+        return finish
 
     # Checkpoint (checkpoint/state.py calls these; keys go under "diloco.")
 
