@@ -250,7 +250,10 @@ class _FailureReport(logging.Filter):
         through SubprocessContext._poll and keeps the result to itself."""
         from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
-        poll = SubprocessContext._poll
+        poll = getattr(SubprocessContext, "_poll", None)
+        if poll is None:  # a torch without this private method: only the end-of-job line is printed
+            yield
+            return
 
         def _poll(context):
             result = poll(context)
