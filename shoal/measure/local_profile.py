@@ -5,7 +5,7 @@ the planner itself never imports torch.distributed). Takes a few seconds:
 - matmul FLOP/s on one thread, bf16 and fp32 (one rank per core is how shoal runs on a CPU);
 - copy bandwidth (read + write) of a 64 MiB tensor on one thread;
 - the cost of one counted kernel beyond its arithmetic (a forward and backward of the `debug` model
-  on 8 tokens over the kernels the planner counts for it);
+  on 8 tokens over the kernels the planner counts for it), on one thread and on every core;
 - causal attention (SDPA) forward and backward, as a fraction of the matmul rate;
 - gloo between two local processes: a 4-byte all_reduce for latency, and an all_gather plus a
   reduce_scatter of 4 MiB for bus bandwidth (nccl-tests convention, see _gloo_worker);
@@ -138,7 +138,7 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     dist.destroy_process_group()
 
 
-def _dtensor_kernel_overhead(rank: int, world: int, repeats: int = 3) -> float:
+def _dtensor_kernel_overhead(rank: int, world: int, repeats: int = 5) -> float:
     """Seconds DTensor adds to each counted kernel of a tensor-parallel layer: the `debug` model's forward
     and backward on 4 x 256 tokens, sharded by shoal's TP plan (sequence parallel) over a mesh of this
     rank alone, against the same model unsharded, per counted kernel (as measure_kernel_overhead). A
@@ -189,6 +189,18 @@ def memory_bytes() -> float:
         return 8.0 * 2**30
 
 
+def _on_every_core(measure_fn):
+    """measure_fn with torch's threads on every core, as a single-process run has them: small ops then
+    pay OpenMP's fork and join as well (~2-3x the one-thread cost per kernel here)."""
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        return measure_fn()
+    finally:
+        torch.set_num_threads(1)
+
+
 def measure() -> dict:
     import torch
 
@@ -204,6 +216,7 @@ def measure() -> dict:
         "matmul_bf16_flops": measure_matmul("bfloat16"),
         "copy_bandwidth": measure_copy(),
         "kernel_overhead": measure_kernel_overhead(),
+        "kernel_overhead_all_cores": _on_every_core(measure_kernel_overhead),
         "attention_efficiency": measure_attention_efficiency(),
     }
     profile.update(measure_gloo())

@@ -87,6 +87,9 @@ class GPU:
     (eager PyTorch on a CPU: the per-op dispatch cost). What makes tiny models slow. 2 us is the order
     of a CUDA launch seen back-to-back on the GPU (a few microseconds, NVIDIA's CUDA graphs notes);
     approximate: the `local` entry measures its own (op_overhead)."""
+    kernel_gap_one_process: float = 0.0
+    """`local` only: kernel_gap when a single process runs torch's threads on every core (each op
+    also pays OpenMP's fork and join; measured); 0: kernel_gap."""
     tp_kernel_overhead: float = 0.0
     """Seconds each kernel of a tensor-parallel layer costs on top of kernel_gap: DTensor's host work
     (sharding propagation, redistribution, wrapping each op's tensors). `local` measures it (~0.1 ms,
@@ -322,7 +325,7 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
             raise UserError(f"{source}.{key}", raw, f"must be a number ({kind})") from None
         if kind != "str" and not math.isfinite(value):  # float("nan") parses; a nan bandwidth plans nonsense
             raise UserError(f"{source}.{key}", raw, "must be a finite number")
-        if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "tp_kernel_overhead", "power_watts",
+        if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "kernel_gap_one_process", "tp_kernel_overhead", "power_watts",
                                                          "nodes_per_leaf", "overlap_cost", "power_limit_watts", "peak_fp8_flops",
                                                          "allocator_slack",
                                                          "usd_per_gpu_hour"):
@@ -411,7 +414,8 @@ def local_for_ranks(gpu: GPU, ranks: int) -> GPU:
     OMP_NUM_THREADS=1, shoal/launch/local.py).
 
     - One process keeps torch's default, every core: its matmul and copy rates scale with the
-      cores (approximately: linear) and it has the whole memory.
+      cores (approximately: linear), it has the whole memory, and each small op pays OpenMP's fork
+      and join on top of its dispatch (kernel_gap_one_process, measured so).
     - More ranks than cores time-share them: Linux's scheduler (CFS) gives each runnable process an
       equal share, so each rank's compute, memory and loopback-link rates are cores/ranks of one
       core's, and each op's dispatch and each collective step's latency take ranks/cores as long.
@@ -422,7 +426,8 @@ def local_for_ranks(gpu: GPU, ranks: int) -> GPU:
     if ranks == 1:
         return dataclasses.replace(gpu, peak_bf16_flops=gpu.peak_bf16_flops * cores,
                                    peak_fp32_flops=gpu.peak_fp32_flops * cores, hbm_bandwidth=gpu.hbm_bandwidth * cores,
-                                   hbm_bytes=gpu.hbm_bytes * cores, gpus_per_node=1)
+                                   hbm_bytes=gpu.hbm_bytes * cores, gpus_per_node=1,
+                                   kernel_gap=gpu.kernel_gap_one_process or gpu.kernel_gap)
     if ranks < cores:
         return gpu
     share = cores / ranks
@@ -458,6 +463,7 @@ def gpu_from_profile(profile: dict) -> GPU:
         # kernel_overhead: per counted kernel of a real layer; op_overhead, a bare multiply, is what
         # profiles measured before it (--remeasure replaces it)
         kernel_gap=float(profile.get("kernel_overhead", profile.get("op_overhead", 20e-6))),
+        kernel_gap_one_process=float(profile.get("kernel_overhead_all_cores", 0.0)),
         tp_kernel_overhead=float(profile.get("tp_kernel_overhead", 0.0)),
         allocator_slack=LOCAL_ALLOCATOR_SLACK,
         overlap_cost=1.0,

@@ -19,7 +19,8 @@ def test_profile_measures_every_rate_the_planner_reads(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     profile = json.loads(out.read_text())
-    for key in ("matmul_fp32_flops", "copy_bandwidth", "gloo_busbw", "gloo_latency", "kernel_overhead"):
+    for key in ("matmul_fp32_flops", "copy_bandwidth", "gloo_busbw", "gloo_latency", "kernel_overhead",
+                "kernel_overhead_all_cores"):
         assert profile[key] > 0, key
     assert 0.02 < profile["attention_efficiency"] < 2  # causal SDPA against the matmul rate (0.34 here)
     assert profile["tp_kernel_overhead"] > profile["kernel_overhead"]  # ~117 us against ~10 us here

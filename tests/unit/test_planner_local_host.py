@@ -76,3 +76,11 @@ def test_measured_attention_and_dtensor_costs_reach_the_plan():
     d_old, d_new = (evaluate(wl, dp, Cluster(g, 2, 2)).time for g in (old, new))
     assert d_new.compute - d_old.compute == pytest.approx(attention, rel=0.01)  # no DTensor without tp
     assert hardware.local_for_ranks(new, 4).tp_kernel_overhead == 200e-6  # two ranks a core: twice as long
+
+
+def test_one_process_pays_the_per_kernel_cost_measured_on_every_core():
+    threaded = hardware.gpu_from_profile(dict(PROFILE, kernel_overhead_all_cores=15e-6))
+    assert hardware.local_for_ranks(threaded, 1).kernel_gap == 15e-6  # torch's threads on both cores
+    assert hardware.local_for_ranks(threaded, 2).kernel_gap == 6e-6  # one thread per rank
+    old = hardware.gpu_from_profile(PROFILE)  # a profile from before: the one-thread cost
+    assert hardware.local_for_ranks(old, 1).kernel_gap == 6e-6
