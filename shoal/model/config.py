@@ -79,7 +79,8 @@ class ModelConfig:
 
     @property
     def n_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.n_layers))
+        """How many layers is_moe_layer picks: every moe_every-th after the first n_dense_layers."""
+        return max(0, -(-(self.n_layers - self.n_dense_layers) // self.moe_every)) if self.is_moe else 0
 
     @property
     def max_new_tokens(self) -> int:
@@ -101,6 +102,8 @@ class ModelConfig:
             check(_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be an integer >= 0")
         for name in ("top_k", "moe_every"):
             check(_int(getattr(self, name)) and getattr(self, name) >= 1, name, "must be a positive integer")
+        for name, most in SIZE_LIMITS.items():
+            check(getattr(self, name) <= most, name, f"must be at most {most:,} (a typo?)")
         # Frequencies are theta^(-k/d): below 1 they grow past one turn per token (and overflow near 0).
         check(_finite(self.rope_theta) and self.rope_theta >= 1, "rope_theta", "must be a finite number >= 1, e.g. 10000")
         # RMSNorm divides by sqrt(mean(x^2) + eps): eps 0 divides by zero on a zero vector, a large one flattens.
@@ -114,7 +117,7 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise UserError(f"{prefix}.n_kv_heads", self.n_kv_heads,
                             f"n_heads={self.n_heads} must be divisible by n_kv_heads; "
-                            f"try one of {[d for d in range(1, self.n_heads + 1) if self.n_heads % d == 0]}")
+                            f"try one of {_divisors(self.n_heads)}")
         if self.head_dim % 2:
             raise UserError(f"{prefix}.n_heads", self.n_heads,
                             f"head_dim=dim/n_heads={self.head_dim} must be even for rotary embeddings")
@@ -140,9 +143,21 @@ def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+SIZE_LIMITS = {"vocab_size": 2**24, "dim": 2**20, "n_layers": 2**16, "n_heads": 2**16, "n_kv_heads": 2**16,
+               "ffn_hidden": 2**22, "max_seq_len": 2**24, "n_experts": 2**16, "expert_ffn_hidden": 2**22,
+               "n_shared_experts": 2**16, "n_dense_layers": 2**16, "top_k": 2**16, "moe_every": 2**16}
+"""Ten times and more past the largest published models (Llama 3 405B: dim 16,384, 126 layers, a
+128k vocabulary; DeepSeek-V3: 256 experts); a larger value is a typo, and the checks and the
+planner's search take time in proportion to some of these."""
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
 def _divisors_near(n: int, k: int) -> list[int]:
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
-    return sorted(divisors, key=lambda d: abs(d - k))[:3]
+    return sorted(_divisors(n), key=lambda d: abs(d - k))[:3]
 
 
 _LLAMA3 = dict(vocab_size=128256, rope_theta=500000.0, max_seq_len=8192, n_kv_heads=8)

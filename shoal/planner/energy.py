@@ -96,14 +96,22 @@ class Trace:
     """Hourly carbon intensity, gCO2/kWh."""
 
 
+MAX_GRAMS_PER_KWH = 5000.0
+"""No grid is dirtier than its dirtiest plant (lignite ~1100 gCO2/kWh, IPCC AR5 WG3 Annex III); a
+value past this is a unit mistake (kg, or g/MWh), not a reading."""
+
+
 def read_trace(path: str | Path) -> Trace:
     """A CSV of hourly intensities: `time,gco2_per_kwh` per line (a header line is allowed).
 
     The second column is the intensity; the first names the hour (kept as written for the output)."""
     try:
         text = Path(path).read_text()
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+    except OSError as e:
         raise UserError("carbon_trace", str(path), f"cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise UserError("carbon_trace", str(path), "is not UTF-8 text; give a CSV of "
+                                                   "'time,gco2_per_kwh' lines") from None
     labels, values = [], []
     for i, row in enumerate(csv.reader(text.splitlines()), 1):
         if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
@@ -116,8 +124,9 @@ def read_trace(path: str | Path) -> Trace:
             if not values and not labels:
                 continue  # the header
             raise UserError("carbon_trace", str(path), f"line {i}: {row[1].strip()!r} is not a number of gCO2/kWh") from None
-        if not math.isfinite(value) or value < 0:
-            raise UserError("carbon_trace", str(path), f"line {i}: intensity {value} must be a finite number >= 0")
+        if not 0 <= value <= MAX_GRAMS_PER_KWH:  # nan fails too
+            raise UserError("carbon_trace", str(path), f"line {i}: intensity {value} must be from 0 to "
+                                                       f"{MAX_GRAMS_PER_KWH:g} gCO2/kWh (coal is about 1000)")
         labels.append(row[0].strip())
         values.append(value)
     if not values:
@@ -182,6 +191,6 @@ def run_energy(est, cluster, *, pue: float = DEFAULT_PUE, region: str | None = N
         return None
     hours = est.expected_hours if math.isfinite(est.expected_hours) else est.ideal_hours
     used = energy(cluster.n_gpus, watts, hours, pue=pue, region=region)
-    if trace is not None:
+    if trace is not None and math.isfinite(hours):  # a run that never ends has no best start
         used = replace(used, grams_per_kwh=best_start(trace, hours).grams_per_kwh)
     return used

@@ -305,6 +305,34 @@ def get_gpu(name: str, *, remeasure: bool = False) -> GPU:
 _FIELDS = {f.name: f for f in dataclasses.fields(GPU)}
 
 
+_ZERO_ALLOWED = {"reserved_bytes", "peak_fp32_flops", "peak_fp8_flops", "kernel_gap", "kernel_gap_one_process",
+                 "tp_kernel_overhead", "power_watts", "power_limit_watts", "nodes_per_leaf", "overlap_cost",
+                 "allocator_slack", "usd_per_gpu_hour"}
+"""Fields where 0 means "none" or "not set" (see each field's docstring); every other number is > 0."""
+
+_MAX_INT_FIELD = 2**31
+"""Counts (gpus_per_node, nodes_per_leaf) past this are typos, and the planner loops over divisors."""
+
+
+def _field_value(name: str, kind: str, raw: object):
+    """`raw` as a hardware field of this kind: a string, or a finite number >= 0 (whole for int fields)."""
+    if kind == "str":
+        return str(raw)
+    if isinstance(raw, bool):  # TOML true is not 1 GPU per node
+        raise UserError(name, raw, f"must be a number ({kind})")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError, OverflowError):
+        raise UserError(name, raw, f"must be a number ({kind})") from None
+    if not math.isfinite(value) or value < 0:  # float("nan") and "1e400" parse; both plan nonsense
+        raise UserError(name, raw, "must be a finite number >= 0")
+    if kind == "int":
+        if value != int(value) or value > _MAX_INT_FIELD:
+            raise UserError(name, raw, f"must be a whole number up to {_MAX_INT_FIELD}")
+        return int(value)
+    return value
+
+
 def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw") -> GPU:
     """A copy of `gpu` with some fields replaced; values are checked and converted to the field's type."""
     changes = {}
@@ -313,25 +341,13 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
             close = difflib.get_close_matches(key, _FIELDS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise UserError(f"{source}.{key}", raw, f"{hint}unknown hardware field; known: {', '.join(_FIELDS)}")
-        kind = _FIELDS[key].type
-        try:
-            if kind == "str":
-                value = str(raw)
-            elif kind == "int":
-                value = int(float(raw))
-            else:
-                value = float(raw)
-        except (TypeError, ValueError):
-            raise UserError(f"{source}.{key}", raw, f"must be a number ({kind})") from None
-        if kind != "str" and not math.isfinite(value):  # float("nan") parses; a nan bandwidth plans nonsense
-            raise UserError(f"{source}.{key}", raw, "must be a finite number")
-        if kind != "str" and value <= 0 and key not in ("reserved_bytes", "peak_fp32_flops", "kernel_gap", "kernel_gap_one_process", "tp_kernel_overhead", "power_watts",
-                                                         "nodes_per_leaf", "overlap_cost", "power_limit_watts", "peak_fp8_flops",
-                                                         "allocator_slack",
-                                                         "usd_per_gpu_hour"):
-            raise UserError(f"{source}.{key}", raw, "must be positive")
+        value = _field_value(f"{source}.{key}", _FIELDS[key].type, raw)
         if key.endswith("_efficiency") and not 0 < value <= 1:
             raise UserError(f"{source}.{key}", raw, "an efficiency is a fraction in (0, 1]")
+        if key == "overlap_cost" and value > 1:
+            raise UserError(f"{source}.{key}", raw, "a share of the collective's time, in [0, 1]")
+        if key not in _ZERO_ALLOWED and value == 0:
+            raise UserError(f"{source}.{key}", raw, "must be positive")
         changes[key] = value
     return dataclasses.replace(gpu, **changes)
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from shoal.errors import UserError
 from shoal.model.config import ModelConfig
 from shoal.planner.hardware import GPU
 
@@ -67,6 +68,11 @@ class Workload:
         return self.seq_len * self.global_batch
 
 
+MAX_GPUS = 10_000_000
+"""A hundred times the largest clusters built (~100k GPUs, 2024-25): past it a GPU count is a typo, and
+the search's divisor loops would take minutes."""
+
+
 @dataclass(frozen=True)
 class Cluster:
     gpu: GPU
@@ -75,6 +81,10 @@ class Cluster:
     """Ranks in the job: dp * tp * pp."""
     gpus_per_node: int
     """Usually gpu.gpus_per_node; `--gpus-per-node` changes it."""
+
+    def __post_init__(self):
+        if not 1 <= self.n_gpus <= MAX_GPUS:
+            raise UserError("gpus", self.n_gpus, f"must be from 1 to {MAX_GPUS:,}")
 
     @property
     def n_nodes(self) -> int:

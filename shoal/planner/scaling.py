@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from shoal.errors import UserError
 from shoal.planner.evaluate import Plan
-from shoal.planner.layout import Cluster, Workload
+from shoal.planner.layout import MAX_GPUS, Cluster, Workload
 from shoal.planner.search import Fixed, search
 
 DIMINISHING = 0.8
@@ -43,8 +43,8 @@ def parse_scale(text: str) -> tuple[int, int]:
         a, b = (int(x) for x in text.split(":"))
     except ValueError:
         raise UserError("scale", text, "write A:B with two GPU counts, e.g. --scale 8:16384") from None
-    if a < 1 or b < a:
-        raise UserError("scale", text, "need 1 <= A <= B, e.g. --scale 8:16384")
+    if a < 1 or b < a or b > MAX_GPUS:
+        raise UserError("scale", text, f"need 1 <= A <= B <= {MAX_GPUS:,}, e.g. --scale 8:16384")
     return a, b
 
 
