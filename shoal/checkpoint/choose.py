@@ -61,9 +61,10 @@ def check_resume(cfg, out: Path, resume: str) -> None:
     """
     if restart_count() or int(os.environ.get("RANK", "0")) != 0:
         return
+    from shoal.cli.argtypes import check_output_dir  # the one output-location check (torch-free)
+
     root = checkpoint_root(cfg, out)
-    if root.exists() and not root.is_dir():  # found here, not by the first save minutes into the run
-        raise UserError("checkpoint.dir", str(root), "is a file, not a folder; give a folder for the checkpoints")
+    check_output_dir("checkpoint.dir", str(root))  # found here, not by the first save minutes into the run
     if resume == "never":
         _refuse_existing(root)
     if resume not in ("auto", "never") and not Path(resume).is_dir():

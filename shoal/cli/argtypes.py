@@ -1,8 +1,12 @@
-"""Argument types for numeric flags: a bad number is refused by argparse with one line and exit 2.
+"""Argument types and output checks: a bad value is refused with one line and exit 2, before any work.
 
 Every numeric flag of every command goes through one of these, so `--nproc -3`, `--tokens nan` or
-`--temperature inf` never reach the code that would misuse them. argparse prints
-"shoal CMD: error: argument --FLAG: <message>", which names the flag; the message names the value.
+`--temperature inf` never reach the code that would misuse them; every name or path flag that must
+not be empty goes through non_empty. argparse prints "shoal CMD: error: argument --FLAG: <message>",
+which names the flag; the message names the value.
+
+Every flag or config field naming an output location goes through check_output_dir or
+check_output_file before the command builds, spawns or writes anything.
 """
 
 from __future__ import annotations
@@ -62,33 +66,59 @@ positive_float = float_at_least(0, strict=True)
 nonnegative_float = float_at_least(0)
 
 
-def check_output_dir(flag: str, path: str) -> None:
-    """A folder a command will write into: it, or its nearest existing ancestor, must be a writable
-    folder. Checked before any work, without creating anything."""
+def non_empty(example: str, sep: str = ""):
+    """A name or path that must not be empty: `--report ""` would otherwise read as "not given" (or as
+    the current folder). With sep, a list of sep-separated items of which at least one is not blank."""
+    def parse(text: str):
+        items = [x.strip() for x in text.split(sep) if x.strip()] if sep else [text] if text.strip() else []
+        if not items:
+            raise argparse.ArgumentTypeError(f"must not be empty, got {text!r}; leave the flag out, or give "
+                                             f"e.g. {example}")
+        return items if sep else text
+    parse.__name__ = "non-empty value"
+    return parse
+
+
+def check_output_dir(flag: str, path: str, *, shown: str | None = None) -> None:
+    """A folder a command will write into (or a config field naming one): not empty, not a file, not
+    under a file, and creatable or writable where it is. Checked before any work, creating nothing:
+    the probe is a temporary folder made and removed in the nearest existing ancestor, because
+    permission bits do not stop root while a read-only mount or /proc still do. `shown`: the value
+    the user gave, when `path` was derived from it (the folder of a file)."""
     import os
+    import tempfile
 
     from shoal.errors import UserError
 
+    shown = path if shown is None else shown
+    if not str(path).strip():
+        raise UserError(flag, shown, "is empty; name a folder to write into")
     p = os.path.abspath(os.path.expanduser(path))
-    if os.path.exists(p) and not os.path.isdir(p):
-        raise UserError(flag, path, "is a file, not a folder; give a folder to write into")
-    while not os.path.exists(p):
-        p = os.path.dirname(p)
-    if not os.path.isdir(p):
-        raise UserError(flag, path, f"{p} is a file, so the folder cannot be created there; pick another path")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise UserError(flag, path, f"{p} is not writable; pick a folder you can write to")
+    existing = p
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = ("is a file, not a folder" if existing == p and shown == path
+                 else f"lies under {existing}, which is a file")
+        raise UserError(flag, shown, f"{where}; pick another path")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".shoal-probe-", dir=existing))
+    except OSError as e:
+        what = f"{existing} is not writable" if existing == p else f"cannot be created in {existing}"
+        raise UserError(flag, shown, f"{what} ({e.strerror}); pick a folder you can write to") from None
 
 
 def check_output_file(flag: str, path: str) -> None:
-    """A file a command will write: not a folder, in a folder that can be written (or created)."""
+    """A file a command will write: not empty, not a folder, in a folder that can be written (or created)."""
     import os
 
     from shoal.errors import UserError
 
+    if not str(path).strip():
+        raise UserError(flag, path, "is empty; give a file name")
     p = os.path.abspath(os.path.expanduser(path))
     if os.path.isdir(p) or path.endswith(("/", os.sep)):
-        raise UserError(flag, path, "is a folder; give a file name, e.g. recipes/plan.toml")
+        raise UserError(flag, path, "is a folder; give a file name")
     if os.path.exists(p) and not os.access(p, os.W_OK):
         raise UserError(flag, path, "is not writable; pick another file name")
-    check_output_dir(flag, os.path.dirname(p))
+    check_output_dir(flag, os.path.dirname(p), shown=path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shoal.cli.argtypes import int_at_least, positive_float, positive_int
+from shoal.cli.argtypes import int_at_least, non_empty, positive_float, positive_int
 from shoal.launch.multinode import add_args as add_node_args
 
 VERDICT_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
@@ -19,15 +19,16 @@ def register(sub) -> None:
     p.add_argument("--min-size", default="1K", help="smallest message (default 1K; binary units)")
     p.add_argument("--max-size", default="256M", help="largest message (default 256M)")
     p.add_argument("--factor", type=int_at_least(2), default=4, help="size step between messages (default 4)")
-    p.add_argument("--ops", default=None, help="comma-separated subset of "
-                   "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,sendrecv")
+    p.add_argument("--ops", type=non_empty("--ops all_reduce,all_gather", sep=","),
+                   help="comma-separated subset of all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,sendrecv")
     p.add_argument("--budget", type=positive_float, default=0.1, help="seconds of timed iterations per size (default 0.1)")
     p.add_argument("--checks-only", action="store_true", help="environment checks only, no benchmark")
     p.add_argument("--peak", action="store_true", help="print the datasheet peak FLOP/s that MFU is against, "
                    "beside a measured matmul on this process's cores; no benchmark")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="for --peak (default fp32)")
-    p.add_argument("--out", default="runs/doctor", help="where the raw timings and the plot go; with --nnodes, "
-                   "the directory checked to be shared by all nodes (give the filesystem your runs will use)")
+    p.add_argument("--out", type=non_empty("--out runs/doctor"), default="runs/doctor",
+                   help="where the raw timings and the plot go; with --nnodes, the directory checked to be shared "
+                        "by all nodes (give the filesystem your runs will use)")
     add_node_args(p)  # --nnodes, --node-rank, --master, --ifname, --rdzv-timeout, as shoal train has them
     p.set_defaults(func=run)
 
@@ -48,7 +49,7 @@ def run(args) -> int:
         check_output_dir("--out", args.out)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     sizes = doctor.sizes(doctor.parse_size(args.min_size, "--min-size"), doctor.parse_size(args.max_size), args.factor)
-    ops = args.ops.split(",") if args.ops else list(BENCH_OPS)
+    ops = args.ops or list(BENCH_OPS)
     console = make_console(highlight=False)
     if args.checks_only:
         rep = doctor.Report(checks=envcheck.run_all(nproc))
@@ -78,7 +79,8 @@ def run_node(args) -> int:
 
     from shoal.errors import UserError
 
-    for flag, value, default in (("--ops", args.ops, None), ("--checks-only", args.checks_only, False),
+    ops = ",".join(args.ops) if args.ops else None
+    for flag, value, default in (("--ops", ops, None), ("--checks-only", args.checks_only, False),
                                  ("--min-size", args.min_size, "1K"), ("--factor", args.factor, 4)):
         if value != default:
             raise UserError(flag, value, "does not apply with --nnodes, which times one all_reduce of --max-size "

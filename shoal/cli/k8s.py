@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from shoal.cli.argtypes import non_empty
+
 
 def register(sub) -> None:
     p = sub.add_parser("k8s", help="write a Kubeflow TrainJob, a JobSet and a PyTorchJob for a recipe")
@@ -10,11 +12,13 @@ def register(sub) -> None:
     p.add_argument("--nodes", type=int, required=True, help="machines (pods, one per machine)")
     p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per machine = processes per pod")
     p.add_argument("--image", required=True, help="container image with shoal and the recipe")
-    p.add_argument("--name", default="", help="object name (default: from the recipe file name)")
-    p.add_argument("--queue", default="", help="Kueue LocalQueue: adds the queue-name label and suspend")
-    p.add_argument("--run-out", default="", help="--out of the run inside the pods (a shared volume; "
-                                                 "default /checkpoints/NAME)")
-    p.add_argument("--out", default="k8s", help="folder for trainjob.yaml, jobset.yaml, pytorchjob.yaml")
+    p.add_argument("--name", type=non_empty("--name pretrain"), help="object name (default: from the recipe file name)")
+    p.add_argument("--queue", type=non_empty("--queue team-a"),
+                   help="Kueue LocalQueue: adds the queue-name label and suspend")
+    p.add_argument("--run-out", type=non_empty("--run-out /checkpoints/pretrain"),
+                   help="--out of the run inside the pods (a shared volume; default /checkpoints/NAME)")
+    p.add_argument("--out", type=non_empty("--out k8s"), default="k8s",
+                   help="folder for trainjob.yaml, jobset.yaml, pytorchjob.yaml")
     p.set_defaults(func=run)
 
 
@@ -22,13 +26,16 @@ def run(args) -> int:
     import re
     from pathlib import Path
 
+    from shoal.cli.argtypes import check_output_dir
     from shoal.config import load_config
     from shoal.job import resolve
     from shoal.launch.k8s import KINDS, check, to_yaml
     from shoal.parallel.mesh import placement_warning
 
     name = args.name or re.sub(r"[^a-z0-9-]+", "-", Path(args.recipe).stem.lower()).strip("-")[:40] or "shoal"
-    check(name, args.nodes, args.gpus_per_node, args.image, args.queue)
+    queue = args.queue or ""
+    check(name, args.nodes, args.gpus_per_node, args.image, queue)
+    check_output_dir("--out", args.out)
     # the recipe must run on nodes x gpus ranks: every layout mistake now, not in a pod
     job = resolve(load_config(args.recipe, args.overrides), args.nodes * args.gpus_per_node)
     if line := placement_warning(job.dims, args.gpus_per_node):
@@ -39,7 +46,7 @@ def run(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     for kind, make in KINDS.items():
         obj = make(name, args.recipe, args.run_out or f"/checkpoints/{name}", args.nodes, args.gpus_per_node,
-                   args.image, args.queue)
+                   args.image, queue)
         _add_overrides(obj, args.overrides)
         (out_dir / f"{kind}.yaml").write_text(to_yaml(obj) + "\n")
         print(f"wrote {out_dir / f'{kind}.yaml'}  ({obj['apiVersion']} {obj['kind']})")

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shoal.cli.argtypes import nonnegative_int, positive_int
+from shoal.cli.argtypes import check_output_file, non_empty, nonnegative_int, positive_int
 
 
 def register(sub) -> None:
     p = sub.add_parser("mesh", help="print the rank grid and the TP/PP/DP/EP groups of a layout")
-    p.add_argument("recipe", nargs="?")
+    p.add_argument("recipe", nargs="?", type=non_empty("recipes/debug.toml"))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--nproc", type=nonnegative_int, default=0, help="world size (or give --nnodes and --nproc-per-node)")
     p.add_argument("--nnodes", type=positive_int, default=1, help="machines; ranks are placed in one block per node")
     p.add_argument("--nproc-per-node", "--per-node", dest="per_node", type=nonnegative_int, default=0, metavar="N",
                    help="ranks (devices) per node (default: all on one node)")
-    p.add_argument("--svg", metavar="FILE", help="also draw the rank grid on its nodes into this SVG file")
+    p.add_argument("--svg", metavar="FILE", type=non_empty("--svg mesh.svg"),
+                   help="also draw the rank grid on its nodes into this SVG file")
     p.set_defaults(func=run)
 
 
@@ -80,6 +81,8 @@ def run(args) -> int:
     path = Path(args.svg) if args.svg else None
     if path and path.suffix.lower() != ".svg":
         raise UserError("--svg", args.svg, f"must name an .svg file, e.g. --svg {path.with_suffix('.svg')}")
+    if path:
+        check_output_file("--svg", args.svg)
     dims = resolve(load_config(args.recipe, args.overrides), world).dims
     print_groups(dims, per_node)
     if line := placement_warning(dims, per_node):

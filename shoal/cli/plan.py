@@ -10,7 +10,7 @@ import json
 import math
 import sys
 
-from shoal.cli.argtypes import check_output_dir, check_output_file, nonnegative_float, positive_float
+from shoal.cli.argtypes import check_output_dir, check_output_file, non_empty, nonnegative_float, positive_float
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, GRAD_COMPRESSION, SCHEDULES
 from shoal.planner.layout import PRECISIONS
@@ -54,7 +54,8 @@ def register(sub) -> None:
                    help="unfused: S×S scores in memory, as Megatron-LM before flash attention (default flash)")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
-    w.add_argument("--hw-file", metavar="TOML", help="hardware fields in TOML (base = \"h100-sxm\" + overrides)")
+    w.add_argument("--hw-file", metavar="TOML", type=non_empty("--hw-file hw.toml"),
+                   help="hardware fields in TOML (base = \"h100-sxm\" + overrides)")
     w.add_argument("--remeasure", action="store_true", help="with --gpu local: measure this machine again")
 
     lay = p.add_argument_group("layout (a flag fixes that dimension; the rest are searched)")
@@ -93,23 +94,28 @@ def register(sub) -> None:
     o.add_argument("--restart-min", type=nonnegative_float, default=15.0)
     o.add_argument("--rank-by", choices=("throughput", "cost"), default="throughput",
                    help="at a fixed GPU count both give the same order; --scale then shows $/M tokens per count")
-    o.add_argument("--region", help="grid region for CO2 (annual average gCO2/kWh, shoal/planner/energy.py)")
+    o.add_argument("--region", type=non_empty("--region us"),
+                   help="grid region for CO2 (annual average gCO2/kWh, shoal/planner/energy.py)")
     o.add_argument("--pue", type=float, help="data-centre power usage effectiveness (default 1.2, see energy.py)")
-    o.add_argument("--carbon-trace", metavar="CSV",
+    o.add_argument("--carbon-trace", metavar="CSV", type=non_empty("--carbon-trace grid.csv"),
                    help="hourly grid intensity (time,gco2_per_kwh per line): pick the start hour with least CO2")
     o.add_argument("--top", type=int, default=10)
     o.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    o.add_argument("--emit", metavar="FILE", help="write the best layout as a `shoal train` recipe (TOML)")
+    o.add_argument("--emit", metavar="FILE", type=non_empty("--emit recipes/plan.toml"),
+                   help="write the best layout as a `shoal train` recipe (TOML)")
     o.add_argument("--scale", metavar="A:B", help="sweep GPU counts A, 2A, ... B at fixed global and per-GPU batch")
-    o.add_argument("--figures", metavar="DIR", help="save memory/time/scaling pictures (PNG and SVG) here")
-    o.add_argument("--report", metavar="DIR", help="write a page with the best layout's rank grid, memory, step time "
-                                                 "and scaling pictures (DIR/index.html)")
+    o.add_argument("--figures", metavar="DIR", type=non_empty("--figures runs/plan"),
+                   help="save memory/time/scaling pictures (PNG and SVG) here")
+    o.add_argument("--report", metavar="DIR", type=non_empty("--report runs/plan-report"),
+                   help="write a page with the best layout's rank grid, memory, step time and scaling pictures "
+                        "(DIR/index.html)")
     v = p.add_argument_group("predicted vs measured")
-    v.add_argument("--validate", metavar="RUN_DIR",
+    v.add_argument("--validate", metavar="RUN_DIR", type=non_empty("--validate runs/first"),
                    help="compare a finished `shoal train --out RUN_DIR` run's measurement with the prediction it "
                         "stored; with --gpu/--hw-file/--hw (or a run that stored none) plan it now for that hardware "
                         "(default local) from its run.json, newest checkpoint or --recipe")
-    v.add_argument("--recipe", metavar="TOML", help="with --validate: the recipe the run was started with")
+    v.add_argument("--recipe", metavar="TOML", type=non_empty("--recipe recipes/debug.toml"),
+                   help="with --validate: the recipe the run was started with")
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="with --validate --recipe: the run's --set overrides (repeatable)")
     p.set_defaults(func=run)
@@ -298,8 +304,9 @@ def run(args) -> int:
     if args.recipe or args.overrides:
         raise UserError("recipe" if args.recipe else "set", args.recipe or args.overrides[0],
                         "--recipe and --set go with --validate RUN_DIR")
-    if args.figures:  # outputs are checked before minutes of search, not after
-        check_output_dir("--figures", args.figures)
+    for flag, folder in (("--figures", args.figures), ("--report", args.report)):
+        if folder:  # outputs are checked before minutes of search, not after
+            check_output_dir(flag, folder)
     if args.emit:
         check_output_file("--emit", args.emit)
     workload, cluster, fixed, name = build(args)
@@ -333,7 +340,8 @@ def run(args) -> int:
         return est, energy.run_energy(est, cluster, pue=args.pue, region=args.region, trace=trace)
 
     training, used = budget(best) if args.tokens and best and best.fits else (None, None)
-    window = energy.best_start(trace, used.hours) if trace is not None and used is not None else None
+    window = (energy.best_start(trace, used.hours) if trace is not None and used is not None
+              and math.isfinite(used.hours) else None)
 
     points = None
     if args.scale:

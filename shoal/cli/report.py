@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shoal.cli.argtypes import check_output_dir, non_empty
+
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="draw a run's pictures into one self-contained HTML page")
     p.add_argument("run_dir", help="the --out directory of a `shoal train` run (finished or still running)")
-    p.add_argument("--out", help="where to write index.html and the figures (default RUN_DIR/report)")
+    p.add_argument("--out", type=non_empty("--out runs/first-report"),
+                   help="where to write index.html and the figures (default RUN_DIR/report)")
     p.add_argument("--partial", action="store_true", help="report a run that stopped before its last step")
     p.set_defaults(func=run)
 
@@ -16,6 +19,9 @@ def register(sub) -> None:
 def run(args) -> int:
     from shoal.report.run_report import build_report
 
+    out = args.out or str(Path(args.run_dir, "report"))
+    if args.out or Path(args.run_dir).is_dir():  # a missing RUN_DIR is load_run's to name
+        check_output_dir("--out", out)
     page = build_report(Path(args.run_dir), Path(args.out) if args.out else None, allow_partial=args.partial)
     print(f"report: {page}")
     return 0

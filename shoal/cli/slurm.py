@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from shoal.cli.argtypes import non_empty
+
 
 def register(sub) -> None:
     p = sub.add_parser("slurm", help="write (and with --submit, sbatch) a Slurm script that runs a recipe")
@@ -11,11 +13,12 @@ def register(sub) -> None:
     p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node = processes per node (0: CPU, 1)")
     p.add_argument("--partition", default="")
     p.add_argument("--time", default="", help="time limit, e.g. 04:00:00")
-    p.add_argument("--name", default="", help="job name (default: from the recipe file name)")
+    p.add_argument("--name", type=non_empty("--name pretrain"), help="job name (default: from the recipe file name)")
     p.add_argument("--port", type=int, default=29500, help="rendezvous port on the first node")
     p.add_argument("--python", default="python", help="the Python that has shoal on the nodes")
-    p.add_argument("--run-out", default="", help="the run's --out, on a shared filesystem (default runs/NAME, absolute)")
-    p.add_argument("--out", default="slurm", help="folder for NAME.sbatch")
+    p.add_argument("--run-out", type=non_empty("--run-out /shared/runs/pretrain"),
+                   help="the run's --out, on a shared filesystem (default runs/NAME, absolute)")
+    p.add_argument("--out", type=non_empty("--out slurm"), default="slurm", help="folder for NAME.sbatch")
     p.add_argument("--submit", action="store_true", help="run sbatch on the script")
     p.set_defaults(func=run)
 
@@ -27,6 +30,7 @@ def run(args) -> int:
     import sys
     from pathlib import Path
 
+    from shoal.cli.argtypes import check_output_dir
     from shoal.config import load_config
     from shoal.errors import UserError
     from shoal.job import resolve
@@ -45,6 +49,8 @@ def run(args) -> int:
         raise UserError("--submit", True, "sbatch is not on PATH here; run on a Slurm login node, or drop --submit "
                                           "and sbatch the script there")
     run_out = args.run_out or str(Path("runs", name).absolute())
+    check_output_dir("--run-out", run_out)
+    check_output_dir("--out", args.out)
     Path(run_out).mkdir(parents=True, exist_ok=True)  # sbatch opens its --output there before the script runs
     script = Path(args.out) / f"{name}.sbatch"
     script.parent.mkdir(parents=True, exist_ok=True)

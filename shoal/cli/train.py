@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-from shoal.cli.argtypes import nonnegative_int
+from shoal.cli.argtypes import non_empty, nonnegative_int
+from shoal.errors import UserError
 
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a model (no recipe: the CPU demo)")
-    p.add_argument("recipe", nargs="?", help="TOML recipe (see recipes/); default: the demo settings")
+    p.add_argument("recipe", nargs="?", type=non_empty("recipes/debug.toml"),
+                   help="TOML recipe (see recipes/); default: the demo settings")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config field, e.g. --set train.steps=50 (repeatable)")
     p.add_argument("--out", default=None, help="output directory (metrics.jsonl, checkpoints/, model/), one per run; "
@@ -25,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--replica-groups", type=nonnegative_int, default=0, metavar="N",
                    help="N replica groups of --nproc workers each (needs torchft): a group whose worker dies "
                         "leaves, the others keep stepping, and it rejoins from a live peer's state")
-    p.add_argument("--resume", default="auto", metavar="auto|never|PATH",
+    p.add_argument("--resume", default="auto", metavar="auto|never|PATH", type=non_empty("--resume auto"),
                    help="auto: continue from the newest intact checkpoint if there is one (default); never: start "
                         "over (refused if checkpoints exist); PATH: a checkpoint directory to start from, any layout")
     p.add_argument("--print-mesh", action="store_true", help="print the rank groups of the layout and exit")
@@ -69,13 +72,21 @@ def run(args) -> int:
 
     if "WORLD_SIZE" not in os.environ:  # data mistakes too: in the process the user started, before
         build_data(job)                  # any worker starts or --out is made (workers build their own)
-    out = rundir.check_out(_out(args))
+    out = _out(args)
+    made = _missing(Path(out) / rundir.LOCK)  # what a refusal below must take away again
+    out = rundir.check_out(out)
     holder = not nodes or nodes.node_rank == 0  # node 0's launcher holds the lock of a multi-node run
     if holder:
         rundir.claim(out)  # one live run per directory, held by the launcher if there is one
     try:
         check_resume(cfg, out, args.resume)
+        if args.out is None:
+            print(f"shoal: writing to {out} (choose with --out)", file=sys.stderr, flush=True)
         return _launch_or_train(args, job, out, nodes)
+    except UserError:
+        if "WORLD_SIZE" not in os.environ:  # the process the user started; never under another rank's feet
+            _remove_if_untouched(out, made)
+        raise
     finally:
         if holder:
             rundir.release(out)
@@ -141,9 +152,26 @@ def _out(args) -> str:
     if "WORLD_SIZE" in os.environ:  # each rank (and each restart) would pick its own timestamp
         raise UserError("--out", "(not given)", "under torchrun every rank must write the same directory: "
                         "pass --out DIR")
-    out = default_out(args.recipe)
-    print(f"shoal: writing to {out} (choose with --out)", file=sys.stderr, flush=True)
-    return str(out)
+    return str(default_out(args.recipe))  # said once the checks have passed: a refusal is one line
+
+
+def _missing(path: Path) -> list[Path]:
+    """path and those of its folders that do not exist yet, deepest first."""
+    return [p for p in (path, *path.parents) if not p.exists() and not p.is_symlink()]
+
+
+def _remove_if_untouched(out: Path, made: list[Path]) -> None:
+    """A refused run leaves nothing behind: the lock file and the folders it made go again, unless
+    something else was written into them meanwhile (rmdir takes empty folders only)."""
+    from shoal.train.rundir import LOCK
+
+    if any(p.name != LOCK for p in out.iterdir()):
+        return
+    for p in made:
+        try:
+            p.rmdir() if p.is_dir() else p.unlink(missing_ok=True)
+        except OSError:
+            return
 
 
 def _check_ray_flags(args) -> None:

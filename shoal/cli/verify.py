@@ -6,19 +6,20 @@ import json
 import tempfile
 from pathlib import Path
 
-from shoal.cli.argtypes import check_output_dir, int_at_least, nonnegative_float, positive_int
+from shoal.cli.argtypes import check_output_dir, int_at_least, non_empty, nonnegative_float, positive_int
 
 
 def register(sub) -> None:
     p = sub.add_parser("verify", help="prove parallel layouts compute what one process computes")
     p.add_argument("--nproc", type=int_at_least(2, "verify compares against 1 process"), default=4,
                    help="ranks to run the layouts on")
-    p.add_argument("--layouts", default="", help="';'-separated layouts of key=value,... (default: all that fit)")
+    p.add_argument("--layouts", type=non_empty("--layouts 'tp=2;dp_shard=2,zero=1'", sep=";"),
+                   help="';'-separated layouts of key=value,... (default: all that fit)")
     p.add_argument("--steps", type=positive_int, default=10)
     p.add_argument("--tolerance", type=nonnegative_float, default=1e-4,
                    help="largest difference that passes, for the loss, the gradient norm (relative) and each final "
                         "weight (fp32; see docs/parallelism.md for why 1e-4)")
-    p.add_argument("--out", default="", help="keep each layout's metrics here")
+    p.add_argument("--out", type=non_empty("--out runs/verify"), help="keep each layout's metrics here")
     p.set_defaults(func=run)
 
 
@@ -35,7 +36,7 @@ def run(args) -> int:
         raise UserError("--nproc", args.nproc, "verify needs at least 2 ranks")
     if args.out:
         check_output_dir("--out", args.out)
-    layouts = [x.strip() for x in args.layouts.split(";") if x.strip()]
+    layouts = args.layouts or []
     skipped = []
     if not layouts:
         layouts, skipped = fitting_layouts(args.nproc, args.steps)

@@ -1,0 +1,128 @@
+"""Output locations: every flag or config field naming one is checked before any work, and a refused
+command (one line, exit 2) creates nothing: no folder, no lock file, no probe left behind.
+
+In-process through `shoal.cli.main.main`, as tests/unit/test_bad_inputs.py does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from shoal.cli.main import main
+
+pytestmark = pytest.mark.timeout(60)
+PLAN = ["plan", "--model", "debug", "--seq-len", "64", "--global-batch", "8", "--gpus", "8", "--gpu", "h100"]
+K8S = ["k8s", "recipes/debug.toml", "--nodes", "2", "--gpus-per-node", "1", "--image", "x"]
+SLURM = ["slurm", "recipes/debug.toml", "--nodes", "2", "--gpus-per-node", "1", "--run-out", "{tmp}/made"]
+TRAIN = ["train", "--quiet", "--set", "model.preset=debug", "--set", "train.steps=2", "--set",
+         "data.path={tmp}/corpus.txt", "--set", "train.seq_len=32", "--set", "train.global_batch=4",
+         "--set", "train.micro_batch=2", "--set", "train.eval_batches=1", "--set", "train.sample_tokens=0"]
+CORPUS = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(2000))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A finished run with checkpoints, whose default report folder is taken by a file."""
+    work = tmp_path_factory.mktemp("output-paths")
+    (work / "corpus.txt").write_text(CORPUS)
+    assert main([a.format(tmp=work) for a in TRAIN] + ["--out", str(work / "run"), "--set", "checkpoint.every=1"]) == 0
+    (work / "run" / "report").write_text("x\n")
+    return work / "run"
+
+
+@pytest.fixture
+def where(tmp_path, run, monkeypatch) -> dict[str, Path]:
+    """{tmp}: a folder holding `afile` (a plain file), `adir` (a folder that is no run or checkpoint)
+    and a corpus; {run}: the finished run. Commands run from the repository root."""
+    (tmp_path / "afile").write_text("x\n")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "corpus.txt").write_text(CORPUS)
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    return {"tmp": tmp_path, "run": run}
+
+
+def snapshot(where: dict[str, Path]) -> dict[str, str]:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for root in where.values() for p in sorted(root.rglob("*"))}
+
+
+def refused(capsys, argv: list[str], where: dict[str, Path], hint: str) -> str:
+    """Run argv ({tmp} and {run} filled in): exit 2, one line naming hint, nothing created or changed."""
+    before = snapshot(where)
+    try:
+        code = main([a.format(**where) for a in argv])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out + err, f"exit {code}\n{out[-1500:]}\n{err[-1500:]}"
+    assert hint in lines[0], lines[0]
+    assert snapshot(where) == before, "a refused command created or changed files"
+    return lines[0]
+
+
+CASES = [  # (argv, what the one line must name)
+    [[*PLAN, "--report", "{tmp}/afile"], "--report"], [[*PLAN, "--report", "{tmp}/afile/sub"], "which is a file"],
+    [[*PLAN, "--figures", "{tmp}/afile/sub"], "--figures"], [[*PLAN, "--emit", "{tmp}/afile/x.toml"], "--emit"],
+    [["report", "{run}", "--out", "{tmp}/afile"], "--out"], [["report", "{run}", "--out", "{tmp}/afile/x"], "--out"],
+    [["report", "{run}"], "report"],  # the default RUN_DIR/report is a file
+    [["mesh", "--nproc", "4", "--svg", "{tmp}/afile/x.svg"], "--svg"],
+    [[*SLURM, "--out", "{tmp}/afile/x"], "--out"], [[*SLURM[:-1], "{tmp}/afile/r"], "--run-out"],
+    [[*K8S, "--out", "{tmp}/afile/x"], "--out"],
+    [["ckpt", "export", "{run}", "--hf", "{tmp}/afile/hf"], "--hf"], [["ckpt", "export", "{run}", "--hf", ""], "--hf"],
+    [["verify", "--out", "{tmp}/afile/v"], "--out"], [["doctor", "--out", "{tmp}/afile/d"], "--out"],
+]
+EMPTY = [  # flags whose empty value used to read as "not given" (or as the current folder)
+    [*PLAN, "--report"], [*PLAN, "--figures"], [*PLAN, "--emit"], [*PLAN, "--region"], [*PLAN, "--carbon-trace"],
+    ["mesh", "--nproc", "4", "--svg"], [*SLURM, "--name"], [*SLURM, "--out"], [*K8S, "--queue"], [*K8S, "--out"],
+    ["report", "{run}", "--out"], ["verify", "--layouts"], ["doctor", "--ops"], ["train", "--resume"],
+]
+
+
+@pytest.mark.parametrize("argv,hint", CASES, ids=[" ".join(a[0][:1] + a[0][-2:]) for a in CASES])
+def test_bad_output_location_is_refused_before_any_work(argv, hint, where, capsys):
+    refused(capsys, argv, where, hint)
+
+
+@pytest.mark.parametrize("argv", EMPTY, ids=[" ".join(a[:1] + a[-1:]) for a in EMPTY])
+def test_empty_value_is_refused(argv, where, capsys):
+    refused(capsys, argv + [""], where, f"argument {argv[-1]}: must not be empty")
+
+
+@pytest.mark.parametrize("argv", [["verify", "--layouts", ";;"], ["doctor", "--ops", " , "]])
+def test_list_of_only_separators_is_refused(argv, where, capsys):
+    refused(capsys, argv, where, f"argument {argv[-2]}: must not be empty")
+
+
+TRAIN_CASES = [  # (extra argv, what the line must name); --out is a fresh {tmp}/o/deep, which is never made
+    [["--set", "checkpoint.every=1", "--set", "checkpoint.dir={tmp}/afile/x"], "checkpoint.dir"],
+    [["--set", "checkpoint.dir={tmp}/afile"], "checkpoint.dir"],
+    [["--resume", "/nonexistent"], "--resume"], [["--resume", "{tmp}/afile"], "--resume"],
+    [["--resume", "{tmp}/adir"], "--resume"],
+    *([[["--set", "checkpoint.dir=/proc/shoal-ckpt"], "cannot be created"]] if os.path.isdir("/proc/self") else []),
+]
+
+
+@pytest.mark.parametrize("extra,hint", TRAIN_CASES, ids=[c[0][-1] for c in TRAIN_CASES])
+def test_train_refusal_leaves_no_out_directory(extra, hint, where, capsys):
+    refused(capsys, TRAIN + ["--out", "{tmp}/o/deep", *extra], where, hint)
+
+
+def test_train_refusal_leaves_nothing_in_the_default_or_an_existing_out(where, capsys, monkeypatch):
+    """No runs/<recipe>-<time> in the working folder, and no lone .lock in an existing --out."""
+    monkeypatch.chdir(where["tmp"])
+    refused(capsys, TRAIN + ["--resume", "/nonexistent"], where, "--resume")
+    refused(capsys, TRAIN + ["--set", "train.nonsense=1"], where, "train.nonsense")
+    refused(capsys, TRAIN + ["--out", "{tmp}/adir", "--resume", "/nonexistent"], where, "--resume")
+
+
+def test_the_check_creates_nothing(where):
+    from shoal.cli.argtypes import check_output_dir, check_output_file
+
+    check_output_dir("--out", str(where["tmp"] / "a" / "b"))
+    check_output_file("--emit", str(where["tmp"] / "c" / "plan.toml"))
+    assert sorted(p.name for p in where["tmp"].iterdir()) == ["adir", "afile", "corpus.txt"]
