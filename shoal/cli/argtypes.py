@@ -50,12 +50,13 @@ positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
 
 
-def float_at_least(low: float, *, strict: bool = False, what: str = ""):
-    """A finite number >= low (> low with strict)."""
+def float_at_least(low: float, *, strict: bool = False, what: str = "", most: float = math.inf):
+    """A finite number >= low (> low with strict), and at most `most`."""
     def parse(text: str) -> float:
         value = _float(text)
-        if value < low or (strict and value == low):
+        if value < low or (strict and value == low) or value > most:
             bound = f"> {low:g}" if strict else f">= {low:g}"
+            bound += f" and <= {most:g}" if most < math.inf else ""
             raise argparse.ArgumentTypeError(f"must be a finite number {bound}{f' ({what})' if what else ''}, got {text!r}")
         return value
     parse.__name__ = f"number >= {low:g}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shoal.cli.argtypes import int_at_least, non_empty, positive_float, positive_int
+from shoal.cli.argtypes import float_at_least, int_at_least, non_empty, positive_int
 from shoal.launch.multinode import add_args as add_node_args
 
 VERDICT_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
@@ -21,7 +21,8 @@ def register(sub) -> None:
     p.add_argument("--factor", type=int_at_least(2), default=4, help="size step between messages (default 4)")
     p.add_argument("--ops", type=non_empty("--ops all_reduce,all_gather", sep=","),
                    help="comma-separated subset of all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,sendrecv")
-    p.add_argument("--budget", type=positive_float, default=0.1, help="seconds of timed iterations per size (default 0.1)")
+    p.add_argument("--budget", type=float_at_least(0, strict=True, most=600, what="seconds per size"), default=0.1,
+                   help="seconds of timed iterations per size (default 0.1)")
     p.add_argument("--checks-only", action="store_true", help="environment checks only, no benchmark")
     p.add_argument("--peak", action="store_true", help="print the datasheet peak FLOP/s that MFU is against, "
                    "beside a measured matmul on this process's cores; no benchmark")

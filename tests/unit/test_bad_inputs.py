@@ -426,7 +426,7 @@ FLAG_CASES = [
     ["verify", "--nproc", "2", "--layouts", "tp=abc"], ["verify", "--nproc", "2", "--layouts", "bogus=2"],
     ["run", "--nproc", "0", "x.py"], ["run", "--max-restarts", "-1", "x.py"], ["run", "--hang-timeout", "-1", "x.py"],
     ["run", "--hang-timeout", "nan", "x.py"], ["run", "/no/such/script.py"], ["run", "{dir}"],
-    ["doctor", "--nproc", "0"], ["doctor", "--factor", "1"], ["doctor", "--budget", "0"], ["doctor", "--budget", "nan"],
+    ["doctor", "--nproc", "0"], ["doctor", "--factor", "1"], ["doctor", "--budget", "0"], ["doctor", "--budget", "nan"], ["doctor", "--budget", "1e308"],
     ["doctor", "--min-size", "0"], ["doctor", "--max-size", "abc"], ["doctor", "--min-size", "1G", "--max-size", "1K"],
     ["doctor", "--out", "{file}"],
     ["doctor", "--nnodes", "2", "--node-rank", "2", "--master", "10.0.0.1"], ["doctor", "--nnodes", "2", "--master", ""],
