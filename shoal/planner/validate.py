@@ -96,16 +96,12 @@ def run_config(run_dir: Path, recipe: str | None, overrides: list[str], gpus: in
 
 def measured(run_dir: Path) -> tuple[int, float, float, float | None]:
     """(steady steps, median step seconds, peak bytes, mean MFU) from <run_dir>/metrics.jsonl."""
+    from shoal.report.run_dir import read_rows
+
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise UserError("validate", str(run_dir), "has no metrics.jsonl (is it a `shoal train --out` directory?)")
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise UserError("validate", str(path), f"line {i} is not JSON") from None
+    rows, _ = read_rows(path, str(run_dir), need=("step_time_s",))  # kinds checked there; a torn last line left out
     if not rows:
         raise UserError("validate", str(path), "is empty: the run logged no step")
     steady = rows[WARMUP_STEPS:] if len(rows) > WARMUP_STEPS else rows
@@ -113,18 +109,26 @@ def measured(run_dir: Path) -> tuple[int, float, float, float | None]:
     # a few steps stretched by other jobs would otherwise decide the comparison.
     times = sorted(r["step_time_s"] for r in steady)
     step = (times[(len(times) - 1) // 2] + times[len(times) // 2]) / 2
+    if not step > 0:  # a step takes time: the ratios below divide by it
+        raise UserError("validate", str(path), f"has a median step_time_s of {step}; `shoal train` never writes "
+                                               "that: give a run's --out directory, or re-run it")
     peak = max(float(r.get("peak_mem_bytes", 0)) for r in rows)
     mfus = [r["mfu"] for r in steady if "mfu" in r]
     return len(steady), step, peak, (sum(mfus) / len(mfus) if mfus else None)
 
 
 def read_run_info(run_dir: Path) -> dict | None:
+    """run.json with its fields' kinds checked and the layout and world size there (shoal train always
+    writes them; a damaged one is a UserError), or None where there is none."""
+    from shoal.report.run_dir import INFO_KINDS, check_fields, read_json
     from shoal.train.run_info import RUN_INFO
 
-    try:
-        return json.loads((run_dir / RUN_INFO).read_text())
-    except (OSError, ValueError):
+    path = run_dir / RUN_INFO
+    if not path.is_file():
         return None
+    info = read_json(path, str(run_dir))
+    check_fields(info, INFO_KINDS, RUN_INFO, str(run_dir), need=("layout", "world"))
+    return info
 
 
 def compare(run_dir: str | Path, gpu=None, *, recipe: str | None = None, overrides: list[str] = (),

@@ -6,24 +6,45 @@ run.json (rank grid, pipeline schedule), the planner on the run's own layout (pr
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from shoal.report.html import Figure, Section, render
 from shoal.report.run_dir import Run, load_run
 
 SECTION_IDS = ("summary", "training", "rank-grid", "pipeline", "memory", "communication", "stragglers", "prediction")
+NEEDS = ("config.train.global_batch", "config.train.seq_len", "config.model", "layout", "world")
+"""The run.json fields this page reads, beyond what load_run reads itself (it checks all their kinds)."""
 
 
 def build_report(run_dir: Path, out: Path | None = None, allow_partial: bool = False) -> Path:
-    """Write <out>/index.html and <out>/*.png|svg (out defaults to <run_dir>/report); return the page."""
-    run = load_run(run_dir, allow_partial=allow_partial)
+    """Write <out>/index.html and <out>/*.png|svg (out defaults to <run_dir>/report); return the page.
+
+    Everything that can refuse the run comes before the first file is written (the prediction
+    re-plans an older run from its stored config, which the planner may reject), so a refusal
+    leaves no half-written report behind."""
+    from shoal.report.run_figures import steady_measurement
+
+    run = load_run(run_dir, allow_partial=allow_partial, need=NEEDS)
+    measured = steady_measurement(run) if run.rows else None
+    found = None
+    if run.info and run.rows:
+        from shoal.report.predict import predict
+
+        found = predict(run.info, measured)
     out = out or run_dir / "report"
+    fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    sections = [summary_section(run), training_section(run, out), grid_section(run, out), pipeline_section(run, out)]
-    sections += measured_sections(run, out)
-    assert [s.id for s in sections] == list(SECTION_IDS)
-    page = out / "index.html"
-    page.write_text(render(f"shoal run report: {run_dir.resolve().name}", sections))
+    try:
+        sections = [summary_section(run), training_section(run, out), grid_section(run, out),
+                    pipeline_section(run, out), *measured_sections(run, out, measured, found)]
+        assert [s.id for s in sections] == list(SECTION_IDS)
+        page = out / "index.html"
+        page.write_text(render(f"shoal run report: {run_dir.resolve().name}", sections))
+    except BaseException:
+        if fresh:  # a failure nobody foresaw must not leave half a report either
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     return page
 
 
@@ -120,7 +141,8 @@ def pipeline_section(run: Run, out: Path) -> Section:
     return s
 
 
-def measured_sections(run: Run, out: Path) -> list[Section]:
+def measured_sections(run: Run, out: Path, measured: dict | None, found) -> list[Section]:
+    """`measured`: rf.steady_measurement(run); `found`: the run's prediction (report/predict.py), or None."""
     from shoal.report import run_figures as rf
 
     mem, comm = Section("memory", "Memory per rank"), Section("communication", "Communication")
@@ -129,13 +151,7 @@ def measured_sections(run: Run, out: Path) -> list[Section]:
         for s in (mem, comm, strag, pred_s):
             s.notes.append("no steps written yet")
         return [mem, comm, strag, pred_s]
-    measured = rf.steady_measurement(run)
-    pred = None
-    if run.info:
-        from shoal.report.predict import predict
-
-        found = predict(run.info, measured)
-        pred = found.pred
+    pred = found.pred if found else None
     memory_section(mem, run, measured, pred, out)
     if pred:
         plan_cmd = _plan_command(run)
