@@ -191,7 +191,8 @@ def memory_bytes() -> float:
 
 def _on_every_core(measure_fn):
     """measure_fn with torch's threads on every core, as a single-process run has them: small ops then
-    pay OpenMP's fork and join as well (~2-3x the one-thread cost per kernel here)."""
+    pay OpenMP's fork and join as well (1.1-1.5x the one-thread cost per kernel on this idle machine,
+    2-4x while another process holds a core)."""
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
