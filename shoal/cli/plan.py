@@ -340,8 +340,7 @@ def run(args) -> int:
         return est, energy.run_energy(est, cluster, pue=args.pue, region=args.region, trace=trace)
 
     training, used = budget(best) if args.tokens and best and best.fits else (None, None)
-    window = (energy.best_start(trace, used.hours) if trace is not None and used is not None
-              and math.isfinite(used.hours) else None)
+    window = energy.best_start(trace, used.hours) if trace is not None and used is not None else None
 
     points = None
     if args.scale:

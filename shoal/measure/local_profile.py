@@ -59,6 +59,12 @@ def measure_kernel_overhead(repeats: int = 20) -> float:
     for it. What it holds: nn.Module calls, the op dispatcher, autograd recording and its backward
     engine, the Python between them; at tiny hidden sizes these, not FLOPs, set the step time. (A bare
     multiply, 2.3 us here, counts only the dispatch and is ~10x too small for a real layer's ops.)"""
+    return _seconds_per_kernel(1, 8, repeats)
+
+
+def _seconds_per_kernel(batch: int, seq: int, repeats: int, tp_mesh=None) -> float:
+    """A forward and backward of the `debug` model on batch x seq tokens (sharded by shoal's TP plan
+    over tp_mesh, if given), per kernel the planner counts for it; backward counts twice the forward's."""
     import torch
 
     from shoal.model.config import get_preset
@@ -66,14 +72,23 @@ def measure_kernel_overhead(repeats: int = 20) -> float:
     from shoal.planner.compute import DENSE_LAYER_KERNELS, HEAD_KERNELS
 
     cfg = get_preset("debug")
+    torch.manual_seed(0)
     model = build_model(cfg).train()
-    tokens = torch.zeros(1, 9, dtype=torch.long)
+    tokens = torch.zeros(batch, seq + 1, dtype=torch.long)
+    context = contextlib.nullcontext
+    if tp_mesh is not None:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        from shoal.parallel.tensor_parallel import apply_tensor_parallel
+
+        apply_tensor_parallel(model, tp_mesh, sequence_parallel=True)
+        context = loss_parallel
 
     def step():
-        cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+        with context():
+            cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]).backward()
 
-    forward_kernels = cfg.n_layers * DENSE_LAYER_KERNELS + HEAD_KERNELS
-    return _best_time(step, repeats) / (3 * forward_kernels)  # backward counts twice the forward's kernels
+    return _best_time(step, repeats) / (3 * (cfg.n_layers * DENSE_LAYER_KERNELS + HEAD_KERNELS))
 
 
 def measure_attention_efficiency(repeats: int = 5) -> float:
@@ -139,38 +154,18 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
 
 
 def _dtensor_kernel_overhead(rank: int, world: int, repeats: int = 5) -> float:
-    """Seconds DTensor adds to each counted kernel of a tensor-parallel layer: the `debug` model's forward
-    and backward on 4 x 256 tokens, sharded by shoal's TP plan (sequence parallel) over a mesh of this
-    rank alone, against the same model unsharded, per counted kernel (as measure_kernel_overhead). A
-    one-rank mesh sends nothing, so what is left is the host work: sharding propagation, redistribution
-    and the wrapping of every op's inputs and outputs (~60-100 us a kernel here, ~10x the plain op's)."""
-    import torch
+    """Seconds DTensor adds to each counted kernel of a tensor-parallel layer: the `debug` model on
+    4 x 256 tokens sharded by shoal's TP plan (sequence parallel) over a mesh of this rank alone,
+    against the same model unsharded. A one-rank mesh sends nothing, so what is left is the host work:
+    sharding propagation, redistribution and the wrapping of every op's inputs and outputs (~100-117 us
+    a kernel here, ~10x a plain op's)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    from shoal.model.config import get_preset
-    from shoal.model.transformer import build_model, cross_entropy
-    from shoal.parallel.tensor_parallel import apply_tensor_parallel
-    from shoal.planner.compute import DENSE_LAYER_KERNELS, HEAD_KERNELS
 
     alone = [dist.new_group([r]) for r in range(world)][rank]  # every rank makes every group, in order
-    cfg = get_preset("debug")
-    tokens = torch.zeros(4, 257, dtype=torch.long)
-    times = []
-    for sharded in (False, True):
-        torch.manual_seed(0)
-        model = build_model(cfg).train()
-        if sharded:
-            apply_tensor_parallel(model, DeviceMesh.from_group(alone, "cpu"), sequence_parallel=True)
-
-        def step():
-            with loss_parallel() if sharded else contextlib.nullcontext():
-                cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]).backward()
-
-        times.append(_best_time(step, repeats))
-    forward_kernels = cfg.n_layers * DENSE_LAYER_KERNELS + HEAD_KERNELS
-    return max(0.0, times[1] - times[0]) / (3 * forward_kernels)
+    plain = _seconds_per_kernel(4, 256, repeats)
+    sharded = _seconds_per_kernel(4, 256, repeats, tp_mesh=DeviceMesh.from_group(alone, "cpu"))
+    return max(0.0, sharded - plain)
 
 
 def measure_gloo(world: int = 2) -> dict:

@@ -165,11 +165,13 @@ def _mean_over(values: list[float], prefix: list[float], start: int, hours: floa
     return (summed(start, whole) + frac * values[(start + whole) % n]) / hours
 
 
-def best_start(trace: Trace, hours: float, *, latest_start: int | None = None) -> Window:
+def best_start(trace: Trace, hours: float, *, latest_start: int | None = None) -> Window | None:
     """The start hour whose run (of `hours`) has the lowest mean intensity. Starts range over the trace
     (or up to `latest_start`); a run longer than what follows its start wraps around, treating the
-    trace as a repeating pattern (a typical day or week)."""
+    trace as a repeating pattern (a typical day or week). None for a run that never ends."""
     assert hours > 0
+    if not math.isfinite(hours):
+        return None
     values = trace.grams_per_kwh
     last = len(values) - 1 if latest_start is None else min(latest_start, len(values) - 1)
     prefix = [0.0]
@@ -191,6 +193,7 @@ def run_energy(est, cluster, *, pue: float = DEFAULT_PUE, region: str | None = N
         return None
     hours = est.expected_hours if math.isfinite(est.expected_hours) else est.ideal_hours
     used = energy(cluster.n_gpus, watts, hours, pue=pue, region=region)
-    if trace is not None and math.isfinite(hours):  # a run that never ends has no best start
-        used = replace(used, grams_per_kwh=best_start(trace, hours).grams_per_kwh)
+    window = best_start(trace, hours) if trace is not None else None
+    if window is not None:
+        used = replace(used, grams_per_kwh=window.grams_per_kwh)
     return used

@@ -41,6 +41,7 @@ def test_runs_longer_than_a_day_save_little_and_wrap():
     w = energy.best_start(trace, 24 * 5 + 0.5)  # whole days average out; only the half hour differs
     assert w.saving < 0.01 and w.grams_per_kwh == pytest.approx(300, rel=0.01)
     assert energy.best_start(trace, 24).saving == pytest.approx(0, abs=1e-9)
+    assert energy.best_start(trace, float("inf")) is None  # a run that never ends has no best start
 
 
 def test_trace_file_and_bad_input(tmp_path):
