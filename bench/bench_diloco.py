@@ -34,6 +34,10 @@ METHODS = {  # name -> settings, beside bench_compression's "none"
     # beside the next five; landed mixed half and half (parallel/diloco.py)
     "stream50x5-m0.5-tau1": LOW_MOMENTUM + ["parallel.diloco_fragments=5", "parallel.diloco_overlap_steps=1"],
     "diloco50-m0.5-tau5": LOW_MOMENTUM + ["parallel.diloco_overlap_steps=5"],
+    # how the gap grows with H at plain model averaging (outer lr 1, momentum 0): H=1 is the floor,
+    # AdamW on each group's half batch and the parameters averaged after every step
+    **{f"avg{h}": [f"parallel.diloco_inner_steps={h}", "parallel.diloco_outer_lr=1", "parallel.diloco_outer_momentum=0"]
+       for h in (1, 10, 50)},
 }
 bc.METHODS.update(METHODS)  # bc.settings() reads it
 

@@ -64,6 +64,8 @@ def gather_per_rank(values: list[float], group=None) -> list[list[float]]:
     import torch
     import torch.distributed as dist
 
+    from shoal.comm.renamed import all_gather_single
+
     if not dist.is_initialized():
         return [list(values)]
     on_gpu = dist.get_backend(group) == "nccl"
@@ -71,8 +73,7 @@ def gather_per_rank(values: list[float], group=None) -> list[list[float]]:
     n, k = dist.get_world_size(group), len(values)
     mine = torch.tensor(values, dtype=torch.float64, device=device)
     out = torch.empty(n * k, dtype=torch.float64, device=device)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-    gather(out, mine, group=group)
+    all_gather_single(out, mine, group=group)
     flat = out.tolist()
     return [flat[i * k:(i + 1) * k] for i in range(n)]
 

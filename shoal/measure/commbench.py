@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.comm.ops import BENCH_OPS
+from shoal.comm.renamed import all_gather_single, reduce_scatter_single
 from shoal.launch.worker_exit import exit_worker
 from shoal.measure.matmul import matmul_flops
 
@@ -50,11 +51,9 @@ class Bench:
             per_rank = max(1, count // n)
             big, small = torch.ones(per_rank * n, device=dev), torch.ones(per_rank, device=dev)
             if op == "all_gather":  # size = the gathered output
-                gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-                return (lambda: gather(big, small, group=g)), per_rank * n * ELEM
+                return (lambda: all_gather_single(big, small, group=g)), per_rank * n * ELEM
             if op == "reduce_scatter":  # size = the input
-                scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-                return (lambda: scatter(small, big, group=g)), per_rank * n * ELEM
+                return (lambda: reduce_scatter_single(small, big, group=g)), per_rank * n * ELEM
             out = torch.empty_like(big)  # all_to_all: size = one rank's send buffer
             return (lambda: dist.all_to_all_single(out, big, group=g)), per_rank * n * ELEM
         if op == "sendrecv":  # a ring: send to the next rank, receive from the previous one

@@ -118,6 +118,8 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from shoal.comm.renamed import all_gather_single, reduce_scatter_single
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     small = torch.zeros(1)
@@ -125,8 +127,8 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     shard = torch.zeros(full.numel() // world)
 
     def pair():
-        dist.all_gather_into_tensor(full, shard)
-        dist.reduce_scatter_tensor(shard, full)
+        all_gather_single(full, shard)
+        reduce_scatter_single(shard, full)
 
     def best(fn, reps: int) -> float:
         fn()

@@ -42,6 +42,7 @@ from torch import nn
 
 from shoal.comm import ops
 from shoal.comm.counter import CommCounter
+from shoal.comm.renamed import all_gather_single
 from shoal.model.transformer import param_name
 
 CHUNK = 256
@@ -153,8 +154,7 @@ def int8_mean_(flat: torch.Tensor, group) -> torch.Tensor:
 
 
 def _all_gather(out: torch.Tensor, x: torch.Tensor, group) -> None:
-    # all_gather_into_tensor's newer name (the old one warns), where this torch has it
-    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, x, group=group)
+    all_gather_single(out, x, group=group)
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

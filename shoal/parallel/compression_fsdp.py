@@ -27,6 +27,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as FSDPR
 
 from shoal.comm import ops
 from shoal.comm.counter import CommCounter
+from shoal.comm.renamed import reduce_scatter_single
 from shoal.model.transformer import param_name
 from shoal.parallel.compression import CHUNK, Compressor, Segment, dequantize, quantize
 
@@ -76,7 +77,7 @@ class ReduceScatter(FSDPReduceScatter):
             if self.int8:
                 int8_reduce_scatter(output_tensor, input_tensor, group, average=op == dist.ReduceOp.AVG)
             else:
-                dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group)
+                reduce_scatter_single(output_tensor, input_tensor, op=op, group=group)
         self.compressor.sent += sum(c.bytes.values())
         return None  # done: nothing to wait for
 
