@@ -8,6 +8,11 @@ prints the prediction each run stored for itself beside what it measured, and th
 (`--replan`: the planner as it is now, on runs already in --out, with --skip-train). The issue's
 target is each ratio within 0.8-1.2. Prints, never asserts (timings on a shared CPU vary), with
 the machine's load average, which moves them.
+
+The machine is measured again (`shoal plan --gpu local --remeasure`, ~10 s) right before each run,
+so each prediction is made from the machine as it is then: this VM's matmul rate was seen to drift
+from 96 to 67 GFLOP/s within an hour (docs/planner.md), which an hours-old cached profile carries
+into every ratio. `--keep-profile` uses the cached one as it is.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ def main() -> int:
     ap.add_argument("--skip-train", action="store_true", help="only compare runs already in --out")
     ap.add_argument("--replan", action="store_true", help="plan each run now (--gpu local) instead of reading "
                                                           "the prediction it stored")
+    ap.add_argument("--keep-profile", action="store_true", help="do not measure the machine again before each run")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", "."))
     common = ["train.eval_every=0", "train.sample_tokens=0", f"train.steps={args.steps}"]
@@ -49,6 +55,10 @@ def main() -> int:
         with machine_lock():
             print(f"load average when the lock was taken {load_average()}")
             for name, ranks, sets in LAYOUTS:
+                if not args.keep_profile:
+                    remeasure = [sys.executable, "-m", "shoal", "plan", "--gpu", "local", "--remeasure", "--model", "tiny",
+                                 "--seq-len", "256", "--global-batch", "16", "--gpus", "1", "--top", "1"]
+                    subprocess.run(remeasure, env=env, capture_output=True, text=True, check=True)
                 cmd = [sys.executable, "-m", "shoal", "train", RECIPE, "--nproc", str(ranks), "--out",
                        str(Path(args.out) / name), "--quiet", *[f"--set={s}" for s in sets + common]]
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

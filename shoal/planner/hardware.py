@@ -188,6 +188,22 @@ class GPU:
 # MI300X 750 W. TPUs have no published TDP: v4 ~200 W is the mean power per chip reported in Jouppi et
 # al., "TPU v4" (ISCA 2023, ~170-192 W measured); v5p 450 W is a guess scaled by peak FLOPs (approximate).
 #
+# Two older parts that published runs used (their "bf16" below is the 16-bit tensor peak: V100 has fp16 only):
+# - V100 SXM2 32GB (NVIDIA V100 datasheet): 125 TFLOP/s fp16 tensor, 15.7 TFLOP/s fp32 (no TF32), 900 GB/s
+#   HBM2, six NVLink2 links of 25 GB/s per direction, 300 W. DGX-1: 8 GPUs in a hybrid cube-mesh (not every
+#   pair linked, so rings reach less of the links: 0.7, approximate) and 4x100 Gb/s EDR InfiniBand per node,
+#   6.25 GB/s per GPU. Matmul efficiency 0.70 is approximate, not measured here: a whole 1.2B model trained
+#   at 48% of peak end to end on one DGX-2H V100 (NVIDIA ADLR, "MegatronLM's Supercharged V1.0", 2019), so
+#   its GEMMs ran well above that; A100's 0.73 less a little. Volta has no FlashAttention-2 (sm80+): runs of
+#   its era are unfused (--attention unfused); the flash entry is memory-efficient attention, approximate.
+# - MI250X, one GCD (each of its two dies is its own device to torch and to published MFU; OLCF's Frontier
+#   user guide): 191.5 TFLOP/s bf16 (383 per package), 47.9 fp32 matrix, 64 GB HBM2e at 1.64 TB/s. A
+#   Frontier or LUMI node is 4 packages = 8 GCDs; GCDs on different packages are linked at 50-100 GB/s
+#   (200 GB/s within a package), so a ring over 8 moves at the slowest hop's 50 GB/s; four 200 Gb/s
+#   Slingshot NICs per node, 12.5 GB/s per GCD. 280 W: half the package's 560 W. Matmul efficiency is
+#   MI300X's measured 0.60 (approximate: CDNA2 was not measured here; Frontier's 22B run reached 38% MFU
+#   end to end, Dash et al. 2023, arXiv:2312.12705, abstract).
+#
 # Prices (on-demand, USD per device-hour, 2024, approximate): Lambda's public list, A100 SXM 80GB 1.79
 # and H100 SXM 2.99; H200 3.50, B200 5.99 and MI300X 2.50 are typical neocloud quotes of 2024-25
 # (approximate); Google Cloud's list price per chip-hour, TPU v4 3.22 and v5p 4.20.
@@ -227,6 +243,20 @@ CATALOG: dict[str, GPU] = {
         inter_node_bandwidth=50e9, inter_node_efficiency=0.85, inter_node_latency=12e-6,
         peak_fp8_flops=2615e12, power_watts=750, usd_per_gpu_hour=2.50,
         note="8x MI300X: Infinity Fabric 7 x 64 GB/s per direction to peers, 400 Gb/s per GPU between nodes"),
+    "v100": GPU(
+        name="v100", peak_bf16_flops=125e12, peak_fp32_flops=15.7e12, matmul_efficiency=0.70,
+        attention_efficiency=0.3, hbm_bytes=32 * GiB, hbm_bandwidth=900e9, hbm_efficiency=0.85,
+        gpus_per_node=8, intra_node_bandwidth=150e9, intra_node_efficiency=0.7, intra_node_latency=5e-6,
+        inter_node_bandwidth=6.25e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
+        power_watts=300,
+        note="DGX-1 V100 SXM2 32GB: fp16 tensor cores (no bf16), NVLink2 cube-mesh, 4x100 Gb/s EDR per node"),
+    "mi250x": GPU(
+        name="mi250x", peak_bf16_flops=191.5e12, peak_fp32_flops=47.9e12, matmul_efficiency=0.60,
+        attention_efficiency=0.3, hbm_bytes=64 * GiB, hbm_bandwidth=1.6384e12, hbm_efficiency=0.8,
+        gpus_per_node=8, intra_node_bandwidth=50e9, intra_node_efficiency=0.7, intra_node_latency=8e-6,
+        inter_node_bandwidth=12.5e9, inter_node_efficiency=0.85, inter_node_latency=12e-6,
+        power_watts=280,
+        note="one MI250X GCD (Frontier/LUMI node: 8 GCDs, Infinity Fabric 50-200 GB/s, 4x200 Gb/s Slingshot)"),
     "tpu-v5p": GPU(
         name="tpu-v5p", peak_bf16_flops=459e12, matmul_efficiency=0.75, attention_efficiency=0.5,
         hbm_bytes=95e9, hbm_bandwidth=2.765e12, hbm_efficiency=0.85,
@@ -257,7 +287,8 @@ ALIASES = {
     "a100": "a100-80gb", "a100-sxm": "a100-80gb", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
     "h800-sxm": "h800",
     "h100": "h100-sxm", "h100-80gb": "h100-sxm",
-    "h200-sxm": "h200", "b200-sxm": "b200", "mi300": "mi300x", "tpu": "tpu-v5p", "v5p": "tpu-v5p",
+    "h200-sxm": "h200", "b200-sxm": "b200", "mi300": "mi300x",
+    "v100-sxm2": "v100", "v100-32gb": "v100", "v100-sxm2-32gb": "v100", "mi250x-gcd": "mi250x", "tpu": "tpu-v5p", "v5p": "tpu-v5p",
 }
 
 # torch.cuda.get_device_name() -> catalog key. Only variants whose dense BF16 peak equals the entry's
@@ -268,6 +299,8 @@ _DEVICE_PATTERNS = [
     (re.compile(r"\ba100\b"), "a100-80gb"),  # every A100 (SXM or PCIe, 40 or 80 GB) peaks at 312 TFLOP/s
     (re.compile(r"\bb200\b"), "b200"),
     (re.compile(r"\bmi300x\b"), "mi300x"),
+    (re.compile(r"\bmi250x\b"), "mi250x"),  # not MI250 (362 TFLOP/s per package)
+    (re.compile(r"\bv100 sxm2\b"), "v100"),  # PCIe V100s peak at 112 TFLOP/s: not mapped
 ]
 
 

@@ -59,12 +59,16 @@ def test_lookup_gpu_from_cuda_names():
     assert hardware.lookup_gpu("NVIDIA B200").name == "b200"
     assert hardware.lookup_gpu("NVIDIA H100 PCIe") is None  # different peak: no wrong MFU
     assert hardware.lookup_gpu("NVIDIA GeForce RTX 4090") is None
+    assert hardware.lookup_gpu("Tesla V100-SXM2-32GB").name == "v100"
+    assert hardware.lookup_gpu("Tesla V100-PCIE-32GB") is None  # 112, not 125 TFLOP/s
+    assert hardware.lookup_gpu("AMD Instinct MI250X").peak_bf16_flops == 191.5e12  # one GCD, as torch sees it
 
 
 def test_catalog_and_overrides(tmp_path):
-    for name in ("a100", "h100", "h200", "b200", "mi300x", "tpu-v5p"):
+    for name in ("a100", "h100", "h200", "b200", "mi300x", "tpu-v5p", "v100", "mi250x"):
         gpu = hardware.get_gpu(name)
         assert gpu.peak_bf16_flops > 0 and 0 < gpu.matmul_efficiency <= 1 and gpu.hbm_bytes > 0
+    assert hardware.get_gpu("v100").peak_flops("fp32") == 15.7e12  # Volta has no TF32: not half the fp16 peak
     with pytest.raises(UserError) as e:
         hardware.get_gpu("h1000")
     assert e.value.field == "gpu" and "h100" in e.value.fix
