@@ -120,15 +120,11 @@ def measured(run_dir: Path) -> tuple[int, float, float, float | None]:
 def read_run_info(run_dir: Path) -> dict | None:
     """run.json with its fields' kinds checked and the layout and world size there (shoal train always
     writes them; a damaged one is a UserError), or None where there is none."""
-    from shoal.report.run_dir import INFO_KINDS, check_fields, read_json
+    from shoal.report.run_dir import read_info
     from shoal.train.run_info import RUN_INFO
 
     path = run_dir / RUN_INFO
-    if not path.is_file():
-        return None
-    info = read_json(path, str(run_dir))
-    check_fields(info, INFO_KINDS, RUN_INFO, str(run_dir), need=("layout", "world"))
-    return info
+    return read_info(path, str(run_dir), need=("layout", "world")) if path.is_file() else None
 
 
 def compare(run_dir: str | Path, gpu=None, *, recipe: str | None = None, overrides: list[str] = (),

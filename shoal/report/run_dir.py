@@ -86,8 +86,10 @@ def load_run(path: Path, allow_partial: bool = False, now: float | None = None, 
         names = ", ".join(sorted(e.name for e in entries)[:4])
         raise UserError("run_dir", where, f"is not a shoal run (no {METRICS} or {RUN_INFO}; it holds {names}); "
                                           "give the --out directory of a `shoal train` run")
-    info = _read_info(info_path, where, LOAD_NEEDS + need) if info_path.is_file() else None
+    info = read_info(info_path, where, LOAD_NEEDS + need) if info_path.is_file() else None
     rows, torn = read_rows(metrics, where) if metrics.is_file() else ([], False)
+    if info is not None:
+        _check_ranks(rows, info["world"], where)
     now = time.time() if now is None else now
     run = Run(path, rows, info)
     run.in_progress = _still_running(run, metrics, info_path, now)
@@ -110,13 +112,48 @@ def load_run(path: Path, allow_partial: bool = False, now: float | None = None, 
     return run
 
 
-def _read_info(path: Path, where: str, need: tuple[str, ...]) -> dict:
+def read_info(path: Path, where: str, need: tuple[str, ...]) -> dict:
+    """run.json as `shoal train` writes it, or a UserError: its fields' kinds, the dotted paths in
+    `need` present, and its grid one that train accepted (report and plan --validate read it here)."""
     info = read_json(path, where)
     if info.get("shoal_run") != 1:
         raise UserError("run_dir", where, f"has a {RUN_INFO} that shoal did not write; give the --out "
                                           "directory of a `shoal train` run")
     check_fields(info, INFO_KINDS, RUN_INFO, where, need)
+    if "layout" in info and "world" in info:
+        _check_grid(info, where)
     return info
+
+
+def _check_grid(info: dict, where: str) -> None:
+    """run.json's model, layout and ranks as `shoal train` accepted them before it started: the
+    report draws the grid and simulates the schedule from them, so edited sizes (a world of 1e12,
+    a million virtual stages) must stop here, not hang a drawing. The same rules train applies
+    (model.validate, layout.problems); the trainer's own limits of the day (TrainerLimit) are left
+    out, so runs from another shoal version still report."""
+    from shoal.layout import TrainerLimit, problems
+    from shoal.model.config import ModelConfig
+
+    try:
+        model = ModelConfig(**info.get("model", {})).validate()
+        lay = Layout(**info["layout"])
+        train = info.get("config", {}).get("train", {})
+        found = [e for e in problems(lay, model, info["world"], train.get("global_batch", lay.dp * lay.micro_batch),
+                                     train.get("seq_len", model.max_seq_len)) if not isinstance(e, TrainerLimit)]
+    except (TypeError, UserError) as e:  # TypeError: a model field ModelConfig does not have
+        raise damaged(where, f"{RUN_INFO} model", info.get("model"), f"a model shoal train accepts ({e})") from None
+    if found:
+        raise damaged(where, f"{RUN_INFO} layout", info["layout"], f"a layout shoal train accepts ({found[0]})")
+    if not 1 <= info.get("local_world", 1) <= info["world"]:
+        raise damaged(where, f"{RUN_INFO} local_world", info["local_world"], f"ranks per node, 1 to world ({info['world']})")
+
+
+def _check_ranks(rows: list[dict], world: int, where: str) -> None:
+    """Ranks a row names (the slowest, the stragglers) are ranks of this run."""
+    for n, row in enumerate(rows, 1):
+        for rank in [row.get("slowest_rank", 0), *row.get("stragglers", [])]:
+            if not 0 <= rank < world:
+                raise damaged(where, f"{METRICS} line {n} slowest_rank/stragglers", rank, f"a rank from 0 to {world - 1}")
 
 
 def read_json(path: Path, where: str) -> dict:
@@ -247,8 +284,8 @@ def _checkpoint_steps(run: Run) -> list[int]:
     root = root if root.is_absolute() else run.path / root
     steps.update(step for step, _ in list_checkpoints(root))
     every = ckpt.get("every", 0)
-    if every:
-        steps.update(s for s in range(every, run.last_step + 1, every))
+    if every > 0:  # from the rows, not range(every, last_step): a damaged row's step may be huge
+        steps.update(r["step"] for r in run.rows if r["step"] > 0 and r["step"] % every == 0)
     return sorted(steps)
 
 

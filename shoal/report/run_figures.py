@@ -183,9 +183,10 @@ def straggler_figure(run, stem: Path, world: int | None = None) -> list[Path]:
     ax.set_title("step-time spread across ranks")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    world = world or max([r["slowest_rank"] for r in rows] + [0]) + 1
-    counts = [sum(r["slowest_rank"] == k for r in rows) for k in range(world)]
-    ax_r.bar([str(k) for k in range(world)], counts, color="#8c8c8c")
+    # every rank when run.json says how many; else the ranks the rows name (an old run's numbers are unchecked)
+    ranks = range(world) if world else sorted({r["slowest_rank"] for r in rows} | {0})
+    counts = [sum(r["slowest_rank"] == k for r in rows) for k in ranks]
+    ax_r.bar([str(k) for k in ranks], counts, color="#8c8c8c")
     ax_r.set_xlabel("rank")
     ax_r.set_ylabel("steps as the slowest rank")
     ax_r.set_title("who was slowest")

@@ -112,8 +112,16 @@ DAMAGE = {
     "memory_by_rank ragged": every_row(memory_by_rank={**MEMORY, "peak": [1, 2, 3]}),
     "memory_by_rank part missing": every_row(memory_by_rank={"peak": [1]}),
     "no step_time_s": lambda info, metrics: [r.pop("step_time_s") for r in metrics],
+    # sizes of the right kind that shoal train never accepts: drawing or simulating them would hang
+    "world 1e12": info_with(world=10**12), "local_world above world": info_with(local_world=3),
+    "a million virtual stages": lambda info, metrics: info["layout"].update(pp_virtual_stages=10**6),
+    "tp a billion": lambda info, metrics: info["layout"].update(tp=10**9),
+    "model dim 2**40": lambda info, metrics: info["model"].update(dim=2**40),
+    "model field unknown": lambda info, metrics: info["model"].update(bogus=1),
+    "slowest rank a billion": every_row(slowest_rank=10**9, compute_time_spread=1.0, stragglers=[]),
+    "straggler -1": every_row(slowest_rank=0, compute_time_spread=1.0, stragglers=[-1]),
 }
-UNREAD_BY_VALIDATE = {"no config"}
+UNREAD_BY_VALIDATE = {"no config", "slowest rank a billion", "straggler -1"}  # it reads neither
 RAW = {  # whole files no JSON reader can take
     "run.json nested deep": ("run.json", b"[" * 100_000 + b"]" * 100_000),
     "run.json not an object": ("run.json", b"[1, 2]"), "run.json NaN": ("run.json", b"NaN"),
@@ -152,6 +160,16 @@ def test_validate_refuses_a_run_whose_steps_took_no_time(capsys, good_run):
     write(good_run, run_info(), [dict(r, step_time_s=0) for r in rows()])
     rc, err = shoal(capsys, "plan", "--validate", str(good_run))
     assert rc == 2 and len(err) == 1 and "step_time_s" in err[0]
+
+
+def test_a_huge_step_with_a_checkpoint_every_step_reports(capsys, good_run):
+    """Checkpoint steps come from the rows, not from a range up to the last step, which an edited
+    row could make 1e15 long."""
+    info, metrics = run_info(), rows()
+    info["config"]["checkpoint"]["every"] = 1
+    metrics[-1]["step"] = 10**15
+    write(good_run, info, metrics)
+    assert shoal(capsys, "report", str(good_run))[0] == 0
 
 
 def test_what_the_trainer_writes_is_never_refused(capsys, good_run):

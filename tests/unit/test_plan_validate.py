@@ -89,8 +89,9 @@ def test_validate_reads_the_prediction_the_run_stored(tmp_path):
     cfg = load_config("recipes/tiny.toml", ["parallel.zero=1", "train.micro_batch=8"])
     job = resolve(cfg, 2)
     stored = dataclasses.replace(plan_job(job, gpu_from_profile(PROFILE), 2), step_time_s=0.25)  # not what it plans
-    (run / "run.json").write_text(json.dumps({"config": cfg.to_dict(), "layout": dataclasses.asdict(job.layout),
-                                              "world": 2, "local_world": 2, "prediction": stored.as_dict()}))
+    (run / "run.json").write_text(json.dumps({"shoal_run": 1, "config": cfg.to_dict(), "model": dataclasses.asdict(job.model),
+                                              "layout": dataclasses.asdict(job.layout), "world": 2, "local_world": 2,
+                                              "prediction": stored.as_dict()}))
     c = json.loads(plan(tmp_path, str(run), "--json").stdout)["validate"]
     assert c["predicted_step_s"] == 0.25 and c["step_ratio"] == pytest.approx(0.25) and "stored" in c["source"]
     assert c["predicted_peak_gib"] == pytest.approx(stored.memory.total / 2**30)
