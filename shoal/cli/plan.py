@@ -153,16 +153,24 @@ def build_model(args):
         ffn = args.ffn_hidden or (4 * args.hidden if mlp == "gelu" else 256 * -(-8 * args.hidden // 3 // 256))
         cfg = ModelConfig(vocab_size=32000, dim=args.hidden, n_layers=args.layers, n_heads=args.heads,
                           n_kv_heads=args.heads, ffn_hidden=ffn, mlp=mlp, max_seq_len=args.seq_len, n_experts=0)
-    changes = {field: value for field, value in (
-        ("n_layers", args.layers), ("dim", args.hidden), ("n_heads", args.heads), ("n_kv_heads", args.kv_heads),
-        ("ffn_hidden", args.ffn_hidden), ("vocab_size", args.vocab), ("mlp", args.mlp), ("n_experts", args.experts),
-        ("top_k", args.top_k), ("expert_ffn_hidden", args.expert_ffn_hidden),
-        ("n_shared_experts", args.shared_experts)) if value is not None}
+    changes = {field: getattr(args, flag) for field, flag in SHAPE_FLAGS.items() if getattr(args, flag) is not None}
     if args.model and "n_heads" in changes and "n_kv_heads" not in changes and cfg.n_heads % cfg.n_kv_heads:
         changes["n_kv_heads"] = changes["n_heads"]
     if changes:
         cfg = cfg.replace(**changes, note="")
-    return cfg.validate()
+    try:
+        return cfg.validate()
+    except UserError as e:  # name the flag the user typed, not the config field behind it
+        field = e.field.removeprefix("model.")
+        if field in changes and field in SHAPE_FLAGS:
+            raise UserError("--" + SHAPE_FLAGS[field].replace("_", "-"), e.value, e.fix) from None
+        raise
+
+
+SHAPE_FLAGS = {"n_layers": "layers", "dim": "hidden", "n_heads": "heads", "n_kv_heads": "kv_heads",
+               "ffn_hidden": "ffn_hidden", "vocab_size": "vocab", "mlp": "mlp", "n_experts": "experts", "top_k": "top_k",
+               "expert_ffn_hidden": "expert_ffn_hidden", "n_shared_experts": "shared_experts"}
+"""ModelConfig field -> the `shoal plan` flag (argparse's name) that sets it."""
 
 
 def build(args):

@@ -680,3 +680,11 @@ def test_piped_tables_are_not_cut(argv, needle, capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     code, out, err = run_cli(capsys, argv)
     assert code == 0 and needle in out and "…" not in out
+
+
+@pytest.mark.parametrize("flags, named", [(["--model", "llama3-8b", "--layers", "100000"], "--layers=100000"),
+                                          (["--layers", "2", "--hidden", "512", "--heads", "7"], "--heads=7"),
+                                          (["--model", "llama3-8b", "--kv-heads", "7"], "--kv-heads=7")])
+def test_plan_names_the_flag_not_the_config_field(flags, named, capsys):
+    argv = ["plan", *flags, "--seq-len", "128", "--global-batch", "8", "--gpu", "h100", "--gpus", "8"]
+    assert_one_line(*run_cli(capsys, argv), hint=named)
