@@ -38,6 +38,9 @@ METHODS = {  # name -> settings, beside bench_compression's "none"
     # AdamW on each group's half batch and the parameters averaged after every step
     **{f"avg{h}": [f"parallel.diloco_inner_steps={h}", "parallel.diloco_outer_lr=1", "parallel.diloco_outer_momentum=0"]
        for h in (1, 10, 50)},
+    # each group trains on half the batch: AdamW's square-root rule for half the batch (lr / sqrt 2)
+    "avg50-lr0.71x": [f"parallel.diloco_inner_steps=50", "parallel.diloco_outer_lr=1", "parallel.diloco_outer_momentum=0",
+                      "train.lr=0.0021213"],
 }
 bc.METHODS.update(METHODS)  # bc.settings() reads it
 

@@ -61,14 +61,27 @@ def test_killed_group_rejoins_while_the_other_keeps_stepping(runs):
     assert abs(g0[-1]["eval_loss"] / one[-1]["eval_loss"] - 1) < NOISE
 
 
-def test_groups_with_tensor_parallelism_inside_step_like_one_job(tmp_path):
-    """2 groups x tp2 (4 ranks) against one tp2 x dp2 job: the groups' mean loss and the gradient
-    norm match step for step, so torchft's cross-group average composes with DTensor gradients."""
-    run = [f"--set={o}" for o in ("train.steps=6", "train.eval_every=0", "train.sample_tokens=0", "parallel.tp=2")]
+INNER = {  # a group's own layout on 2 ranks -> the one 4-rank job it must equal
+    "tp2": (["parallel.tp=2"], ["parallel.tp=2"]),
+    # experts sharded over ep=2 inside each group; the one job shards them the same way inside each dp_replicate half
+    "ep2": (["model.preset=debug-moe", "parallel.dp_shard=2", "parallel.ep=2", "train.global_batch=16"],
+            ["model.preset=debug-moe", "parallel.dp_shard=2", "parallel.ep=2", "train.global_batch=16",
+             "parallel.dp_replicate=2"]),
+}
+
+
+@pytest.mark.parametrize("inner", INNER)
+def test_groups_with_model_parallelism_inside_step_like_one_job(tmp_path, inner):
+    """2 groups x 2 ranks split by tensor or expert parallelism against one 4-rank job split the same
+    way with dp 2: the groups' mean loss and the gradient norm match step for step, so torchft's
+    cross-group average composes with DTensor gradients and with expert shards."""
+    common = ["train.steps=6", "train.eval_every=0", "train.sample_tokens=0"]
+    run = lambda sets: [f"--set={o}" for o in common + sets]  # noqa: E731
     groups = shoal_cli("train", RECIPE, "--replica-groups", "2", "--nproc", "2", "--out", str(tmp_path / "groups"),
-                       "--quiet", *run, timeout=240)
+                       "--quiet", *run(INNER[inner][0]), timeout=240)
     assert groups.returncode == 0, groups.stderr[-2000:]
-    one = shoal_cli("train", RECIPE, "--nproc", "4", "--out", str(tmp_path / "one"), "--quiet", *run, timeout=240)
+    one = shoal_cli("train", RECIPE, "--nproc", "4", "--out", str(tmp_path / "one"), "--quiet", *run(INNER[inner][1]),
+                    timeout=240)
     assert one.returncode == 0, one.stderr[-2000:]
     g0, g1 = (read_rows(tmp_path / "groups" / sub / "metrics.jsonl") for sub in ("", "replica-1"))
     ref = read_rows(tmp_path / "one" / "metrics.jsonl")
