@@ -9,4 +9,4 @@ from pathlib import Path
 
 def cache_dir() -> Path:
     """$SHOAL_CACHE_DIR if set (tests point it at a temporary folder), else ~/.cache/shoal."""
-    return Path(os.environ.get("SHOAL_CACHE_DIR") or Path.home() / ".cache" / "shoal")
+    return Path(os.environ.get("SHOAL_CACHE_DIR") or Path.home() / ".cache" / "shoal").expanduser()  # "~/x" quoted

@@ -376,6 +376,10 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] = ()) -> 
         for section, values in data.items():
             if not isinstance(values, dict):
                 raise UserError(section, values, "top-level keys must be [section] tables")
+            for (sec, alias), name in ALIASES.items():  # one field under two keys: which would win is a guess
+                if sec == section and alias in values and name in values:
+                    raise UserError(f"{section}.{alias}", values[alias], f"{section}.{name} is set too and is the "
+                                                                         "same field; keep one of the two keys")
             for key, value in values.items():
                 _set(cfg, f"{section}.{key}", value)
     for item in overrides:
@@ -388,17 +392,10 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] = ()) -> 
 
 def _read_recipe(path: Path) -> dict:
     """The recipe's tables; every way a file can be unusable is one UserError naming it."""
+    from shoal.cli.argtypes import read_input_file  # the one check of a file a command reads
+
     name = str(path)
-    if path.is_dir():
-        raise UserError("recipe", name, "is a directory; give a .toml file (see recipes/ for examples)")
-    if not path.exists():
-        raise UserError("recipe", name, "no such file; see recipes/ for examples")
-    if not path.is_file():
-        raise UserError("recipe", name, "is not a regular file; give a .toml file")
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise UserError("recipe", name, f"cannot be read ({e.strerror}); check its permissions") from None
+    raw = read_input_file("recipe", path, "a .toml file (see recipes/ for examples)")
     try:
         text = raw.decode("utf-8-sig")  # a byte-order mark (some Windows editors) is not a mistake
     except UnicodeDecodeError as e:

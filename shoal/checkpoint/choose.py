@@ -10,8 +10,9 @@ from shoal.errors import UserError
 
 
 def checkpoint_root(cfg, out: Path) -> Path:
-    """checkpoint.dir (a relative one lies inside the output directory), or <out>/checkpoints."""
-    configured = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path("checkpoints")
+    """checkpoint.dir (~ is the home folder, as in every path field; a relative one lies inside the
+    output directory), or <out>/checkpoints."""
+    configured = Path(cfg.checkpoint.dir).expanduser() if cfg.checkpoint.dir else Path("checkpoints")
     return configured if configured.is_absolute() else Path(out) / configured
 
 

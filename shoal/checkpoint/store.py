@@ -103,6 +103,22 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def what_shoal_wrote(folder: Path) -> str | None:
+    """What of shoal's a folder holds, for commands about to write into it: "a checkpoint", "a saved
+    model", "a run directory", "a checkpoint root", or None. (The names are those checkpoint/weights.py
+    and train/run_info.py write.)"""
+    try:
+        if (folder / MANIFEST).exists():
+            return "a checkpoint"
+        if (folder / "shoal_model.json").exists():
+            return "a saved model"
+        if (folder / "run.json").exists() or (folder / "metrics.jsonl").exists():
+            return "a run directory"
+        return "a checkpoint root" if list_checkpoints(folder) else None
+    except OSError:  # unreadable: the write checks say so
+        return None
+
+
 class Damaged(ValueError):
     """A checkpoint file that is unreadable or not the shape shoal writes."""
 

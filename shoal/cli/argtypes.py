@@ -102,11 +102,56 @@ def check_output_dir(flag: str, path: str, *, shown: str | None = None) -> None:
         where = ("is a file, not a folder" if existing == p and shown == path
                  else f"lies under {existing}, which is a file")
         raise UserError(flag, shown, f"{where}; pick another path")
+    _check_name_lengths(flag, shown, existing, os.path.relpath(p, existing))
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".shoal-probe-", dir=existing))
     except OSError as e:
         what = f"{existing} is not writable" if existing == p else f"cannot be created in {existing}"
         raise UserError(flag, shown, f"{what} ({e.strerror}); pick a folder you can write to") from None
+
+
+def read_input_file(field: str, path, give: str) -> bytes:
+    """The bytes of a file a command reads (a recipe, a hardware TOML, a carbon trace). Missing, a
+    folder, a pipe or a device (reading one blocks, or never ends: /dev/zero), a symlink loop or no
+    permission: one UserError each, naming the field. `give` completes "give ...", e.g. "a .toml file"."""
+    import os
+    import stat
+
+    from shoal.errors import UserError
+
+    name = str(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UserError(field, name, f"no such file; give {give}") from None
+    except OSError as e:  # a symlink loop, a path through a file, no permission on a folder
+        raise UserError(field, name, f"cannot be read ({e.strerror}); give {give}") from None
+    if stat.S_ISDIR(mode):
+        raise UserError(field, name, f"is a directory; give {give}")
+    if not stat.S_ISREG(mode):
+        raise UserError(field, name, f"is not a regular file (a pipe or a device); give {give}")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise UserError(field, name, f"cannot be read ({e.strerror}); check its permissions") from None
+
+
+def _check_name_lengths(flag: str, shown: str, existing: str, below: str) -> None:
+    """The names still to be made under `existing`: none longer than its filesystem allows (255 bytes
+    on most), which os.path.exists reports as missing and only the write would fail on."""
+    import os
+
+    from shoal.errors import UserError
+
+    try:
+        most = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        most = 255
+    for name in below.split(os.sep):
+        if len(os.fsencode(name)) > most:
+            raise UserError(flag, shown, f"has a name of {len(os.fsencode(name))} bytes ({name[:16]}...), more than "
+                                         f"the {most} its filesystem allows; pick a shorter one")
 
 
 def check_output_file(flag: str, path: str) -> None:
@@ -123,3 +168,4 @@ def check_output_file(flag: str, path: str) -> None:
     if os.path.exists(p) and not os.access(p, os.W_OK):
         raise UserError(flag, path, "is not writable; pick another file name")
     check_output_dir(flag, os.path.dirname(p), shown=path)
+    _check_name_lengths(flag, path, os.path.dirname(p), os.path.basename(p))

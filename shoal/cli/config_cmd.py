@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from shoal.cli.argtypes import non_empty
+
 
 def register(sub) -> None:
     p = sub.add_parser("config", help="print the config reference (with a recipe: its resolved values)")
-    p.add_argument("recipe", nargs="?")
+    p.add_argument("recipe", nargs="?", type=non_empty("recipes/debug.toml"))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--markdown", action="store_true", help="print the reference as a Markdown table")
     p.set_defaults(func=run)

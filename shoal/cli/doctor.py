@@ -9,6 +9,7 @@ from pathlib import Path
 
 from shoal.cli.argtypes import float_at_least, int_at_least, non_empty, positive_int
 from shoal.launch.multinode import add_args as add_node_args
+from shoal.launch.multinode import multinode
 
 VERDICT_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
 
@@ -44,7 +45,7 @@ def run(args) -> int:
 
     if args.peak:
         return show_peak(args.precision)
-    if args.nnodes > 1 or args.master:
+    if multinode(args.nnodes, args.node_rank, args.master):
         return run_node(args)
     if not args.checks_only:
         check_output_dir("--out", args.out)
@@ -55,6 +56,7 @@ def run(args) -> int:
     if args.checks_only:
         rep = doctor.Report(checks=envcheck.run_all(nproc))
     else:
+        doctor.check_fits(nproc, sizes[-1], args.max_size)
         rep = doctor.run(nproc, sizes, ops, Path(args.out), budget_s=args.budget)
 
     checks = Table(title="environment", title_justify="left")

@@ -7,7 +7,8 @@ from shoal.cli.argtypes import non_empty
 
 def register(sub) -> None:
     p = sub.add_parser("k8s", help="write a Kubeflow TrainJob, a JobSet and a PyTorchJob for a recipe")
-    p.add_argument("recipe", help="TOML recipe, as a path inside the image (relative to its working directory)")
+    p.add_argument("recipe", type=non_empty("recipes/debug.toml"),
+                   help="TOML recipe, as a path inside the image (relative to its working directory)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--nodes", type=int, required=True, help="machines (pods, one per machine)")
     p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per machine = processes per pod")

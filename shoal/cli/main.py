@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     try:
+        from shoal.launch.env import omp_threads
+
+        omp_threads()  # OpenMP would only warn when torch loads, and run with its default
         return int(args.func(args) or 0)
     except UserError as e:
         print(f"shoal {args.command}: error: {e}", file=sys.stderr)

@@ -278,6 +278,8 @@ def validate(args) -> int:
     from shoal.planner import hardware
     from shoal.planner.validate import compare
 
+    for name in ("gpus", "gpus_per_node"):  # 0 would read as "not given", the run's own
+        _positive(name, getattr(args, name))
     gpu = None  # the prediction the run stored, unless other hardware is asked for
     if args.hw_file:
         gpu = hardware.load_hw_file(args.hw_file, args.gpu)

@@ -7,7 +7,7 @@ from shoal.cli.argtypes import non_empty
 
 def register(sub) -> None:
     p = sub.add_parser("slurm", help="write (and with --submit, sbatch) a Slurm script that runs a recipe")
-    p.add_argument("recipe", help="TOML recipe (a path every node can read)")
+    p.add_argument("recipe", type=non_empty("recipes/debug.toml"), help="TOML recipe (a path every node can read)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node = processes per node (0: CPU, 1)")
@@ -15,7 +15,8 @@ def register(sub) -> None:
     p.add_argument("--time", default="", help="time limit, e.g. 04:00:00")
     p.add_argument("--name", type=non_empty("--name pretrain"), help="job name (default: from the recipe file name)")
     p.add_argument("--port", type=int, default=29500, help="rendezvous port on the first node")
-    p.add_argument("--python", default="python", help="the Python that has shoal on the nodes")
+    p.add_argument("--python", type=non_empty("--python /shared/venv/bin/python"), default="python",
+                   help="the Python that has shoal on the nodes")
     p.add_argument("--run-out", type=non_empty("--run-out /shared/runs/pretrain"),
                    help="the run's --out, on a shared filesystem (default runs/NAME, absolute)")
     p.add_argument("--out", type=non_empty("--out slurm"), default="slurm", help="folder for NAME.sbatch")

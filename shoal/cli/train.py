@@ -42,6 +42,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from shoal.checkpoint.choose import check_resume
     from shoal.config import load_config
+    from shoal.debug import env_settings
     from shoal.job import resolve
     from shoal.launch.env import world_size
     from shoal.launch.replica_groups import group_config
@@ -49,6 +50,7 @@ def run(args) -> int:
     from shoal.train.memory_check import CHECKED_ENV, check_memory, local_world_size
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake surfaces here, before any work
+    env_settings(cfg.debug.check_collectives, cfg.debug.hang_timeout_s)  # SHOAL_* overrides: once, not per rank
     if args.launcher == "ray":
         _check_ray_flags(args)
     cfg = group_config(cfg, args.replica_groups, args.nnodes)  # a replica group trains its share of the batch
@@ -72,9 +74,15 @@ def run(args) -> int:
 
     if "WORLD_SIZE" not in os.environ:  # data mistakes too: in the process the user started, before
         build_data(job)                  # any worker starts or --out is made (workers build their own)
+    if cfg.train.compile:
+        import torch
+
+        from shoal.parallel.compile import check_compiler
+
+        check_compiler("cuda" if torch.cuda.is_available() else "cpu")
     out = _out(args)
     made = _missing(Path(out) / rundir.LOCK)  # what a refusal below must take away again
-    out = rundir.check_out(out)
+    out = rundir.check_out(out, cfg.data.path)
     holder = not nodes or nodes.node_rank == 0  # node 0's launcher holds the lock of a multi-node run
     if holder:
         rundir.claim(out)  # one live run per directory, held by the launcher if there is one
@@ -157,7 +165,7 @@ def _out(args) -> str:
 
 def _missing(path: Path) -> list[Path]:
     """path and those of its folders that do not exist yet, deepest first."""
-    return [p for p in (path, *path.parents) if not p.exists() and not p.is_symlink()]
+    return [p for p in (path, *path.parents) if not os.path.lexists(p)]
 
 
 def _remove_if_untouched(out: Path, made: list[Path]) -> None:
@@ -192,9 +200,9 @@ def _check_ray_flags(args) -> None:
 def _node_plan(args):
     """The multi-node plan for --nnodes > 1 (None for one machine)."""
     from shoal.errors import UserError
-    from shoal.launch.multinode import plan_node
+    from shoal.launch.multinode import multinode, plan_node
 
-    if args.nnodes == 1 and not args.master:
+    if not multinode(args.nnodes, args.node_rank, args.master):
         return None
     if "WORLD_SIZE" in os.environ:
         raise UserError("--nnodes", args.nnodes, "is for starting workers; under torchrun (WORLD_SIZE is set) "

@@ -84,7 +84,7 @@ def build_token_cache(
     if not 0 <= val_fraction < 1:
         raise UserError("data.val_fraction", val_fraction, "must be in [0, 1); 0.01 holds out 1% of documents")
     sources = list_documents(path, text_field)
-    cache_dir = check_cache_dir(os.fspath(cache_dir) if cache_dir is not None else default_cache_dir())
+    cache_dir = check_cache_dir(os.path.expanduser(cache_dir) if cache_dir is not None else default_cache_dir())
     file = os.path.join(cache_dir, f"{_slug(path)}-{cache_key(sources, tokenizer, val_fraction)}.bin")
     if os.path.isdir(file):  # cannot be replaced by a file, so no rebuild can help
         raise UserError("data.cache_dir", cache_dir, f"{file} is a folder where the token cache file belongs; remove it")

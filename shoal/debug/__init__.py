@@ -30,17 +30,32 @@ GOODBYE_TIMEOUT_S = 2.0  # how long an exiting rank tries to tell the others; th
 _active: dict = {}  # monitor, patches, watchdog, excepthook while enabled
 
 
-def _env_settings(check: bool | None, hang_timeout_s: float | None) -> tuple[bool, float]:
+def env_settings(check: bool | None, hang_timeout_s: float | None) -> tuple[bool, float]:
+    """The settings after the SHOAL_* overrides, which are checked here: `shoal train` calls this
+    before it starts any worker, so a bad value is one line from the launcher, not one per rank."""
+    import math
+
+    from shoal.errors import UserError
+
     env_check = os.environ.get("SHOAL_CHECK_COLLECTIVES")
     if env_check is not None and env_check.strip() != "":
-        check = env_check.strip().lower() not in ("0", "false", "no", "off")
+        word = env_check.strip().lower()
+        if word not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise UserError("SHOAL_CHECK_COLLECTIVES", env_check, "environment variable must be 1 or 0 (true or false)")
+        check = word in ("1", "true", "yes", "on")
     env_hang = os.environ.get("SHOAL_HANG_TIMEOUT_S")
     if env_hang is not None and env_hang.strip() != "":
         try:
             hang_timeout_s = float(env_hang)
         except ValueError:
-            from shoal.errors import UserError
-            raise UserError("SHOAL_HANG_TIMEOUT_S", env_hang, "must be a number of seconds (0 disables the watchdog)") from None
+            hang_timeout_s = math.nan
+        if not (math.isfinite(hang_timeout_s) and hang_timeout_s >= 0):
+            raise UserError("SHOAL_HANG_TIMEOUT_S", env_hang, "environment variable must be a finite number of "
+                                                              "seconds >= 0 (0 disables the watchdog)")
+    if os.environ.get("SHOAL_DEBUG_DIR"):  # where a hang report is written: found now, not during the hang
+        from shoal.cli.argtypes import check_output_dir
+
+        check_output_dir("SHOAL_DEBUG_DIR", os.environ["SHOAL_DEBUG_DIR"])
     return bool(check), DEFAULT_HANG_TIMEOUT_S if hang_timeout_s is None else float(hang_timeout_s)
 
 
@@ -57,7 +72,7 @@ def enable(check_collectives: bool | None = None, hang_timeout_s: float | None =
     from shoal.debug.monitor import Monitor
     from shoal.debug.watchdog import Watchdog
 
-    check, hang = _env_settings(check_collectives, hang_timeout_s)
+    check, hang = env_settings(check_collectives, hang_timeout_s)
     if hang < 0:
         from shoal.errors import UserError
         raise UserError("hang_timeout_s", hang, "must be >= 0 (0 disables the watchdog)")

@@ -1,4 +1,5 @@
-"""The launcher's environment (WORLD_SIZE, RANK, LOCAL_RANK), checked once before anything reads it.
+"""The launcher's environment (WORLD_SIZE, RANK, LOCAL_RANK, OMP_NUM_THREADS, ...), checked once before
+anything reads it.
 
 torchrun, Slurm and Kubernetes set these; a person may too, by hand or left over in a shell. A
 value that is not a sensible integer is a user mistake, reported before any worker starts.
@@ -13,7 +14,7 @@ from shoal.errors import UserError
 _FIX = "torchrun sets it; unset it to run one process, or give an integer"
 
 
-def _read(name: str, default: int, low: int) -> int:
+def _read(name: str, default: int, low: int, high: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None:
         return default
@@ -21,9 +22,29 @@ def _read(name: str, default: int, low: int) -> int:
         value = int(raw.strip())
     except ValueError:
         raise UserError(name, raw, f"environment variable is not an integer; {_FIX}") from None
-    if value < low:
-        raise UserError(name, raw, f"environment variable must be >= {low}; {_FIX}")
+    if value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise UserError(name, raw, f"environment variable must be {bound}; {_FIX}")
     return value
+
+
+def master_port() -> int | None:
+    """MASTER_PORT when set (torch's env:// rendezvous reads it), checked to be a TCP port."""
+    return _read("MASTER_PORT", 0, 1, 65535) if os.environ.get("MASTER_PORT") else None
+
+
+def omp_threads() -> int:
+    """OMP_NUM_THREADS as OpenMP reads it: a thread count, or one per nesting level ("8,4"); the
+    first count, 1 when unset. OpenMP ignores anything else with a warning when torch loads, so
+    shoal/cli/main.py checks it before any command runs."""
+    raw = os.environ.get("OMP_NUM_THREADS")
+    if raw is None:
+        return 1
+    counts = [c.strip().removeprefix("+") for c in raw.split(",")]
+    if not all(c.isascii() and c.isdigit() and int(c) > 0 for c in counts):
+        raise UserError("OMP_NUM_THREADS", raw, "environment variable must be a positive thread count, e.g. 4 "
+                                                "(or one per nesting level, 8,4); unset it for shoal's default")
+    return int(counts[0])
 
 
 def world_size(nproc: int = 0) -> int:
@@ -33,7 +54,8 @@ def world_size(nproc: int = 0) -> int:
     rank = _read("RANK", 0, 0)
     if rank >= world:
         raise UserError("RANK", os.environ.get("RANK"), f"environment variable must be below WORLD_SIZE={world}; {_FIX}")
-    _read("LOCAL_RANK", 0, 0)
+    local_world = _read("LOCAL_WORLD_SIZE", 1, 1, world if "WORLD_SIZE" in os.environ else None)
+    _read("LOCAL_RANK", 0, 0, local_world - 1 if "LOCAL_WORLD_SIZE" in os.environ else None)
     _read("TORCHELASTIC_RESTART_COUNT", 0, 0)
     if nproc and "WORLD_SIZE" in os.environ:  # this process is already one worker of some launcher
         raise UserError("--nproc", nproc, f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set, so this is already a "
@@ -43,5 +65,5 @@ def world_size(nproc: int = 0) -> int:
             if not os.environ.get(name):
                 raise UserError(name, None, f"environment variable is not set but WORLD_SIZE={world}; torchrun sets "
                                             "both; unset WORLD_SIZE to run one process, or use --nproc N")
-        _read("MASTER_PORT", 0, 1)
+        master_port()
     return nproc or world

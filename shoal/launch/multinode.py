@@ -28,6 +28,7 @@ import struct
 import time
 from dataclasses import dataclass
 
+from shoal.cli.argtypes import positive_int
 from shoal.errors import UserError
 
 DEFAULT_PORT = 29500  # torchrun's
@@ -35,7 +36,7 @@ DEFAULT_PORT = 29500  # torchrun's
 
 def add_args(p) -> None:
     """The multi-node flags of `shoal train`."""
-    p.add_argument("--nnodes", type=int, default=1, help="machines in the job; run the same command on each")
+    p.add_argument("--nnodes", type=positive_int, default=1, help="machines in the job; run the same command on each")
     p.add_argument("--node-rank", type=int, default=0, help="this machine's index; 0 hosts the rendezvous at --master")
     p.add_argument("--master", default="", metavar="HOST[:PORT]",
                    help=f"node 0's address as the other nodes reach it (port default {DEFAULT_PORT})")
@@ -75,6 +76,17 @@ class NodePlan:
         role = "hosts the rendezvous" if self.is_host else "joins the rendezvous"
         return (f"shoal: node {self.node_rank} of {self.nnodes} ({self.local_addr} on {self.ifname}) {role} at "
                 f"{self.master_ip}:{self.port}")
+
+
+def multinode(nnodes: int, node_rank: int, master: str) -> bool:
+    """Whether the flags ask for a multi-node job. --node-rank alone is refused: that node of a job
+    whose --nnodes was left out would run on its own."""
+    if nnodes == 1 and not master:
+        if node_rank:
+            raise UserError("--node-rank", node_rank, "is for a multi-node job; give --nnodes and --master too, "
+                                                      "or drop it on one machine")
+        return False
+    return True
 
 
 def plan_node(nnodes: int, node_rank: int, master: str, ifname: str = "", timeout: int = 120,

@@ -96,6 +96,20 @@ def summarize(raw: dict) -> Report:
     return rep
 
 
+def check_fits(nproc: int, max_size: int, shown: str) -> None:
+    """Each rank holds about twice the largest message (all_to_all's send and receive buffers): refuse
+    a --max-size this machine's ranks cannot hold, which the OOM killer would end midway."""
+    from shoal.train.memory_check import check_local_ranks
+
+    device = check_local_ranks(nproc)
+    if device is None or 2 * max_size + device.reserved <= device.capacity:
+        return
+    room = (device.capacity - device.reserved) / 2
+    raise UserError("--max-size", shown, f"each rank holds about twice that, but {device.what} leaves "
+                                         f"{human_bytes(int(device.capacity))} per rank; give at most "
+                                         f"{human_bytes(int(room))}")
+
+
 def run(nproc: int, size_list: list[int], ops: list[str], out_dir: Path, budget_s: float = 0.1,
         max_iters: int = 50) -> Report:
     """Checks, then the benchmark on `nproc` local ranks; the figure goes to out_dir."""

@@ -60,7 +60,9 @@ def cpu_oversubscription(nproc: int) -> Check:
     if torch.cuda.is_available():
         return Check("cpu", "ok", f"{os.cpu_count()} cores")
     cores = os.cpu_count() or 1
-    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    from shoal.launch.env import omp_threads
+
+    threads = omp_threads()
     if nproc * threads > cores:
         return Check("cpu", "warn", f"{nproc} ranks x {threads} threads on {cores} cores: timings will be "
                                     "slower and noisier than the hardware allows")
@@ -94,10 +96,12 @@ def free_port() -> Check:
             port = s.getsockname()[1]
     except OSError as e:
         return Check("free ports", "fail", f"cannot bind a local TCP port: {e}")
-    wanted = os.environ.get("MASTER_PORT")
+    from shoal.launch.env import master_port
+
+    wanted = master_port()
     if wanted:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            if s.connect_ex(("127.0.0.1", int(wanted))) == 0:
+            if s.connect_ex(("127.0.0.1", wanted)) == 0:
                 return Check("free ports", "info", f"MASTER_PORT {wanted} is in use here (fine if the rendezvous server runs here)")
     return Check("free ports", "ok", f"can bind local ports (got {port})")
 
@@ -115,10 +119,12 @@ def rendezvous(timeout_s: float = 3.0) -> Check:
     """MASTER_ADDR:MASTER_PORT reachable when set; otherwise a local c10d store round trip."""
     from torch.distributed import TCPStore
 
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    from shoal.launch.env import master_port
+
+    addr, port = os.environ.get("MASTER_ADDR"), master_port()
     if addr and port:
         try:
-            with socket.create_connection((addr, int(port)), timeout=timeout_s):
+            with socket.create_connection((addr, port), timeout=timeout_s):
                 return Check("rendezvous", "ok", f"{addr}:{port} accepts connections")
         except OSError as e:
             return Check("rendezvous", "fail", f"{addr}:{port} unreachable: {e}")

@@ -16,11 +16,22 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import torch
 from torch import nn
 
 from shoal.errors import UserError
+
+
+def check_compiler(device_type: str) -> None:
+    """inductor's CPU backend builds C++ with $CXX, else g++ (clang++ on macOS), and tries no other
+    name (torch._inductor.config.cpp.cxx): refuse train.compile without it. `shoal train` asks before
+    it starts any worker, apply_compile again in each."""
+    cxx = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")
+    if device_type == "cpu" and not shutil.which(cxx):
+        raise UserError("train.compile", True, f"inductor's CPU backend needs a C++ compiler and {cxx} is not on "
+                                               "PATH; install g++ (or point $CXX at one) or set train.compile=false")
 
 
 def apply_compile(model: nn.Module, enabled: bool, tensor_parallel: bool = False, device_type: str = "cpu") -> None:
@@ -33,9 +44,7 @@ def apply_compile(model: nn.Module, enabled: bool, tensor_parallel: bool = False
     """
     if not enabled:
         return
-    if device_type == "cpu" and not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "c++", "clang++")):
-        raise UserError("train.compile", True, "inductor's CPU backend needs a C++ compiler (g++ or clang++, or $CXX) "
-                                               "on PATH; install one or set train.compile=false")
+    check_compiler(device_type)
     # Compilations allowed per code before dynamo falls back to eager (default 8): training and
     # evaluation (no grad) graphs, a short last micro-batch, dynamic-shape variants each take one.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)

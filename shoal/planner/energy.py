@@ -62,9 +62,15 @@ class Energy:
         return None if self.grams_per_kwh is None else self.kwh * self.grams_per_kwh / 1000
 
 
+MAX_PUE = 5.0
+"""A bound for unit mistakes, not a measured limit: the figures above are 1.10 to 1.58, so a PUE
+past 5 is a percentage (120) or a typo, not a site."""
+
+
 def check_pue(pue: float) -> float:
-    if not math.isfinite(pue) or pue < 1:
-        raise UserError("pue", pue, "power usage effectiveness is facility power / IT power, at least 1.0 (e.g. 1.2)")
+    if not math.isfinite(pue) or not 1 <= pue <= MAX_PUE:
+        raise UserError("pue", pue, f"power usage effectiveness is facility power / IT power, at least 1.0 "
+                                    f"and at most {MAX_PUE:g} (e.g. 1.2)")
     return pue
 
 
@@ -105,15 +111,19 @@ def read_trace(path: str | Path) -> Trace:
     """A CSV of hourly intensities: `time,gco2_per_kwh` per line (a header line is allowed).
 
     The second column is the intensity; the first names the hour (kept as written for the output)."""
+    from shoal.cli.argtypes import read_input_file  # the one check of a file a command reads
+
+    give = "a CSV of 'time,gco2_per_kwh' lines"
     try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise UserError("carbon_trace", str(path), f"cannot read it ({e.strerror or e})") from None
+        text = read_input_file("carbon_trace", path, give).decode()
     except UnicodeDecodeError:
-        raise UserError("carbon_trace", str(path), "is not UTF-8 text; give a CSV of "
-                                                   "'time,gco2_per_kwh' lines") from None
+        raise UserError("carbon_trace", str(path), f"is not UTF-8 text; give {give}") from None
+    try:
+        rows = list(csv.reader(text.splitlines()))
+    except csv.Error as e:  # a field past csv's limit (131072 characters): some other file
+        raise UserError("carbon_trace", str(path), f"is not a CSV of hourly values ({e}); give {give}") from None
     labels, values = [], []
-    for i, row in enumerate(csv.reader(text.splitlines()), 1):
+    for i, row in enumerate(rows, 1):
         if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
             continue
         if len(row) < 2:
@@ -127,7 +137,7 @@ def read_trace(path: str | Path) -> Trace:
         if not 0 <= value <= MAX_GRAMS_PER_KWH:  # nan fails too
             raise UserError("carbon_trace", str(path), f"line {i}: intensity {value} must be from 0 to "
                                                        f"{MAX_GRAMS_PER_KWH:g} gCO2/kWh (coal is about 1000)")
-        labels.append(row[0].strip())
+        labels.append(row[0].strip())  # labels may repeat: a trace of several days named by hour of day
         values.append(value)
     if not values:
         raise UserError("carbon_trace", str(path), "no hourly values found (write lines like 2025-01-01T00:00,312)")

@@ -350,7 +350,9 @@ _MAX_INT_FIELD = 2**31
 def _field_value(name: str, kind: str, raw: object):
     """`raw` as a hardware field of this kind: a string, or a finite number >= 0 (whole for int fields)."""
     if kind == "str":
-        return str(raw)
+        if not isinstance(raw, str):  # a TOML table or number where a name goes
+            raise UserError(name, raw, "must be a string, e.g. name = \"my-gpu\"")
+        return raw
     if isinstance(raw, bool):  # TOML true is not 1 GPU per node
         raise UserError(name, raw, f"must be a number ({kind})")
     try:
@@ -399,13 +401,10 @@ def load_hw_file(path: str | os.PathLike, default_base: str | None) -> GPU:
     """A TOML file of GPU fields; `base = "h100-sxm"` (or --gpu) supplies the ones it leaves out."""
     import tomllib
 
+    from shoal.cli.argtypes import read_input_file  # the one check of a file a command reads
+
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise UserError("hw_file", str(path), "no such file") from None
-    except OSError as e:  # a folder, no permission
-        raise UserError("hw_file", str(path), f"cannot be read ({e.strerror})") from None
+        data = tomllib.loads(read_input_file("hw_file", path, "a TOML file of hardware fields").decode())
     except UnicodeDecodeError:
         raise UserError("hw_file", str(path), "is not UTF-8 text; give a TOML file") from None
     except tomllib.TOMLDecodeError as e:

@@ -25,7 +25,8 @@ def generate_ids(model: Transformer, prompt_ids: list[int], n_tokens: int, *, te
             if top_k:
                 kth = logits.topk(min(top_k, logits.numel())).values[-1]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = torch.softmax(logits / temperature, dim=-1)
+            # float64 and the best logit at 0: 1e-300 is near-greedy and 1e300 near-uniform, never NaN
+            probs = torch.softmax((logits.double() - logits.max()) / temperature, dim=-1)
             next_id = int(torch.multinomial(probs, 1, generator=generator))
         if next_id == stop_id:
             return

@@ -57,6 +57,17 @@ def local_device(local_ranks: int) -> Device | None:
                   f"MemAvailable {available / GiB:.1f} GiB / {local_ranks} local rank{'s' * (local_ranks > 1)}")
 
 
+def check_local_ranks(nproc: int) -> Device | None:
+    """Refuse more local ranks than this machine holds processes of (each takes `reserved` before it
+    does anything: an interpreter and its libraries, or a CUDA context), before any is started;
+    this machine's memory per rank otherwise (None: unknown)."""
+    device = local_device(nproc)
+    if device is not None and device.capacity <= device.reserved:
+        raise UserError("--nproc", nproc, f"{device.what} leaves {device.capacity / 2**20:.3g} MiB per rank, less "
+                                          f"than a rank's own {device.reserved / 2**20:.3g} MiB; use fewer ranks")
+    return device
+
+
 def cuda_reserved_bytes(device_name: str) -> float:
     """The catalog's reserved bytes for this GPU (CUDA context, NCCL, workspaces), or the default."""
     from shoal.planner.hardware import GPU, lookup_gpu

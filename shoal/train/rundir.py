@@ -37,16 +37,25 @@ def default_out(recipe: str | None) -> Path:
     return out
 
 
-def check_out(out: str) -> Path:
-    """`--out` mistakes, found before anything is built: empty, a file, under a file, not creatable."""
+def check_out(out: str, data_path: str = "") -> Path:
+    """`--out` mistakes, found before anything is built: empty, a file, under a file, not creatable,
+    a folder shoal wrote that is not a run (a checkpoint, a saved model, a checkpoint root), or a
+    folder inside the corpus (data.path), whose next run would read this one's metrics.jsonl as text."""
+    from shoal.checkpoint import store
+    from shoal.cli.argtypes import check_output_dir  # the one output-location check
+    from shoal.data.sources import STDLIB
+
     if not out.strip():
         raise UserError("--out", out, "is empty; name a directory, e.g. --out runs/first")
+    check_output_dir("--out", out)  # a file, under a file, not creatable, a name too long
     path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise UserError("--out", out, "is a file, not a directory; pick another --out")
-    for parent in path.parents:
-        if parent.exists() and not parent.is_dir():
-            raise UserError("--out", out, f"lies under {parent}, which is a file; pick another --out")
+    if (kind := store.what_shoal_wrote(path)) not in (None, "a run directory"):
+        raise UserError("--out", out, f"holds {kind}, not a run; pick a new --out (or the run's own folder to "
+                                      "continue it)")
+    corpus = os.path.realpath(os.path.expanduser(data_path)) if data_path and data_path != STDLIB else ""
+    if corpus and os.path.isdir(corpus) and Path(os.path.realpath(out)).is_relative_to(corpus):
+        raise UserError("--out", out, f"lies inside data.path={data_path}, so the next run would train on this one's "
+                                      "outputs (metrics.jsonl); pick an --out outside the corpus")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:

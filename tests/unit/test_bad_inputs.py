@@ -77,6 +77,8 @@ def files(work) -> dict[str, Path]:
     p["unreadable"].write_text("[train]\nsteps = 1\n")
     p["unreadable"].chmod(0)
     p["under_file"] = p["file"] / "sub"  # a path whose parent is a file
+    (f / "one_line.csv").write_text("x" * 200_000)  # past csv's field limit
+    (f / "hw_name_table.toml").write_text('base = "h100"\nname = {a = 1}\n')
     return p
 
 
@@ -221,6 +223,7 @@ TOML_CASES = {
     "norm_eps_neg": "[model]\nnorm_eps = -1e-5\n",
     "path_int": "[data]\npath = 5\n",
     "dup_key": "[train]\nsteps = 1\nsteps = 2\n",
+    "alias_and_key": "[checkpoint]\nasync = true\nasync_save = false\n",
 }
 
 
@@ -410,9 +413,14 @@ FLAG_CASES = [
     [*PLAN, "--layers", "99999999999999999999"],
     [*PLAN, "--tokens", "1T", "--carbon-trace", "{binary}"], [*PLAN, "--tokens", "1T", "--carbon-trace", "{under_file}"],
     [*PLAN, "--hw-file", "{dir}"], [*PLAN, "--hw-file", "{binary}"], [*PLAN, "--hw-file", "{missing}"],
+    [*PLAN, "--hw-file", "{fifo}"], [*PLAN, "--hw-file", "{file_dir}/hw_name_table.toml"],
+    [*PLAN, "--tokens", "1T", "--pue", "120"], [*PLAN, "--tokens", "1T", "--carbon-trace", "{fifo}"],
+    [*PLAN, "--tokens", "1T", "--carbon-trace", "{file_dir}/one_line.csv"], ["config", ""],
+    ["slurm", "recipes/debug.toml", "--nodes", "2", "--gpus-per-node", "1", "--python", ""],
     [*PLAN[:-4], "--scale", "16:8"], [*PLAN[:-4], "--scale", "8-16"], [*PLAN, "--gpu", "h1000"],
     [*PLAN, "--gpu", "a100", "--precision", "fp8"], [*PLAN, "--precision", "fp8", "--emit", "{dir}/fp8.toml"],
     ["plan", "--model", "llama9", "--seq-len", "8", "--global-batch", "8", "--gpu", "h100", "--gpus", "8"],
+    ["plan", "--validate", "{run}", "--gpus", "0"],
     ["generate", "{run}", "--tokens", "0"], ["generate", "{run}", "--tokens", "-1"],
     ["generate", "{run}", "--tokens", "100000000"], ["generate", "{run}", "--tokens", "abc"],
     ["generate", "{run}", "--temperature", "nan"], ["generate", "{run}", "--temperature", "-1"],
@@ -428,7 +436,8 @@ FLAG_CASES = [
     ["run", "--hang-timeout", "nan", "x.py"], ["run", "/no/such/script.py"], ["run", "{dir}"],
     ["doctor", "--nproc", "0"], ["doctor", "--factor", "1"], ["doctor", "--budget", "0"], ["doctor", "--budget", "nan"], ["doctor", "--budget", "1e308"],
     ["doctor", "--min-size", "0"], ["doctor", "--max-size", "abc"], ["doctor", "--min-size", "1G", "--max-size", "1K"],
-    ["doctor", "--out", "{file}"],
+    ["doctor", "--out", "{file}"], ["doctor", "--nproc", "2", "--max-size", "1000000G"],
+    ["doctor", "--nproc", "10000000"], ["run", "--nproc", "10000000", "{file}"], ["verify", "--nproc", "10000000"],
     ["doctor", "--nnodes", "2", "--node-rank", "2", "--master", "10.0.0.1"], ["doctor", "--nnodes", "2", "--master", ""],
     ["doctor", "--nnodes", "2", "--master", "no-such-host.invalid:29500"],
     ["doctor", "--nnodes", "2", "--master", "127.0.0.1:29500"], ["doctor", "--nnodes", "2", "--master", "x:99999"],
@@ -440,14 +449,15 @@ FLAG_CASES = [
     ["config", "{binary}"], ["config", "--set", "train.lr=nan"], ["config", "{dir}"],
     ["bogus-command"], [],
     ["train", "--replica-groups", "3"], ["train", "--replica-groups", "-1"], ["train", "--replica-groups", "x"],
-    ["train", "--replica-groups", "2", "--nnodes", "2"],
+    ["train", "--replica-groups", "2", "--nnodes", "2"], ["train", "--node-rank", "1"], ["train", "--nnodes", "0"],
+    ["doctor", "--node-rank", "1", "--checks-only"],
     ["train", "--replica-groups", "2", "--set", "checkpoint.dir=/tmp/one-dir-for-all-groups"],
     ["train", "--replica-groups", "2", "--set", "parallel.diloco_inner_steps=4", "--set", "parallel.diloco_overlap_steps=1"],
 ]
 
 
 def _fill(argv: list[str], files: dict, run_dir: Path) -> list[str]:
-    names = {k: str(v) for k, v in files.items()} | {"run": str(run_dir)}
+    names = {k: str(v) for k, v in files.items()} | {"run": str(run_dir), "file_dir": str(files["file"].parent)}
     return [a.format(**names) for a in argv]
 
 
@@ -466,7 +476,11 @@ ENV_CASES = [{"WORLD_SIZE": "abc"}, {"WORLD_SIZE": "0"}, {"WORLD_SIZE": "-1"}, {
              {"SHOAL_REPLICA_GROUP": "x", "SHOAL_REPLICA_GROUPS": "2", "TORCHFT_LIGHTHOUSE": "http://localhost:1"},
              {"SHOAL_REPLICA_GROUP": "2", "SHOAL_REPLICA_GROUPS": "2", "TORCHFT_LIGHTHOUSE": "http://localhost:1"},
              {"SHOAL_REPLICA_GROUP": "0", "SHOAL_REPLICA_GROUPS": "2"},
-             {"SHOAL_REPLICA_GROUP": "0", "SHOAL_REPLICA_GROUPS": "3", "TORCHFT_LIGHTHOUSE": "http://localhost:1"}]
+             {"SHOAL_REPLICA_GROUP": "0", "SHOAL_REPLICA_GROUPS": "3", "TORCHFT_LIGHTHOUSE": "http://localhost:1"},
+             {"LOCAL_WORLD_SIZE": "abc"}, {"LOCAL_WORLD_SIZE": "0"}, {"OMP_NUM_THREADS": "abc"},
+             {"OMP_NUM_THREADS": "4,0"},
+             {"SHOAL_HANG_TIMEOUT_S": "nan"}, {"SHOAL_CHECK_COLLECTIVES": "maybe"}, {"SHOAL_DEBUG_DIR": "/dev/null"},
+             {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "99999"}]
 
 
 @pytest.mark.parametrize("env", ENV_CASES, ids=[",".join(f"{k}={v}" for k, v in e.items()) for e in ENV_CASES])
@@ -486,6 +500,11 @@ def test_ray_not_installed(corpus, unchanged, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError, as without the package
     assert_one_line(*run_cli(capsys, base(corpus, unchanged) + ["--launcher", "ray", "--nproc", "2"]),
                     hint="pip install 'shoal[ray]'")
+
+
+def test_compile_without_the_compiler_inductor_runs(corpus, unchanged, capsys, monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/g++")  # a c++ on PATH does not help: inductor runs $CXX only
+    assert_one_line(*run_cli(capsys, base(corpus, unchanged) + ["--set", "train.compile=true"]), hint="$CXX")
 
 
 def test_bad_environment_fresh_process(tmp_path, corpus):
@@ -567,6 +586,9 @@ def test_generate_streams_and_bounds(run_dir, capsys):
     assert code == 0 and out.startswith("def ") and len(out.encode()) <= len("def ") + 5 * 3 + 1, (out, err)
     code, out, err = run_cli(capsys, ["generate", str(run_dir), "--tokens", "257"])  # debug: max_seq_len 256
     assert code == 2 and "max_seq_len=256" in err
+    assert all(  # never NaN probabilities
+        run_cli(capsys, ["generate", str(run_dir), "--tokens", "2", "--temperature", t])[0] == 0
+        for t in ("1e-300", "1e300"))
 
 
 def test_generation_is_streamed(run_dir):

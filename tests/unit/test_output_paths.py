@@ -74,12 +74,15 @@ CASES = [  # (argv, what the one line must name)
     [[*SLURM, "--out", "{tmp}/afile/x"], "--out"], [[*SLURM[:-1], "{tmp}/afile/r"], "--run-out"],
     [[*K8S, "--out", "{tmp}/afile/x"], "--out"],
     [["ckpt", "export", "{run}", "--hf", "{tmp}/afile/hf"], "--hf"], [["ckpt", "export", "{run}", "--hf", ""], "--hf"],
+    [["ckpt", "export", "{run}", "--hf", "{run}/model"], "a saved model"],  # it would replace the run's own weights
     [["verify", "--out", "{tmp}/afile/v"], "--out"], [["doctor", "--out", "{tmp}/afile/d"], "--out"],
+    [[*PLAN, "--emit", "{tmp}/" + "x" * 300 + ".toml"], "more than the"],  # a name past NAME_MAX reads as missing
 ]
 EMPTY = [  # flags whose empty value used to read as "not given" (or as the current folder)
     [*PLAN, "--report"], [*PLAN, "--figures"], [*PLAN, "--emit"], [*PLAN, "--region"], [*PLAN, "--carbon-trace"],
     ["mesh", "--nproc", "4", "--svg"], [*SLURM, "--name"], [*SLURM, "--out"], [*K8S, "--queue"], [*K8S, "--out"],
     ["report", "{run}", "--out"], ["verify", "--layouts"], ["doctor", "--ops"], ["train", "--resume"],
+    [*SLURM, "--python"],
 ]
 
 
@@ -103,6 +106,9 @@ TRAIN_CASES = [  # (extra argv, what the line must name); --out is a fresh {tmp}
     [["--set", "checkpoint.dir={tmp}/afile"], "checkpoint.dir"],
     [["--resume", "/nonexistent"], "--resume"], [["--resume", "{tmp}/afile"], "--resume"],
     [["--resume", "{tmp}/adir"], "--resume"],
+    [["--out", "{run}/model"], "a saved model"], [["--out", "{run}/checkpoints"], "a checkpoint root"],
+    [["--set", "data.path={tmp}"], "lies inside data.path"],  # its metrics.jsonl would be the next run's text
+    [["--out", "{tmp}/" + "x" * 300], "more than the"], [["--set", "checkpoint.dir={tmp}/" + "x" * 300], "more than the"],
     *([[["--set", "checkpoint.dir=/proc/shoal-ckpt"], "cannot be created"]] if os.path.isdir("/proc/self") else []),
 ]
 
@@ -126,3 +132,16 @@ def test_the_check_creates_nothing(where):
     check_output_dir("--out", str(where["tmp"] / "a" / "b"))
     check_output_file("--emit", str(where["tmp"] / "c" / "plan.toml"))
     assert sorted(p.name for p in where["tmp"].iterdir()) == ["adir", "afile", "corpus.txt"]
+
+
+def test_a_tilde_is_the_home_folder(where, monkeypatch):
+    """checkpoint.dir and data.cache_dir as in a recipe (no shell to expand ~): not a folder named ~."""
+    from shoal.checkpoint.choose import checkpoint_root
+    from shoal.config import load_config
+    from shoal.data.shards import build_token_cache
+    from shoal.data.tokenizer import ByteTokenizer
+
+    monkeypatch.setenv("HOME", str(where["tmp"]))
+    assert checkpoint_root(load_config(None, ["checkpoint.dir=~/ckpts"]), Path("out")) == where["tmp"] / "ckpts"
+    build_token_cache(str(where["tmp"] / "corpus.txt"), ByteTokenizer(), "~/cache")
+    assert (where["tmp"] / "cache").is_dir() and not Path("~").exists()

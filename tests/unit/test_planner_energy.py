@@ -49,11 +49,14 @@ def test_trace_file_and_bad_input(tmp_path):
     good.write_text("time,gco2_per_kwh\n2025-01-01T00:00,300\n2025-01-01T01:00, 120.5\n# a comment\n\n")
     trace = energy.read_trace(good)
     assert trace.grams_per_kwh == [300, 120.5] and trace.labels[1] == "2025-01-01T01:00"
+    days = tmp_path / "two_days.csv"  # hours named by hour of day repeat from one day to the next
+    days.write_text("".join(f"{h:02d}:00,{300 - 100 * (2 <= h <= 5)}\n" for h in list(range(24)) * 2))
+    assert energy.best_start(energy.read_trace(days), 4).start_index == 2
     bad = tmp_path / "bad.csv"
     bad.write_text("time,g\n2025-01-01T00:00,300\n2025-01-01T01:00,lots\n")
     with pytest.raises(UserError, match="line 3"):
         energy.read_trace(bad)
-    with pytest.raises(UserError, match="cannot read"):
+    with pytest.raises(UserError, match="no such file"):
         energy.read_trace(tmp_path / "missing.csv")
     with pytest.raises(UserError, match="known"):
         energy.region_intensity("atlantis")
