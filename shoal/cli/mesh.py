@@ -35,18 +35,34 @@ def print_groups(dims, per_node: int = 0) -> None:
     print("rank grid [pp][dp_replicate][dp_shard][tp]:")
     print(dims.grid())
     if per_node:
-        print(f"placement: {dims.world_size // per_node} nodes x {per_node} ranks, one block of ranks per node")
-        for node in range(dims.world_size // per_node):
+        nodes = dims.world_size // per_node
+        print(f"placement: {nodes} nodes x {per_node} ranks, one block of ranks per node")
+        for node in _elided(range(nodes)):
+            if node == "...":
+                print(f"  ... {nodes - 2 * SHOWN:,} nodes placed the same way ...")
+                continue
             ranks = range(node * per_node, (node + 1) * per_node)
-            print(f"  node {node}: " + "  ".join(f"rank {r} -> device {r % per_node}" for r in ranks))
+            print(f"  node {node}: " + "  ".join(f"rank {r} -> device {r % per_node}" for r in _elided(ranks)))
     for kind, groups in dims.groups().items():
         cells = []
-        for g in groups:
+        for g in _elided(groups):
+            if g == "...":
+                cells.append(f"... {len(groups) - 2 * SHOWN:,} more ...")
+                continue
             mark = "*" if per_node and crosses_nodes(g, per_node) else ""
-            cells.append("[" + ",".join(map(str, g)) + "]" + mark)
+            cells.append("[" + ",".join(map(str, _elided(g))) + "]" + mark)
         print(f"{kind:>3} groups: " + "  ".join(cells))
     if per_node:
         print("  * crosses nodes: its traffic uses the inter-node link")
+
+
+SHOWN = 8
+"""A long list prints its first and last SHOWN items: a 100k-rank mesh stays a page, not 600 kB."""
+
+
+def _elided(items):
+    """`items`, or its first and last SHOWN with "..." between."""
+    return list(items) if len(items) <= 2 * SHOWN else [*items[:SHOWN], "...", *items[-SHOWN:]]
 
 
 def world_and_per_node(nproc: int, nnodes: int, per_node: int) -> tuple[int, int]:
@@ -77,7 +93,11 @@ def run(args) -> int:
     from shoal.job import resolve
     from shoal.parallel.mesh import placement_warning
 
+    from shoal.planner.layout import MAX_GPUS
+
     world, per_node = world_and_per_node(args.nproc, args.nnodes, args.per_node)
+    if world > MAX_GPUS:  # the planner's bound: grouping 100M ranks takes minutes
+        raise UserError("--nproc", world, f"is the world size; at most {MAX_GPUS:,} (a typo?)")
     path = Path(args.svg) if args.svg else None
     if path and path.suffix.lower() != ".svg":
         raise UserError("--svg", args.svg, f"must name an .svg file, e.g. --svg {path.with_suffix('.svg')}")

@@ -442,7 +442,7 @@ FLAG_CASES = [
     ["doctor", "--nnodes", "2", "--master", "no-such-host.invalid:29500"],
     ["doctor", "--nnodes", "2", "--master", "127.0.0.1:29500"], ["doctor", "--nnodes", "2", "--master", "x:99999"],
     ["doctor", "--nnodes", "2", "--master", "10.0.0.1", "--ops", "all_gather"],
-    ["mesh", "--nproc", "0"], ["mesh", "--nproc", "-4"], ["mesh", "--nproc", "4", "--set", "parallel.tp=3"],
+    ["mesh", "--nproc", "100000000"], ["mesh", "--nproc", "0"], ["mesh", "--nproc", "-4"], ["mesh", "--nproc", "4", "--set", "parallel.tp=3"],
     ["ckpt", "inspect", "/no/such/dir"], ["ckpt", "inspect", "{file}"], ["ckpt", "inspect", "{dir}"],
     ["ckpt", "export", "{run}", "--hf", "{file}"], ["ckpt", "export", "{dir}", "--hf", "{dir}/hf"],
     ["ckpt", "export", "{run}", "--hf", "x", "--dtype", "int8"],

@@ -115,3 +115,12 @@ def test_mesh_cli_and_planner_follow_the_order(capsys):
     assert inside.time.tp_on_nvlink and not across.time.tp_on_nvlink
     # TP leaves the node and DP moves into it
     assert across.time.tp_comm > inside.time.tp_comm and across.time.dp_comm_total < inside.time.dp_comm_total
+
+
+def test_a_big_mesh_prints_a_page(capsys):
+    """A 100k-rank mesh lists the first and last groups and nodes, not all of them."""
+    from shoal.cli.main import main
+
+    assert main(["mesh", "--nproc", "100000", "--per-node", "8", "--set", "train.global_batch=100000"]) == 0
+    out = capsys.readouterr().out
+    assert len(out) < 10_000 and "12,484 nodes placed the same way" in out and "99,984 more" in out
