@@ -272,8 +272,8 @@ class JobConfig:
         d = self.data
         for name in ("path", "tokenizer", "text_field"):
             _check(getattr(d, name).strip() != "", f"data.{name}", getattr(d, name), "may not be empty (see `shoal config`)")
-        _check(_finite(d.val_fraction) and 0 <= d.val_fraction < 1, "data.val_fraction", d.val_fraction,
-               "must be in [0, 1), e.g. 0.01")
+        _check(_finite(d.val_fraction) and 0 < d.val_fraction < 1, "data.val_fraction", d.val_fraction,
+               "must be in (0, 1), e.g. 0.01: every run ends on an evaluation of the held-out share")
         p = self.parallel
         for problem in slow_link_setting_problems(p.topk_density, p.powersgd_rank, p.diloco_inner_steps,
                                                   p.diloco_overlap_steps):

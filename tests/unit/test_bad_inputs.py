@@ -130,7 +130,7 @@ FIELD_CASES = [
     ("train.activation_checkpoint", "partial"),
     ("train.eval_every", "-1"), ("train.eval_batches", "0"),
     ("train.sample_tokens", "-1"), ("train.sample_tokens", "1000000"),
-    ("data.val_fraction", "-0.1"), ("data.val_fraction", "1"), ("data.val_fraction", "nan"),
+    ("data.val_fraction", "-0.1"), ("data.val_fraction", "1"), ("data.val_fraction", "0"), ("data.val_fraction", "nan"),
     ("data.path", ""), ("data.path", "/no/such/corpus"), ("data.path", "/no/such/dir/*.txt"),
     ("data.tokenizer", ""), ("data.tokenizer", "/no/such/tokenizer.json"), ("data.text_field", " "),
     ("checkpoint.every", "-1"), ("checkpoint.keep", "0"), ("checkpoint.dir", "../escape"),

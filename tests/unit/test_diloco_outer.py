@@ -69,6 +69,22 @@ def test_nesterov_arithmetic_matches_torch_sgd(one_group):
         assert torch.allclose(model.weight, ref, atol=1e-7)
 
 
+def test_the_last_step_lands_on_the_mean_without_a_momentum_step(one_group):
+    """Outer lr 0.7, Nesterov 0.9, H=2: step 2 is an outer step (momentum now holds its pseudo-
+    gradient); on the run's last step, 3, the model becomes the groups' mean (here: one group's own
+    weights), not a Nesterov step past it, and the momentum is left as it was."""
+    model = torch.nn.Linear(3, 2, bias=False)
+    diloco = DiLoCo([model], one_group, _cfg(diloco_inner_steps=2), replica=0)
+    for step in (1, 2, 3):
+        with torch.no_grad():
+            model.weight.sub_(0.1)  # an "inner step"
+        inner = model.weight.detach().clone()
+        buf = diloco.buf[next(iter(diloco.buf))].clone()
+        diloco.after_step(step, last=step == 3)
+    assert torch.equal(model.weight, inner) and torch.equal(diloco.outer[next(iter(diloco.outer))], inner)
+    assert buf.abs().sum() > 0 and torch.equal(diloco.buf[next(iter(diloco.buf))], buf)
+
+
 def test_an_overlapped_outer_step_lands_tau_steps_later_mixed_half_and_half(one_group):
     """H=4, tau=2, outer lr 1, no momentum, one group: the pseudo-gradient sent after step 4 is applied
     after step 6; the outer copy becomes step 4's weights and the weights the mean of theirs and it."""
