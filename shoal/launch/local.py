@@ -22,10 +22,16 @@ from shoal.train.rundir import LAUNCHER_ENV
 
 
 def worker_env(nproc: int) -> dict[str, str]:
-    """One compute thread per CPU worker unless the user chose otherwise: N workers share N cores."""
+    """What the workers run with, unless the user chose otherwise:
+    - one compute thread per CPU worker: N workers share N cores;
+    - torch's C++ log at ERROR: when a peer dies, c10d's store client logs each reconnect attempt as a
+      WARNING with a 60-frame C++ stack before shoal's one line says which rank died and how
+      (TORCH_CPP_LOG_LEVEL=WARNING brings them back)."""
     env = {}
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = "1"
+    if "TORCH_CPP_LOG_LEVEL" not in os.environ:
+        env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     return env
 
 
@@ -73,7 +79,7 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     if nodes:
         config = dataclasses.replace(config, **nodes)
-    report = _FailureReport(nproc, max_restarts, said_why)
+    report = _FailureReport(nproc, max_restarts)
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     agent_log.addFilter(report)
     quiet_signals = _DropSignalChatter()
@@ -220,17 +226,14 @@ class _FailureReport(logging.Filter):
     the agent's choice of worker (see _root), so the line is written from the attempt's whole list
     of failures, which `watching` hands over as the agent collects it."""
 
-    def __init__(self, nproc: int, max_restarts: int, said_why: tuple[int, ...] = ()):
+    def __init__(self, nproc: int, max_restarts: int):
         super().__init__()
-        self.nproc, self.max_restarts, self.said_why, self.failures = nproc, max_restarts, said_why, 0
+        self.nproc, self.max_restarts, self.failures = nproc, max_restarts, 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith("failed (exitcode:"):
-            return True
-        if self.max_restarts:
-            return False  # attempt_failed says it
-        # Without restarts the launcher's own "worker rank N failed" line follows, or the worker's own line said why.
-        return (record.args or (None,))[0] not in self.said_why
+        # With restarts attempt_failed says it; without, launch()'s own "worker rank N ..." line follows
+        # (naming the root worker, which this line may not), or the worker's own line said why.
+        return not str(record.msg).startswith("failed (exitcode:")
 
     def attempt_failed(self, failures: dict) -> None:
         if not self.max_restarts:
