@@ -28,7 +28,7 @@ from shoal.parallel.parallel_model import ParallelModel
 from shoal.parallel.parallelize import parallelize
 from shoal.parallel.replicas import join_replicas, replica_place
 from shoal.train.distributed import Runtime, enable_debugging, group_labels, init_runtime, mark, rank_stats, shutdown
-from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary
+from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary, reset_peak_mem
 from shoal.train.memory import RankMemory, StateBytes, model_state
 from shoal.train import preempt
 from shoal.train.nonfinite import NonFiniteGuard
@@ -80,6 +80,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     job = job if isinstance(job, Job) else resolve(job, world_size())
     cfg, t, model_cfg = job.cfg, job.cfg.train, job.model
     rt = init_runtime(job)
+    reset_peak_mem(rt.device)  # this run's peak, not an earlier run's in the same process
     if cfg.checkpoint.every:  # node-local checkpoint directories would split each checkpoint's shards
         require_shared(checkpoint_root(cfg, out), "checkpoint.dir" if cfg.checkpoint.dir else "--out", rt.world_size)
     torch.manual_seed(t.seed)

@@ -52,3 +52,22 @@ def test_summary_and_metrics_carry_the_runs_own_prediction(tmp_path, monkeypatch
     # CPU: the measured peak is the process's resident set (interpreter + torch), which the planner's
     # runtime allowance stands for; the debug model itself is a few MiB.
     assert predicted_mem == pytest.approx(measured_mem, rel=0.6), (predicted_mem, measured_mem)
+
+
+def test_the_cpu_peak_is_this_runs():
+    """After reset_peak_mem (train calls it first), an earlier peak of the same process (a test
+    before, a benchmark's previous run) is not this run's peak."""
+    import sys
+
+    import torch
+
+    from shoal.train.metrics import peak_mem_bytes, reset_peak_mem
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the peak resident set restarts through /proc/self/clear_refs")
+    cpu = torch.device("cpu")
+    big = torch.ones(64 * 2**20)  # 256 MiB, touched
+    del big
+    high = peak_mem_bytes(cpu)
+    reset_peak_mem(cpu)
+    assert peak_mem_bytes(cpu) < high - 200 * 2**20
