@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 
-from shoal.config import load_config
 from shoal.train.metrics import WARMUP_STEPS, MetricsLog
 
 
@@ -21,21 +20,29 @@ def test_steady_step_time_leaves_out_the_warm_up(tmp_path):
     assert _log(tmp_path, [5.0, 1.0]).steady_step_time() == (3.0, 0)  # too short: every step, and it says so
 
 
-def test_summary_and_metrics_carry_the_runs_own_prediction(tmp_path, monkeypatch):
+def test_summary_and_metrics_carry_the_runs_own_prediction(tmp_path):
     """The planner's prediction for the run, computed once before step 1 on this machine's `local`
     profile, is in run.json, beside every metrics.jsonl row, and in the summary with its ratios."""
     import json
+    import os
+    import subprocess
+    import sys
 
-    from shoal.train.trainer import train
-
-    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path / "cache"))  # a profile, so nothing is measured here
-    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache").mkdir()  # a profile, so nothing is measured here
     (tmp_path / "cache" / "local_profile.json").write_text(json.dumps(
         {"cpu_count": 2, "memory_bytes": 8 * 2**30, "matmul_fp32_flops": 50e9, "matmul_bf16_flops": 5e9,
          "copy_bandwidth": 20e9, "gloo_busbw": 1e9, "gloo_latency": 1e-4, "op_overhead": 5e-6}))
-    cfg = load_config(str(Path(__file__).parents[2] / "recipes/debug.toml"), ["train.steps=4", "train.sample_tokens=0", "train.eval_batches=1",
-                                              "train.seq_len=32", "train.global_batch=4"])
-    summary = train(cfg, tmp_path / "run", show=False)
+    sets = ["train.steps=4", "train.sample_tokens=0", "train.eval_batches=1", "train.seq_len=32", "train.global_batch=4"]
+    # A fresh process, as every run is: the planner predicts one, and on CPU the measured peak is the
+    # process's resident set, which in the test runner holds whatever earlier tests left (0.7 GiB).
+    code = ("import json, sys; from pathlib import Path; from shoal.config import load_config; "
+            "from shoal.train.trainer import train; "
+            f"s = train(load_config({str(Path(__file__).parents[2] / 'recipes/debug.toml')!r}, {sets!r}), "
+            f"Path({str(tmp_path / 'run')!r}), show=False); print(json.dumps(s))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                       env=dict(os.environ, SHOAL_CACHE_DIR=str(tmp_path / "cache")), cwd=Path(__file__).parents[2])
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["tokens/s (without 2 warm-up steps)"] > 0
     assert not any(k == "tokens/s" for k in summary)
     stored = json.loads((tmp_path / "run" / "run.json").read_text())["prediction"]
