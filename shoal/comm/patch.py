@@ -317,7 +317,9 @@ def _install_dtensor() -> _Patches:
 def _install_op() -> _Patches:
     p = _Patches()
     for name in ops.FUNCTIONAL_OPS:
-        p.replace(torch.ops._c10d_functional, name, _Packet(name, getattr(torch.ops._c10d_functional, name)))
+        # hasattr: an op newer than the installed torch (isend/irecv came after 2.11) is not there to watch
+        if hasattr(torch.ops._c10d_functional, name):
+            p.replace(torch.ops._c10d_functional, name, _Packet(name, getattr(torch.ops._c10d_functional, name)))
     return p
 
 
