@@ -204,13 +204,45 @@ class Checkpointer:
 
 
 def _host_stager():
-    """Copies the state to host memory (pinned on CUDA) for the background thread to write. It keeps
-    its buffers from one save to the next, so later saves only copy (no allocation, no page faults)."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    return _HostStager()
 
-    cuda = torch.cuda.is_available()
-    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
-                                        use_non_blocking_copy=False))
+
+class _HostStager:
+    """Copies the state to host memory (pinned on CUDA) for the background thread to write. It keeps
+    its buffers from one save to the next, so later saves only copy (no allocation, no page faults).
+
+    torch 2.11's DefaultStager empties its copy table at the end of every stage (staging.py: _stage
+    calls close()), so its second stage raises KeyError: <class 'type'> (seen on an H200; 2.13 keeps
+    it). Where a probe shows that, each save gets a fresh stager and pays the allocation again."""
+
+    def __init__(self):
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        options = StagingOptions(use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False,
+                                 use_async_staging=False, use_non_blocking_copy=False)
+        self._new = lambda: DefaultStager(options)
+        self._stager = self._new()
+        self._reusable = _stages_twice(self._new())
+
+    def stage(self, state: dict) -> dict:
+        if not self._reusable:
+            self._stager.close()
+            self._stager = self._new()
+        return self._stager.stage(state)
+
+    def close(self) -> None:
+        self._stager.close()
+
+
+def _stages_twice(stager) -> bool:
+    try:
+        for _ in range(2):
+            stager.stage({"probe": {"x": torch.zeros(1)}})
+        return True
+    except KeyError:
+        return False
+    finally:
+        stager.close()
 
 
 def layout_info(cfg: JobConfig, rt) -> dict:
