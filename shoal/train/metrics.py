@@ -172,8 +172,8 @@ def print_summary(summary: dict) -> None:
     table.add_column(justify="right", style="bold")
     table.add_column()
     for key, value in summary.items():
-        if isinstance(value, float):
-            value = f"{value:.4g}"
+        if isinstance(value, float):  # 60,012 tokens/s, not .4g's "6e+04"
+            value = f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
         table.add_row(key, str(value))
     Console(stderr=False).print(table)
     if "output" in summary:
