@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 
-def build(dim: int, layers: int, root: Path, async_save: bool):
+def build(dim: int, layers: int, root: Path, async_save: bool, device: torch.device):
     from shoal.checkpoint.checkpointer import Checkpointer
     from shoal.config import load_config
     from shoal.model.transformer import build_model
@@ -42,8 +42,8 @@ def build(dim: int, layers: int, root: Path, async_save: bool):
                              f"checkpoint.dir={root}", "checkpoint.keep=1",
                              f"checkpoint.async={str(async_save).lower()}"])
     job = resolve(cfg, 1)
-    rt = Runtime(0, 1, torch.device("cpu"), job.dims)
-    model = build_model(job.model)
+    rt = Runtime(0, 1, device, job.dims)
+    model = build_model(job.model, device=device)
     optimizer = build_optimizer(model, cfg.train)
     for p in model.parameters():  # one step so AdamW has its state
         p.grad = torch.randn_like(p) * 1e-3
@@ -56,7 +56,7 @@ def build(dim: int, layers: int, root: Path, async_save: bool):
         def load_state_dict(self, state):
             pass
 
-    return Checkpointer(cfg, root, rt, ParallelModel([model], torch.device("cpu")), optimizer, Loader(), resume="never")
+    return Checkpointer(cfg, root, rt, ParallelModel([model], device), optimizer, Loader(), resume="never")
 
 
 def tree_bytes(path: Path) -> int:
@@ -93,14 +93,18 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the model and optimizer state live (default: cuda when there is one); an async save's "
+                         "stall is the copy to host memory, so it is a device-to-host copy on a GPU")
     args = ap.parse_args()
+    device = torch.device(args.device)
     torch.set_num_threads(1)
     base = Path(tempfile.mkdtemp(prefix="shoal-bench-ckpt-", dir=args.dir))
     try:
         results = {"blocking": [], "async": [], "async_total": [], "load": [], "copy": [], "read": []}
         step = 0
         for mode in ("blocking", "async"):
-            ckpt = build(args.dim, args.layers, base / mode, async_save=mode == "async")
+            ckpt = build(args.dim, args.layers, base / mode, async_save=mode == "async", device=device)
             for _ in range(args.repeats):
                 step += 1
                 t0 = time.perf_counter()
@@ -116,7 +120,7 @@ def main() -> None:
         for i in range(args.repeats):
             results["copy"].append(plain_copy(saved, base / f"copy{i}"))
             results["read"].append(plain_read(saved))
-            ckpt = build(args.dim, args.layers, base / "load", async_save=False)
+            ckpt = build(args.dim, args.layers, base / "load", async_save=False, device=device)
             ckpt.resume_from = str(saved)
             t0 = time.perf_counter()
             assert ckpt.resume() == int(saved.name.split("_")[1])
@@ -124,7 +128,7 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in results.items()}
         mb = size / 1e6
         print(f"checkpoint: {mb:.0f} MB (model + AdamW state, dim={args.dim}, layers={args.layers}), "
-              f"median of {args.repeats}, on {base}")
+              f"median of {args.repeats}, state on {device}, written to {base}")
         print(f"  training blocked by a blocking save : {med['blocking'] * 1e3:8.1f} ms")
         print(f"  training blocked by an async save   : {med['async'] * 1e3:8.1f} ms   "
               f"(background write + commit took {med['async_total'] * 1e3:.0f} ms)")

@@ -1,6 +1,6 @@
 """One device trains a ~1B Llama in bf16: tokens/s and MFU, eager vs compiled, with and without
 selective recompute, each at the largest micro-batch that fits, beside the planner's prediction
-for the same layout on an H100 (issue 17).
+for the same layout on the device's catalog entry (h100 when the catalog does not know it; issue 17).
 
     python bench/gpu_mfu.py                      # all four variants, seq 4096, micro-batch searched
     python bench/gpu_mfu.py --compile compiled --recompute selective --micro-batch 4 --profile
@@ -16,8 +16,8 @@ clipping and AdamW (fused on CUDA); the data are random tokens (the loader is no
 The micro-batch search doubles from 1 until a step runs out of memory (torch.OutOfMemoryError) or
 reaches --max-micro-batch. Compiled variants start from the eager variant's answer and halve on
 OOM instead of searching from 1: every new shape is a fresh compilation (about a minute).
---profile adds a torch.profiler summary of the best variant: the top kernels and their share of
-device time.
+--profile adds a torch.profiler summary after each variant: the top kernels, their share of kernel
+time, the kernel families' shares and the device's idle time.
 """
 
 from __future__ import annotations
@@ -141,7 +141,15 @@ def measure(runner: Runner, micro_batch: int, steps: int, warmup: int) -> tuple[
     return (time.perf_counter() - t0) / steps, peak_mem_bytes(runner.device)
 
 
-def planner_prediction(job, gpu: str = "h100"):
+def planner_gpu(device: torch.device) -> str:
+    """The catalog entry the planner predicts for: the device's own where the catalog knows it, else h100."""
+    from shoal.planner.hardware import lookup_gpu
+
+    entry = lookup_gpu(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    return entry.name if entry else "h100"
+
+
+def planner_prediction(job, gpu: str):
     """The planner's plan for this layout (one GPU, this micro-batch) on `gpu`: tokens/s, MFU, memory."""
     from shoal.planner.evaluate import evaluate
     from shoal.planner.hardware import get_gpu
@@ -153,24 +161,58 @@ def planner_prediction(job, gpu: str = "h100"):
     return evaluate(workload, job.layout, Cluster(hw, 1, hw.gpus_per_node), check=False)
 
 
+# Kernel families by name, for "what limits it": cuBLAS's Hopper GEMMs are nvjet/sm90 xmma/cutlass
+# kernels; cuDNN's and FlashAttention's fused attention say sdpa/fmha/flash; inductor's fused
+# element-wise kernels are triton_*; the loss's softmax, AdamW's multi-tensor kernels, copies.
+FAMILIES = (("matmul", ("nvjet", "gemm", "xmma", "cutlass", "cublas")),
+            ("attention", ("sdpa", "fmha", "flash", "attention")),
+            ("fused element-wise (triton)", ("triton",)),
+            ("softmax / cross-entropy", ("softmax", "nll_loss", "cross_entropy")),
+            ("optimizer", ("multi_tensor", "adam", "foreach")),
+            ("copies", ("memcpy", "memset", "copy")))
+
+
+def family(kernel: str) -> str:
+    name = kernel.lower()
+    return next((f for f, keys in FAMILIES if any(k in name for k in keys)), "other element-wise / reductions")
+
+
 def profile(runner: Runner, micro_batch: int, top: int = 15) -> str:
-    """torch.profiler over 3 steps: the top kernels (CUDA) or operators (CPU) by self time and their share."""
+    """torch.profiler over 3 steps: the top kernels (CUDA) or operators (CPU) by self time, their
+    share, and on CUDA the share of each kernel family."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
+    on_device = runner.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
     runner.step(micro_batch)
+    sync(runner.device)
+    t0 = time.perf_counter()
     with torch_profile(activities=activities) as prof:
         for _ in range(3):
             runner.step(micro_batch)
         sync(runner.device)
-    on_device = runner.device.type == "cuda"
-    events = [e for e in prof.key_averages() if (e.self_device_time_total if on_device else e.self_cpu_time_total) > 0]
-    self_time = (lambda e: e.self_device_time_total) if on_device else (lambda e: e.self_cpu_time_total)
+    wall_ms = (time.perf_counter() - t0) / 3 * 1e3
+    if on_device:  # kernels only: an operator's self device time is its kernels' time counted again
+        # ("Optimizer.step#AdamW.step" is an annotation on the device timeline, not a kernel)
+        events = [e for e in prof.key_averages()
+                  if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0 and "#" not in e.key]
+        self_time = lambda e: e.self_device_time_total  # noqa: E731
+    else:
+        events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+        self_time = lambda e: e.self_cpu_time_total  # noqa: E731
     total = sum(self_time(e) for e in events) or 1
-    lines = [f"profile ({'device' if on_device else 'CPU'} self time over 3 steps, {total / 3e3:.1f} ms per step): "
-             f"top {top}"]
+    lines = [f"profile ({'kernel' if on_device else 'CPU operator'} self time over 3 steps: {total / 3e3:.1f} ms "
+             f"per step, {wall_ms:.1f} ms wall under the profiler): top {top}"]
     for e in sorted(events, key=self_time, reverse=True)[:top]:
         lines.append(f"  {self_time(e) / total:6.1%}  {self_time(e) / 3e3:9.2f} ms/step  {e.count // 3:>5}x  {e.key[:90]}")
+    if on_device:
+        shares: dict[str, float] = {}
+        for e in events:
+            shares[family(e.key)] = shares.get(family(e.key), 0.0) + self_time(e)
+        lines.append("  by family: " + ", ".join(f"{f} {t / total:.1%}" for f, t in
+                                                 sorted(shares.items(), key=lambda kv: -kv[1])))
+        lines.append(f"  device idle between kernels: {max(0.0, 1 - total / 3e3 / wall_ms):.1%} of the wall time")
     return "\n".join(lines)
 
 
@@ -179,9 +221,12 @@ def run_variant(args, device, recompute: str, compiled: bool, start_mb: int, sea
     precision = "fp32" if args.tiny and device.type == "cpu" else "bf16"
     name = f"{'compiled' if compiled else 'eager'}, recompute={recompute}"
     runner = Runner(job_for(model, args.seq_len, start_mb, recompute, compiled, precision), device)
-    mb = args.micro_batch or largest_micro_batch(runner, start_mb, args.max_micro_batch, search_up)
+    if args.micro_batch:  # as asked, or not at all (at the edge, the allocator's fragmentation decides)
+        mb = args.micro_batch if runner.fits(args.micro_batch) else 0
+    else:
+        mb = largest_micro_batch(runner, start_mb, args.max_micro_batch, search_up)
     if mb == 0:
-        print(f"{name}: even micro-batch 1 runs out of memory", flush=True)
+        print(f"{name}: micro-batch {args.micro_batch or 1} runs out of memory", flush=True)
         runner.close()
         return None, None
     runner.job = job_for(model, args.seq_len, mb, recompute, compiled, precision)
@@ -189,13 +234,25 @@ def run_variant(args, device, recompute: str, compiled: bool, start_mb: int, sea
     job = runner.job
     tokens_per_s = mb * args.seq_len / step_s
     peak = job_peak(device, precision, 1, 1)
-    plan = planner_prediction(job)
+    gpu = planner_gpu(device)
+    plan = planner_prediction(job, gpu)
     r = Result(name, mb, tokens_per_s, flops_per_token(job.model, args.seq_len) * tokens_per_s / peak.flops,
                mem / GiB, runner.pm.attention, plan.tokens_per_s, plan.mfu, plan.memory.total / GiB, plan.fits)
     print(f"{name}: micro-batch {mb}, {step_s * 1e3:.1f} ms/step, {tokens_per_s:,.0f} tokens/s, MFU {r.mfu:.1%}, "
-          f"peak {r.peak_mem_gib:.1f} GiB | planner on h100: {r.plan_tokens_per_s:,.0f} tokens/s, "
+          f"peak {r.peak_mem_gib:.1f} GiB | planner on {gpu}: {r.plan_tokens_per_s:,.0f} tokens/s, "
           f"MFU {r.plan_mfu:.1%}, {r.plan_mem_gib:.1f} GiB", flush=True)
     return r, runner
+
+
+def table(results: list[Result], gpu: str) -> str:
+    """Measured beside predicted, one row per variant, measured/predicted ratios last."""
+    lines = [f"{'variant':<30} {'mb':>3} {'tokens/s':>9} {'MFU':>6} {'GiB':>6} | planner on {gpu}: "
+             f"{'tokens/s':>9} {'MFU':>6} {'GiB':>6} | meas/plan tok/s, mem"]
+    for r in results:
+        lines.append(f"{r.variant:<30} {r.micro_batch:>3} {r.tokens_per_s:>9,.0f} {r.mfu:>6.1%} {r.peak_mem_gib:>6.1f} | "
+                     f"{'':>{len(gpu) + 13}}{r.plan_tokens_per_s:>9,.0f} {r.plan_mfu:>6.1%} {r.plan_mem_gib:>6.1f} | "
+                     f"{r.tokens_per_s / r.plan_tokens_per_s:.2f}, {r.peak_mem_gib / r.plan_mem_gib:.2f}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -207,7 +264,7 @@ def main(argv=None) -> int:
     p.add_argument("--recompute", default="none,selective", help="activation checkpointing modes to try")
     p.add_argument("--micro-batch", type=int, default=0, help="use this micro-batch instead of searching")
     p.add_argument("--max-micro-batch", type=int, default=64)
-    p.add_argument("--profile", action="store_true", help="profile the fastest variant: top kernels and their share")
+    p.add_argument("--profile", action="store_true", help="profile each variant: top kernels and their share")
     p.add_argument("--json", default="", help="also write the results here")
     p.add_argument("--tiny", action="store_true", help="a debug-sized model, 2 steps, on whatever device (CPU tests)")
     args = p.parse_args(argv)
@@ -222,8 +279,7 @@ def main(argv=None) -> int:
     print(f"device: {name}; peak for MFU: {peak.label}", flush=True)
     print(f"model: {param_counts(cfg).total / 1e6:,.1f}M parameters, {cfg.n_layers} layers, dim {cfg.dim}, "
           f"vocab {cfg.vocab_size}, seq {args.seq_len}; MFU = model FLOPs (no recompute) / peak", flush=True)
-    results, best = [], (0.0, None, 0)
-    eager_mb = {}
+    results, eager_mb = [], {}
     modes = [m.strip() for m in args.compile.split(",") if m.strip()]
     for recompute in [m.strip() for m in args.recompute.split(",") if m.strip()]:
         for mode in modes:
@@ -235,15 +291,11 @@ def main(argv=None) -> int:
             results.append(r)
             if not compiled:
                 eager_mb[recompute] = r.micro_batch
-            if r.tokens_per_s > best[0]:
-                if best[1] is not None:
-                    best[1].close()
-                best = (r.tokens_per_s, runner, r.micro_batch)
-            else:
-                runner.close()
+            if args.profile:
+                print(profile(runner, r.micro_batch), flush=True)
+            runner.close()  # before the next variant: its peak memory is its own
             torch._dynamo.reset()  # each variant compiles its own graphs
-    if args.profile and best[1] is not None:
-        print(profile(best[1], best[2]), flush=True)
+    print(table(results, planner_gpu(device)), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
     return 0 if results else 1

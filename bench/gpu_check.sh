@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Everything issue 17 asks of a lent GPU, in one call (a lease is minutes): the device, the CUDA/NCCL
+# tests, the ~1B Llama's MFU beside the planner, and the checkpoint stall. Each part has its own
+# time limit so one slow part cannot take the others' output with it; logs go to $OUT (or ./gpu-check).
+#
+#     bash bench/gpu_check.sh                    # on the GPU machine, from the repository root
+#     PARTS="checkpoint train" bash bench/gpu_check.sh   # some parts only
+#
+# It uses the machine's python3 and torch as they are (no install): shoal's own needs (rich,
+# matplotlib, safetensors, tokenizers, pytest-timeout) are in common CUDA images.
+set -u
+out=${OUT:-gpu-check}
+mkdir -p "$out"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TORCH_CPP_LOG_LEVEL=ERROR
+py=${PYTHON:-python3}
+
+parts=" ${PARTS:-cuda_tests gpu_mfu checkpoint train} "
+
+part() {  # part NAME SECONDS COMMAND...: run with a limit, keep the whole log, say how it ended
+    local name=$1 limit=$2 t0=$SECONDS rc
+    shift 2
+    [[ $parts == *" ${name%%_[0-9]*} "* ]] || return 0
+    echo "== $name (limit ${limit}s)"
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    rc=$?
+    grep -v -E '^W[0-9]{4} |torch/_logging|^\s*$' "$out/$name.log" | tail -n "${TAIL:-25}"
+    echo "== $name: exit $rc after $((SECONDS - t0))s"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm --format=csv | tee "$out/device.txt"
+"$py" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+  "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name())' | tee -a "$out/device.txt"
+
+TAIL=12 part cuda_tests 120 "$py" -m pytest -m cuda tests/cuda -p no:cacheprovider -q -rs
+TAIL=40 part gpu_mfu 300 "$py" bench/gpu_mfu.py --steps 6 --warmup 2 --max-micro-batch 16 --profile --json "$out/gpu_mfu.json"
+TAIL=8 part checkpoint 75 "$py" bench/bench_checkpoint.py
+TAIL=8 part checkpoint_2gb 100 "$py" bench/bench_checkpoint.py --dim 1536 --layers 8 --repeats 2
+
+# shoal train itself on the ~1B shape (byte-level stdlib text in the llama3 vocabulary): its summary
+# puts the planner's prediction for this device beside the measured step time, MFU and peak memory.
+run=$(mktemp -d)/run
+llama_1b=(model.preset=llama3-8b model.dim=2048 model.n_layers=16 model.n_heads=32 model.n_kv_heads=8
+          model.ffn_hidden=8192 model.tie_embeddings=true train.seq_len=4096 train.micro_batch=8 train.global_batch=8
+          train.steps=30 train.warmup_steps=5 train.precision=bf16 train.compile=true train.eval_every=0
+          train.eval_batches=2 train.sample_tokens=0)
+TAIL=45 part train 200 "$py" -m shoal train --out "$run" "${llama_1b[@]/#/--set=}"
+cp "$run/metrics.jsonl" "$run/run.json" "$out/" 2>/dev/null
+rm -rf "$(dirname "$run")"
