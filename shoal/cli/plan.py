@@ -119,6 +119,7 @@ def register(sub) -> None:
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="with --validate --recipe: the run's --set overrides (repeatable)")
     p.set_defaults(func=run)
+    p.set_defaults(plan_defaults=vars(p.parse_args([])))  # what "not given" looks like, for --validate's check
 
 
 def _amount(text: str) -> float:
@@ -274,10 +275,21 @@ def _carbon_inputs(args, cluster):
     return energy.read_trace(args.carbon_trace) if args.carbon_trace else None
 
 
+VALIDATE_FLAGS = {"validate", "recipe", "overrides", "gpu", "gpus", "gpus_per_node", "hw", "hw_file", "remeasure",
+                  "json"}
+"""The flags --validate reads; any other flag shapes a new plan, and a run's comparison would drop it silently."""
+
+
 def validate(args) -> int:
     from shoal.planner import hardware
     from shoal.planner.validate import compare
 
+    defaults = getattr(args, "plan_defaults", {})
+    for dest, default in defaults.items():
+        if dest not in VALIDATE_FLAGS and dest != "plan_defaults" and getattr(args, dest, default) != default:
+            flag = "--" + dest.replace("_", "-")
+            raise UserError(flag, getattr(args, dest), "--validate compares a finished run with its prediction, so "
+                            f"{flag} has no effect there; drop it, or plan anew without --validate")
     for name in ("gpus", "gpus_per_node"):  # 0 would read as "not given", the run's own
         _positive(name, getattr(args, name))
     gpu = None  # the prediction the run stored, unless other hardware is asked for

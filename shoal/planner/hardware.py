@@ -343,6 +343,24 @@ _ZERO_ALLOWED = {"reserved_bytes", "peak_fp32_flops", "peak_fp8_flops", "kernel_
                  "allocator_slack", "usd_per_gpu_hour"}
 """Fields where 0 means "none" or "not set" (see each field's docstring); every other number is > 0."""
 
+_UNITS = {  # field suffix or name -> (smallest and largest plausible nonzero value, the unit with an example)
+    "_flops": (1e8, 1e17, "FLOP/s: 989 TFLOP/s is 989e12"),
+    "_bandwidth": (1e5, 1e14, "bytes/s: 400 Gb/s is 50e9, 900 GB/s is 900e9"),
+    "_latency": (1e-8, 1.0, "seconds: 5 us is 5e-6"),
+    "kernel_gap": (1e-8, 1.0, "seconds: 2 us is 2e-6"),
+    "hbm_bytes": (2**27, 2**45, "bytes: 80 GB is 80e9"),
+    "reserved_bytes": (2**20, 2**45, "bytes: 2.5 GiB is 2.5 * 2**30 = 2684354560"),
+}
+"""What a unit mix-up looks like (hbm_bytes=80 meant as GB plans a GPU of 80 bytes): values outside
+these ranges are refused with the unit spelled out. The ranges are a thousand times wider than any
+hardware in the catalog or the measured `local` entry in each direction."""
+
+
+def _unit_of(key: str):
+    return _UNITS.get(key) or next((v for suffix, v in _UNITS.items() if suffix.startswith("_") and key.endswith(suffix)),
+                                   None)
+
+
 _MAX_INT_FIELD = 2**31
 """Counts (gpus_per_node, nodes_per_leaf) past this are typos, and the planner loops over divisors."""
 
@@ -383,6 +401,9 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
             raise UserError(f"{source}.{key}", raw, "a share of the collective's time, in [0, 1]")
         if key not in _ZERO_ALLOWED and value == 0:
             raise UserError(f"{source}.{key}", raw, "must be positive")
+        unit = _unit_of(key)
+        if unit and value and not unit[0] <= value <= unit[1]:
+            raise UserError(f"{source}.{key}", raw, f"implausible: this field is in {unit[2]}")
         changes[key] = value
     return dataclasses.replace(gpu, **changes)
 
