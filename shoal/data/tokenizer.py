@@ -104,12 +104,11 @@ def load_tokenizer(spec: str) -> ByteTokenizer | HFTokenizer:
     """`"byte"` -> ByteTokenizer; anything else is the path of a tokenizer.json."""
     if spec == "byte":
         return ByteTokenizer()
+    from shoal.cli.argtypes import read_input_file  # the one check of a file a command reads
+
     path = os.path.expanduser(spec)
-    if os.path.isdir(path):
-        raise UserError("data.tokenizer", spec, 'is a directory; give "byte" or the path of a tokenizer.json file')
-    if not os.path.isfile(path):
-        raise UserError("data.tokenizer", spec,
-                        'no such file; give "byte" or the path of a Hugging Face tokenizer.json')
+    if not read_input_file("data.tokenizer", path, '"byte" or the path of a Hugging Face tokenizer.json').strip():
+        raise UserError("data.tokenizer", spec, 'is empty; give "byte" or the path of a Hugging Face tokenizer.json')
     try:
         return HFTokenizer(path)
     except Exception as e:  # tokenizers raises a bare Exception for a malformed file

@@ -334,13 +334,19 @@ def _data_case(kind: str, root: Path) -> tuple[list[str], str]:
     if kind == "tokenizer_binary":
         (root / "tok.bin").write_bytes(bytes(range(256)) * 8)
         return [path, f"data.tokenizer={root / 'tok.bin'}"], "tokenizer"
+    if kind == "tokenizer_device":
+        return [path, "data.tokenizer=/dev/null"], "not a regular file"
+    if kind == "tokenizer_empty":
+        (root / "empty.json").write_text("\n")
+        return [path, f"data.tokenizer={root / 'empty.json'}"], "empty"
     raise AssertionError(kind)
 
 
 DATA_CASES = ["dangling_symlink", "binary_in_dir", "binary_named", "latin1_file", "utf16_file", "fifo_in_dir",
               "unreadable_file", "unreadable_dir", "empty_file", "no_text_files", "glob_nothing", "tiny_corpus",
               "jsonl_bad_line", "jsonl_no_field", "jsonl_list", "jsonl_field_number", "cache_is_file",
-              "cache_under_file", "cache_unwritable", "tokenizer_dir", "tokenizer_garbage", "tokenizer_binary"]
+              "cache_under_file", "cache_unwritable", "tokenizer_dir", "tokenizer_garbage", "tokenizer_binary",
+              "tokenizer_device", "tokenizer_empty"]
 NEEDS_PERMISSIONS = {"unreadable_file", "unreadable_dir", "cache_unwritable"}
 
 
