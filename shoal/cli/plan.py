@@ -176,7 +176,7 @@ SHAPE_FLAGS = {"n_layers": "layers", "dim": "hidden", "n_heads": "heads", "n_kv_
 
 def build(args):
     """Parsed flags -> (workload, cluster or None, fixed dims, model name)."""
-    from shoal.planner import hardware
+    from shoal.planner import hardware, local_hardware
     from shoal.planner.layout import Cluster, Workload
     from shoal.planner.search import Fixed
 
@@ -196,10 +196,10 @@ def build(args):
     if args.hw:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
     if args.gpus:  # `local`: the ranks share this machine's cores unless --gpus-per-node spreads them
-        gpu = hardware.local_for_ranks(gpu, args.gpus_per_node or args.gpus)
+        gpu = local_hardware.local_for_ranks(gpu, args.gpus_per_node or args.gpus)
     if args.gpus is None and not args.scale:
         raise UserError("gpus", None, "give the GPU count with --gpus N (or sweep with --scale A:B)")
-    precision = args.precision or ("fp32" if hardware.is_local(gpu) else "bf16")
+    precision = args.precision or ("fp32" if local_hardware.is_local(gpu) else "bf16")
     if precision == "fp8" and not gpu.peak_fp8_flops:
         raise UserError("precision", "fp8", f"{gpu.name} has no FP8 tensor cores; use bf16, or give its FP8 peak "
                                             f"with --hw peak_fp8_flops=...")

@@ -147,7 +147,8 @@ def compare(run_dir: str | Path, gpu=None, *, recipe: str | None = None, overrid
     why = ("planned now: run.json holds no step-time prediction (a run from before shoal stored them)"
            if gpu is None else "planned now for the hardware asked for")
     job, per_node = _run_job(run_dir, info, recipe, list(overrides), gpus)
-    from shoal.planner.hardware import get_gpu, local_for_ranks
+    from shoal.planner.hardware import get_gpu
+    from shoal.planner.local_hardware import local_for_ranks
     from shoal.train.prediction import plan_job
 
     per_node = gpus_per_node or per_node or job.world

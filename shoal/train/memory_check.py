@@ -51,7 +51,7 @@ def local_device(local_ranks: int) -> Device | None:
     available = mem_available()
     if available is None:
         return None
-    from shoal.planner.hardware import LOCAL_PROCESS_BYTES
+    from shoal.planner.local_hardware import LOCAL_PROCESS_BYTES
 
     return Device("cpu", available / local_ranks, LOCAL_PROCESS_BYTES,
                   f"MemAvailable {available / GiB:.1f} GiB / {local_ranks} local rank{'s' * (local_ranks > 1)}")

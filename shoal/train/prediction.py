@@ -7,7 +7,7 @@ the stored one back (`from_run_info`) instead of planning again.
 
 The hardware is the planner's entry for the device the run is on: the catalog GPU for a CUDA
 device it knows, or this machine's measured `local` profile on a CPU (measured once, then cached;
-shoal.planner.hardware.local_gpu). An unknown GPU still gets the memory prediction, and says why
+shoal.planner.local_hardware.local_gpu). An unknown GPU still gets the memory prediction, and says why
 the step time has none. Torch-free, like the planner: the trainer passes the device as strings.
 """
 
@@ -75,25 +75,26 @@ class RunPrediction:
 
 def planner_hardware(device_kind: str, device_name: str, ranks_per_node: int, *, measure: bool):
     """(the planner's GPU entry for this device as `ranks_per_node` ranks see it, '') or (None, why not)."""
-    from shoal.planner import hardware
+    from shoal.planner import hardware, local_hardware
 
     if device_kind == "cuda":
         gpu = hardware.lookup_gpu(device_name)
         return (gpu, "") if gpu else (None, f"the planner's catalog does not know {device_name!r}")
-    if not measure and not hardware.local_profile_path().exists():
+    if not measure and not local_hardware.local_profile_path().exists():
         return None, "this machine is not measured yet: run `shoal plan --gpu local ...` once"
     try:
-        gpu = hardware.local_gpu()  # measures (a few seconds, once per machine) when nothing is cached
+        gpu = local_hardware.local_gpu()  # measures (a few seconds, once per machine) when nothing is cached
     except UserError as e:
         return None, str(e)
     except (OSError, ValueError, KeyError) as e:  # a damaged cache must not stop a run: it loses its prediction
-        return None, f"{hardware.local_profile_path()} is unreadable ({type(e).__name__}); `shoal plan --gpu local --remeasure`"
-    return hardware.local_for_ranks(gpu, ranks_per_node), ""
+        return None, f"{local_hardware.local_profile_path()} is unreadable ({type(e).__name__}); `shoal plan --gpu local --remeasure`"
+    return local_hardware.local_for_ranks(gpu, ranks_per_node), ""
 
 
 def predict_job(job, device_kind: str, device_name: str, local_world: int, *, measure: bool = True) -> RunPrediction:
     """The plan of one run: the job's layout on job.world ranks, `local_world` of them per node."""
-    from shoal.planner.hardware import GPU, LOCAL_PROCESS_BYTES
+    from shoal.planner.hardware import GPU
+    from shoal.planner.local_hardware import LOCAL_PROCESS_BYTES
     from shoal.train.memory_check import Device, predict_peak
 
     gpu, why = planner_hardware(device_kind, device_name, min(local_world, job.world), measure=measure)
@@ -117,7 +118,7 @@ def plan_job(job, gpu, per_node: int) -> RunPrediction:
 def predict_this_run(job, rt, model_flops_per_step: float, peak_flops: float, *, say=None) -> RunPrediction | None:
     """Rank 0's prediction for the run it is in, before step 1 (other ranks: None). `say` prints the
     one line shown when this machine must be measured first (once; the profile is cached)."""
-    from shoal.planner.hardware import local_profile_path
+    from shoal.planner.local_hardware import local_profile_path
     from shoal.train.run_info import device_name
 
     if not rt.is_main:

@@ -20,7 +20,7 @@ MEMORY = {"params": [1 << 20], "grads": [1 << 20], "optimizer": [2 << 20], "acti
 def run_info() -> dict:
     from shoal.config import JobConfig
     from shoal.job import resolve
-    from shoal.planner.hardware import gpu_from_profile
+    from shoal.planner.local_hardware import gpu_from_profile
     from shoal.train.prediction import plan_job
 
     cfg = JobConfig()

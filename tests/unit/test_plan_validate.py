@@ -81,7 +81,7 @@ def test_validate_reads_the_prediction_the_run_stored(tmp_path):
     import dataclasses
 
     from shoal.job import resolve
-    from shoal.planner.hardware import gpu_from_profile
+    from shoal.planner.local_hardware import gpu_from_profile
     from shoal.train.prediction import plan_job
 
     run = tmp_path / "run"

@@ -8,7 +8,7 @@ import pytest
 
 from shoal.layout import Layout
 from shoal.model.config import PRESETS
-from shoal.planner import hardware
+from shoal.planner import hardware, local_hardware
 from shoal.planner.evaluate import evaluate
 from shoal.planner.layout import Cluster, Workload
 
@@ -18,15 +18,15 @@ TWO_NODES = Path(__file__).parents[2] / "recipes" / "hardware" / "emulated-two-n
 
 
 def test_ranks_beyond_the_cores_time_share_them():
-    local = hardware.gpu_from_profile(PROFILE)
-    one = hardware.local_for_ranks(local, 1)  # a single process runs torch's threads on every core
+    local = local_hardware.gpu_from_profile(PROFILE)
+    one = local_hardware.local_for_ranks(local, 1)  # a single process runs torch's threads on every core
     assert one.peak_fp32_flops == 200e9 and one.hbm_bandwidth == 80e9
-    assert hardware.local_for_ranks(local, 2) == local  # one rank per core: the profile as measured
-    four = hardware.local_for_ranks(local, 4)
+    assert local_hardware.local_for_ranks(local, 2) == local  # one rank per core: the profile as measured
+    four = local_hardware.local_for_ranks(local, 4)
     assert (four.peak_fp32_flops, four.hbm_bandwidth, four.intra_node_bandwidth) == (50e9, 20e9, 0.5e9)
     assert (four.kernel_gap, four.intra_node_latency) == (12e-6, 100e-6)
     h100 = hardware.get_gpu("h100")
-    assert hardware.local_for_ranks(h100, 16) is h100  # a GPU is never shared this way
+    assert local_hardware.local_for_ranks(h100, 16) is h100  # a GPU is never shared this way
     wl = Workload(PRESETS["tiny"], 256, 16, precision="fp32")
     lay = Layout(dp_shard=2, tp=2, zero=1, micro_batch=8)
     shared = evaluate(wl, lay, Cluster(four, 4, 4)).time
@@ -35,11 +35,11 @@ def test_ranks_beyond_the_cores_time_share_them():
 
 
 def test_local_memory_counts_the_allocators_slack():
-    local = hardware.gpu_from_profile(PROFILE)
+    local = local_hardware.gpu_from_profile(PROFILE)
     wl = Workload(PRESETS["tiny"], 256, 16, precision="fp32")
     mem = evaluate(wl, Layout(micro_batch=8), Cluster(local, 1, 1)).memory
     dynamic = mem.activations + mem.logits + mem.buffers
-    assert mem.overhead == pytest.approx(hardware.LOCAL_PROCESS_BYTES + hardware.LOCAL_ALLOCATOR_SLACK * dynamic)
+    assert mem.overhead == pytest.approx(local_hardware.LOCAL_PROCESS_BYTES + local_hardware.LOCAL_ALLOCATOR_SLACK * dynamic)
     gpu_mem = evaluate(wl, Layout(micro_batch=8), Cluster(dataclasses.replace(local, allocator_slack=0.0), 1, 1)).memory
     assert gpu_mem.overhead < mem.overhead  # 0: a GPU caching allocator's 5%
 
@@ -50,9 +50,9 @@ def test_emulated_two_node_file_gives_the_link_between_nodes(tmp_path, monkeypat
     monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
     (tmp_path / "local_profile.json").write_text(json.dumps(PROFILE))
     gpu = hardware.load_hw_file(TWO_NODES, None)
-    assert hardware.is_local(gpu) and gpu.name == "local+emulated-two-node"
+    assert local_hardware.is_local(gpu) and gpu.name == "local+emulated-two-node"
     assert gpu.inter_busbw < gpu.intra_busbw / 20  # 400 Mbit/s shared by two ranks against loopback
-    two_per_node = hardware.local_for_ranks(gpu, 2)  # one core per node: two ranks share it
+    two_per_node = local_hardware.local_for_ranks(gpu, 2)  # one core per node: two ranks share it
     assert two_per_node.peak_fp32_flops == PROFILE["matmul_fp32_flops"] / 2
     wl = Workload(PRESETS["tiny"], 256, 16, precision="fp32")
     lay = Layout(dp_shard=4, zero=0, micro_batch=4)
@@ -63,7 +63,7 @@ def test_emulated_two_node_file_gives_the_link_between_nodes(tmp_path, monkeypat
 
 def test_measured_attention_and_dtensor_costs_reach_the_plan():
     measured = dict(PROFILE, attention_efficiency=0.25, tp_kernel_overhead=100e-6)
-    old, new = hardware.gpu_from_profile(PROFILE), hardware.gpu_from_profile(measured)
+    old, new = local_hardware.gpu_from_profile(PROFILE), local_hardware.gpu_from_profile(measured)
     assert (old.attention_efficiency, old.tp_kernel_overhead) == (0.5, 0.0)  # a profile from before both
     wl = Workload(PRESETS["tiny"], 256, 16, precision="fp32")
     dp, tp = Layout(dp_shard=2, zero=0, micro_batch=8), Layout(tp=2, zero=0, micro_batch=8)
@@ -75,12 +75,12 @@ def test_measured_attention_and_dtensor_costs_reach_the_plan():
     assert t_new.compute - t_old.compute == pytest.approx(attention + 2 * 150 * 3 * 100e-6, rel=0.01)
     d_old, d_new = (evaluate(wl, dp, Cluster(g, 2, 2)).time for g in (old, new))
     assert d_new.compute - d_old.compute == pytest.approx(attention, rel=0.01)  # no DTensor without tp
-    assert hardware.local_for_ranks(new, 4).tp_kernel_overhead == 200e-6  # two ranks a core: twice as long
+    assert local_hardware.local_for_ranks(new, 4).tp_kernel_overhead == 200e-6  # two ranks a core: twice as long
 
 
 def test_one_process_pays_the_per_kernel_cost_measured_on_every_core():
-    threaded = hardware.gpu_from_profile(dict(PROFILE, kernel_overhead_all_cores=15e-6))
-    assert hardware.local_for_ranks(threaded, 1).kernel_gap == 15e-6  # torch's threads on both cores
-    assert hardware.local_for_ranks(threaded, 2).kernel_gap == 6e-6  # one thread per rank
-    old = hardware.gpu_from_profile(PROFILE)  # a profile from before: the one-thread cost
-    assert hardware.local_for_ranks(old, 1).kernel_gap == 6e-6
+    threaded = local_hardware.gpu_from_profile(dict(PROFILE, kernel_overhead_all_cores=15e-6))
+    assert local_hardware.local_for_ranks(threaded, 1).kernel_gap == 15e-6  # torch's threads on both cores
+    assert local_hardware.local_for_ranks(threaded, 2).kernel_gap == 6e-6  # one thread per rank
+    old = local_hardware.gpu_from_profile(PROFILE)  # a profile from before: the one-thread cost
+    assert local_hardware.local_for_ranks(old, 1).kernel_gap == 6e-6
