@@ -82,8 +82,10 @@ def apply_ddp(model: nn.Module, dp_group, compressor=None) -> nn.Module:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = DistributedDataParallel(model, process_group=dp_group, bucket_cap_mb=25,
-                                  forward_sync_buffers=False, gradient_as_bucket_view=True)
+    from shoal.comm.renamed import ddp_without_buffer_sync
+
+    ddp = DistributedDataParallel(model, process_group=dp_group, bucket_cap_mb=25, gradient_as_bucket_view=True,
+                                  **ddp_without_buffer_sync())
     if compressor is not None:
         ddp.register_comm_hook(state=compressor, hook=type(compressor).hook)
     else:
