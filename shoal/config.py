@@ -245,6 +245,15 @@ class JobConfig:
         for name in ("beta1", "beta2"):  # AdamW needs decays in [0, 1): at 1 the moment never moves
             value = getattr(t, name)
             _check(_finite(value) and 0 <= value < 1, f"train.{name}", value, "must be in [0, 1), e.g. 0.9 or 0.95")
+        # torch hands the optimizer's step size to its kernel as a float32 scalar and refuses one past
+        # float32's range with a traceback: lr for SGD, lr / (1 - beta1) for AdamW's first step (its
+        # bias correction). Smaller but huge rates are allowed: they overflow the weights, which the
+        # NaN guard stops (train.on_nonfinite).
+        first_step = t.lr / (1 - t.beta1) if t.optimizer == "adamw" else t.lr
+        _check(first_step <= FLOAT32_MAX, "train.lr", t.lr,
+               f"the first update's step size ({'lr / (1 - beta1) = ' if t.optimizer == 'adamw' else ''}"
+               f"{first_step:.3g}) exceeds float32's largest number {FLOAT32_MAX:.3g}; use a learning rate "
+               "such as 3e-4")
         _check(_finite(t.grad_clip) and t.grad_clip >= 0, "train.grad_clip", t.grad_clip,
                "must be a finite number >= 0 (0 disables clipping)")
         _check(t.micro_batch >= 0, "train.micro_batch", t.micro_batch, "must be >= 0 (0: global_batch / dp)")
@@ -299,6 +308,7 @@ class JobConfig:
         return self
 
 
+FLOAT32_MAX = 3.4028234663852886e38
 MAX_SEED = 2**32 - 1  # numpy's and torch's seeds both take it; model init multiplies the seed, so no more
 # TOML and --set integers must fit the int64 the tensors and file formats hold them in.
 _INT_LIMIT = 2**63
@@ -329,6 +339,8 @@ def _coerce(name: str, raw: Any, kind: type) -> Any:
         raise UserError(name, raw, "must be a finite number (not nan or inf)")
     if kind is int and not -_INT_LIMIT < value < _INT_LIMIT:
         raise UserError(name, raw, "is out of range for an integer field (at most 2**63-1)")
+    if kind is str and "\0" in value:  # TOML's \u0000: no path, name or key holds one (the OS refuses it)
+        raise UserError(name, raw, "contains a NUL character (\\u0000); remove it")
     return value
 
 

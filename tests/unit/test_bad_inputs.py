@@ -114,7 +114,7 @@ FIELD_CASES = [
 ] + [
     ("train.seed", v) for v in ("-1", "4294967296", "1e3", "nan")
 ] + [
-    ("train.lr", v) for v in ("-0.1", "nan", "inf", "-inf", "abc", "")
+    ("train.lr", v) for v in ("-0.1", "nan", "inf", "-inf", "abc", "", "1e308", "4e37")  # AdamW: lr/(1-beta1) > float32
 ] + [
     ("train.min_lr_ratio", v) for v in ("-0.1", "1.5", "nan")
 ] + [
@@ -175,6 +175,8 @@ COMBO_CASES = [
     (["parallel.diloco_inner_steps=4", "parallel.diloco_fragments=5"], "parallel.diloco_fragments"),
     (["parallel.diloco_overlap_steps=1"], "parallel.diloco_overlap_steps"),  # DiLoCo off
     (["parallel.diloco_inner_steps=4", "parallel.diloco_overlap_steps=4"], "parallel.diloco_overlap_steps"),
+    (["train.optimizer=sgd", "train.lr=1e39"], "train.lr"),  # torch refused the step size past float32 with a traceback
+    (["train.beta1=0.999999", "train.lr=1e33"], "train.lr"),
 ]
 SYNTAX_CASES = ["train.steps", "steps=5", "foo.bar=1", "train.stesp=5", "train=5", ".steps=1", "train.=1",
                 "model.preset.x=1", "=", "train.steps==5"]
@@ -224,6 +226,11 @@ TOML_CASES = {
     "path_int": "[data]\npath = 5\n",
     "dup_key": "[train]\nsteps = 1\nsteps = 2\n",
     "alias_and_key": "[checkpoint]\nasync = true\nasync_save = false\n",
+    # a NUL (TOML's \u0000) in a path: os.stat/makedirs raised ValueError
+    "tokenizer_nul": '[data]\ntokenizer = "byte\\u0000"\n',
+    "cache_dir_nul": '[data]\ncache_dir = "/tmp/a\\u0000b"\n',
+    "checkpoint_dir_nul": '[checkpoint]\nevery = 1\ndir = "ck\\u0000"\n',
+    "text_field_nul": '[data]\ntext_field = "te\\u0000xt"\n',
 }
 
 
@@ -242,6 +249,16 @@ def test_bad_recipe_file(kind, files, corpus, unchanged, capsys):
     path = files["under_file"] if kind == "file_parent" else files[kind]
     line = assert_one_line(*run_cli(capsys, base(corpus, unchanged) + [str(path)]))
     assert line.startswith("shoal train: error: recipe=")
+
+
+def test_weights_made_nonfinite_by_the_last_update_are_not_written(tmp_path, corpus, capsys):
+    """Finite loss and gradient, but the last step's update overflows the weights (decay 1e300): the
+    held-out loss is NaN. Exit 3 under either policy, and no model/ (it used to exit 0 with NaN weights)."""
+    for policy in ("stop", "skip"):
+        out = tmp_path / policy
+        argv = base(corpus, out) + ["--set", "train.weight_decay=1e300", "--set", f"train.on_nonfinite={policy}"]
+        line = assert_one_line(*run_cli(capsys, argv), expect_code=3, hint="eval loss is nan")
+        assert "train.weight_decay" in line and not (out / "model").exists()
 
 
 def test_byte_order_mark_is_not_a_mistake(tmp_path, corpus, unchanged, capsys):
