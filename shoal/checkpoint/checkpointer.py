@@ -88,7 +88,9 @@ class Checkpointer:
         except UnsafeCheckpoint as e:
             raise UserError("--resume", str(path), f"refused: {e}") from None
         ckpt_state.apply(self.pm.modules, self.optimizer, targets, self.pm.grad_compressor, self.pm.diloco)
-        self.loader.load_state_dict(train_state["data"])
+        changed = self.loader.load_state_dict(train_state["data"])
+        if changed and self.rt.is_main:  # one line, once (a warnings.warn printed its source line on every rank)
+            store.warn(f"warning: {changed}")
         step = int(train_state["step"])
         if self.rt.is_main:
             self._report_resume(path, step, train_state)

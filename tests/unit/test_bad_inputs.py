@@ -705,6 +705,17 @@ def test_damaged_checkpoint_is_skipped(damaged_run, corpus, capsys):
     assert snapshot(damaged_run) == before
 
 
+def test_resume_with_another_seq_len_warns_in_one_line(run_dir, tmp_path, corpus, capsys):
+    """A changed seq_len reshuffles the data: said once as `shoal: warning: ...`, not as Python's
+    two-line UserWarning with a source path."""
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    code, _, err = run_cli(capsys, base(corpus, out) + ["--set", "train.steps=3", "--set", "train.seq_len=64"])
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if "data loader state" in line]
+    assert len(warned) == 1 and warned[0].startswith("shoal: warning: ") and "UserWarning" not in err, err
+
+
 @pytest.mark.parametrize("damaged_run", ["state_step_string", "manifest_files_list"], indirect=True)
 def test_resume_auto_falls_back(damaged_run, corpus, capsys):
     """End to end: the run resumes from step 1 with one warning naming the damaged step 2."""
