@@ -20,6 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from shoal.debug.state import hang_timeout_problem
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
@@ -194,7 +195,7 @@ class DebugConfig:
     check_collectives: bool = False
     """Fingerprint every collective and fail with a table when ranks disagree."""
     hang_timeout_s: float = 300.0
-    """Report which ranks are stuck where after this long without progress; 0 disables."""
+    """Report which ranks are stuck where after this long without progress (at least 1 s); 0 disables."""
     memory_snapshot: bool = False
     """CUDA only: record every allocation (torch.cuda.memory._record_memory_history) and write
     <out>/memory_snapshot_rank<N>.pickle at the end, for https://pytorch.org/memory_viz; ignored
@@ -304,7 +305,7 @@ class JobConfig:
                "a relative checkpoint root lies inside the output directory and may not leave it with '..'; "
                "give an absolute path to put checkpoints elsewhere")
         h = self.debug.hang_timeout_s
-        _check(_finite(h) and h >= 0, "debug.hang_timeout_s", h, "must be a finite number of seconds >= 0 (0 disables)")
+        _check(hang_timeout_problem(h) is None, "debug.hang_timeout_s", h, hang_timeout_problem(h) or "")
         return self
 
 
