@@ -458,6 +458,8 @@ FLAG_CASES = [
     ["verify", "--tolerance", "nan"], ["verify", "--tolerance", "inf"], ["verify", "--nproc", "1"],
     ["verify", "--nproc", "0"], ["verify", "--nproc", "-2"], ["verify", "--out", "{file}"],
     ["verify", "--nproc", "2", "--layouts", "tp=abc"], ["verify", "--nproc", "2", "--layouts", "bogus=2"],
+    ["verify", "--nproc", "2", "--layouts", "tp=2,tp=1"], ["verify", "--nproc", "2", "--layouts", "model=debug,model.preset=tiny"],
+    ["verify", "--nproc", "2", "--layouts", "dp_shard=2,train.steps=5"],  # ran 5 steps against a 10-step reference: FAIL
     ["run", "--nproc", "0", "x.py"], ["run", "--max-restarts", "-1", "x.py"], ["run", "--hang-timeout", "-1", "x.py"],
     ["run", "--hang-timeout", "nan", "x.py"], ["run", "--hang-timeout", "0.01", "{file}"], ["run", "/no/such/script.py"], ["run", "{dir}"],
     ["doctor", "--nproc", "0"], ["doctor", "--factor", "1"], ["doctor", "--budget", "0"], ["doctor", "--budget", "nan"], ["doctor", "--budget", "1e308"],
