@@ -479,6 +479,7 @@ FLAG_CASES = [
     ["train", "--replica-groups", "3"], ["train", "--replica-groups", "-1"], ["train", "--replica-groups", "x"],
     ["train", "--replica-groups", "2", "--nnodes", "2"], ["train", "--node-rank", "1"], ["train", "--nnodes", "0"],
     ["doctor", "--node-rank", "1", "--checks-only"],
+    ["doctor", "--ifname", "eth9", "--checks-only"], ["train", "--ifname", "eth9"],  # one machine: it was ignored
     ["train", "--replica-groups", "2", "--set", "checkpoint.dir=/tmp/one-dir-for-all-groups"],
     ["train", "--replica-groups", "2", "--set", "parallel.diloco_inner_steps=4", "--set", "parallel.diloco_overlap_steps=1"],
 ]
