@@ -442,6 +442,8 @@ FLAG_CASES = [
     [*PLAN, "--tokens", "1T", "--pue", "120"], [*PLAN, "--tokens", "1T", "--carbon-trace", "{fifo}"],
     [*PLAN, "--tokens", "1T", "--carbon-trace", "{file_dir}/one_line.csv"], ["config", ""],
     ["slurm", "recipes/debug.toml", "--nodes", "2", "--gpus-per-node", "1", "--python", ""],
+    ["k8s", "recipes/debug.toml", "--nodes", "2", "--gpus-per-node", "1", "--image", "x", "--run-out", "runs/a",
+     "--out", "{dir}/k8s"],  # a relative --out in a pod is its own container's, lost with it
     [*PLAN[:-4], "--scale", "16:8"], [*PLAN[:-4], "--scale", "8-16"], [*PLAN, "--gpu", "h1000"],
     [*PLAN, "--gpu", "a100", "--precision", "fp8"], [*PLAN, "--precision", "fp8", "--emit", "{dir}/fp8.toml"],
     ["plan", "--model", "llama9", "--seq-len", "8", "--global-batch", "8", "--gpu", "h100", "--gpus", "8"],
