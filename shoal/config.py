@@ -304,6 +304,11 @@ class JobConfig:
         _check(Path(c.dir).is_absolute() or ".." not in Path(c.dir).parts, "checkpoint.dir", c.dir,
                "a relative checkpoint root lies inside the output directory and may not leave it with '..'; "
                "give an absolute path to put checkpoints elsewhere")
+        from shoal.train.rundir import OWN_FILES  # torch-free
+
+        _check(Path(c.dir).is_absolute() or Path(c.dir).parts[:1] not in [(f,) for f in OWN_FILES], "checkpoint.dir",
+               c.dir, f"names a file the run writes in its output directory ({', '.join(OWN_FILES)}); pick another "
+                      "folder name, e.g. checkpoints")
         h = self.debug.hang_timeout_s
         _check(hang_timeout_problem(h) is None, "debug.hang_timeout_s", h, hang_timeout_problem(h) or "")
         return self

@@ -20,8 +20,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from shoal.errors import UserError
+from shoal.train.run_info import RUN_INFO
 
 LOCK = ".lock"
+OWN_FILES = (LOCK, "metrics.jsonl", RUN_INFO)
+"""The files a run keeps at the top of its --out: a relative checkpoint.dir may not name one."""
 LAUNCHER_ENV = "SHOAL_LAUNCHER_PID"  # set by shoal/launch/local.py for the workers it starts
 _held: dict[Path, int] = {}  # run directory -> the lock fd this process holds (closing it drops the lock)
 

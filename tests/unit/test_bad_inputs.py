@@ -165,6 +165,8 @@ FIELD_CASES = [
     ("model.dim", "65536"), ("model.vocab_size", "100000000"), ("train.eval_batches", "100000000"),
     ("model.max_seq_len", "2000000000"), ("train.micro_batch", "100000000"),
     ("checkpoint.dir", "{file}"),
+    # inside --out, a file the run writes there: NotADirectoryError after the first step
+    ("checkpoint.dir", "metrics.jsonl"), ("checkpoint.dir", "./run.json/x"), ("checkpoint.dir", ".lock"),
 ]
 # Combinations where each value is fine alone.
 COMBO_CASES = [
