@@ -724,6 +724,29 @@ def test_resume_with_another_seq_len_warns_in_one_line(run_dir, tmp_path, corpus
     assert len(warned) == 1 and warned[0].startswith("shoal: warning: ") and "UserWarning" not in err, err
 
 
+@pytest.mark.parametrize("name", ["run.json", "metrics.jsonl", ".lock"])
+def test_a_folder_where_the_run_keeps_a_file_is_refused(name, run_dir, tmp_path, corpus, capsys):
+    """run.json as a folder failed at os.replace after the model was built and the checkpoint loaded."""
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    (out / name).unlink(missing_ok=True)
+    (out / name).mkdir()
+    before = snapshot(out)
+    assert_one_line(*run_cli(capsys, base(corpus, out) + ["--set", "train.steps=3"]), hint=f"holds {name} as a folder")
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("record", ["[1]", '{"starts": "x"}'])
+def test_resume_over_a_damaged_run_json_rewrites_it(record, run_dir, tmp_path, corpus, capsys):
+    """A run.json of another shape loses its earlier starts, not the run (it raised AttributeError)."""
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    (out / "run.json").write_text(record)
+    code, _, err = run_cli(capsys, base(corpus, out) + ["--set", "train.steps=3"])
+    assert code == 0 and "Traceback" not in err, err
+    assert [s["step"] for s in json.loads((out / "run.json").read_text())["starts"]] == [2]
+
+
 @pytest.mark.parametrize("damaged_run", ["state_step_string", "manifest_files_list"], indirect=True)
 def test_resume_auto_falls_back(damaged_run, corpus, capsys):
     """End to end: the run resumes from step 1 with one warning naming the damaged step 2."""
