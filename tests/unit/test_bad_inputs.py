@@ -736,6 +736,18 @@ def test_a_folder_where_the_run_keeps_a_file_is_refused(name, run_dir, tmp_path,
     assert snapshot(out) == before
 
 
+@pytest.mark.parametrize("row", ['{"step": 1e400}', "[1]", '{"step": true}'])
+def test_resume_over_an_odd_metrics_row(row, run_dir, tmp_path, corpus, capsys):
+    """A metrics.jsonl row whose step is inf (JSON 1e400) raised OverflowError on resume; it is a torn row."""
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(row + "\n")
+    code, _, err = run_cli(capsys, base(corpus, out) + ["--set", "train.steps=3"])
+    assert code == 0 and "Traceback" not in err, err
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
 @pytest.mark.parametrize("record", ["[1]", '{"starts": "x"}'])
 def test_resume_over_a_damaged_run_json_rewrites_it(record, run_dir, tmp_path, corpus, capsys):
     """A run.json of another shape loses its earlier starts, not the run (it raised AttributeError)."""
