@@ -423,6 +423,7 @@ FLAG_CASES = [
     ["train", "--launcher", "ray", "--nproc", "2", "--master", "10.0.0.1"],
     ["train", "--launcher", "ray", "--nproc", "2", "--max-restarts", "1"],
     ["train", "--resume", "{file}"], ["train", "--resume", "never"],
+    ["train", "--resume", "{run}"], ["train", "--resume", "{run}/model"],  # said "the save never completed"
     [*PLAN, "--diloco-overlap-steps", "2"], [*PLAN, "--diloco-inner-steps", "4", "--diloco-overlap-steps", "4"],
     [*PLAN, "--tokens", "-5"], [*PLAN, "--tokens", "0"], [*PLAN, "--tokens", "nan"], [*PLAN, "--tokens", "inf"],
     [*PLAN, "--tokens", "15X"], [*PLAN, "--tokens", "-1T"], [*PLAN, "--mtbf-hours", "-1"], [*PLAN, "--mtbf-hours", "0"],
