@@ -507,6 +507,7 @@ ENV_CASES = [{"WORLD_SIZE": "abc"}, {"WORLD_SIZE": "0"}, {"WORLD_SIZE": "-1"}, {
              {"RANK": "x"}, {"RANK": "-1"}, {"WORLD_SIZE": "2", "RANK": "5"}, {"LOCAL_RANK": "one"},
              {"WORLD_SIZE": "2", "RANK": "0"}, {"WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "http"},
              {"TORCHELASTIC_RESTART_COUNT": "x"},
+             {"TORCHELASTIC_RESTART_COUNT": "1"},  # no launcher: --resume never resumed as after a restart
              {"SHOAL_REPLICA_GROUP": "x", "SHOAL_REPLICA_GROUPS": "2", "TORCHFT_LIGHTHOUSE": "http://localhost:1"},
              {"SHOAL_REPLICA_GROUP": "2", "SHOAL_REPLICA_GROUPS": "2", "TORCHFT_LIGHTHOUSE": "http://localhost:1"},
              {"SHOAL_REPLICA_GROUP": "0", "SHOAL_REPLICA_GROUPS": "2"},
