@@ -435,7 +435,7 @@ FLAG_CASES = [
     [*PLAN[:-4], "--gpus", "0"], [*PLAN, "--seq-len", "0"], [*PLAN, "--global-batch", "-1"],
     [*PLAN, "--hw", "hbm_bytes=nan"], [*PLAN, "--hw", "hbm_bytes=-1"], [*PLAN, "--hw", "nonsense"],
     [*PLAN, "--hw", "gpus_per_node=inf"], [*PLAN, "--hw", "gpus_per_node=1.5"], [*PLAN, "--hw", "kernel_gap=-1"],
-    [*PLAN, "--hw", "power_limit_watts=-1"], [*PLAN, "--hw", "overlap_cost=2"], [*PLAN, "--hw", "hbm_bytes=80"],
+    [*PLAN, "--hw", "power_limit_watts=-1"], [*PLAN, "--hw", "name="],  # printed "64 x  (8 nodes of 8)" [*PLAN, "--hw", "overlap_cost=2"], [*PLAN, "--hw", "hbm_bytes=80"],
     [*PLAN, "--hw", "inter_node_bandwidth=25"], [*PLAN, "--hw", "intra_node_latency=5"],
     [*PLAN[:-4], "--gpus", "99999999999999999999"], [*PLAN[:-4], "--scale", "1:99999999999999999999"],
     [*PLAN, "--layers", "99999999999999999999"],
