@@ -20,9 +20,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from shoal.debug.state import hang_timeout_problem
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
+from shoal.train.rundir import OWN_FILES
 
 # [model] takes a preset plus any ModelConfig field to override it; None means "the preset's value".
 _MODEL_OVERRIDES = [f for f in fields(ModelConfig) if f.name != "note"]
@@ -194,7 +196,7 @@ class DebugConfig:
     check_collectives: bool = False
     """Fingerprint every collective and fail with a table when ranks disagree."""
     hang_timeout_s: float = 300.0
-    """Report which ranks are stuck where after this long without progress; 0 disables."""
+    """Report which ranks are stuck where after this long without progress (at least 1 s); 0 disables."""
     memory_snapshot: bool = False
     """CUDA only: record every allocation (torch.cuda.memory._record_memory_history) and write
     <out>/memory_snapshot_rank<N>.pickle at the end, for https://pytorch.org/memory_viz; ignored
@@ -245,6 +247,15 @@ class JobConfig:
         for name in ("beta1", "beta2"):  # AdamW needs decays in [0, 1): at 1 the moment never moves
             value = getattr(t, name)
             _check(_finite(value) and 0 <= value < 1, f"train.{name}", value, "must be in [0, 1), e.g. 0.9 or 0.95")
+        # torch hands the optimizer's step size to its kernel as a float32 scalar and refuses one past
+        # float32's range with a traceback: lr for SGD, lr / (1 - beta1) for AdamW's first step (its
+        # bias correction). Smaller but huge rates are allowed: they overflow the weights, which the
+        # NaN guard stops (train.on_nonfinite).
+        first_step = t.lr / (1 - t.beta1) if t.optimizer == "adamw" else t.lr
+        _check(first_step <= FLOAT32_MAX, "train.lr", t.lr,
+               f"the first update's step size ({'lr / (1 - beta1) = ' if t.optimizer == 'adamw' else ''}"
+               f"{first_step:.3g}) exceeds float32's largest number {FLOAT32_MAX:.3g}; use a learning rate "
+               "such as 3e-4")
         _check(_finite(t.grad_clip) and t.grad_clip >= 0, "train.grad_clip", t.grad_clip,
                "must be a finite number >= 0 (0 disables clipping)")
         _check(t.micro_batch >= 0, "train.micro_batch", t.micro_batch, "must be >= 0 (0: global_batch / dp)")
@@ -294,11 +305,15 @@ class JobConfig:
         _check(Path(c.dir).is_absolute() or ".." not in Path(c.dir).parts, "checkpoint.dir", c.dir,
                "a relative checkpoint root lies inside the output directory and may not leave it with '..'; "
                "give an absolute path to put checkpoints elsewhere")
+        _check(Path(c.dir).is_absolute() or (Path(c.dir).parts or ("",))[0] not in OWN_FILES, "checkpoint.dir",
+               c.dir, f"names a file the run writes in its output directory ({', '.join(OWN_FILES)}); pick another "
+                      "folder name, e.g. checkpoints")
         h = self.debug.hang_timeout_s
-        _check(_finite(h) and h >= 0, "debug.hang_timeout_s", h, "must be a finite number of seconds >= 0 (0 disables)")
+        _check(hang_timeout_problem(h) is None, "debug.hang_timeout_s", h, hang_timeout_problem(h) or "")
         return self
 
 
+FLOAT32_MAX = 3.4028234663852886e38
 MAX_SEED = 2**32 - 1  # numpy's and torch's seeds both take it; model init multiplies the seed, so no more
 # TOML and --set integers must fit the int64 the tensors and file formats hold them in.
 _INT_LIMIT = 2**63
@@ -329,6 +344,8 @@ def _coerce(name: str, raw: Any, kind: type) -> Any:
         raise UserError(name, raw, "must be a finite number (not nan or inf)")
     if kind is int and not -_INT_LIMIT < value < _INT_LIMIT:
         raise UserError(name, raw, "is out of range for an integer field (at most 2**63-1)")
+    if kind is str and "\0" in value:  # TOML's \u0000: no path, name or key holds one (the OS refuses it)
+        raise UserError(name, raw, "contains a NUL character (\\u0000); remove it")
     return value
 
 

@@ -278,8 +278,16 @@ def _pipeline_problems(lay: Layout, m: ModelConfig) -> list[UserError]:
                              f"or pp_virtual_stages=1"))
     stages = lay.pp * lay.virtual_stages
     if lay.pp > 1 and stages > m.n_layers:
-        out.append(UserError("parallel.pp", lay.pp, f"{stages} pipeline stages (pp*virtual stages) but only "
-                             f"n_layers={m.n_layers}; use at most {max(1, m.n_layers // lay.virtual_stages)}"))
+        if lay.virtual_stages == 1:
+            fix = f"use at most pp={m.n_layers}"
+        elif m.n_layers // lay.pp >= 2:  # interleaving: lower the stages per rank first, pp stays
+            fix = f"lower parallel.pp_virtual_stages to at most {m.n_layers // lay.pp}"
+        elif m.n_layers >= 4:
+            fix = f"interleaving needs 2 stages per rank: use at most pp={m.n_layers // 2}, or pp_schedule=1f1b"
+        else:
+            fix = "use pp_schedule=1f1b (interleaving needs 2 stages per rank)"
+        out.append(UserError("parallel.pp", lay.pp, f"{stages} pipeline stages (pp*virtual stages = {lay.pp}*"
+                             f"{lay.virtual_stages}) but only n_layers={m.n_layers}; {fix}"))
     if lay.pp > 1 and m.tie_embeddings:
         out.append(TrainerLimit("model.tie_embeddings", True,
                              "tied embeddings cannot span pipeline stages; set it false or pp=1"))

@@ -14,7 +14,6 @@ others; every rank then loads its share by parameter name, whatever layout wrote
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import time
@@ -33,7 +32,7 @@ from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, Unsaf
 from shoal.config import JobConfig
 from shoal.errors import UserError
 from shoal.parallel.replicas import replica_place
-from shoal.train.metrics import truncate_metrics
+from shoal.train.metrics import last_logged_step, truncate_metrics
 from shoal.train.rundir import DiskFull, no_space_left
 
 # DCP warns on every single-process save and load; that is the intent here, not a mistake.
@@ -88,7 +87,9 @@ class Checkpointer:
         except UnsafeCheckpoint as e:
             raise UserError("--resume", str(path), f"refused: {e}") from None
         ckpt_state.apply(self.pm.modules, self.optimizer, targets, self.pm.grad_compressor, self.pm.diloco)
-        self.loader.load_state_dict(train_state["data"])
+        changed = self.loader.load_state_dict(train_state["data"])
+        if changed and self.rt.is_main:  # one line, once (a warnings.warn printed its source line on every rank)
+            store.warn(f"warning: {changed}")
         step = int(train_state["step"])
         if self.rt.is_main:
             self._report_resume(path, step, train_state)
@@ -277,12 +278,4 @@ def _few(diff: dict) -> str:
 
 def _last_logged_step(out: Path) -> int:
     """The last step the previous attempt wrote to metrics.jsonl (0 if none)."""
-    path = out / "metrics.jsonl"
-    last = 0
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                last = max(last, int(json.loads(line)["step"]))
-            except (ValueError, KeyError, TypeError):
-                pass  # a line cut short by the crash
-    return last
+    return last_logged_step(out / "metrics.jsonl")

@@ -8,16 +8,18 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
+from shoal.cli.argtypes import non_empty
+
 
 def register(sub) -> None:
     p = sub.add_parser("ckpt", help="inspect sharded training checkpoints or export one to Hugging Face format")
     cmds = p.add_subparsers(dest="ckpt_command", required=True)
     i = cmds.add_parser("inspect", help="step, layout, size and validity of each checkpoint")
-    i.add_argument("path", help="a checkpoint, a checkpoint root or a `shoal train --out` directory")
+    i.add_argument("path", type=non_empty("runs/first"), help="a checkpoint, a checkpoint root or a `shoal train --out` directory")
     i.add_argument("--no-checksums", action="store_true", help="check sizes only (fast for large checkpoints)")
     i.set_defaults(func=inspect)
     e = cmds.add_parser("export", help="write a consolidated Hugging Face Llama checkpoint")
-    e.add_argument("path", help="a checkpoint (default: the newest intact one under a root or --out directory)")
+    e.add_argument("path", type=non_empty("runs/first"), help="a checkpoint (default: the newest intact one under a root or --out directory)")
     e.add_argument("--hf", required=True, metavar="DIR", help="output directory (config.json + model.safetensors)")
     e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     e.set_defaults(func=export)

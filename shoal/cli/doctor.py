@@ -45,7 +45,7 @@ def run(args) -> int:
 
     if args.peak:
         return show_peak(args.precision)
-    if multinode(args.nnodes, args.node_rank, args.master):
+    if multinode(args.nnodes, args.node_rank, args.master, args.ifname):
         return run_node(args)
     if not args.checks_only:
         check_output_dir("--out", args.out)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from shoal.cli.argtypes import nonnegative_float, nonnegative_int, positive_int
+from shoal.cli.argtypes import non_empty, nonnegative_float, nonnegative_int, positive_int
 
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="sample text from a model saved by `shoal train`")
-    p.add_argument("model_dir", help="a `shoal train --out` directory (or its model/ subdirectory)")
+    p.add_argument("model_dir", type=non_empty("runs/first"), help="a `shoal train --out` directory (or its model/ subdirectory)")
     p.add_argument("--prompt", default="def ", help="text to continue (not empty)")
     p.add_argument("--tokens", type=positive_int, default=200,
                    help="tokens to generate, at most the model's max_seq_len (printed as they are made)")

@@ -35,7 +35,8 @@ def run(args) -> int:
 
     name = args.name or re.sub(r"[^a-z0-9-]+", "-", Path(args.recipe).stem.lower()).strip("-")[:40] or "shoal"
     queue = args.queue or ""
-    check(name, args.nodes, args.gpus_per_node, args.image, queue)
+    run_out = args.run_out or f"/checkpoints/{name}"
+    check(name, args.nodes, args.gpus_per_node, args.image, queue, run_out)
     check_output_dir("--out", args.out)
     # the recipe must run on nodes x gpus ranks: every layout mistake now, not in a pod
     job = resolve(load_config(args.recipe, args.overrides), args.nodes * args.gpus_per_node)
@@ -46,7 +47,7 @@ def run(args) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     for kind, make in KINDS.items():
-        obj = make(name, args.recipe, args.run_out or f"/checkpoints/{name}", args.nodes, args.gpus_per_node,
+        obj = make(name, args.recipe, run_out, args.nodes, args.gpus_per_node,
                    args.image, queue)
         _add_overrides(obj, args.overrides)
         (out_dir / f"{kind}.yaml").write_text(to_yaml(obj) + "\n")

@@ -9,7 +9,7 @@ from shoal.cli.argtypes import check_output_dir, non_empty
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="draw a run's pictures into one self-contained HTML page")
-    p.add_argument("run_dir", help="the --out directory of a `shoal train` run (finished or still running)")
+    p.add_argument("run_dir", type=non_empty("runs/first"), help="the --out directory of a `shoal train` run (finished or still running)")
     p.add_argument("--out", type=non_empty("--out runs/first-report"),
                    help="where to write index.html and the figures (default RUN_DIR/report)")
     p.add_argument("--partial", action="store_true", help="report a run that stopped before its last step")

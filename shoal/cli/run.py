@@ -28,12 +28,15 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from shoal.debug import env_settings
+    from shoal.debug.state import hang_timeout_problem
     from shoal.errors import UserError
     from shoal.launch.local import launch
     from shoal.train.memory_check import check_local_ranks
 
     if not os.path.isfile(args.script):
         raise UserError("script", args.script, "no such file; give the path of a Python script to run on every worker")
+    if args.hang_timeout is not None and (problem := hang_timeout_problem(args.hang_timeout)):
+        raise UserError("--hang-timeout", args.hang_timeout, problem)
     env_settings(None, None)  # SHOAL_* in the environment: checked once here, not by every worker
     check_local_ranks(args.nproc)
     argv = [args.script, *args.args]

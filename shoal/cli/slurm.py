@@ -11,8 +11,8 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node = processes per node (0: CPU, 1)")
-    p.add_argument("--partition", default="")
-    p.add_argument("--time", default="", help="time limit, e.g. 04:00:00")
+    p.add_argument("--partition", type=non_empty("--partition gpu"))
+    p.add_argument("--time", type=non_empty("--time 04:00:00"), help="time limit, e.g. 04:00:00")
     p.add_argument("--name", type=non_empty("--name pretrain"), help="job name (default: from the recipe file name)")
     p.add_argument("--port", type=int, default=29500, help="rendezvous port on the first node")
     p.add_argument("--python", type=non_empty("--python /shared/venv/bin/python"), default="python",
@@ -39,6 +39,7 @@ def run(args) -> int:
     from shoal.parallel.mesh import placement_warning
 
     name = args.name or re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(args.recipe).stem) or "shoal"
+    args.partition, args.time = args.partition or "", args.time or ""  # left out: Slurm's defaults
     check(name, args.nodes, args.gpus_per_node, args.partition, args.time)
     if not 1 <= args.port <= 65535:
         raise UserError("--port", args.port, "must be in 1..65535")

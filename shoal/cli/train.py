@@ -202,7 +202,7 @@ def _node_plan(args):
     from shoal.errors import UserError
     from shoal.launch.multinode import multinode, plan_node
 
-    if not multinode(args.nnodes, args.node_rank, args.master):
+    if not multinode(args.nnodes, args.node_rank, args.master, args.ifname):
         return None
     if "WORLD_SIZE" in os.environ:
         raise UserError("--nnodes", args.nnodes, "is for starting workers; under torchrun (WORLD_SIZE is set) "

@@ -21,7 +21,6 @@ ranks continues with the next global batch instead of repeating one.
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import torch
@@ -92,13 +91,15 @@ class TokenLoader:
         # seed and n_chunks are saved only to notice a changed setup on resume.
         return {"step": self.step, "seed": self.seed, "n_chunks": self.n_chunks}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if state.get("seed", self.seed) != self.seed or state.get("n_chunks", self.n_chunks) != self.n_chunks:
-            warnings.warn(f"data loader state was saved with seed={state.get('seed')} and "
-                          f"{state.get('n_chunks')} sequences per epoch, now seed={self.seed} and {self.n_chunks}: "
-                          "the corpus, seq_len or seed changed, so batches after resume differ from the original run",
-                          stacklevel=2)
+    def load_state_dict(self, state: dict[str, int]) -> str | None:
+        """Take the saved position; returns what changed since it was saved (the caller, which knows
+        which rank speaks, reports it), or None."""
         self.step = int(state["step"])
+        if state.get("seed", self.seed) != self.seed or state.get("n_chunks", self.n_chunks) != self.n_chunks:
+            return (f"data loader state was saved with seed={state.get('seed')} and {state.get('n_chunks')} "
+                    f"sequences per epoch, now seed={self.seed} and {self.n_chunks}: the corpus, seq_len or seed "
+                    "changed, so batches after resume differ from the original run")
+        return None
 
 
 def eval_batches(

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from shoal.debug.state import HANG_EXIT_CODE, STATE
+from shoal.debug.state import HANG_EXIT_CODE, STATE, hang_timeout_problem
 
 __all__ = ["enable", "disable", "progress", "watch_ddp", "is_enabled", "CollectiveMismatchError", "HANG_EXIT_CODE"]
 
@@ -49,9 +49,8 @@ def env_settings(check: bool | None, hang_timeout_s: float | None) -> tuple[bool
             hang_timeout_s = float(env_hang)
         except ValueError:
             hang_timeout_s = math.nan
-        if not (math.isfinite(hang_timeout_s) and hang_timeout_s >= 0):
-            raise UserError("SHOAL_HANG_TIMEOUT_S", env_hang, "environment variable must be a finite number of "
-                                                              "seconds >= 0 (0 disables the watchdog)")
+        if problem := hang_timeout_problem(hang_timeout_s):
+            raise UserError("SHOAL_HANG_TIMEOUT_S", env_hang, f"environment variable {problem}")
     if os.environ.get("SHOAL_DEBUG_DIR"):  # where a hang report is written: found now, not during the hang
         from shoal.cli.argtypes import check_output_dir
 

@@ -14,6 +14,18 @@ from collections import deque
 
 RECENT = 16  # collectives remembered per rank for reports
 HANG_EXIT_CODE = 124  # a rank's exit code after a hang report, like timeout(1): "gave up waiting"
+MIN_HANG_TIMEOUT_S = 1.0
+"""The shortest hang timeout: the watchdog looks every 0.2 s at best and ordinary work (starting up,
+a first step) holds progress longer, so below a second a healthy job is reported hung (exit 124)."""
+
+
+def hang_timeout_problem(seconds: object) -> str | None:
+    """Why `seconds` cannot be a hang timeout, or None: the one rule for debug.hang_timeout_s,
+    SHOAL_HANG_TIMEOUT_S and `shoal run --hang-timeout`."""
+    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    if number and (seconds == 0 or MIN_HANG_TIMEOUT_S <= seconds < float("inf")):
+        return None
+    return f"must be 0 (no watchdog) or a finite number of seconds >= {MIN_HANG_TIMEOUT_S:g}, e.g. 300"
 
 
 class CollectiveRecord:

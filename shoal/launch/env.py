@@ -56,7 +56,11 @@ def world_size(nproc: int = 0) -> int:
         raise UserError("RANK", os.environ.get("RANK"), f"environment variable must be below WORLD_SIZE={world}; {_FIX}")
     local_world = _read("LOCAL_WORLD_SIZE", 1, 1, world if "WORLD_SIZE" in os.environ else None)
     _read("LOCAL_RANK", 0, 0, local_world - 1 if "LOCAL_WORLD_SIZE" in os.environ else None)
-    _read("TORCHELASTIC_RESTART_COUNT", 0, 0)
+    if _read("TORCHELASTIC_RESTART_COUNT", 0, 0) and "WORLD_SIZE" not in os.environ and not nproc:
+        # restart_count() > 0 makes a run continue from its newest checkpoint whatever --resume says
+        raise UserError("TORCHELASTIC_RESTART_COUNT", os.environ["TORCHELASTIC_RESTART_COUNT"],
+                        "environment variable is set but WORLD_SIZE is not, so no elastic agent restarted this "
+                        "process (a leftover from a worker's environment?); unset it")
     if nproc and "WORLD_SIZE" in os.environ:  # this process is already one worker of some launcher
         raise UserError("--nproc", nproc, f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set, so this is already a "
                                           "worker of another launcher; drop --nproc or unset WORLD_SIZE")

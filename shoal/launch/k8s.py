@@ -28,8 +28,11 @@ RUNTIME = "torch-distributed"  # the ClusterTrainingRuntime Kubeflow Trainer ins
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-def check(name: str, nodes: int, gpus_per_node: int, image: str, queue: str = "") -> None:
+def check(name: str, nodes: int, gpus_per_node: int, image: str, queue: str = "", run_out: str = "/") -> None:
     """The constraints the schemas cannot express."""
+    if not run_out.startswith("/"):  # relative: under each container's own working folder, lost with the pod
+        raise UserError("--run-out", run_out, "give an absolute path on the volume every pod mounts, e.g. "
+                                              "/checkpoints/pretrain (a relative one is each container's own)")
     if nodes < 1:
         raise UserError("--nodes", nodes, "must be a positive integer")
     if gpus_per_node < 1:

@@ -78,13 +78,15 @@ class NodePlan:
                 f"{self.master_ip}:{self.port}")
 
 
-def multinode(nnodes: int, node_rank: int, master: str) -> bool:
+def multinode(nnodes: int, node_rank: int, master: str, ifname: str = "") -> bool:
     """Whether the flags ask for a multi-node job. --node-rank alone is refused: that node of a job
-    whose --nnodes was left out would run on its own."""
+    whose --nnodes was left out would run on its own; --ifname alone too: one machine's ranks talk
+    over loopback, so it would be ignored."""
     if nnodes == 1 and not master:
-        if node_rank:
-            raise UserError("--node-rank", node_rank, "is for a multi-node job; give --nnodes and --master too, "
-                                                      "or drop it on one machine")
+        for flag, value in (("--node-rank", node_rank), ("--ifname", ifname)):
+            if value:
+                raise UserError(flag, value, "is for a multi-node job; give --nnodes and --master too, "
+                                             "or drop it on one machine")
         return False
     return True
 

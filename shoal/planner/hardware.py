@@ -394,6 +394,8 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise UserError(f"{source}.{key}", raw, f"{hint}unknown hardware field; known: {', '.join(_FIELDS)}")
         value = _field_value(f"{source}.{key}", _FIELDS[key].type, raw)
+        if isinstance(value, str) and not value.strip():  # printed in every plan's header and table
+            raise UserError(f"{source}.{key}", raw, "may not be empty; e.g. name=my-h100")
         if key.endswith("_efficiency") and not 0 < value <= 1:
             raise UserError(f"{source}.{key}", raw, "an efficiency is a fraction in (0, 1]")
         if key == "overlap_cost" and value > 1:

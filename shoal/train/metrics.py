@@ -82,6 +82,24 @@ class MetricsLog:
             self._fd = None
 
 
+def row_step_of(line: str) -> int | None:
+    """The step of one metrics.jsonl line; None for a line that is not a row: cut short by a crash,
+    NUL bytes from a file system that lost its tail, or another shape (a step of 1e400 is inf)."""
+    try:
+        row_step = json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+    return row_step if isinstance(row_step, int) and not isinstance(row_step, bool) else None
+
+
+def last_logged_step(path: Path) -> int:
+    """The last step a metrics.jsonl records (0 if none, or no file)."""
+    if not path.is_file():
+        return 0
+    return max((s for line in path.read_bytes().decode(errors="replace").splitlines()
+                if (s := row_step_of(line)) is not None), default=0)
+
+
 def truncate_metrics(path: Path, step: int) -> None:
     """Keep the rows up to `step` (each step once), drop later ones and any torn line: the file then
     reads like one uninterrupted run. Rewritten under a temporary name and renamed into place."""
@@ -89,10 +107,8 @@ def truncate_metrics(path: Path, step: int) -> None:
         return
     keep, seen = [], set()
     for line in path.read_bytes().decode(errors="replace").splitlines():
-        try:
-            row_step = int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut short by a crash, or NUL bytes from a file system that lost its tail
+        if (row_step := row_step_of(line)) is None:
+            continue
         if row_step <= step and row_step not in seen:
             seen.add(row_step)
             keep.append(line + "\n")

@@ -10,6 +10,11 @@ train.on_nonfinite = "stop": raise NonFiniteStep (the CLI prints its one line, e
     save in flight, of an earlier good step, is finished first; nothing of this step is saved.
 train.on_nonfinite = "skip": drop this step's update (its gradients are zeroed as every step's are)
     and go on; each skip is reported with the running count.
+
+An update can itself leave the weights non-finite from a finite loss and gradient (an lr or weight
+decay large enough to overflow float32). The next step's loss shows it; after the last step only the
+held-out loss can, so a non-finite eval loss stops the run under either policy (the update cannot be
+dropped any more) before it is logged, saved or written to model/.
 """
 
 from __future__ import annotations
@@ -47,3 +52,12 @@ class NonFiniteGuard:
         raise NonFiniteStep(f"step {step}: {what}; stopping before it reaches a checkpoint (the ones already "
                             "saved are intact; no model/ written); lower train.lr or check the model.* settings, "
                             "or --set train.on_nonfinite=skip to drop such steps")
+
+    def check_eval(self, step: int, eval_loss: float) -> None:
+        """Raise when the held-out loss after step `step`'s update is not finite (the same on every rank)."""
+        if math.isfinite(eval_loss):
+            return
+        self.before_stop()
+        raise NonFiniteStep(f"step {step}: eval loss is {eval_loss} after the update, so the weights are no longer "
+                            "finite; stopping before they reach a checkpoint (no model/ written); lower train.lr "
+                            "or train.weight_decay")

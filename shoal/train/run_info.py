@@ -26,8 +26,11 @@ def write_run_info(job, rt, out: Path, start_step: int, prediction=None) -> None
     starts = []
     if start_step > 0 and path.is_file():
         try:
-            starts = json.loads(path.read_text()).get("starts", [])
+            old = json.loads(path.read_text())
         except (OSError, ValueError):
+            old = None
+        starts = old.get("starts") if isinstance(old, dict) else None
+        if not isinstance(starts, list):
             starts = []  # a damaged record loses the earlier starts, not the run
     starts.append({"step": start_step, "time": time.time()})
     info = {

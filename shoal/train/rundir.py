@@ -20,8 +20,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from shoal.errors import UserError
+from shoal.train.run_info import RUN_INFO
 
 LOCK = ".lock"
+OWN_FILES = (LOCK, "metrics.jsonl", RUN_INFO)
+"""The files a run keeps at the top of its --out: a relative checkpoint.dir may not name one."""
 LAUNCHER_ENV = "SHOAL_LAUNCHER_PID"  # set by shoal/launch/local.py for the workers it starts
 _held: dict[Path, int] = {}  # run directory -> the lock fd this process holds (closing it drops the lock)
 
@@ -40,7 +43,8 @@ def default_out(recipe: str | None) -> Path:
 def check_out(out: str, data_path: str = "") -> Path:
     """`--out` mistakes, found before anything is built: empty, a file, under a file, not creatable,
     a folder shoal wrote that is not a run (a checkpoint, a saved model, a checkpoint root), or a
-    folder inside the corpus (data.path), whose next run would read this one's metrics.jsonl as text."""
+    folder inside the corpus (data.path), whose next run would read this one's metrics.jsonl as text,
+    or one where a file the run keeps (OWN_FILES) is a folder."""
     from shoal.checkpoint import store
     from shoal.cli.argtypes import check_output_dir  # the one output-location check
     from shoal.data.sources import STDLIB
@@ -52,6 +56,10 @@ def check_out(out: str, data_path: str = "") -> Path:
     if (kind := store.what_shoal_wrote(path)) not in (None, "a run directory"):
         raise UserError("--out", out, f"holds {kind}, not a run; pick a new --out (or the run's own folder to "
                                       "continue it)")
+    for name in OWN_FILES:  # written (and renamed into place) later: a folder there fails only then
+        if (path / name).exists() and not (path / name).is_file():
+            raise UserError("--out", out, f"holds {name} as a {'folder' if (path / name).is_dir() else 'special file'}"
+                                          f", where a run keeps a file; remove {path / name} or pick another --out")
     corpus = os.path.realpath(os.path.expanduser(data_path)) if data_path and data_path != STDLIB else ""
     if corpus and os.path.isdir(corpus) and Path(os.path.realpath(out)).is_relative_to(corpus):
         raise UserError("--out", out, f"lies inside data.path={data_path}, so the next run would train on this one's "

@@ -137,6 +137,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
             mark(step + 1, "eval")
             row["eval_loss"] = eval_loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))
+            guard.check_eval(step + 1, eval_loss)  # NaN weights after the update: stop, save nothing
         stopping = step + 1 < t.steps and preempt.agreed(rt)  # SIGTERM on any rank: all stop after this step
         log.write(row, sync=ckpt.due(step + 1) or stopping)  # on disk at least as far as the checkpoint
         progress.update(row)

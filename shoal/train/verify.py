@@ -49,16 +49,21 @@ def base_overrides(steps: int, global_batch: int) -> list[str]:
 
 
 def layout_overrides(layout: str, nproc: int) -> list[str]:
-    out = []
+    out, fields = [], set()
     for item in filter(None, (x.strip() for x in layout.split(","))):
         key, eq, value = item.partition("=")
         if not eq:
             raise UserError("--layouts", layout, "write layouts as key=value,... separated by ';'")
         value = value.replace("N/4", str(nproc // 4)).replace("N/2", str(nproc // 2)).replace("N", str(nproc))
-        if key == "model":
-            out.append(f"model.preset={value}")
-        else:  # a bare key is a parallel.* field; section.key reaches any other field
-            out.append(f"{key}={value}" if "." in key else f"parallel.{key}={value}")
+        # a bare key is a parallel.* field; section.key reaches any other field
+        field = "model.preset" if key.strip() == "model" else key.strip() if "." in key else f"parallel.{key.strip()}"
+        if field in fields:  # the last would win silently: which one was meant is a guess
+            raise UserError("--layouts", layout, f"sets {field} twice; keep one")
+        if field == "train.steps":  # the reference would run --steps steps and the layout these
+            raise UserError("--layouts", layout, "train.steps is --steps here (the reference runs as many); "
+                                                 "use --steps N")
+        fields.add(field)
+        out.append(f"{field}={value}")
     return out
 
 

@@ -114,7 +114,7 @@ FIELD_CASES = [
 ] + [
     ("train.seed", v) for v in ("-1", "4294967296", "1e3", "nan")
 ] + [
-    ("train.lr", v) for v in ("-0.1", "nan", "inf", "-inf", "abc", "")
+    ("train.lr", v) for v in ("-0.1", "nan", "inf", "-inf", "abc", "", "1e308", "4e37")  # AdamW: lr/(1-beta1) > float32
 ] + [
     ("train.min_lr_ratio", v) for v in ("-0.1", "1.5", "nan")
 ] + [
@@ -136,6 +136,7 @@ FIELD_CASES = [
     ("checkpoint.every", "-1"), ("checkpoint.keep", "0"), ("checkpoint.dir", "../escape"),
     ("checkpoint.async", "maybe"), ("checkpoint.async", "2"),
     ("debug.hang_timeout_s", "-1"), ("debug.hang_timeout_s", "nan"), ("debug.hang_timeout_s", "inf"),
+    ("debug.hang_timeout_s", "0.01"), ("debug.hang_timeout_s", "1e-300"),  # a healthy job was reported hung
     ("debug.check_collectives", "perhaps"),
     ("model.preset", "llama9"), ("model.preset", ""),
     ("model.dim", "0"), ("model.dim", "-64"), ("model.dim", "63"), ("model.dim", "68"), ("model.dim", "6.4e1"),
@@ -164,6 +165,8 @@ FIELD_CASES = [
     ("model.dim", "65536"), ("model.vocab_size", "100000000"), ("train.eval_batches", "100000000"),
     ("model.max_seq_len", "2000000000"), ("train.micro_batch", "100000000"),
     ("checkpoint.dir", "{file}"),
+    # inside --out, a file the run writes there: NotADirectoryError after the first step
+    ("checkpoint.dir", "metrics.jsonl"), ("checkpoint.dir", "./run.json/x"), ("checkpoint.dir", ".lock"),
 ]
 # Combinations where each value is fine alone.
 COMBO_CASES = [
@@ -175,6 +178,8 @@ COMBO_CASES = [
     (["parallel.diloco_inner_steps=4", "parallel.diloco_fragments=5"], "parallel.diloco_fragments"),
     (["parallel.diloco_overlap_steps=1"], "parallel.diloco_overlap_steps"),  # DiLoCo off
     (["parallel.diloco_inner_steps=4", "parallel.diloco_overlap_steps=4"], "parallel.diloco_overlap_steps"),
+    (["train.optimizer=sgd", "train.lr=1e39"], "train.lr"),  # torch refused the step size past float32 with a traceback
+    (["train.beta1=0.999999", "train.lr=1e33"], "train.lr"),
 ]
 SYNTAX_CASES = ["train.steps", "steps=5", "foo.bar=1", "train.stesp=5", "train=5", ".steps=1", "train.=1",
                 "model.preset.x=1", "=", "train.steps==5"]
@@ -224,6 +229,11 @@ TOML_CASES = {
     "path_int": "[data]\npath = 5\n",
     "dup_key": "[train]\nsteps = 1\nsteps = 2\n",
     "alias_and_key": "[checkpoint]\nasync = true\nasync_save = false\n",
+    # a NUL (TOML's \u0000) in a path: os.stat/makedirs raised ValueError
+    "tokenizer_nul": '[data]\ntokenizer = "byte\\u0000"\n',
+    "cache_dir_nul": '[data]\ncache_dir = "/tmp/a\\u0000b"\n',
+    "checkpoint_dir_nul": '[checkpoint]\nevery = 1\ndir = "ck\\u0000"\n',
+    "text_field_nul": '[data]\ntext_field = "te\\u0000xt"\n',
 }
 
 
@@ -242,6 +252,16 @@ def test_bad_recipe_file(kind, files, corpus, unchanged, capsys):
     path = files["under_file"] if kind == "file_parent" else files[kind]
     line = assert_one_line(*run_cli(capsys, base(corpus, unchanged) + [str(path)]))
     assert line.startswith("shoal train: error: recipe=")
+
+
+def test_weights_made_nonfinite_by_the_last_update_are_not_written(tmp_path, corpus, capsys):
+    """Finite loss and gradient, but the last step's update overflows the weights (decay 1e300): the
+    held-out loss is NaN. Exit 3 under either policy, and no model/ (it used to exit 0 with NaN weights)."""
+    for policy in ("stop", "skip"):
+        out = tmp_path / policy
+        argv = base(corpus, out) + ["--set", "train.weight_decay=1e300", "--set", f"train.on_nonfinite={policy}"]
+        line = assert_one_line(*run_cli(capsys, argv), expect_code=3, hint="eval loss is nan")
+        assert "train.weight_decay" in line and not (out / "model").exists()
 
 
 def test_byte_order_mark_is_not_a_mistake(tmp_path, corpus, unchanged, capsys):
@@ -403,6 +423,7 @@ FLAG_CASES = [
     ["train", "--launcher", "ray", "--nproc", "2", "--master", "10.0.0.1"],
     ["train", "--launcher", "ray", "--nproc", "2", "--max-restarts", "1"],
     ["train", "--resume", "{file}"], ["train", "--resume", "never"],
+    ["train", "--resume", "{run}"], ["train", "--resume", "{run}/model"],  # said "the save never completed"
     [*PLAN, "--diloco-overlap-steps", "2"], [*PLAN, "--diloco-inner-steps", "4", "--diloco-overlap-steps", "4"],
     [*PLAN, "--tokens", "-5"], [*PLAN, "--tokens", "0"], [*PLAN, "--tokens", "nan"], [*PLAN, "--tokens", "inf"],
     [*PLAN, "--tokens", "15X"], [*PLAN, "--tokens", "-1T"], [*PLAN, "--mtbf-hours", "-1"], [*PLAN, "--mtbf-hours", "0"],
@@ -414,7 +435,7 @@ FLAG_CASES = [
     [*PLAN[:-4], "--gpus", "0"], [*PLAN, "--seq-len", "0"], [*PLAN, "--global-batch", "-1"],
     [*PLAN, "--hw", "hbm_bytes=nan"], [*PLAN, "--hw", "hbm_bytes=-1"], [*PLAN, "--hw", "nonsense"],
     [*PLAN, "--hw", "gpus_per_node=inf"], [*PLAN, "--hw", "gpus_per_node=1.5"], [*PLAN, "--hw", "kernel_gap=-1"],
-    [*PLAN, "--hw", "power_limit_watts=-1"], [*PLAN, "--hw", "overlap_cost=2"], [*PLAN, "--hw", "hbm_bytes=80"],
+    [*PLAN, "--hw", "power_limit_watts=-1"], [*PLAN, "--hw", "name="],  # printed "64 x  (8 nodes of 8)" [*PLAN, "--hw", "overlap_cost=2"], [*PLAN, "--hw", "hbm_bytes=80"],
     [*PLAN, "--hw", "inter_node_bandwidth=25"], [*PLAN, "--hw", "intra_node_latency=5"],
     [*PLAN[:-4], "--gpus", "99999999999999999999"], [*PLAN[:-4], "--scale", "1:99999999999999999999"],
     [*PLAN, "--layers", "99999999999999999999"],
@@ -424,6 +445,8 @@ FLAG_CASES = [
     [*PLAN, "--tokens", "1T", "--pue", "120"], [*PLAN, "--tokens", "1T", "--carbon-trace", "{fifo}"],
     [*PLAN, "--tokens", "1T", "--carbon-trace", "{file_dir}/one_line.csv"], ["config", ""],
     ["slurm", "recipes/debug.toml", "--nodes", "2", "--gpus-per-node", "1", "--python", ""],
+    ["k8s", "recipes/debug.toml", "--nodes", "2", "--gpus-per-node", "1", "--image", "x", "--run-out", "runs/a",
+     "--out", "{dir}/k8s"],  # a relative --out in a pod is its own container's, lost with it
     [*PLAN[:-4], "--scale", "16:8"], [*PLAN[:-4], "--scale", "8-16"], [*PLAN, "--gpu", "h1000"],
     [*PLAN, "--gpu", "a100", "--precision", "fp8"], [*PLAN, "--precision", "fp8", "--emit", "{dir}/fp8.toml"],
     ["plan", "--model", "llama9", "--seq-len", "8", "--global-batch", "8", "--gpu", "h100", "--gpus", "8"],
@@ -440,8 +463,10 @@ FLAG_CASES = [
     ["verify", "--tolerance", "nan"], ["verify", "--tolerance", "inf"], ["verify", "--nproc", "1"],
     ["verify", "--nproc", "0"], ["verify", "--nproc", "-2"], ["verify", "--out", "{file}"],
     ["verify", "--nproc", "2", "--layouts", "tp=abc"], ["verify", "--nproc", "2", "--layouts", "bogus=2"],
+    ["verify", "--nproc", "2", "--layouts", "tp=2,tp=1"], ["verify", "--nproc", "2", "--layouts", "model=debug,model.preset=tiny"],
+    ["verify", "--nproc", "2", "--layouts", "dp_shard=2,train.steps=5"],  # ran 5 steps against a 10-step reference: FAIL
     ["run", "--nproc", "0", "x.py"], ["run", "--max-restarts", "-1", "x.py"], ["run", "--hang-timeout", "-1", "x.py"],
-    ["run", "--hang-timeout", "nan", "x.py"], ["run", "/no/such/script.py"], ["run", "{dir}"],
+    ["run", "--hang-timeout", "nan", "x.py"], ["run", "--hang-timeout", "0.01", "{file}"], ["run", "/no/such/script.py"], ["run", "{dir}"],
     ["doctor", "--nproc", "0"], ["doctor", "--factor", "1"], ["doctor", "--budget", "0"], ["doctor", "--budget", "nan"], ["doctor", "--budget", "1e308"],
     ["doctor", "--min-size", "0"], ["doctor", "--max-size", "abc"], ["doctor", "--min-size", "1G", "--max-size", "1K"],
     ["doctor", "--out", "{file}"], ["doctor", "--nproc", "2", "--max-size", "1000000G"],
@@ -459,6 +484,7 @@ FLAG_CASES = [
     ["train", "--replica-groups", "3"], ["train", "--replica-groups", "-1"], ["train", "--replica-groups", "x"],
     ["train", "--replica-groups", "2", "--nnodes", "2"], ["train", "--node-rank", "1"], ["train", "--nnodes", "0"],
     ["doctor", "--node-rank", "1", "--checks-only"],
+    ["doctor", "--ifname", "eth9", "--checks-only"], ["train", "--ifname", "eth9"],  # one machine: it was ignored
     ["train", "--replica-groups", "2", "--set", "checkpoint.dir=/tmp/one-dir-for-all-groups"],
     ["train", "--replica-groups", "2", "--set", "parallel.diloco_inner_steps=4", "--set", "parallel.diloco_overlap_steps=1"],
 ]
@@ -481,13 +507,14 @@ ENV_CASES = [{"WORLD_SIZE": "abc"}, {"WORLD_SIZE": "0"}, {"WORLD_SIZE": "-1"}, {
              {"RANK": "x"}, {"RANK": "-1"}, {"WORLD_SIZE": "2", "RANK": "5"}, {"LOCAL_RANK": "one"},
              {"WORLD_SIZE": "2", "RANK": "0"}, {"WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "http"},
              {"TORCHELASTIC_RESTART_COUNT": "x"},
+             {"TORCHELASTIC_RESTART_COUNT": "1"},  # no launcher: --resume never resumed as after a restart
              {"SHOAL_REPLICA_GROUP": "x", "SHOAL_REPLICA_GROUPS": "2", "TORCHFT_LIGHTHOUSE": "http://localhost:1"},
              {"SHOAL_REPLICA_GROUP": "2", "SHOAL_REPLICA_GROUPS": "2", "TORCHFT_LIGHTHOUSE": "http://localhost:1"},
              {"SHOAL_REPLICA_GROUP": "0", "SHOAL_REPLICA_GROUPS": "2"},
              {"SHOAL_REPLICA_GROUP": "0", "SHOAL_REPLICA_GROUPS": "3", "TORCHFT_LIGHTHOUSE": "http://localhost:1"},
              {"LOCAL_WORLD_SIZE": "abc"}, {"LOCAL_WORLD_SIZE": "0"}, {"OMP_NUM_THREADS": "abc"},
              {"OMP_NUM_THREADS": "4,0"},
-             {"SHOAL_HANG_TIMEOUT_S": "nan"}, {"SHOAL_CHECK_COLLECTIVES": "maybe"}, {"SHOAL_DEBUG_DIR": "/dev/null"},
+             {"SHOAL_HANG_TIMEOUT_S": "nan"}, {"SHOAL_HANG_TIMEOUT_S": "0.001"}, {"SHOAL_CHECK_COLLECTIVES": "maybe"}, {"SHOAL_DEBUG_DIR": "/dev/null"},
              {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "99999"}]
 
 
@@ -686,6 +713,52 @@ def test_damaged_checkpoint_is_skipped(damaged_run, corpus, capsys):
     argv = base(corpus, damaged_run) + ["--resume", str(root / "step_00000002")]
     assert_one_line(*run_cli(capsys, argv), hint="--resume")
     assert snapshot(damaged_run) == before
+
+
+def test_resume_with_another_seq_len_warns_in_one_line(run_dir, tmp_path, corpus, capsys):
+    """A changed seq_len reshuffles the data: said once as `shoal: warning: ...`, not as Python's
+    two-line UserWarning with a source path."""
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    code, _, err = run_cli(capsys, base(corpus, out) + ["--set", "train.steps=3", "--set", "train.seq_len=64"])
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if "data loader state" in line]
+    assert len(warned) == 1 and warned[0].startswith("shoal: warning: ") and "UserWarning" not in err, err
+
+
+@pytest.mark.parametrize("name", ["run.json", "metrics.jsonl", ".lock"])
+def test_a_folder_where_the_run_keeps_a_file_is_refused(name, run_dir, tmp_path, corpus, capsys):
+    """run.json as a folder failed at os.replace after the model was built and the checkpoint loaded."""
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    (out / name).unlink(missing_ok=True)
+    (out / name).mkdir()
+    before = snapshot(out)
+    assert_one_line(*run_cli(capsys, base(corpus, out) + ["--set", "train.steps=3"]), hint=f"holds {name} as a folder")
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("row", ['{"step": 1e400}', "[1]", '{"step": true}'])
+def test_resume_over_an_odd_metrics_row(row, run_dir, tmp_path, corpus, capsys):
+    """A metrics.jsonl row whose step is inf (JSON 1e400) raised OverflowError on resume; it is a torn row."""
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(row + "\n")
+    code, _, err = run_cli(capsys, base(corpus, out) + ["--set", "train.steps=3"])
+    assert code == 0 and "Traceback" not in err, err
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("record", ["[1]", '{"starts": "x"}'])
+def test_resume_over_a_damaged_run_json_rewrites_it(record, run_dir, tmp_path, corpus, capsys):
+    """A run.json of another shape loses its earlier starts, not the run (it raised AttributeError)."""
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    (out / "run.json").write_text(record)
+    code, _, err = run_cli(capsys, base(corpus, out) + ["--set", "train.steps=3"])
+    assert code == 0 and "Traceback" not in err, err
+    assert [s["step"] for s in json.loads((out / "run.json").read_text())["starts"]] == [2]
 
 
 @pytest.mark.parametrize("damaged_run", ["state_step_string", "manifest_files_list"], indirect=True)

@@ -98,3 +98,18 @@ def test_the_issue_recipe_is_emitted_runnable(tmp_path):
     assert code == 0
     job = resolve(load_config(out), 4)
     assert job.layout.pp == 4 and job.layout.micro_batch == 4 and job.layout.pp_schedule == "gpipe"
+
+
+@pytest.mark.parametrize("pp,virtual,n_layers,fix", [
+    (2, 4, 4, "lower parallel.pp_virtual_stages to at most 2"),  # was "use at most 1": pp=1 cannot interleave
+    (4, 1, 4, None),
+    (8, 1, 4, "use at most pp=4"),
+    (4, 2, 4, "use at most pp=2, or pp_schedule=1f1b"),
+    (2, 2, 3, "use pp_schedule=1f1b"),
+])
+def test_too_many_pipeline_stages_names_a_fix_that_runs(pp, virtual, n_layers, fix):
+    schedule = "interleaved-1f1b" if virtual > 1 else "1f1b"
+    model = get_preset("debug").replace(n_layers=n_layers)
+    lay = Layout(pp=pp, pp_schedule=schedule, pp_virtual_stages=virtual, micro_batch=1)
+    found = [p for p in problems(lay, model, pp, 8 * pp, 32) if "pipeline stages" in p.fix]
+    assert [fix in p.fix for p in found] == ([True] if fix else []), [p.fix for p in found]

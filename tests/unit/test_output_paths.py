@@ -82,7 +82,11 @@ EMPTY = [  # flags whose empty value used to read as "not given" (or as the curr
     [*PLAN, "--report"], [*PLAN, "--figures"], [*PLAN, "--emit"], [*PLAN, "--region"], [*PLAN, "--carbon-trace"],
     ["mesh", "--nproc", "4", "--svg"], [*SLURM, "--name"], [*SLURM, "--out"], [*K8S, "--queue"], [*K8S, "--out"],
     ["report", "{run}", "--out"], ["verify", "--layouts"], ["doctor", "--ops"], ["train", "--resume"],
-    [*SLURM, "--python"],
+    [*SLURM, "--python"], [*SLURM, "--partition"], [*SLURM, "--time"],
+]
+EMPTY_POSITIONAL = [  # an empty path read as the current folder, and the error named '.'
+    (["report", ""], "run_dir"), (["generate", ""], "model_dir"), (["ckpt", "inspect", ""], "path"),
+    (["ckpt", "export", "", "--hf", "{tmp}/hf"], "path"),
 ]
 
 
@@ -94,6 +98,11 @@ def test_bad_output_location_is_refused_before_any_work(argv, hint, where, capsy
 @pytest.mark.parametrize("argv", EMPTY, ids=[" ".join(a[:1] + a[-1:]) for a in EMPTY])
 def test_empty_value_is_refused(argv, where, capsys):
     refused(capsys, argv + [""], where, f"argument {argv[-1]}: must not be empty")
+
+
+@pytest.mark.parametrize("argv,name", EMPTY_POSITIONAL, ids=[" ".join(a[0][:2]) for a in EMPTY_POSITIONAL])
+def test_empty_positional_path_is_refused(argv, name, where, capsys):
+    refused(capsys, argv, where, f"argument {name}: must not be empty")
 
 
 @pytest.mark.parametrize("argv", [["verify", "--layouts", ";;"], ["doctor", "--ops", " , "]])
