@@ -56,7 +56,10 @@ def attach(units: list[nn.Module], compressor: Compressor, int8_reduce_scatter: 
 def segments(unit: nn.Module) -> list[Segment]:
     """The layout of the unit's flat gradient shard: each parameter's padded shard, in order (as
     FSDP2's foreach_reduce lays it out; its padding rows are zeros)."""
-    (group,) = unit._get_fsdp_state()._fsdp_param_groups  # one group: set_all_reduce_hook demands it
+    state = unit._get_fsdp_state()
+    # torch 2.13 holds a list of groups (one here: set_all_reduce_hook demands it); 2.11 held one group
+    groups = getattr(state, "_fsdp_param_groups", None)
+    (group,) = groups if groups is not None else [state._fsdp_param_group]
     return [(param_name(p._param_fqn), p.padded_sharded_param_size) for p in group.fsdp_params]
 
 
