@@ -14,7 +14,6 @@ others; every rank then loads its share by parameter name, whatever layout wrote
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import time
@@ -33,7 +32,7 @@ from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, Unsaf
 from shoal.config import JobConfig
 from shoal.errors import UserError
 from shoal.parallel.replicas import replica_place
-from shoal.train.metrics import truncate_metrics
+from shoal.train.metrics import last_logged_step, truncate_metrics
 from shoal.train.rundir import DiskFull, no_space_left
 
 # DCP warns on every single-process save and load; that is the intent here, not a mistake.
@@ -79,7 +78,7 @@ class Checkpointer:
                                                    "and another --out, or the model settings it was saved with")
         try:
             metadata = read_metadata(path)
-            check_not_finished(int(train_state["step"]), self.total, path)  # before the long load
+            check_not_finished(int(train_state["step"]), self.total, path, self.root, self.out)  # before the long load
             saved = {k: v for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size")}
             targets = ckpt_state.load_targets(self.pm.modules, self.optimizer, self.rt.rank, saved,
                                                 self.pm.grad_compressor, self.pm.diloco)
@@ -127,6 +126,9 @@ class Checkpointer:
             store.warn(f"elastic restart {restart_count()} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: "
                        f"resuming from step {step} ({path}){resharded}; the failed attempt had reached step "
                        f"{reached}, so {_steps(max(0, reached - step))} lost")
+        elif step == self.total:  # stopped during the final export (check_not_finished)
+            store.warn(f"resuming from step {step} ({path}){resharded}: every step is done, so this run only "
+                       f"writes the final model, {self.out / 'model'}")
         else:
             store.warn(f"resuming from step {step} ({path}){resharded}")
 
@@ -175,8 +177,8 @@ class Checkpointer:
         """Collective: write, hash, and (rank 0) commit one checkpoint."""
         partial = self.root / (store.PARTIAL + store.step_dir_name(step))
         try:
-            with no_space_left(partial, fix="the checkpoints before it are intact; free some space, or set "
-                                            "checkpoint.dir or --out on another disk"):
+            with no_space_left(partial, kept="the checkpoints before it are intact; ",
+                               then=", or set checkpoint.dir or --out on another disk"):
                 self._write_and_commit(partial, state, step, info)
         except DiskFull:
             if self.rt.is_main:  # give the space back: a partial save is never loaded
@@ -277,12 +279,4 @@ def _few(diff: dict) -> str:
 
 def _last_logged_step(out: Path) -> int:
     """The last step the previous attempt wrote to metrics.jsonl (0 if none)."""
-    path = out / "metrics.jsonl"
-    last = 0
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                last = max(last, int(json.loads(line)["step"]))
-            except (ValueError, KeyError, TypeError):
-                pass  # a line cut short by the crash
-    return last
+    return last_logged_step(out / "metrics.jsonl")

@@ -82,17 +82,33 @@ class MetricsLog:
             self._fd = None
 
 
+def logged_rows(path: Path) -> list[tuple[int, str]]:
+    """(step, line) of each whole row of metrics.jsonl, in file order. A line that is no such row is
+    left out: cut short by a crash, NUL bytes from a file system that lost its tail, bytes that are
+    not UTF-8, JSON of another shape (edited or garbled by hand)."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_bytes().decode(errors="replace").splitlines():
+        try:
+            rows.append((int(json.loads(line)["step"]), line))
+        except (ValueError, KeyError, TypeError, OverflowError):
+            continue
+    return rows
+
+
+def last_logged_step(path: Path) -> int:
+    """The highest step metrics.jsonl has a row for (0 if none)."""
+    return max((step for step, _ in logged_rows(path)), default=0)
+
+
 def truncate_metrics(path: Path, step: int) -> None:
     """Keep the rows up to `step` (each step once), drop later ones and any torn line: the file then
     reads like one uninterrupted run. Rewritten under a temporary name and renamed into place."""
     if not path.is_file():
         return
     keep, seen = [], set()
-    for line in path.read_bytes().decode(errors="replace").splitlines():
-        try:
-            row_step = int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut short by a crash, or NUL bytes from a file system that lost its tail
+    for row_step, line in logged_rows(path):
         if row_step <= step and row_step not in seen:
             seen.add(row_step)
             keep.append(line + "\n")
