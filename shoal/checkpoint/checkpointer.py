@@ -33,7 +33,7 @@ from shoal.config import JobConfig
 from shoal.errors import UserError
 from shoal.parallel.replicas import replica_place
 from shoal.train.metrics import last_logged_step, truncate_metrics
-from shoal.train.rundir import DiskFull, no_space_left
+from shoal.train.rundir import DiskFull, errors_within, no_space_left
 
 # DCP warns on every single-process save and load; that is the intent here, not a mistake.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -184,6 +184,12 @@ class Checkpointer:
             if self.rt.is_main:  # give the space back: a partial save is never loaded
                 shutil.rmtree(partial, ignore_errors=True)
             raise
+        except BaseException as e:  # DCP's CheckpointException is one
+            if partial.is_dir() or not any(isinstance(err, FileNotFoundError) for err in errors_within(e)):
+                raise
+            raise UserError("checkpoint.dir", str(self.root), f"{partial} was removed while step {step} was being "
+                            "saved, by something other than this run; leave the checkpoint folder alone while a run "
+                            "writes it (the same command resumes from the newest checkpoint left, if any)") from None
 
     def _write_and_commit(self, partial: Path, state: dict, step: int, info: dict) -> None:
         writer = dcp.FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=1)

@@ -163,21 +163,28 @@ def no_space_left(path: Path, kept: str = "", then: str = ", or pick an --out on
         raise
 
 
-def _refused_by_disk(e: BaseException, path: Path) -> int | None:
-    """The errno (one of _REFUSED) behind `e`, however deep DCP or safetensors wrapped it."""
+def errors_within(e: BaseException):
+    """`e` and every error behind it: causes, contexts, and each rank's error inside DCP's
+    CheckpointException (a BaseException holding {rank: (error, traceback)})."""
     pending, seen = [e], set()
     while pending:
         err = pending.pop()
         if err is None or id(err) in seen:
             continue
         seen.add(id(err))
+        yield err
+        pending += [err.__cause__, err.__context__, *(pair[0] for pair in getattr(err, "failures", {}).values())]
+
+
+def _refused_by_disk(e: BaseException, path: Path) -> int | None:
+    """The errno (one of _REFUSED) behind `e`, however deep DCP or safetensors wrapped it."""
+    for err in errors_within(e):
         if isinstance(err, OSError) and err.errno in _REFUSED:
             return err.errno
         text = str(err)
         for code, words in _REFUSED.items():
             if words in text.lower() or f"os error {code})" in text:
                 return code
-        pending += [err.__cause__, err.__context__, *(pair[0] for pair in getattr(err, "failures", {}).values())]
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is not None and shutil.disk_usage(existing).free < 1 << 20:  # a write failed on a full disk
         return errno.ENOSPC

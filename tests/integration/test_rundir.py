@@ -316,3 +316,24 @@ def test_sigterm_during_the_last_step_or_the_export_is_a_finished_run(done, tmp_
     assert exit_code_after(root, 2, out, written - 1, saved - 1) == 0  # this launch wrote the model
     assert exit_code_after(root, 2, out, written + 1, saved - 1) == EXIT_CODE  # an earlier launch's model
     assert exit_code_after(root, 2, out, written + 1, saved + 1) == 128 + 15
+
+
+def test_a_checkpoint_folder_removed_while_a_save_writes_it_is_one_line(tmp_path, monkeypatch):
+    """A clean-up script deleting the checkpoint folder mid-save: one line, not DCP's traceback per rank."""
+    import shoal.checkpoint.checkpointer as checkpointer
+    from shoal.errors import UserError
+
+    save = checkpointer.dcp.save
+
+    def save_then_removed(state, storage_writer, **kw):
+        save(state, storage_writer=storage_writer, **kw)
+        shutil.rmtree(storage_writer.path.parent)  # the whole checkpoint root, before the save is hashed
+
+    monkeypatch.setattr(checkpointer.dcp, "save", save_then_removed)
+    out = tmp_path / "run"
+    with pytest.raises(UserError) as e:
+        run(out)
+    assert str(e.value) == (f"checkpoint.dir={str(out / 'checkpoints')!r}: {out / 'checkpoints' / '.partial-step_00000002'}"
+                            " was removed while step 2 was being saved, by something other than this run; leave the "
+                            "checkpoint folder alone while a run writes it (the same command resumes from the newest "
+                            "checkpoint left, if any)")
