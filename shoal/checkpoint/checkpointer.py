@@ -33,7 +33,7 @@ from shoal.config import JobConfig
 from shoal.errors import UserError
 from shoal.parallel.replicas import replica_place
 from shoal.train.metrics import last_logged_step, truncate_metrics
-from shoal.train.rundir import DiskFull, no_space_left
+from shoal.train.rundir import DiskFull, errors_within, no_space_left
 
 # DCP warns on every single-process save and load; that is the intent here, not a mistake.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -78,7 +78,7 @@ class Checkpointer:
                                                    "and another --out, or the model settings it was saved with")
         try:
             metadata = read_metadata(path)
-            check_not_finished(int(train_state["step"]), self.total, path)  # before the long load
+            check_not_finished(int(train_state["step"]), self.total, path, self.root, self.out)  # before the long load
             saved = {k: v for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size")}
             targets = ckpt_state.load_targets(self.pm.modules, self.optimizer, self.rt.rank, saved,
                                                 self.pm.grad_compressor, self.pm.diloco)
@@ -128,6 +128,9 @@ class Checkpointer:
             store.warn(f"elastic restart {restart_count()} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: "
                        f"resuming from step {step} ({path}){resharded}; the failed attempt had reached step "
                        f"{reached}, so {_steps(max(0, reached - step))} lost")
+        elif step == self.total:  # stopped during the final export (check_not_finished)
+            store.warn(f"resuming from step {step} ({path}){resharded}: every step is done, so this run only "
+                       f"writes the final model, {self.out / 'model'}")
         else:
             store.warn(f"resuming from step {step} ({path}){resharded}")
 
@@ -176,13 +179,19 @@ class Checkpointer:
         """Collective: write, hash, and (rank 0) commit one checkpoint."""
         partial = self.root / (store.PARTIAL + store.step_dir_name(step))
         try:
-            with no_space_left(partial, fix="the checkpoints before it are intact; free some space, or set "
-                                            "checkpoint.dir or --out on another disk"):
+            with no_space_left(partial, kept="the checkpoints before it are intact; ",
+                               then=", or set checkpoint.dir or --out on another disk"):
                 self._write_and_commit(partial, state, step, info)
         except DiskFull:
             if self.rt.is_main:  # give the space back: a partial save is never loaded
                 shutil.rmtree(partial, ignore_errors=True)
             raise
+        except BaseException as e:  # DCP's CheckpointException is one
+            if partial.is_dir() or not any(isinstance(err, FileNotFoundError) for err in errors_within(e)):
+                raise
+            raise UserError("checkpoint.dir", str(self.root), f"{partial} was removed while step {step} was being "
+                            "saved, by something other than this run; leave the checkpoint folder alone while a run "
+                            "writes it (the same command resumes from the newest checkpoint left, if any)") from None
 
     def _write_and_commit(self, partial: Path, state: dict, step: int, info: dict) -> None:
         writer = dcp.FileSystemWriter(partial, single_file_per_rank=True, sync_files=True, thread_count=1)

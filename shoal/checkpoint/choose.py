@@ -78,19 +78,35 @@ def check_resume(cfg, out: Path, resume: str) -> None:
                         f"(e.g. {root}/step_00000100)")
     start = _likely_start(root, resume)
     if start is not None:
-        check_not_finished(store.read_train_state(start)["step"], cfg.train.steps, start)
+        check_not_finished(store.read_train_state(start)["step"], cfg.train.steps, start, root, out)
     elif (Path(out) / "metrics.jsonl").is_file() and (Path(out) / "metrics.jsonl").stat().st_size:
         raise UserError("--out", str(out), "holds metrics.jsonl of an earlier run but no checkpoint to continue "
                         "from, and a fresh run would overwrite it; pick another --out, or delete "
                         f"{Path(out) / 'metrics.jsonl'} to start over here")
 
 
-def check_not_finished(step: int, steps: int, path: Path) -> None:
-    """Resuming at or past train.steps would train nothing (an elastic restart after the last save excepted)."""
-    if step > steps or (step == steps and not restart_count()):
+def check_not_finished(step: int, steps: int, path: Path, root: Path, out: Path) -> None:
+    """Resuming at or past train.steps would train nothing. Resuming at train.steps is allowed after an
+    elastic restart, and when the checkpoint is the run's own (under its root) and <out>/model was
+    never written (the run was stopped during its final export, or the disk was full): the run then
+    only writes the model."""
+    if step == steps and (restart_count() or (not final_model_written(out) and Path(path).parent.resolve()
+                                              == Path(root).resolve())):
+        return
+    if step >= steps:
         raise UserError("train.steps", steps, f"the checkpoint to resume, {path}, is at step {step}: nothing left "
                         f"to train; raise train.steps (e.g. --set train.steps={2 * step}) to go on, or start over "
                         "with --resume never and another --out")
+
+
+def final_model_written(out: Path, since: float = 0.0) -> bool:
+    """<out>/model/model.safetensors (weights.WEIGHTS; that module imports torch), written at or after
+    `since`: the export's last write renames it into place whole."""
+    weights = Path(out) / "model" / "model.safetensors"
+    try:
+        return weights.is_file() and weights.stat().st_mtime >= since
+    except OSError:
+        return False
 
 
 def _likely_start(root: Path, resume: str) -> Path | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import weakref
 from collections import Counter
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -78,24 +77,71 @@ def local_tensors(modules: list[nn.Module]) -> dict[str, torch.Tensor]:
 def write_final_weights(modules: list[nn.Module], model_cfg: ModelConfig, tokenizer: str, directory: Path,
                         rt) -> LiveBytes:
     """Collective: every rank calls it. Rank 0 writes directory/model.safetensors + the config and
-    returns what it measured (on the other ranks the counts stay 0)."""
+    returns what it measured (on the other ranks the counts stay 0).
+
+    A write that fails on rank 0 (a full disk, a read-only one) stops its writing, not the
+    collectives: it goes on assembling and dropping the remaining tensors, and then every rank
+    raises that OSError, so the run stops together, with no partial file left."""
     # Assembling 2-D sharded (FSDP x EP) weights takes two all-gathers; DTensor warns about it, once per tensor.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     specs, dropped = file_layout(model_cfg)
     local = local_tensors(modules)
     holders = _holders(local, specs, rt)
     live = LiveBytes()
-    if rt.is_main:
-        directory.mkdir(parents=True, exist_ok=True)
-    with (SafetensorsStream(directory / WEIGHTS, specs, dropped) if rt.is_main else nullcontext()) as stream:
-        for name, (shape, dtype) in specs.items():
-            _one_tensor(name, shape, dtype, local, holders[name], stream, live, rt)
-    if rt.is_main:
-        write_config(directory, model_cfg, tokenizer)
+    file = _RankZeroFile(directory, specs, dropped) if rt.is_main else None
+    for name, (shape, dtype) in specs.items():
+        _one_tensor(name, shape, dtype, local, holders[name], file, live, rt)
+    failed = file.finish(lambda: write_config(directory, model_cfg, tokenizer)) if file else None
+    _raise_on_every_rank(failed, rt)
     return live
 
 
-def _one_tensor(name, shape, dtype, local, source: int, stream, live: LiveBytes, rt) -> None:
+class _RankZeroFile:
+    """Rank 0's end of the export: the safetensors stream until a write fails, then the error."""
+
+    def __init__(self, directory: Path, specs: dict, dropped: dict):
+        self.stream, self.failed = None, None
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.stream = SafetensorsStream(directory / WEIGHTS, specs, dropped)
+        except OSError as e:
+            self.failed = e
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        if self.failed is None:
+            try:
+                self.stream.write(name, tensor)
+            except OSError as e:
+                self.failed = e
+
+    def finish(self, write_config) -> OSError | None:
+        """The config, then the weights renamed into place (the last write: the model exists once it
+        does, see checkpoint/choose.py); on any failure the partial file is removed."""
+        if self.failed is None:
+            try:
+                write_config()
+                self.stream.close()
+            except OSError as e:
+                self.failed = e
+        if self.failed is not None and self.stream is not None:
+            self.stream.discard()
+        return self.failed
+
+
+def _raise_on_every_rank(failed: OSError | None, rt) -> None:
+    """Rank 0's outcome, the same on every rank (one small broadcast)."""
+    import torch.distributed as dist
+
+    if rt.world_size > 1:
+        box = [None if failed is None else (failed.errno, failed.strerror or str(failed), failed.filename)]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None and failed is None:
+            failed = OSError(*box[0])
+    if failed is not None:
+        raise failed
+
+
+def _one_tensor(name, shape, dtype, local, source: int, file: _RankZeroFile | None, live: LiveBytes, rt) -> None:
     """Assemble one full tensor, bring it to rank 0 and write it there; it is freed on return."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
@@ -117,7 +163,7 @@ def _one_tensor(name, shape, dtype, local, source: int, stream, live: LiveBytes,
         host = full.cpu()
         if host is not full:
             live.track(host)
-        stream.write(name, host)
+        file.write(name, host)
 
 
 def _holders(local: dict[str, torch.Tensor], specs: dict, rt) -> dict[str, int]:

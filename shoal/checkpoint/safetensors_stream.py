@@ -59,7 +59,21 @@ class SafetensorsStream:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._file.close()
         if exc_type is None:
-            assert self._next == len(self.order), f"{len(self.order) - self._next} tensors never written"
-            os.replace(self._partial, self.path)
+            self.close()
+        else:
+            self.discard()
+
+    def close(self) -> None:
+        """Complete: every tensor written, the file renamed into place."""
+        self._file.close()
+        assert self._next == len(self.order), f"{len(self.order) - self._next} tensors never written"
+        os.replace(self._partial, self.path)
+
+    def discard(self) -> None:
+        """Incomplete (a failed write, a full disk): the partial file goes, and its space with it."""
+        try:
+            self._file.close()  # flushing what is buffered can fail again on a full disk
+        except OSError:
+            pass
+        self._partial.unlink(missing_ok=True)

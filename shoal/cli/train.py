@@ -101,6 +101,7 @@ def run(args) -> int:
 
 
 def _launch_or_train(args, job, out, nodes=None) -> int:
+    import time
     from functools import partial
 
     from shoal.checkpoint.choose import checkpoint_root
@@ -123,7 +124,8 @@ def _launch_or_train(args, job, out, nodes=None) -> int:
         os.environ[CHECKED_ENV] = "1"  # the workers inherit the environment: checked once, here
         # Workers exiting 2 (a user mistake), 3 (a non-finite loss) or 75 (saved on SIGTERM) have said why.
         said_why = (2, EXIT_CODE, preempt.EXIT_CODE)
-        on_sigterm = partial(preempt.exit_code_after, checkpoint_root(job.cfg, out), args.nproc * args.nnodes)
+        on_sigterm = partial(preempt.exit_code_after, checkpoint_root(job.cfg, out), args.nproc * args.nnodes, out,
+                             time.time())
         try:
             if args.replica_groups:
                 from shoal.launch.replica_groups import launch_groups

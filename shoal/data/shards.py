@@ -101,8 +101,10 @@ def build_token_cache(
         try:
             _build(file, path, sources, tokenizer, val_fraction)
         except OSError as e:  # the folder exists and passed check_cache_dir; this is e.g. a full disk
+            fix = ("the folder was removed while the cache was written (a clean-up of the cache?); run again"
+                   if isinstance(e, FileNotFoundError) else "free space there")
             raise UserError("data.cache_dir", cache_dir, f"writing the token cache failed ({e.strerror}); "
-                                                         "free space there or set data.cache_dir elsewhere") from None
+                                                         f"{fix} or set data.cache_dir elsewhere") from None
         return open_token_cache(file, built=True)
 
 

@@ -168,8 +168,8 @@ def _at_exit() -> None:
     monitor = _active.get("monitor")
     if monitor is None or monitor.channel is None:
         return
-    if not _active.get("said_goodbye"):  # an exit without shutdown (an error): the store's host may be gone
-        monitor.channel.hurry(GOODBYE_TIMEOUT_S)
+    if not _active.get("said_goodbye") and monitor.channel.reachable():  # an exit without shutdown (an
+        monitor.channel.hurry(GOODBYE_TIMEOUT_S)  # error): the store's host may be gone, or go any moment
         say_goodbye()
     monitor.channel.close()
 

@@ -9,6 +9,7 @@ the janitor never wait on each other.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections import deque
 from datetime import timedelta
@@ -94,6 +95,21 @@ class Channel:
         and a connect to it retries for the whole store timeout, which can be the job's."""
         self.timeout_s = min(self.timeout_s, timeout_s)
         self._base.set_timeout(timedelta(seconds=self.timeout_s))  # what clone() connects with
+
+    def reachable(self) -> bool:
+        """Whether the store's server still accepts connections, asked with a plain socket: when its
+        host (rank 0, or the agent) is gone, torch's client logs every failed connect as an error
+        with a C++ stack, which a rank leaving after an error it has already explained should not add."""
+        store = self._base
+        while isinstance(store, dist.PrefixStore):
+            store = store.underlying_store
+        if not isinstance(store, dist.TCPStore):
+            return True
+        try:
+            socket.create_connection((store.host, store.port), timeout=1.0).close()
+            return True
+        except OSError:
+            return False
 
     def close(self) -> None:
         self._closed.set()

@@ -50,6 +50,9 @@ class Watchdog:
 
     # -- life cycle -----------------------------------------------------------------------------
     def start(self) -> None:
+        # The clock starts now, not when shoal.debug was imported: importing torch, reading the data
+        # and building the model may take longer than hang_timeout_s and are no hang.
+        STATE.progress_t = max(STATE.progress_t, time.time())
         self._install_sigterm()
         self.thread.start()
         self.monitor.on_failure = self._on_failure

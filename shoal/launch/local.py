@@ -102,7 +102,9 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
         rank, failure = root_failure(e)
         if failure.exitcode in said_why:
             return failure.exitcode
-        if -failure.exitcode in (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # it had nothing to say
+        if failure.pid in report.force_killed:  # the agent's own SIGKILL: not from outside
+            print(f"shoal: worker rank {rank} {report.frozen(failure, e.failures)}", file=sys.stderr)
+        elif -failure.exitcode in (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # it had nothing to say
             print(f"shoal: worker rank {rank} {how_it_ended(failure.exitcode)} (exit code {failure.exitcode}), from "
                   f"outside shoal (the kernel's OOM killer, a scheduler, kill); the other workers stopped when they "
                   f"lost it", file=sys.stderr)
@@ -206,7 +208,8 @@ def _root(failures: dict) -> tuple[int, object]:
     cannot tell them apart: a killed worker leaves no error file, its timestamp is the second the
     agent noticed, and a peer that lost it within the same 0.1 s poll ties with it and can win."""
     causes = {r: f for r, f in failures.items() if f.exitcode not in _followers()} or failures
-    rank = min(causes, key=lambda r: (causes[r].timestamp, r))
+    # In a tie, a worker ended by SIGTERM comes last: that is the signal the agent stops the others with.
+    rank = min(causes, key=lambda r: (causes[r].timestamp, causes[r].exitcode == -signal.SIGTERM, r))
     return rank, causes[rank]
 
 
@@ -229,11 +232,24 @@ class _FailureReport(logging.Filter):
     def __init__(self, nproc: int, max_restarts: int):
         super().__init__()
         self.nproc, self.max_restarts, self.failures = nproc, max_restarts, 0
+        self.force_killed: set[int] = set()  # pids the agent SIGKILLed after they ignored its SIGTERM
 
     def filter(self, record: logging.LogRecord) -> bool:
         # With restarts attempt_failed says it; without, launch()'s own "worker rank N ..." line follows
         # (naming the root worker, which this line may not), or the worker's own line said why.
+        if str(record.msg).startswith("Unable to shutdown process") and record.args:
+            self.force_killed.add(int(record.args[0]))  # said by frozen() instead, as the cause it is
+            return False
         return not str(record.msg).startswith("failed (exitcode:")
+
+    @staticmethod
+    def frozen(failure, failures: dict) -> str:
+        """A worker that the agent had to SIGKILL: it kept still through the SIGTERM that stops a
+        failed attempt's workers, so it was frozen (SIGSTOP, a debugger) or stuck in the kernel."""
+        said = (" (the hang report above says where it stopped)"
+                if any(f.exitcode == _followers()[0] for f in failures.values()) else "")
+        return (f"(pid {failure.pid}) stopped responding: it did not exit on the launcher's SIGTERM (frozen by "
+                f"SIGSTOP or a debugger, or stuck in the kernel), so the launcher killed it{said}")
 
     def attempt_failed(self, failures: dict) -> None:
         if not self.max_restarts:
@@ -244,8 +260,9 @@ class _FailureReport(logging.Filter):
             then = f"restarting all {self.nproc} workers (restart {self.failures} of {self.max_restarts})"
         else:
             then = "no restarts left"
-        print(f"shoal: worker rank {rank} (pid {failure.pid}) {how_it_ended(failure.exitcode)}; {then}",
-              file=sys.stderr, flush=True)
+        how = (self.frozen(failure, failures) if failure.pid in self.force_killed
+               else f"(pid {failure.pid}) {how_it_ended(failure.exitcode)}")
+        print(f"shoal: worker rank {rank} {how}; {then}", file=sys.stderr, flush=True)
 
     @contextlib.contextmanager
     def watching(self):

@@ -92,12 +92,18 @@ def row_step_of(line: str) -> int | None:
     return row_step if isinstance(row_step, int) and not isinstance(row_step, bool) else None
 
 
-def last_logged_step(path: Path) -> int:
-    """The last step a metrics.jsonl records (0 if none, or no file)."""
+def logged_rows(path: Path) -> list[tuple[int, str]]:
+    """(step, line) of each whole row of metrics.jsonl, in file order; lines that are no such row
+    (row_step_of), and bytes that are not UTF-8, are left out."""
     if not path.is_file():
-        return 0
-    return max((s for line in path.read_bytes().decode(errors="replace").splitlines()
-                if (s := row_step_of(line)) is not None), default=0)
+        return []
+    return [(row_step, line) for line in path.read_bytes().decode(errors="replace").splitlines()
+            if (row_step := row_step_of(line)) is not None]
+
+
+def last_logged_step(path: Path) -> int:
+    """The highest step metrics.jsonl has a row for (0 if none, or no file)."""
+    return max((row_step for row_step, _ in logged_rows(path)), default=0)
 
 
 def truncate_metrics(path: Path, step: int) -> None:
@@ -106,9 +112,7 @@ def truncate_metrics(path: Path, step: int) -> None:
     if not path.is_file():
         return
     keep, seen = [], set()
-    for line in path.read_bytes().decode(errors="replace").splitlines():
-        if (row_step := row_step_of(line)) is None:
-            continue
+    for row_step, line in logged_rows(path):
         if row_step <= step and row_step not in seen:
             seen.add(row_step)
             keep.append(line + "\n")

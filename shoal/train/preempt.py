@@ -9,7 +9,8 @@ checkpoint of that step synchronously (after any async save in flight), rank 0 s
 line, and the process exits with EXIT_CODE. The `shoal slurm` script requeues the job on that
 code, and the requeued job resumes from the checkpoint (--resume auto).
 
-The last step is never stopped: the run finishes and exits 0, since nothing would be left to resume.
+The last step is never stopped: the run finishes and exits 0, since nothing would be left to resume
+(the launcher too, when a SIGTERM came during the last step or the final model's export).
 """
 
 from __future__ import annotations
@@ -70,13 +71,18 @@ def stopped(rt, step: int, path) -> Preempted:
     return Preempted(step, str(path))
 
 
-def exit_code_after(root, workers: int, since: float) -> int:
+def exit_code_after(root, workers: int, out, started: float, since: float) -> int:
     """The launcher's exit code once its workers are gone after a SIGTERM that came at `since`:
-    EXIT_CODE when a checkpoint was committed after it (rank 0 has said so), else 128 + SIGTERM."""
+    0 when the run finished anyway (the signal came during its last step or its final export, and
+    this launch, begun at `started`, wrote <out>/model), EXIT_CODE when a checkpoint was committed
+    after the signal (rank 0 has said so), else 128 + SIGTERM."""
     import sys
 
     from shoal.checkpoint import store
+    from shoal.checkpoint.choose import final_model_written
 
+    if final_model_written(out, since=started):
+        return 0
     newest = store.newest_valid(root, checksums=False)
     if newest is not None and store.read_train_state(newest).get("time", 0) >= since:
         return EXIT_CODE

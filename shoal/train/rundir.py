@@ -128,16 +128,33 @@ def _lock_retrying(out: Path, seconds: float = 10.0) -> None:
             time.sleep(0.2)
 
 
+# A write into the run directory can fail for reasons that are the disk's, not shoal's: errno -> what it says.
+_REFUSED = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+            errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+            errno.EPERM: "operation not permitted"}
+# ... and what to do about each, on that disk.
+_REMEDY = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space or raise the quota",
+           errno.EROFS: "remount it read-write", errno.EACCES: "make it writable",
+           errno.EPERM: "make it writable (chattr -i, a read-only bind mount?)"}
+
+
 class DiskFull(UserError):
-    """A write into the run directory failed for want of space: says so, and which file."""
+    """A write into the run directory failed on its disk: full, over quota, turned read-only, or
+    not writable. Says which, and which file."""
+
+    def __init__(self, field: str, value: object, fix: str, code: int = errno.ENOSPC):
+        super().__init__(field, value, fix)
+        self.code = code
 
     def __str__(self) -> str:
-        return f"no space left on device while writing {self.value}; {self.fix}"
+        return f"{_REFUSED[self.code]} while writing {self.value}; {self.fix}"
 
 
 @contextmanager
-def no_space_left(path: Path, fix: str = "free some space, or pick an --out on another disk"):
-    """Turn a write that failed on a full disk into one line naming `path`.
+def no_space_left(path: Path, kept: str = "", then: str = ", or pick an --out on another disk"):
+    """Turn a write that the disk refused (full, over quota, read-only, not permitted) into one line
+    naming `path`: what is `kept` intact (e.g. "the checkpoints before it are intact; "), the remedy
+    for that disk, and `then` (what else to do).
 
     Python reports ENOSPC as OSError, DCP wraps each rank's error in a CheckpointException (a
     BaseException), torch's zip writer says only "[enforce fail at inline_container.cc] unexpected
@@ -148,22 +165,35 @@ def no_space_left(path: Path, fix: str = "free some space, or pick an --out on a
     except (KeyboardInterrupt, SystemExit, UserError):
         raise
     except BaseException as e:
-        if _is_disk_full(e, path):
-            raise DiskFull("--out", str(path), fix) from None
+        code = _refused_by_disk(e, path)
+        if code is not None:
+            raise DiskFull("--out", str(path), f"{kept}{_REMEDY[code]}{then}", code) from None
         raise
 
 
-def _is_disk_full(e: BaseException, path: Path) -> bool:
+def errors_within(e: BaseException):
+    """`e` and every error behind it: causes, contexts, and each rank's error inside DCP's
+    CheckpointException (a BaseException holding {rank: (error, traceback)})."""
     pending, seen = [e], set()
     while pending:
         err = pending.pop()
         if err is None or id(err) in seen:
             continue
         seen.add(id(err))
-        text = str(err)
-        if (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "No space left on device" in text \
-                or "os error 28" in text:
-            return True
+        yield err
         pending += [err.__cause__, err.__context__, *(pair[0] for pair in getattr(err, "failures", {}).values())]
+
+
+def _refused_by_disk(e: BaseException, path: Path) -> int | None:
+    """The errno (one of _REFUSED) behind `e`, however deep DCP or safetensors wrapped it."""
+    for err in errors_within(e):
+        if isinstance(err, OSError) and err.errno in _REFUSED:
+            return err.errno
+        text = str(err)
+        for code, words in _REFUSED.items():
+            if words in text.lower() or f"os error {code})" in text:
+                return code
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    return existing is not None and shutil.disk_usage(existing).free < 1 << 20  # a write failed on a full disk
+    if existing is not None and shutil.disk_usage(existing).free < 1 << 20:  # a write failed on a full disk
+        return errno.ENOSPC
+    return None

@@ -155,7 +155,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     progress.close()
     log.close()
     # Tensor by tensor: rank 0 never holds more than one full tensor beyond its own shard.
-    with no_space_left(out / "model"):
+    with no_space_left(out / "model", **final_model_fix(ckpt)):
         write_final_weights(pm.modules, model_cfg, cfg.data.tokenizer, out / "model", rt)
     summary = run_summary(job, rt, pm, log, row, eval_loss, tokens_seen, time.perf_counter() - started, peak, out, plan)
     if show and rt.is_main:
@@ -166,6 +166,16 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         shutdown()
     return summary
 
+
+
+def final_model_fix(ckpt: Checkpointer) -> dict:
+    """What to say when the disk refuses the final model: with a checkpoint of the last step, the same
+    command writes only the model (checkpoint/choose.py); without one, the run must be done again."""
+    if ckpt.every:
+        return dict(kept=f"every step is done and {ckpt.path_of(ckpt.total)} is committed; ",
+                    then=", then run the same command again: it only writes the model")
+    return dict(then=", or pick an --out on another disk, and run again (checkpoint.every=0: no checkpoint to "
+                     "write the model from)")
 
 
 def measured(job: Job, rt: Runtime, pm: ParallelModel, counter: CommCounter, state: StateBytes, memory: RankMemory,

@@ -1,6 +1,7 @@
 """One run, one directory: --out checks, the run lock, metrics that never tear or repeat, the NaN/Inf
 guard, resume refusals (finished run, every checkpoint damaged, another run's metrics) and a full disk."""
 
+import errno
 import json
 import os
 import shutil
@@ -118,6 +119,63 @@ def test_resume_keeps_rows_up_to_the_checkpoint_once_each(done, tmp_path):
     assert "\0" not in (out / "metrics.jsonl").read_text()
 
 
+def test_resume_reads_past_metrics_rows_garbled_between_runs(done, tmp_path):
+    """Bytes that are not UTF-8, JSON of another shape, a step too large for an int: skipped, not a traceback."""
+    out = tmp_path / "run"
+    shutil.copytree(done, out)
+    shutil.rmtree(out / "checkpoints" / "step_00000004")
+    shutil.rmtree(out / "model")
+    rows = (out / "metrics.jsonl").read_bytes().splitlines()
+    garbled = [rows[0], b"\xff\xfe garbage {", b"[1, 2]", b'{"step": 1e999}', b'{"step": "x"}', rows[1], rows[2]]
+    (out / "metrics.jsonl").write_bytes(b"\n".join(garbled) + b"\n")
+    run(out)  # resumes from step 2
+    assert steps(out) == [1, 2, 3, 4]
+
+
+def test_a_run_stopped_during_its_final_export_writes_only_the_model_when_run_again(done, tmp_path):
+    """Killed (or out of disk) while writing <out>/model: every step is checkpointed, and the same
+    command, instead of refusing a finished run, writes the model from the last checkpoint."""
+    out = tmp_path / "run"
+    shutil.copytree(done, out)
+    shutil.rmtree(out / "model")
+    (out / "model").mkdir()
+    (out / "model" / "model.safetensors.partial").write_bytes(b"\0" * 1000)  # what the kill left
+    before = (out / "metrics.jsonl").read_bytes()
+    r = shoal_cli(*CLI, "--out", str(out))
+    assert r.returncode == 0 and r.stderr.strip().splitlines() == [
+        f"shoal: resuming from step 4 ({out / 'checkpoints' / 'step_00000004'}): every step is done, so this run "
+        f"only writes the final model, {out / 'model'}"], r.stderr
+    assert sorted(p.name for p in (out / "model").iterdir()) == ["model.safetensors", "shoal_model.json"]
+    assert (out / "model" / "model.safetensors").read_bytes() == (done / "model" / "model.safetensors").read_bytes()
+    assert (out / "metrics.jsonl").read_bytes() == before
+    one_line(shoal_cli(*CLI, "--out", str(out)), 2, "nothing left to train")  # now it is finished
+
+
+@pytest.mark.parametrize("code, said, remedy", [
+    (errno.ENOSPC, "no space left on device", "free some space"),
+    (errno.EDQUOT, "disk quota exceeded", "raise the quota"),
+    (errno.EROFS, "read-only file system", "remount it read-write"),
+    (errno.EACCES, "permission denied", "make it writable")])
+def test_each_refusal_of_the_disk_is_one_line_naming_it(tmp_path, code, said, remedy):
+    """What a disk can refuse a write for mid-run (it filled, the quota ran out, it was remounted
+    read-only, permissions changed), as Python, DCP (a BaseException carrying each rank's error) and
+    safetensors (Rust's "(os error N)") report it."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from shoal.train.rundir import DiskFull, no_space_left
+
+    target = tmp_path / "ckpt"
+    for error in (OSError(code, os.strerror(code), str(target)),
+                  CheckpointException("save", {1: (OSError(code, os.strerror(code)), None)}),
+                  RuntimeError(f"{os.strerror(code)} (os error {code})")):
+        with pytest.raises(DiskFull) as e, no_space_left(target, kept="the ones before are intact; ", then=", or X"):
+            raise error
+        assert str(e.value).startswith(f"{said} while writing {target}; the ones before are intact; ")
+        assert remedy in str(e.value) and str(e.value).endswith(", or X")
+    with pytest.raises(KeyError), no_space_left(target):  # anything else is not the disk's doing
+        raise KeyError("x")
+
+
 def test_truncate_metrics_drops_later_torn_and_repeated_rows(tmp_path):
     from shoal.train.metrics import truncate_metrics
 
@@ -222,3 +280,60 @@ def test_disk_full_is_one_line_and_the_previous_checkpoint_survives(small_disk, 
     assert [s for s, _ in store.list_checkpoints(out / "checkpoints")] == [2]
     assert store.problems(out / "checkpoints" / "step_00000002") == []
     assert not list((out / "checkpoints").glob(".partial-*")) and not (out / "model").exists()
+
+
+def test_a_checkpoint_disk_turned_read_only_is_one_line(tmp_path):
+    """The disk under checkpoint.dir remounted read-only (a failing disk, an admin): the first save
+    is refused with one line, not DCP's traceback from every rank."""
+    from shoal.train.rundir import DiskFull
+
+    disk = tmp_path / "ro"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        with pytest.raises(DiskFull) as e:
+            run(tmp_path / "run", f"checkpoint.dir={disk}")
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)
+    assert str(e.value) == (f"read-only file system while writing {disk / '.partial-step_00000002'}; the checkpoints "
+                            "before it are intact; remount it read-write, or set checkpoint.dir or --out on another disk")
+
+
+def test_sigterm_during_the_last_step_or_the_export_is_a_finished_run(done, tmp_path):
+    """The launcher's exit code after a SIGTERM that came at `since`: 0 when this launch (begun at
+    `started`) wrote the final model anyway (a requeue on 75 would be refused: nothing left to
+    train), 75 when a checkpoint was committed after the signal, 143 otherwise."""
+    from shoal.checkpoint import store
+    from shoal.train.preempt import EXIT_CODE, exit_code_after
+
+    out = tmp_path / "run"
+    shutil.copytree(done, out)
+    root, model = out / "checkpoints", out / "model" / "model.safetensors"
+    saved = store.read_train_state(root / "step_00000004")["time"]
+    written = model.stat().st_mtime
+    assert exit_code_after(root, 2, out, written - 1, saved - 1) == 0  # this launch wrote the model
+    assert exit_code_after(root, 2, out, written + 1, saved - 1) == EXIT_CODE  # an earlier launch's model
+    assert exit_code_after(root, 2, out, written + 1, saved + 1) == 128 + 15
+
+
+def test_a_checkpoint_folder_removed_while_a_save_writes_it_is_one_line(tmp_path, monkeypatch):
+    """A clean-up script deleting the checkpoint folder mid-save: one line, not DCP's traceback per rank."""
+    import shoal.checkpoint.checkpointer as checkpointer
+    from shoal.errors import UserError
+
+    save = checkpointer.dcp.save
+
+    def save_then_removed(state, storage_writer, **kw):
+        save(state, storage_writer=storage_writer, **kw)
+        shutil.rmtree(storage_writer.path.parent)  # the whole checkpoint root, before the save is hashed
+
+    monkeypatch.setattr(checkpointer.dcp, "save", save_then_removed)
+    out = tmp_path / "run"
+    with pytest.raises(UserError) as e:
+        run(out)
+    assert str(e.value) == (f"checkpoint.dir={str(out / 'checkpoints')!r}: {out / 'checkpoints' / '.partial-step_00000002'}"
+                            " was removed while step 2 was being saved, by something other than this run; leave the "
+                            "checkpoint folder alone while a run writes it (the same command resumes from the newest "
+                            "checkpoint left, if any)")

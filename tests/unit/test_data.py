@@ -166,6 +166,21 @@ def test_cache_built_once_then_reused(tmp_path, hf_tokenizer_path):
     assert edited.built and edited.path != first.path
 
 
+@pytest.mark.parametrize("error, fix", [(OSError(28, "No space left on device"), "free space there"),
+                                        (FileNotFoundError(2, "No such file or directory"), "folder was removed")])
+def test_a_failed_cache_write_names_the_cause(tmp_path, monkeypatch, error, fix):
+    """A full disk, or the cache folder deleted while the cache is written (a clean-up of $SHOAL_CACHE_DIR)."""
+    import shoal.data.shards as shards
+
+    def fail(*args):
+        raise error
+
+    monkeypatch.setattr(shards, "_build", fail)
+    with pytest.raises(UserError, match="writing the token cache failed") as e:
+        build_token_cache(corpus_dir(tmp_path), BYTE, tmp_path / "cache")
+    assert fix in str(e.value) and ("free space" in str(e.value)) == (fix == "free space there")
+
+
 def test_val_split_is_by_document(tmp_path):
     d = corpus_dir(tmp_path, n=200)
     cache = build_token_cache(d, BYTE, tmp_path / "cache", val_fraction=0.1)

@@ -47,6 +47,16 @@ def test_records_call_sites_and_undoes_every_patch(world_of_one):
     assert STATE.recent[-1].seq == seq + 1  # and nothing is recorded any more
 
 
+def test_the_hang_clock_starts_when_the_watchdog_does(world_of_one):
+    """Not at import: importing torch, reading data and building the model before enable() may take
+    longer than hang_timeout_s (a short --hang-timeout reported every start as a hang)."""
+    import time
+
+    STATE.progress_t = time.time() - 1000  # imported long ago
+    shoal.debug.enable(check_collectives=False, hang_timeout_s=5)
+    assert time.time() - STATE.progress_t < 5
+
+
 def test_functional_collectives_dtensor_uses_are_covered():
     """If torch renames what DTensor calls, this fails instead of the checker silently missing it."""
     for name in ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single", "broadcast"):

@@ -34,3 +34,28 @@ def test_the_earliest_cause_wins_and_followers_alone_still_name_one(capsys):
 def test_without_restarts_the_launcher_says_nothing_per_attempt(capsys):
     _FailureReport(nproc=2, max_restarts=0).attempt_failed({0: failure(0, -9, 100)})
     assert capsys.readouterr().err == ""
+
+
+def test_a_worker_the_agent_had_to_sigkill_is_named_as_frozen_not_killed_from_outside(capsys):
+    """SIGSTOP on a worker: the others' watchdog reports the hang and exits 124, the agent's SIGTERM
+    cannot reach the frozen one, and the agent SIGKILLs it; that is not a kill from outside."""
+    import logging
+    import signal
+
+    report = _FailureReport(nproc=2, max_restarts=1)
+    record = logging.LogRecord("torch.distributed.elastic.multiprocessing.api", logging.WARNING, "api.py", 1,
+                               "Unable to shutdown process %s via %s, forcefully exiting via %s",
+                               (1001, signal.SIGTERM, signal.SIGKILL), None)
+    assert report.filter(record) is False  # the agent's own line is replaced by the one below
+    report.attempt_failed({0: failure(0, HANG_EXIT_CODE, 100), 1: failure(1, -9, 130)})
+    assert capsys.readouterr().err.strip() == (
+        "shoal: worker rank 1 (pid 1001) stopped responding: it did not exit on the launcher's SIGTERM (frozen by "
+        "SIGSTOP or a debugger, or stuck in the kernel), so the launcher killed it (the hang report above says "
+        "where it stopped); restarting all 2 workers (restart 1 of 1)")
+
+
+def test_a_worker_the_agent_stopped_with_sigterm_is_not_named_over_the_one_that_failed(capsys):
+    """Both ranks failed a save (its folder deleted under them): rank 1 exited 1, rank 0 was still on
+    its way out when the agent sent it SIGTERM, in the same second; the failure is rank 1's."""
+    _FailureReport(nproc=2, max_restarts=1).attempt_failed({0: failure(0, -15, 100), 1: failure(1, 1, 100)})
+    assert capsys.readouterr().err.startswith("shoal: worker rank 1 (pid 1001) exited with code 1;")
