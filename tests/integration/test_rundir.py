@@ -105,11 +105,17 @@ def test_a_live_run_holds_its_directory_and_a_dead_one_does_not(tmp_path):
     assert taker.returncode == 0 and taker.stdout.strip() == "locked", taker.stderr  # the stale lock is taken over
 
 
-def test_resume_keeps_rows_up_to_the_checkpoint_once_each(done, tmp_path):
+def stopped_at_step_2(done, tmp_path):
+    """A copy of the finished run as if it had stopped after its step-2 checkpoint."""
     out = tmp_path / "run"
     shutil.copytree(done, out)
     shutil.rmtree(out / "checkpoints" / "step_00000004")
     shutil.rmtree(out / "model")
+    return out
+
+
+def test_resume_keeps_rows_up_to_the_checkpoint_once_each(done, tmp_path):
+    out = stopped_at_step_2(done, tmp_path)
     rows = (out / "metrics.jsonl").read_text().splitlines()
     # What a killed run and an orphaned second writer left: a repeated row, a torn line, NUL bytes.
     with open(out / "metrics.jsonl", "a") as f:
@@ -121,10 +127,7 @@ def test_resume_keeps_rows_up_to_the_checkpoint_once_each(done, tmp_path):
 
 def test_resume_reads_past_metrics_rows_garbled_between_runs(done, tmp_path):
     """Bytes that are not UTF-8, JSON of another shape, a step too large for an int: skipped, not a traceback."""
-    out = tmp_path / "run"
-    shutil.copytree(done, out)
-    shutil.rmtree(out / "checkpoints" / "step_00000004")
-    shutil.rmtree(out / "model")
+    out = stopped_at_step_2(done, tmp_path)
     rows = (out / "metrics.jsonl").read_bytes().splitlines()
     garbled = [rows[0], b"\xff\xfe garbage {", b"[1, 2]", b'{"step": 1e999}', b'{"step": "x"}', rows[1], rows[2]]
     (out / "metrics.jsonl").write_bytes(b"\n".join(garbled) + b"\n")
