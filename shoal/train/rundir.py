@@ -128,14 +128,13 @@ def _lock_retrying(out: Path, seconds: float = 10.0) -> None:
             time.sleep(0.2)
 
 
-# A write into the run directory can fail for reasons that are the disk's, not shoal's: errno -> what it says.
-_REFUSED = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-            errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
-            errno.EPERM: "operation not permitted"}
-# ... and what to do about each, on that disk.
-_REMEDY = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space or raise the quota",
-           errno.EROFS: "remount it read-write", errno.EACCES: "make it writable",
-           errno.EPERM: "make it writable (chattr -i, a read-only bind mount?)"}
+# A write into the run directory can fail for reasons that are the disk's, not shoal's:
+# errno -> (what it says, what to do about it on that disk).
+_REFUSED = {errno.ENOSPC: ("no space left on device", "free some space"),
+            errno.EDQUOT: ("disk quota exceeded", "free some space or raise the quota"),
+            errno.EROFS: ("read-only file system", "remount it read-write"),
+            errno.EACCES: ("permission denied", "make it writable"),
+            errno.EPERM: ("operation not permitted", "make it writable (chattr -i, a read-only bind mount?)")}
 
 
 class DiskFull(UserError):
@@ -147,7 +146,7 @@ class DiskFull(UserError):
         self.code = code
 
     def __str__(self) -> str:
-        return f"{_REFUSED[self.code]} while writing {self.value}; {self.fix}"
+        return f"{_REFUSED[self.code][0]} while writing {self.value}; {self.fix}"
 
 
 @contextmanager
@@ -167,7 +166,7 @@ def no_space_left(path: Path, kept: str = "", then: str = ", or pick an --out on
     except BaseException as e:
         code = _refused_by_disk(e, path)
         if code is not None:
-            raise DiskFull("--out", str(path), f"{kept}{_REMEDY[code]}{then}", code) from None
+            raise DiskFull("--out", str(path), f"{kept}{_REFUSED[code][1]}{then}", code) from None
         raise
 
 
@@ -190,7 +189,7 @@ def _refused_by_disk(e: BaseException, path: Path) -> int | None:
         if isinstance(err, OSError) and err.errno in _REFUSED:
             return err.errno
         text = str(err)
-        for code, words in _REFUSED.items():
+        for code, (words, _) in _REFUSED.items():
             if words in text.lower() or f"os error {code})" in text:
                 return code
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
