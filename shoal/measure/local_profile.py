@@ -9,7 +9,8 @@ the planner itself never imports torch.distributed). Takes a few seconds:
 - causal attention (SDPA) forward and backward, as a fraction of the matmul rate;
 - gloo between two local processes: a 4-byte all_reduce for latency, and an all_gather plus a
   reduce_scatter of 4 MiB for bus bandwidth (nccl-tests convention, see _gloo_worker);
-- in the same two processes, what DTensor adds to each kernel of a tensor-parallel layer.
+- in the same two processes, what DTensor adds to each kernel of a tensor-parallel layer, and to
+  each of its sequence-parallel collectives.
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
     latency_op = best(lambda: dist.all_reduce(small), 50)
     pair_op = best(pair, 4)
     dtensor = _dtensor_kernel_overhead(rank, world)  # both ranks at once: two ranks on two cores, as a tp2 run
+    redistribute = _redistribute_overhead(world, best)
     if rank == 0:
         # nccl-tests: all_gather and reduce_scatter each move S (n-1)/n per rank, S the full buffer. The
         # pair, not an all_reduce: gloo's reduce_scatter took ~1.4x an all_reduce of the same buffer
@@ -151,7 +153,7 @@ def _gloo_worker(rank: int, world: int, init_file: str, out_file: str) -> None:
         bw = 2 * GLOO_PAIR_BYTES * (world - 1) / world / pair_op
         # A ring all_reduce has 2(n-1) steps; the alpha of the alpha-beta model is per step.
         Path(out_file).write_text(json.dumps({"gloo_busbw": bw, "gloo_latency": latency_op / (2 * (world - 1)),
-                                              "tp_kernel_overhead": dtensor}))
+                                              "tp_kernel_overhead": dtensor, **redistribute}))
     dist.destroy_process_group()
 
 
@@ -168,6 +170,46 @@ def _dtensor_kernel_overhead(rank: int, world: int, repeats: int = 5) -> float:
     plain = _seconds_per_kernel(4, 256, repeats)
     sharded = _seconds_per_kernel(4, 256, repeats, tp_mesh=DeviceMesh.from_group(alone, "cpu"))
     return max(0.0, sharded - plain)
+
+
+REDISTRIBUTE_SIZES = ((4, 256, 64), (4, 256, 1024))
+"""[batch, sequence, hidden] of the activations whose sequence-parallel redistribution the profile times:
+the `debug` model's (256 KiB in fp32) and a 4 MiB one, for a per-collective and a per-byte cost."""
+
+
+def _redistribute_overhead(world: int, best) -> dict:
+    """What DTensor adds to each sequence-parallel collective beyond the collective itself, as
+    `latency + per_byte * full buffer bytes`: the same all-gather (Shard(1) -> Replicate) and
+    reduce-scatter (Partial -> Shard(1)) a tensor-parallel layer runs, against the plain pair on flat
+    buffers of the same size, at two sizes. What it holds: the redistribution's host work, and the
+    copies that gather or scatter along the sequence (dim 1) of a [batch, sequence, hidden] tensor
+    need around a collective that works along dim 0 (~3 passes over the buffer here)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    from shoal.comm.renamed import all_gather_single, reduce_scatter_single
+
+    mesh = init_device_mesh("cpu", (world,))
+    extra = []
+    for b, t, d in REDISTRIBUTE_SIZES:
+        local, full = torch.randn(b, t // world, d), torch.randn(b, t, d)
+        flat, shard = torch.zeros(full.numel()), torch.zeros(full.numel() // world)
+
+        def plain():
+            all_gather_single(flat, shard)
+            reduce_scatter_single(shard, flat)
+
+        def sharded():
+            for out in (DTensor.from_local(local, mesh, [Shard(1)]).redistribute(mesh, [Replicate()]).to_local(),
+                        DTensor.from_local(full, mesh, [Partial()]).redistribute(mesh, [Shard(1)]).to_local()):
+                if hasattr(out, "wait"):  # an AsyncCollectiveTensor: the collective is done when waited
+                    out.wait()
+
+        extra.append((full.numel() * full.element_size(), max(0.0, best(sharded, 4) - best(plain, 4)) / 2))
+    (small, o_small), (large, o_large) = extra
+    per_byte = max(0.0, (o_large - o_small) / (large - small))
+    return {"tp_redistribute_latency": max(0.0, o_small - per_byte * small), "tp_redistribute_per_byte": per_byte}
 
 
 def measure_gloo(world: int = 2) -> dict:

@@ -92,6 +92,13 @@ class GPU:
     (sharding propagation, redistribution, wrapping each op's tensors). `local` measures it (~0.1 ms,
     ~10x a plain op's dispatch). 0 on GPUs: the host runs ahead of the device there and this work
     hides behind the kernels (not measured in this repo)."""
+    tp_redistribute_latency: float = 0.0
+    tp_redistribute_per_byte: float = 0.0
+    """What DTensor adds to each sequence-parallel collective, `latency + per_byte * buffer bytes`: its
+    host work, and the copies that gather or scatter along the sequence dimension of a [batch, sequence,
+    hidden] tensor need around a collective that works along dim 0 (Megatron's [sequence, batch, hidden]
+    needs none). `local` measures both (~0.5-0.8 ms and ~3 passes over the buffer here); 0 on GPUs, as
+    for tp_kernel_overhead (not measured in this repo)."""
     reserved_bytes: float = 2.5 * GiB
     """Memory that is never the model's: CUDA context, NCCL buffers, cuBLAS workspaces."""
     allocator_slack: float = 0.0
@@ -338,7 +345,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(GPU)}
 
 
 _ZERO_ALLOWED = {"reserved_bytes", "peak_fp32_flops", "peak_fp8_flops", "kernel_gap", "kernel_gap_one_process",
-                 "tp_kernel_overhead", "power_watts", "power_limit_watts", "nodes_per_leaf", "overlap_cost",
+                 "tp_kernel_overhead", "tp_redistribute_latency", "tp_redistribute_per_byte", "power_watts", "power_limit_watts", "nodes_per_leaf", "overlap_cost",
                  "allocator_slack", "usd_per_gpu_hour"}
 """Fields where 0 means "none" or "not set" (see each field's docstring); every other number is > 0."""
 
@@ -347,6 +354,7 @@ _UNITS = {  # field suffix or name -> (smallest and largest plausible nonzero va
     "_bandwidth": (1e5, 1e14, "bytes/s: 400 Gb/s is 50e9, 900 GB/s is 900e9"),
     "_latency": (1e-8, 1.0, "seconds: 5 us is 5e-6"),
     "kernel_gap": (1e-8, 1.0, "seconds: 2 us is 2e-6"),
+    "_per_byte": (1e-15, 1e-6, "seconds per byte: 1 ms per MiB is 9.5e-10"),
     "hbm_bytes": (2**27, 2**45, "bytes: 80 GB is 80e9"),
     "reserved_bytes": (2**20, 2**45, "bytes: 2.5 GiB is 2.5 * 2**30 = 2684354560"),
 }

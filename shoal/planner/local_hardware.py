@@ -81,6 +81,8 @@ def local_for_ranks(gpu: GPU, ranks: int) -> GPU:
                                hbm_bytes=gpu.hbm_bytes * share, intra_node_bandwidth=gpu.intra_node_bandwidth * share,
                                intra_node_latency=gpu.intra_node_latency / share, kernel_gap=gpu.kernel_gap / share,
                                tp_kernel_overhead=gpu.tp_kernel_overhead / share,
+                               tp_redistribute_latency=gpu.tp_redistribute_latency / share,
+                               tp_redistribute_per_byte=gpu.tp_redistribute_per_byte / share,
                                gpus_per_node=ranks)
 
 
@@ -110,6 +112,8 @@ def gpu_from_profile(profile: dict) -> GPU:
         kernel_gap=float(profile.get("kernel_overhead", profile.get("op_overhead", 20e-6))),
         kernel_gap_one_process=float(profile.get("kernel_overhead_all_cores", 0.0)),
         tp_kernel_overhead=float(profile.get("tp_kernel_overhead", 0.0)),
+        tp_redistribute_latency=float(profile.get("tp_redistribute_latency", 0.0)),
+        tp_redistribute_per_byte=float(profile.get("tp_redistribute_per_byte", 0.0)),
         allocator_slack=LOCAL_ALLOCATOR_SLACK,
         overlap_cost=1.0,
         reserved_bytes=LOCAL_PROCESS_BYTES,

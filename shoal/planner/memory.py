@@ -84,6 +84,8 @@ class RankParams:
     """One (average) layer's non-expert parameters on this GPU: what FSDP gathers at a time."""
     layer_expert: float
     """One (average) layer's routed-expert parameters on this GPU."""
+    tensors: float = 0.0
+    """Parameter tensors on this GPU (each is its own optimizer update where the update is not fused)."""
 
     @property
     def layer(self) -> float:
@@ -104,15 +106,23 @@ def rank_params(cfg: ModelConfig, tp: int, ep: int, pp: int, virtual: int, stage
     layers = min(cfg.n_layers, layers_per_rank(cfg.n_layers, pp, virtual))
     per_layer_dense = norms + attn + (1 - moe_share) * dense_mlp + moe_share * moe_fixed
     dense = layers * per_layer_dense
+    # Tensors as shoal's model holds them: two norm gains, wq wk wv wo, the MLP's two or three matrices;
+    # an MoE layer has a router, each expert matrix stacked over the experts, and the shared expert's.
+    mlp_tensors = 3 if cfg.mlp == "swiglu" else 2
+    moe_tensors = 1 + mlp_tensors + (mlp_tensors if cfg.n_shared_experts else 0)
+    tensors = layers * (6 + (1 - moe_share) * mlp_tensors + moe_share * moe_tensors)
     table = cfg.vocab_size * h / tp  # vocab-parallel embedding or head
     if pp == 1:
         dense += table + (0 if cfg.tie_embeddings else table) + h
+        tensors += (2 if cfg.tie_embeddings else 3)
     elif stage == "first":
         dense += table
+        tensors += 1
     else:
         dense += table + h  # a tied head keeps its own copy on the last stage
+        tensors += 2
     return RankParams(dense=dense, expert=layers * moe_share * routed,
-                      layer_dense=per_layer_dense, layer_expert=moe_share * routed)
+                      layer_dense=per_layer_dense, layer_expert=moe_share * routed, tensors=tensors)
 
 
 def activation_bytes_per_layer(workload: Workload, layout: Layout, recompute: str | None = None) -> float:

@@ -26,6 +26,8 @@ from shoal.planner import collectives as coll
 from shoal.planner.compute import head_time, layer_time
 from shoal.layout import Layout
 from shoal.planner.layout import Cluster, Workload, group_ranks_per_node, layers_per_rank, moe_layer_count
+from shoal.planner.hardware import GPU
+from shoal.planner.local_hardware import is_local
 from shoal.planner.memory import rank_params
 from shoal.planner.slow_links import QUANTIZED, grad_wire_factor
 
@@ -47,6 +49,14 @@ predicted 12% slow, outside its 10% tolerance, so the spread is bounded by that 
 OPTIMIZER_BYTES_PER_PARAM = 30
 """Adam step, memory-bound: fp32 master, momentum and variance read and written (24), the gradient
 read for the step and for the clip norm (4), the 16-bit weight written (2)."""
+
+ADAMW_OPS_PER_TENSOR = 8
+"""Ops torch.optim.AdamW(foreach=False) runs per parameter tensor (torch/optim/adam.py,
+_single_tensor_adam): the decoupled decay mul_, lerp_, mul_ and addcmul_ for the moments, sqrt, div,
+add_ for the denominator, addcdiv_. (Its step counter's += 1 is a plain scalar.)"""
+
+CLIP_OPS_PER_TENSOR = 2
+"""Gradient clipping with foreach=False (train/optim.clip_grad_norm): one norm and one scale per gradient."""
 
 
 @dataclass(frozen=True)
@@ -123,10 +133,12 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     # --- tensor parallel: per layer, on the critical path ---
     g_tp = group_ranks_per_node(lay.tp, lay.rank_stride("tp"), G)
     act = T * cfg.dim * elem  # one full-sequence activation tensor
+    # DTensor's own cost per collective; only the sequence-sharded layout copies the buffer around it
+    redistribute = gpu.tp_redistribute_latency + act * gpu.tp_redistribute_per_byte
     if lay.tp > 1 and lay.sequence_parallel:
-        tp_fwd = 4 * coll.all_gather(act, lay.tp, g_tp, net)  # 2 all-gathers + 2 reduce-scatters
+        tp_fwd = 4 * (coll.all_gather(act, lay.tp, g_tp, net) + redistribute)  # 2 all-gathers + 2 reduce-scatters
     elif lay.tp > 1:
-        tp_fwd = 2 * coll.all_reduce(act, lay.tp, g_tp, net)
+        tp_fwd = 2 * (coll.all_reduce(act, lay.tp, g_tp, net) + gpu.tp_redistribute_latency)
     else:
         tp_fwd = 0.0
     tp_bwd = tp_fwd + (tp_fwd if lay.activation_checkpoint == "full" else 0.0)
@@ -222,6 +234,8 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
 
     local = params.dense / (lay.dp if lay.zero >= 1 else 1) + params.expert / (edp if lay.zero >= 1 else 1)
     optimizer = OPTIMIZER_BYTES_PER_PARAM * local / (gpu.hbm_bandwidth * gpu.hbm_efficiency)
+    if is_local(gpu):
+        optimizer += _unfused_update_dispatch(lay, params.tensors, gpu)
 
     # The slowest GPU's kernels set the pace: its spread stretches kernel time, not the wire time.
     kernels = m * (layers * (fwd + bwd + recompute) + head.fwd + head.bwd)
@@ -251,3 +265,15 @@ def _overlap(comm: float, compute: float, cost: float) -> float:
     the hidden part still paid (the device's overlap_cost)."""
     hidden = min(comm, compute)
     return (comm - hidden) + cost * hidden
+
+
+def _unfused_update_dispatch(lay: Layout, tensors: float, gpu: GPU) -> float:
+    """Host time of an optimizer step that updates one tensor at a time: on CPU ranks shoal runs AdamW
+    and the clip with foreach=False (train/optim.adamw_kernel), ~10 ops per parameter tensor, each paying
+    the per-op dispatch. GPUs run fused AdamW (a few launches for all tensors), left out. The parameters
+    are DTensors, each op paying DTensor's host work too, under tensor parallelism and wherever FSDP2
+    holds them (ZeRO-2/3, or replicate() for a model split another way); ZeRO-1 updates 1/dp of them."""
+    dtensors = lay.tp > 1 or (lay.dp > 1 and not lay.replicates_with_ddp)
+    per_op = gpu.kernel_gap + (gpu.tp_kernel_overhead if dtensors else 0.0)
+    updated = tensors / lay.dp if lay.zero == 1 and lay.dp > 1 else tensors
+    return (ADAMW_OPS_PER_TENSOR * updated + CLIP_OPS_PER_TENSOR * tensors) * per_op

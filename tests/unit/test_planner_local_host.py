@@ -78,9 +78,47 @@ def test_measured_attention_and_dtensor_costs_reach_the_plan():
     assert local_hardware.local_for_ranks(new, 4).tp_kernel_overhead == 200e-6  # two ranks a core: twice as long
 
 
+def test_measured_redistribution_cost_reaches_each_tensor_parallel_collective():
+    """DTensor's cost per sequence-parallel collective: 4 a layer forward, 4 backward, per micro-batch;
+    without sequence parallelism 2 all-reduces each way, which copy nothing, so the latency alone."""
+    measured = local_hardware.gpu_from_profile(dict(PROFILE, tp_redistribute_latency=500e-6,
+                                                    tp_redistribute_per_byte=1e-9))
+    plain = local_hardware.gpu_from_profile(PROFILE)
+    wl = Workload(PRESETS["tiny"], 256, 16, precision="fp32")
+    act = 8 * 256 * 256 * 4  # one micro-batch's [8, 256, 256] fp32 activation
+    for sp, per_collective, collectives in ((True, 500e-6 + act * 1e-9, 8), (False, 500e-6, 4)):
+        lay = Layout(tp=2, zero=0, micro_batch=8, sequence_parallel=sp)
+        extra = evaluate(wl, lay, Cluster(measured, 2, 2)).time.tp_comm - evaluate(wl, lay, Cluster(plain, 2, 2)).time.tp_comm
+        assert extra == pytest.approx(2 * 6 * collectives * per_collective)  # 2 micro-batches, 6 layers
+    assert local_hardware.local_for_ranks(measured, 4).tp_redistribute_per_byte == 2e-9  # two ranks a core
+
+
 def test_one_process_pays_the_per_kernel_cost_measured_on_every_core():
     threaded = local_hardware.gpu_from_profile(dict(PROFILE, kernel_overhead_all_cores=15e-6))
     assert local_hardware.local_for_ranks(threaded, 1).kernel_gap == 15e-6  # torch's threads on both cores
     assert local_hardware.local_for_ranks(threaded, 2).kernel_gap == 6e-6  # one thread per rank
     old = local_hardware.gpu_from_profile(PROFILE)  # a profile from before: the one-thread cost
     assert local_hardware.local_for_ranks(old, 1).kernel_gap == 6e-6
+
+
+def test_an_unfused_optimizer_step_pays_each_tensors_dispatch():
+    """CPU ranks update one tensor at a time (AdamW and the clip with foreach=False); on DTensors (TP,
+    FSDP2) each op pays DTensor's host work too; ZeRO-1 updates its own 1/dp; GPUs run fused AdamW."""
+    from shoal.planner.timing import ADAMW_OPS_PER_TENSOR, CLIP_OPS_PER_TENSOR
+
+    local = local_hardware.gpu_from_profile(dict(PROFILE, tp_kernel_overhead=100e-6))
+    wl = Workload(PRESETS["tiny"], 256, 16, precision="fp32")  # 57 parameter tensors
+
+    def optimizer(lay: Layout, gpu=local) -> float:
+        return evaluate(wl, lay, Cluster(gpu, lay.world, 2)).time.optimizer
+
+    streaming = optimizer(Layout(micro_batch=16), dataclasses.replace(local, kernel_gap=0.0))
+    ops = (ADAMW_OPS_PER_TENSOR + CLIP_OPS_PER_TENSOR) * 57
+    assert optimizer(Layout(micro_batch=16)) == pytest.approx(streaming + ops * 6e-6)
+    sharded = optimizer(Layout(dp_shard=2, zero=3, micro_batch=8))  # FSDP2: DTensors, half the bytes
+    assert sharded == pytest.approx(streaming / 2 + ops * 106e-6)
+    assert optimizer(Layout(tp=2, zero=0, micro_batch=16)) > 0.9 * ops * 106e-6
+    zero1 = optimizer(Layout(dp_shard=2, zero=1, micro_batch=8))  # DDP: plain tensors, 1/2 of them updated
+    assert zero1 == pytest.approx(streaming / 2 + (ADAMW_OPS_PER_TENSOR * 57 / 2 + CLIP_OPS_PER_TENSOR * 57) * 6e-6)
+    h100 = hardware.get_gpu("h100")
+    assert optimizer(Layout(tp=2, zero=0, micro_batch=16), h100) < 1e-4  # fused: no per-tensor term
