@@ -120,6 +120,11 @@ def activation_bytes_per_layer(
     else:
         inside_tp += 4 * cfg.ffn_hidden if cfg.mlp == "swiglu" else 2 * cfg.ffn_hidden
     elements = sb * (outside_tp / (tp if sequence_parallel else 1) + inside_tp / tp)
+    if sequence_parallel and recompute == "none":
+        # The norm outputs reach the column-parallel matmuls through DTensor's all-gather, and autograd
+        # saves what a matmul is given: the full sequence, not this rank's slice (Megatron saves the slice
+        # and gathers it again in backward, Korthikanti §4.2.2). Measured on `tiny`, tp 2: 21.8 MiB a layer.
+        elements += sb * 2 * h * (1 - 1 / tp)
     if recompute in ("selective", "selective-op"):
         # Norm outputs (and the normalized x) and activation-function results are recomputed, matmul
         # inputs are kept: each norm keeps only its input.
