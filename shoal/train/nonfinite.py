@@ -12,9 +12,10 @@ train.on_nonfinite = "skip": drop this step's update (its gradients are zeroed a
     and go on; each skip is reported with the running count.
 
 An update can itself leave the weights non-finite from a finite loss and gradient (an lr or weight
-decay large enough to overflow float32). The next step's loss shows it; after the last step only the
-held-out loss can, so a non-finite eval loss stops the run under either policy (the update cannot be
-dropped any more) before it is logged, saved or written to model/.
+decay large enough to overflow float32). The next step's loss shows it; before a checkpoint the
+weights themselves are checked, and after the last step the held-out loss shows it: either stops the
+run under either policy (the update cannot be dropped any more) before it is logged, saved or written
+to model/.
 """
 
 from __future__ import annotations
@@ -61,3 +62,17 @@ class NonFiniteGuard:
         raise NonFiniteStep(f"step {step}: eval loss is {eval_loss} after the update, so the weights are no longer "
                             "finite; stopping before they reach a checkpoint (no model/ written); lower train.lr "
                             "or train.weight_decay")
+
+    def check_weights(self, step: int, params, rt) -> None:
+        """Before a checkpoint of step `step`: raise when its update left a weight non-finite on any rank.
+        One flag per tensor and one all-reduce for them all, on save steps only."""
+        import torch
+
+        flags = [torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in params]
+        bad = (~torch.stack(flags)).any() if flags else torch.zeros((), dtype=torch.bool)
+        if rt.global_mean(bad) == 0:  # a sum over the world: nonzero when any rank saw one
+            return
+        self.before_stop()
+        raise NonFiniteStep(f"step {step}: the update left weights that are not finite (loss and gradient were); "
+                            "stopping before they reach a checkpoint (the ones already saved are intact; no model/ "
+                            "written); lower train.lr or train.weight_decay")

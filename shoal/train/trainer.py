@@ -141,6 +141,8 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         stopping = step + 1 < t.steps and preempt.agreed(rt)  # SIGTERM on any rank: all stop after this step
         log.write(row, sync=ckpt.due(step + 1) or stopping)  # on disk at least as far as the checkpoint
         progress.update(row)
+        if ckpt.due(step + 1) or stopping:
+            guard.check_weights(step + 1, pm.parameters(), rt)  # an update that overflowed never reaches disk
         ckpt.maybe_save(step + 1, row["loss"], stopping=stopping)
         if ckpt.due(step + 1):
             progress.event(f"checkpoint at step {step + 1} ({'saving in the background' if cfg.checkpoint.async_save else 'saved'})")

@@ -791,3 +791,14 @@ def test_piped_tables_are_not_cut(argv, needle, capsys, monkeypatch):
 def test_plan_names_the_flag_not_the_config_field(flags, named, capsys):
     argv = ["plan", *flags, "--seq-len", "128", "--global-batch", "8", "--gpu", "h100", "--gpus", "8"]
     assert_one_line(*run_cli(capsys, argv), hint=named)
+
+
+def test_weights_made_nonfinite_before_a_checkpoint_are_not_saved(tmp_path, corpus, capsys):
+    """The same overflowing update on step 1 of 3 with a checkpoint due after it: the loss and gradient
+    of step 1 were finite, so only the weights show it. Nothing is saved (the checkpoint used to keep
+    the infinite weights and call itself intact)."""
+    out = tmp_path / "run"
+    argv = base(corpus, out) + ["--set", "train.weight_decay=1e300", "--set", "train.steps=3",
+                                "--set", "checkpoint.every=1"]
+    line = assert_one_line(*run_cli(capsys, argv), expect_code=3, hint="step 1: the update left weights")
+    assert "train.weight_decay" in line and not store.list_checkpoints(out / "checkpoints")
