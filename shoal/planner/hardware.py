@@ -88,8 +88,9 @@ class GPU:
     """`local` only: kernel_gap when a single process runs torch's threads on every core (each op
     also pays OpenMP's fork and join; measured); 0: kernel_gap."""
     tp_kernel_overhead: float = 0.0
-    """Seconds each kernel of a tensor-parallel layer costs on top of kernel_gap: DTensor's host work
-    (sharding propagation, redistribution, wrapping each op's tensors). `local` measures it (~0.1 ms,
+    """Seconds each kernel of a tensor-parallel layer (and each op of an unfused optimizer step on
+    DTensor parameters) costs on top of kernel_gap: DTensor's host work (sharding propagation,
+    redistribution, wrapping each op's tensors). `local` measures it (~0.1 ms,
     ~10x a plain op's dispatch). 0 on GPUs: the host runs ahead of the device there and this work
     hides behind the kernels (not measured in this repo)."""
     tp_redistribute_latency: float = 0.0
