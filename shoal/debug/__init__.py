@@ -171,7 +171,30 @@ def _at_exit() -> None:
     if not _active.get("said_goodbye") and monitor.channel.reachable():  # an exit without shutdown (an
         monitor.channel.hurry(GOODBYE_TIMEOUT_S)  # error): the store's host may be gone, or go any moment
         say_goodbye()
+    if STATE.rank == 0:
+        _wait_for_goodbyes(monitor.channel, int(os.environ.get("WORLD_SIZE", "1")))
     monitor.channel.close()
+
+
+def _wait_for_goodbyes(channel, world: int) -> None:
+    """Rank 0 may host the store (shoal's launcher starts a fresh one there each attempt): if it left
+    while another rank was between its check that the store is up and its goodbye, torch's store client
+    there would log the failed connect with a C++ stack. So it leaves last, waiting at most
+    GOODBYE_TIMEOUT_S for each rank's pulse to say it has exited (a clean run's have already)."""
+    keys = [f"pulse/{r}" for r in range(1, world)]
+    deadline = time.monotonic() + GOODBYE_TIMEOUT_S
+    try:
+        while keys and time.monotonic() < deadline:
+            present = channel.present(keys)
+            have = [k for k, p in zip(keys, present) if p]
+            values = (channel.get_all(have, timeout_s=GOODBYE_TIMEOUT_S) if have else []) or []
+            if len(values) != len(have):
+                return
+            keys = [k for k in keys if k not in have or values[have.index(k)].split()[-1:] != [b"1"]]
+            if keys:
+                time.sleep(0.05)
+    except Exception:  # the store is this process's or the agent's; if it is gone, nobody is left to wait for
+        pass
 
 
 def __getattr__(name: str):
