@@ -57,6 +57,9 @@ METHODS = {  # name -> settings, beside bench_compression's "none"
     # 50x fewer bytes from both levers at once: syncs every 13 steps with an int8 pseudo-gradient (~3.9x)
     "avg13-int8": ["parallel.diloco_inner_steps=13", "parallel.diloco_outer_lr=1", "parallel.diloco_outer_momentum=0",
                    "parallel.diloco_quantize=int8"],
+    # 4 bits (a sign and a power of two, Streaming DiLoCo's E3M0 with a zero): ~7.8x, so H=7 is 54x
+    "avg7-fp4": ["parallel.diloco_inner_steps=7", "parallel.diloco_outer_lr=1", "parallel.diloco_outer_momentum=0",
+                 "parallel.diloco_quantize=fp4"],
     "avg13-int8-lr1.2": ["parallel.diloco_inner_steps=13", "parallel.diloco_outer_lr=1.2", "parallel.diloco_outer_momentum=0",
                          "parallel.diloco_quantize=int8"],
     "stream50x5-avg-tau1": ["parallel.diloco_inner_steps=50", "parallel.diloco_outer_lr=1", "parallel.diloco_outer_momentum=0",

@@ -22,7 +22,7 @@ else:  # pragma: no cover
 
 from shoal.debug.state import hang_timeout_problem
 from shoal.errors import UserError
-from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, slow_link_setting_problems
+from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, DILOCO_QUANTIZE, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
 from shoal.train.rundir import OWN_FILES
 
@@ -89,7 +89,8 @@ class ParallelConfig:
     diloco_fragments: int = 1
     """Streaming DiLoCo: parameters in this many fragments, synced on a staggered schedule (1 to H)."""
     diloco_quantize: str = "none"
-    """DiLoCo: dtype of the pseudo-gradient on the wire: none (fp32) | bf16 | int8 (per-chunk scales)."""
+    """DiLoCo: the pseudo-gradient on the wire: none (fp32) | bf16 | int8 | fp4 (4 bits: a sign and a power
+    of two; int8 and fp4 with an fp32 scale per 256 values)."""
     diloco_overlap_steps: int = 0
     """Streaming DiLoCo's tau: a fragment's all-reduce runs beside this many inner steps before its
     outer step is applied, mixed half and half with what the group learnt meanwhile (0: applied at once)."""
@@ -297,8 +298,8 @@ class JobConfig:
                p.diloco_outer_momentum, "must be in [0, 1), e.g. 0.9")
         _check(1 <= p.diloco_fragments <= max(1, p.diloco_inner_steps), "parallel.diloco_fragments", p.diloco_fragments,
                f"must be from 1 to diloco_inner_steps={p.diloco_inner_steps} (one fragment synced per step at most)")
-        _check(p.diloco_quantize in ("none", "bf16", "int8"), "parallel.diloco_quantize", p.diloco_quantize,
-               "use 'none', 'bf16' or 'int8'")
+        _check(p.diloco_quantize in DILOCO_QUANTIZE, "parallel.diloco_quantize", p.diloco_quantize,
+               f"use one of {', '.join(DILOCO_QUANTIZE)}")
         c = self.checkpoint
         _check(c.every >= 0, "checkpoint.every", c.every, "must be >= 0 (0: only at the end)")
         _check(c.keep >= 1, "checkpoint.keep", c.keep, "must be >= 1")

@@ -31,6 +31,9 @@ GRAD_COMPRESSION = ("none", "bf16", "int8", "topk", "powersgd")
 """How gradients cross the data-parallel group (shoal/parallel/compression.py). bf16 is a reduce
 dtype and runs on every data-parallel wrapper; the others replace the reduction itself: a DDP comm
 hook, or FSDP2's reduce-scatter and HSDP all-reduce hooks (compression_fsdp.py)."""
+DILOCO_QUANTIZE = ("none", "bf16", "int8", "fp4")
+"""How DiLoCo's pseudo-gradient crosses the replica groups: fp32, bf16, int8 with an fp32 scale per
+256 values, or 4 bits (a sign and a power of two) with the same scales (parallel/compression.py)."""
 RANK_ORDER_DIMS = ("tp", "dp", "pp")
 """The dimensions parallel.rank_order orders, innermost (neighbouring ranks) first. dp stands for
 dp_shard inside dp_replicate, with ep inside dp_shard, so they stay together."""
@@ -233,7 +236,7 @@ def _diloco_problems(lay: Layout) -> list[UserError]:
                           f"dp_replicate={lay.dp_replicate}; set parallel.dp_replicate to 2 or more, or diloco_inner_steps=0")]
     if lay.grad_compression != "none":
         return [UserError("parallel.grad_compression", lay.grad_compression, "DiLoCo sends no gradients across "
-                          "groups; compress its pseudo-gradient with parallel.diloco_quantize=bf16|int8 and set "
+                          "groups; compress its pseudo-gradient with parallel.diloco_quantize=bf16|int8|fp4 and set "
                           "grad_compression=none")]
     if lay.ep > 1:
         return [TrainerLimit("parallel.ep", lay.ep, "expert weights are sharded across dp_replicate, which DiLoCo "

@@ -12,7 +12,7 @@ import sys
 
 from shoal.cli.argtypes import check_output_dir, check_output_file, non_empty, nonnegative_float, positive_float
 from shoal.errors import UserError
-from shoal.layout import ACTIVATION_CHECKPOINT, GRAD_COMPRESSION, SCHEDULES
+from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, SCHEDULES
 from shoal.planner.layout import PRECISIONS
 
 EPILOG = """examples:
@@ -79,7 +79,7 @@ def register(sub) -> None:
     s.add_argument("--diloco-inner-steps", type=int, default=0, metavar="H",
                    help="DiLoCo: each data-parallel rank a replica group (zero=0) that all-reduces its parameters "
                         "every H steps instead of gradients every step")
-    s.add_argument("--diloco-quantize", choices=("none", "bf16", "int8"), default="none",
+    s.add_argument("--diloco-quantize", choices=DILOCO_QUANTIZE, default="none",
                    help="DiLoCo: dtype of the pseudo-gradient on the wire")
     s.add_argument("--diloco-overlap-steps", type=int, default=0, metavar="TAU",
                    help="DiLoCo: the parameters' all-reduce runs beside this many inner steps (1 to H-1)")

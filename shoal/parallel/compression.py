@@ -133,23 +133,32 @@ class Int8(Compressor):
 def int8_mean_(flat: torch.Tensor, group) -> torch.Tensor:
     """The mean of `flat` over `group`, in place, sent as int8 with per-chunk scales (DiLoCo's
     quantized pseudo-gradient uses it too)."""
+    return quantized_mean_(flat, group, quantize, dequantize)
+
+
+def fp4_mean_(flat: torch.Tensor, group) -> torch.Tensor:
+    """The same mean with 4-bit values (quantize_fp4): DiLoCo's `diloco_quantize = "fp4"`."""
+    return quantized_mean_(flat, group, quantize_fp4, dequantize_fp4)
+
+
+def quantized_mean_(flat: torch.Tensor, group, encode, decode) -> torch.Tensor:
     p, n = dist.get_world_size(group), flat.numel()
     per_rank = math.ceil(n / (p * CHUNK)) * CHUNK
     x = flat.new_zeros(p * per_rank)
     x[:n] = flat
     # 1. Each rank quantizes its whole gradient and sends rank j the j-th slice.
-    q, scale = quantize(x)
+    q, scale = encode(x)
     q_in, s_in = torch.empty_like(q), torch.empty_like(scale)
     dist.all_to_all_single(q_in, q, group=group)
     dist.all_to_all_single(s_in, scale, group=group)
     # 2. Sum the p contributions to my slice in fp32, then quantize the mean once more.
-    mine = dequantize(q_in, s_in).view(p, per_rank).sum(0).div_(p)
-    q_mine, s_mine = quantize(mine)
+    mine = decode(q_in, s_in).view(p, per_rank).sum(0).div_(p)
+    q_mine, s_mine = encode(mine)
     # 3. Everyone gathers every slice.
     q_all, s_all = torch.empty_like(q), torch.empty_like(scale)
     _all_gather(q_all, q_mine, group=group)
     _all_gather(s_all, s_mine, group=group)
-    flat.copy_(dequantize(q_all, s_all)[:n])
+    flat.copy_(decode(q_all, s_all)[:n])
     return flat
 
 
@@ -166,6 +175,34 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (q.view(-1, CHUNK).float() * scale[:, None]).view(-1)
+
+
+FP4_SMALLEST = 2.0 ** -6
+"""4-bit values are a sign and a code c in 0..7: 0 is zero, c >= 1 is scale * 2**(c - 7), the seven
+powers of two from the chunk's largest magnitude (the scale, fp32, one per CHUNK values) down to 1/64
+of it. Streaming DiLoCo (Douillard et al. 2025) sends its outer gradients as E3M0, a sign and a power
+of two with no mantissa; this is that with a zero."""
+
+
+def quantize_fp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """4 bits per value, two to a byte (uint8, len(x)/2 of them), and an fp32 scale per CHUNK values.
+    A magnitude goes to the nearer in value of the two powers of two around it (at most a third off),
+    and below half the smallest to zero."""
+    x_CC = x.view(-1, CHUNK)
+    scale = x_CC.abs().amax(1).clamp_(min=torch.finfo(torch.float32).tiny)
+    r = x_CC.abs() / scale[:, None]  # in [0, 1]
+    low = torch.floor(torch.log2(r.clamp(min=FP4_SMALLEST / 2)))  # r in [2**low, 2**(low+1))
+    code = (low + (r > 1.5 * torch.exp2(low)) + 7).clamp_(1, 7)
+    code = torch.where(r < FP4_SMALLEST / 2, torch.zeros_like(code), code)
+    nibble = (code + 8 * (x_CC < 0)).to(torch.uint8).view(-1)
+    return nibble[0::2] | (nibble[1::2] << 4), scale
+
+
+def dequantize_fp4(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    nibble = torch.stack([q & 15, q >> 4], dim=1).view(-1, CHUNK).float()
+    code, negative = nibble % 8, nibble >= 8
+    magnitude = torch.where(code > 0, torch.exp2(code - 7), torch.zeros_like(code))
+    return (torch.where(negative, -magnitude, magnitude) * scale[:, None]).view(-1)
 
 
 class TopK(Compressor):

@@ -20,17 +20,17 @@ into F contiguous fragments of about equal size, and fragment j has its outer st
 where step % H == j * H // F, so each step sends at most 1/F of the model (a lower peak) and the
 average is still once per H steps. Each due fragment's all-reduce is issued as an async work
 handle and waited just before that fragment is applied, so one fragment's transfer overlaps the
-outer update of the fragment before it. The pseudo-gradient can go on the wire in bf16 or int8
-(`parallel.diloco_quantize`; int8 is compression.py's quantize -> all-to-all -> mean -> quantize
--> all-gather). The last step of a run syncs every fragment, so the run ends with one model.
+outer update of the fragment before it. The pseudo-gradient can go on the wire in bf16, int8 or 4 bits
+(`parallel.diloco_quantize`; int8 and fp4 are compression.py's quantize -> all-to-all -> mean ->
+quantize -> all-gather). The last step of a run syncs every fragment, so the run ends with one model.
 
 Overlap (`parallel.diloco_overlap_steps` = tau >= 1, Streaming DiLoCo's overlapped communication):
 a due fragment's pseudo-gradient is sent at step t and its all-reduce runs on Gloo's or NCCL's
 threads beside the next tau inner steps; at step t + tau the outer step is taken on it and the
 fragment's parameters become MIX * theirs + (1 - MIX) * the new outer copy, keeping half of what the
 group learnt in those tau steps (the paper's alpha = 0.5). A checkpoint first applies every transfer
-in flight, so a resumed run continues as the saved one did. The int8 pseudo-gradient's all-to-all
-runs when the fragment is applied, so it is not overlapped.
+in flight, so a resumed run continues as the saved one did. A quantized (int8, fp4) pseudo-gradient's
+all-to-all runs when the fragment is applied, so it is not overlapped.
 
 Params and outer copies are this rank's local shards: every group shards the same way over its
 dp_shard (and tp, pp) ranks, so the rank at the same coordinate in each group holds the same slice.
@@ -146,10 +146,11 @@ class DiLoCo:
         """Start averaging this fragment's pseudo-gradient over the groups; the function it returns
         waits and returns the mean in fp32."""
         flat = torch.cat([(_local(self.outer[n]) - _local(self.params[n])).view(-1) for n in names])
-        if self.quantize == "int8":
-            from shoal.parallel.compression import int8_mean_
+        if self.quantize in ("int8", "fp4"):
+            from shoal.parallel.compression import fp4_mean_, int8_mean_
 
-            return lambda: int8_mean_(flat, self.group)
+            mean_ = int8_mean_ if self.quantize == "int8" else fp4_mean_
+            return lambda: mean_(flat, self.group)
         wire = flat.div_(self.groups).to(torch.bfloat16) if self.quantize == "bf16" else flat.div_(self.groups)
         work = dist.all_reduce(wire, group=self.group, async_op=True)
 

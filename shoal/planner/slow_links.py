@@ -5,6 +5,7 @@ Bytes per rank per step against the fp32 ring all-reduce of the gradients, 2(p-1
 
     bf16       1/2
     int8       (1 + 4/256) / 4: int8 values out and back, one fp32 scale per 256 values
+    fp4        (1/2 + 4/256) / 4: the same with two 4-bit values to a byte (DiLoCo's pseudo-gradient only)
     topk       p * density: values and int32 indices all-gathered, (p-1) d n 8 bytes; the saving
                shrinks as p grows and is a loss past p = 1/density
     powersgd   sum (m+k) r / sum m k over the weight matrices (vectors are negligible)
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from shoal.model.config import ModelConfig
 
-QUANTIZED = {"none": 1.0, "bf16": 0.5, "int8": (1 + 4 / 256) / 4}
+QUANTIZED = {"none": 1.0, "bf16": 0.5, "int8": (1 + 4 / 256) / 4, "fp4": (0.5 + 4 / 256) / 4}
 """Bytes on the wire per fp32 byte, for the pseudo-gradient (parallel.diloco_quantize) and the
 same casts of gradients."""
 

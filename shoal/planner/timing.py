@@ -198,11 +198,11 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     dp_total = dp_exposed = 0.0
     if lay.dp > 1 and workload.diloco_inner_steps:
         # DiLoCo: no gradient traffic across ranks; the parameters' all-reduce every H steps, waited for
-        # at once, or with overlap running beside that many steps' kernels (int8's all-to-all is not overlapped)
+        # at once, or with overlap running beside that many steps' kernels (int8's and fp4's all-to-all is not)
         outer = 4 * QUANTIZED[workload.diloco_quantize]
         sync = (coll.all_reduce(params.dense * outer, lay.dp, g_dp, net)
                 + coll.all_reduce(params.expert * outer, edp, g_edp, net))
-        beside = workload.diloco_overlap_steps * m * (t_f + t_b) if workload.diloco_quantize != "int8" else 0.0
+        beside = workload.diloco_overlap_steps * m * (t_f + t_b) if workload.diloco_quantize not in ("int8", "fp4") else 0.0
         dp_total = sync / workload.diloco_inner_steps
         dp_exposed = _overlap(sync, beside, hide) / workload.diloco_inner_steps
     elif lay.dp > 1 and lay.zero <= 2:

@@ -28,6 +28,7 @@ RUNS = {  # name -> (steps, extra settings)
                     "parallel.diloco_overlap_steps=2"]),
     "stream_int8": (2, ["parallel.diloco_inner_steps=2", "parallel.diloco_fragments=2", "parallel.diloco_quantize=int8"]),
     "stream_bf16": (2, ["parallel.diloco_inner_steps=2", "parallel.diloco_fragments=2", "parallel.diloco_quantize=bf16"]),
+    "stream_fp4": (2, ["parallel.diloco_inner_steps=2", "parallel.diloco_fragments=2", "parallel.diloco_quantize=fp4"]),
 }
 
 

@@ -70,6 +70,8 @@ def test_streaming_fragments_sync_on_their_schedule_and_cover_the_model_once(run
 @pytest.mark.parametrize("name,wire,fewer", [
     ("stream_bf16", {"all_reduce:bfloat16"}, 2.0),
     ("stream_int8", {"all_to_all:int8", "all_to_all:float32", "all_gather:int8", "all_gather:float32"}, 4 / (1 + 4 / 256)),
+    # two 4-bit values to a byte
+    ("stream_fp4", {"all_to_all:uint8", "all_to_all:float32", "all_gather:uint8", "all_gather:float32"}, 4 / (0.5 + 4 / 256)),
 ])
 def test_quantized_pseudo_gradient_on_the_wire(runs, name, wire, fewer):
     rows = _rows(runs, name)

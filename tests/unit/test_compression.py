@@ -124,6 +124,27 @@ def test_int8_round_trip_is_within_half_a_step_per_chunk():
     assert bool((err <= scale / 2 * (1 + 1e-6)).all())
 
 
+def test_fp4_keeps_sign_and_nearest_power_of_two_in_half_a_byte():
+    """Each magnitude to the nearer (in value) of the powers of two around it, within a third; below
+    half of 1/64 of the chunk's largest, zero; the largest itself exact; two values to a byte."""
+    C = compression.CHUNK
+    x = torch.randn(4 * C) * torch.logspace(-4, 2, 4 * C)
+    q, scale = compression.quantize_fp4(x)
+    assert q.dtype == torch.uint8 and q.numel() == 2 * C and torch.equal(scale, x.view(4, C).abs().amax(1))
+    y = compression.dequantize_fp4(q, scale)
+    r = (x.abs() / scale.repeat_interleave(C))
+    kept = r >= 2.0 ** -7
+    assert bool((y[~kept] == 0).all()) and bool((torch.sign(y[kept]) == torch.sign(x[kept])).all())
+    ratio = (y.abs() / x.abs())[r >= 2.0 ** -6]  # 1.5 * 2^k goes to 2^k or 2^(k+1): a third off at most
+    assert bool((ratio >= 2 / 3 - 1e-6).all()) and bool((ratio <= 4 / 3 + 1e-6).all())
+    powers = torch.log2(y[kept].abs() / scale.repeat_interleave(C)[kept])
+    assert torch.equal(powers, powers.round()) and powers.min() >= -6
+    top = x.view(4, C).abs().argmax(1) + torch.arange(4) * C
+    assert torch.equal(y[top], x[top])
+    band = kept & (r < 2.0 ** -6)  # between half the smallest power and the smallest: the smallest
+    assert band.any() and torch.equal(y[band], torch.sign(x[band]) * scale.repeat_interleave(C)[band] / 64)
+
+
 def test_int8_with_one_rank_only_quantizes(world_of_one):
     model = nn.Linear(30, 30)
     c = compression.Int8(model, world_of_one, _cfg(), seed=0)
