@@ -180,6 +180,12 @@ COMBO_CASES = [
     (["parallel.diloco_inner_steps=4", "parallel.diloco_overlap_steps=4"], "parallel.diloco_overlap_steps"),
     (["train.optimizer=sgd", "train.lr=1e39"], "train.lr"),  # torch refused the step size past float32 with a traceback
     (["train.beta1=0.999999", "train.lr=1e33"], "train.lr"),
+    (["train.warmup_steps=5"], "train.steps=1"),  # the lr never reached its peak
+    # a dense model (n_experts=0) has no router or experts: these were silently ignored
+    (["model.top_k=4"], "model.top_k"), (["model.expert_ffn_hidden=64"], "model.expert_ffn_hidden"),
+    (["model.n_shared_experts=1"], "model.n_shared_experts"), (["model.moe_every=2"], "model.moe_every"),
+    (["model.n_dense_layers=1"], "model.n_dense_layers"), (["model.aux_loss_coef=0.1"], "model.aux_loss_coef"),
+    (["model.preset=debug-moe", "model.n_experts=0", "model.top_k=1"], "model.top_k"),
 ]
 SYNTAX_CASES = ["train.steps", "steps=5", "foo.bar=1", "train.stesp=5", "train=5", ".steps=1", "train.=1",
                 "model.preset.x=1", "=", "train.steps==5"]
@@ -435,7 +441,11 @@ FLAG_CASES = [
     [*PLAN[:-4], "--gpus", "0"], [*PLAN, "--seq-len", "0"], [*PLAN, "--global-batch", "-1"],
     [*PLAN, "--hw", "hbm_bytes=nan"], [*PLAN, "--hw", "hbm_bytes=-1"], [*PLAN, "--hw", "nonsense"],
     [*PLAN, "--hw", "gpus_per_node=inf"], [*PLAN, "--hw", "gpus_per_node=1.5"], [*PLAN, "--hw", "kernel_gap=-1"],
-    [*PLAN, "--hw", "power_limit_watts=-1"], [*PLAN, "--hw", "name="],  # printed "64 x  (8 nodes of 8)" [*PLAN, "--hw", "overlap_cost=2"], [*PLAN, "--hw", "hbm_bytes=80"],
+    [*PLAN, "--hw", "power_limit_watts=-1"], [*PLAN, "--hw", "name="],  # printed "64 x  (8 nodes of 8)"
+    [*PLAN, "--hw", "overlap_cost=2"], [*PLAN, "--hw", "hbm_bytes=80"],  # (were commented out by the line above)
+    [*PLAN, "--top-k", "4"], [*PLAN, "--expert-ffn-hidden", "1024"], [*PLAN, "--shared-experts", "1"],  # dense model
+    [*PLAN[:-4], "--gpus", "64", "--gpus-per-node", "3"],  # 21 1/3 nodes
+    ["ckpt", "export", "{run}", "--hf", "{file_dir}"],  # a folder of other files: export overwrote what it shares names with
     [*PLAN, "--hw", "inter_node_bandwidth=25"], [*PLAN, "--hw", "intra_node_latency=5"],
     [*PLAN[:-4], "--gpus", "99999999999999999999"], [*PLAN[:-4], "--scale", "1:99999999999999999999"],
     [*PLAN, "--layers", "99999999999999999999"],
@@ -791,3 +801,37 @@ def test_piped_tables_are_not_cut(argv, needle, capsys, monkeypatch):
 def test_plan_names_the_flag_not_the_config_field(flags, named, capsys):
     argv = ["plan", *flags, "--seq-len", "128", "--global-batch", "8", "--gpu", "h100", "--gpus", "8"]
     assert_one_line(*run_cli(capsys, argv), hint=named)
+
+
+# ----------------------------------------------------------------------------------------------
+# What the rules above leave alone
+
+
+@pytest.mark.parametrize("recipe,overrides", [
+    ("recipes/debug.toml", ["train.steps=3"]),  # a recipe cut short for a smoke test keeps its warmup
+    (None, ["train.steps=5"]),  # the default warmup (20) on a short run
+    (None, ["model.preset=debug-moe", "model.n_experts=0"]),  # a dense variant: the preset's MoE fields stay
+    (None, ["model.preset=debug-moe", "model.n_experts=0", "model.top_k=2"]),  # the preset's own value
+    (None, ["model.preset=debug", "model.n_experts=4", "model.top_k=1"]),  # MoE made from a dense preset
+])
+def test_accepted_combinations(recipe, overrides):
+    from shoal.config import load_config
+
+    load_config(recipe and str(Path(__file__).parents[2] / recipe), overrides)
+
+
+@pytest.mark.parametrize("flags", [["--gpus", "4"], ["--gpus", "64", "--gpus-per-node", "4"], ["--scale", "8:64"]],
+                         ids=["part-of-one-node", "whole-nodes", "scale"])
+def test_plan_accepts_whole_nodes_and_one_partial_node(flags, capsys):
+    code, out, err = run_cli(capsys, [*PLAN[:-4], *flags, "--top", "1"])
+    assert code == 0, err
+
+
+def test_export_into_a_folder_it_wrote_or_an_empty_one(run_dir, tmp_path, capsys):
+    """A second export into the same folder replaces the first; an empty folder is fine."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for hf in (tmp_path / "hf", tmp_path / "hf", empty):
+        code, out, err = run_cli(capsys, ["ckpt", "export", str(run_dir), "--hf", str(hf)])
+        assert code == 0, err
+    assert sorted(p.name for p in empty.iterdir()) == ["config.json", "model.safetensors", "shoal_checkpoint.json"]
