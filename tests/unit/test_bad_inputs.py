@@ -486,6 +486,7 @@ FLAG_CASES = [
     ["doctor", "--nnodes", "2", "--master", "127.0.0.1:29500"], ["doctor", "--nnodes", "2", "--master", "x:99999"],
     ["doctor", "--nnodes", "2", "--master", "10.0.0.1", "--ops", "all_gather"],
     ["mesh", "--nproc", "100000000"], ["mesh", "--nproc", "0"], ["mesh", "--nproc", "-4"], ["mesh", "--nproc", "4", "--set", "parallel.tp=3"],
+    ["mesh", "--nnodes", "2", "--nproc-per-node", "0"],  # named --nproc, which was not given
     ["ckpt", "inspect", "/no/such/dir"], ["ckpt", "inspect", "{file}"], ["ckpt", "inspect", "{dir}"],
     ["ckpt", "export", "{run}", "--hf", "{file}"], ["ckpt", "export", "{dir}", "--hf", "{dir}/hf"],
     ["ckpt", "export", "{run}", "--hf", "x", "--dtype", "int8"],
@@ -835,3 +836,19 @@ def test_export_into_a_folder_it_wrote_or_an_empty_one(run_dir, tmp_path, capsys
         code, out, err = run_cli(capsys, ["ckpt", "export", str(run_dir), "--hf", str(hf)])
         assert code == 0, err
     assert sorted(p.name for p in empty.iterdir()) == ["config.json", "model.safetensors", "shoal_checkpoint.json"]
+
+
+@pytest.mark.parametrize("argv", [["mesh", "--nproc", "4"], ["presets"]])
+def test_output_piped_into_a_reader_that_stopped(argv):
+    """`shoal mesh | head -1`: the reader closes the pipe; the command stops quietly (it was a
+    BrokenPipeError traceback from print; rich's tables already stopped with exit 1)."""
+    import subprocess
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        r = subprocess.run([sys.executable, "-m", "shoal", *argv], stdout=write, stderr=subprocess.PIPE, text=True,
+                           timeout=60, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])))
+    finally:
+        os.close(write)
+    assert r.returncode == 1 and r.stderr == "", r.stderr
