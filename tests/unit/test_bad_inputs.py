@@ -137,6 +137,7 @@ FIELD_CASES = [
     ("checkpoint.async", "maybe"), ("checkpoint.async", "2"),
     ("debug.hang_timeout_s", "-1"), ("debug.hang_timeout_s", "nan"), ("debug.hang_timeout_s", "inf"),
     ("debug.hang_timeout_s", "0.01"), ("debug.hang_timeout_s", "1e-300"),  # a healthy job was reported hung
+    ("debug.hang_timeout_s", "1e300"),  # overflowed the store's timeout on every worker (with --nproc 2)
     ("debug.check_collectives", "perhaps"),
     ("model.preset", "llama9"), ("model.preset", ""),
     ("model.dim", "0"), ("model.dim", "-64"), ("model.dim", "63"), ("model.dim", "68"), ("model.dim", "6.4e1"),
@@ -476,7 +477,7 @@ FLAG_CASES = [
     ["verify", "--nproc", "2", "--layouts", "tp=2,tp=1"], ["verify", "--nproc", "2", "--layouts", "model=debug,model.preset=tiny"],
     ["verify", "--nproc", "2", "--layouts", "dp_shard=2,train.steps=5"],  # ran 5 steps against a 10-step reference: FAIL
     ["run", "--nproc", "0", "x.py"], ["run", "--max-restarts", "-1", "x.py"], ["run", "--hang-timeout", "-1", "x.py"],
-    ["run", "--hang-timeout", "nan", "x.py"], ["run", "--hang-timeout", "0.01", "{file}"], ["run", "/no/such/script.py"], ["run", "{dir}"],
+    ["run", "--hang-timeout", "nan", "x.py"], ["run", "--hang-timeout", "1e12", "{file}"], ["run", "--hang-timeout", "0.01", "{file}"], ["run", "/no/such/script.py"], ["run", "{dir}"],
     ["doctor", "--nproc", "0"], ["doctor", "--factor", "1"], ["doctor", "--budget", "0"], ["doctor", "--budget", "nan"], ["doctor", "--budget", "1e308"],
     ["doctor", "--min-size", "0"], ["doctor", "--max-size", "abc"], ["doctor", "--min-size", "1G", "--max-size", "1K"],
     ["doctor", "--out", "{file}"], ["doctor", "--nproc", "2", "--max-size", "1000000G"],
@@ -525,7 +526,7 @@ ENV_CASES = [{"WORLD_SIZE": "abc"}, {"WORLD_SIZE": "0"}, {"WORLD_SIZE": "-1"}, {
              {"SHOAL_REPLICA_GROUP": "0", "SHOAL_REPLICA_GROUPS": "3", "TORCHFT_LIGHTHOUSE": "http://localhost:1"},
              {"LOCAL_WORLD_SIZE": "abc"}, {"LOCAL_WORLD_SIZE": "0"}, {"OMP_NUM_THREADS": "abc"},
              {"OMP_NUM_THREADS": "4,0"},
-             {"SHOAL_HANG_TIMEOUT_S": "nan"}, {"SHOAL_HANG_TIMEOUT_S": "0.001"}, {"SHOAL_CHECK_COLLECTIVES": "maybe"}, {"SHOAL_DEBUG_DIR": "/dev/null"},
+             {"SHOAL_HANG_TIMEOUT_S": "nan"}, {"SHOAL_HANG_TIMEOUT_S": "1e300"}, {"SHOAL_HANG_TIMEOUT_S": "0.001"}, {"SHOAL_CHECK_COLLECTIVES": "maybe"}, {"SHOAL_DEBUG_DIR": "/dev/null"},
              {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "99999"}]
 
 
