@@ -138,7 +138,7 @@ def compare(run_dir: str | Path, gpu=None, *, recipe: str | None = None, overrid
         raise UserError("validate", str(run_dir), "no such directory")
     n, step, peak, mfu = measured(run_dir)
     info = read_run_info(run_dir) or {}
-    if gpus is not None and info.get("world") and gpus != int(info["world"]):  # a plan for other ranks than were measured
+    if gpus is not None and info.get("world") and gpus != int(info["world"]):  # a plan for ranks not measured
         raise UserError("gpus", gpus, f"the run had {info['world']} ranks (its run.json); --gpus gives that count "
                                       "where a run did not store it: leave it out, or plan anew without --validate")
     # Any of these asks for another plan than the one stored (--gpus-per-node too: it was ignored)

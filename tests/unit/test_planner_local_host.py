@@ -84,3 +84,19 @@ def test_one_process_pays_the_per_kernel_cost_measured_on_every_core():
     assert local_hardware.local_for_ranks(threaded, 2).kernel_gap == 6e-6  # one thread per rank
     old = local_hardware.gpu_from_profile(PROFILE)  # a profile from before: the one-thread cost
     assert local_hardware.local_for_ranks(old, 1).kernel_gap == 6e-6
+
+
+@pytest.mark.parametrize("profile", ["{garbled", "[1]", '{"cpu_count": 2}', '{"matmul_bf16_flops": "fast"}'])
+def test_a_damaged_local_profile_is_one_line(profile, tmp_path, monkeypatch):
+    """A cached measurement that is not JSON, not a dict or lacks a number: one UserError saying to
+    measure again (it was a JSONDecodeError, AttributeError or KeyError traceback in `shoal plan --gpu local`)."""
+    from shoal.errors import UserError
+    from shoal.planner.local_hardware import local_gpu
+
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
+    (tmp_path / "local_profile.json").write_text(profile)
+    with pytest.raises(UserError, match="is damaged .*--remeasure"):
+        local_gpu()
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path / "local_profile.json"))  # a file: no folder there
+    with pytest.raises(UserError, match=r"SHOAL_CACHE_DIR"):
+        local_gpu(remeasure=True)
