@@ -829,7 +829,7 @@ def test_plan_accepts_whole_nodes_and_one_partial_node(flags, capsys):
     assert code == 0, err
 
 
-def test_export_into_a_folder_it_wrote_or_an_empty_one(run_dir, tmp_path, capsys):
+def test_export_into_a_folder_it_wrote_or_an_empty_one(run_dir, corpus, tmp_path, capsys):
     """A second export into the same folder replaces the first; an empty folder is fine."""
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -837,6 +837,11 @@ def test_export_into_a_folder_it_wrote_or_an_empty_one(run_dir, tmp_path, capsys
         code, out, err = run_cli(capsys, ["ckpt", "export", str(run_dir), "--hf", str(hf)])
         assert code == 0, err
     assert sorted(p.name for p in empty.iterdir()) == ["config.json", "model.safetensors", "shoal_checkpoint.json"]
+    # an export is not a checkpoint or a run: said so (it was "manifest.json is missing: the save never
+    # completed"), and a run is not started inside it
+    for argv, hint in [(["--resume", str(empty)], "is a Hugging Face export, not a checkpoint"),
+                       (["--out", str(empty)], "holds a Hugging Face export, not a run")]:
+        assert_one_line(*run_cli(capsys, base(corpus, tmp_path / "fresh") + argv), hint=hint)
 
 
 @pytest.mark.parametrize("argv", [["mesh", "--nproc", "4"], ["presets"]])
