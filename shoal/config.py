@@ -1,8 +1,8 @@
 """The job config: one typed dataclass per section, loaded from TOML and `--set section.key=value`.
 
 Every field has a docstring (printed by `shoal config`); every check a user can fail happens in
-`JobConfig.validate`, before any worker process is spawned, and raises a UserError that names the
-field, the value and a fix.
+`JobConfig.validate` (or, for the one that depends on which value was written last, `load_config`),
+before any worker process is spawned, and raises a UserError that names the field, the value and a fix.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ class JobConfig:
     def model_config(self) -> ModelConfig:
         base = get_preset(self.model.preset)
         overrides = {f.name: getattr(self.model, f.name) for f in _MODEL_OVERRIDES if getattr(self.model, f.name) is not None}
-        return base.replace(**overrides).validate()
+        return base.replace(**overrides).validate(base=base)
 
     def to_dict(self) -> dict:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
@@ -370,7 +370,8 @@ def _convert(name: str, raw: Any, kind: type) -> Any:
     return raw
 
 
-def _set(cfg: JobConfig, dotted: str, raw: Any) -> None:
+def _set(cfg: JobConfig, dotted: str, raw: Any) -> str:
+    """Sets one field from a TOML value or a --set string; returns its name (section.key, aliases resolved)."""
     section, _, key = dotted.partition(".")
     if section not in SECTIONS or not key:
         close = difflib.get_close_matches(section, SECTIONS, n=1)
@@ -384,11 +385,13 @@ def _set(cfg: JobConfig, dotted: str, raw: Any) -> None:
         hint = f"did you mean {section}.{close[0]}? " if close else ""
         raise UserError(dotted, raw, f"unknown key; {hint}see `shoal config` for every field")
     setattr(getattr(cfg, section), key, _coerce(written, raw, kinds[key]))
+    return f"{section}.{key}"
 
 
 def load_config(recipe: str | Path | None = None, overrides: list[str] = ()) -> JobConfig:
     """Defaults, then the TOML recipe, then each `section.key=value` override, then validation."""
     cfg = JobConfig()
+    layer = {}  # section.key -> where it was last written: 1 the recipe, 2.. each --set in turn (0: default)
     if recipe is not None:
         data = _read_recipe(Path(recipe))
         for section, values in data.items():
@@ -399,13 +402,21 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] = ()) -> 
                     raise UserError(f"{section}.{alias}", values[alias], f"{section}.{name} is set too and is the "
                                                                          "same field; keep one of the two keys")
             for key, value in values.items():
-                _set(cfg, f"{section}.{key}", value)
-    for item in overrides:
+                layer[_set(cfg, f"{section}.{key}", value)] = 1
+    for i, item in enumerate(overrides):
         dotted, eq, value = item.partition("=")
         if not eq or "." not in dotted:
             raise UserError("--set", item, "write --set section.key=value, e.g. --set train.steps=50")
-        _set(cfg, dotted.strip(), value)
-    return cfg.validate()
+        layer[_set(cfg, dotted.strip(), value)] = 2 + i
+    cfg.validate()
+    # A warmup longer than the run never reaches the peak lr. Refused where the warmup was written
+    # with the steps or after them; a train.steps written later (a recipe cut short for a smoke
+    # test, --set train.steps=5) keeps the warmup it was not written for, as the default does.
+    t = cfg.train
+    if t.warmup_steps > t.steps and layer.get("train.warmup_steps", 0) >= layer.get("train.steps", 0):
+        raise UserError("train.warmup_steps", t.warmup_steps, f"is longer than the run (train.steps={t.steps}), so "
+                        f"the learning rate never reaches train.lr; use at most {t.steps}, or raise train.steps")
+    return cfg
 
 
 def _read_recipe(path: Path) -> dict:

@@ -44,7 +44,7 @@ def choose_checkpoint(resume: str, root: Path) -> Path | None:
             _refuse_all_damaged(resume, path, len(store.list_checkpoints(path)))
         return chosen
     kind = store.what_shoal_wrote(path) if path.is_dir() else None
-    if kind in ("a run directory", "a saved model"):  # not a checkpoint that failed to save: say what it is
+    if kind in ("a run directory", "a saved model", store.HF_EXPORT):  # not a checkpoint that failed to save
         where = f"{path / 'checkpoints'} (or one step_* in it)" if kind == "a run directory" else "a step_* checkpoint"
         raise UserError("--resume", resume, f"is {kind}, not a checkpoint; pass {where}, or --resume auto with "
                                             "--out set to the run")

@@ -103,15 +103,22 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+EXPORT_MARK = "shoal_checkpoint.json"
+"""Written by `shoal ckpt export` beside the Hugging Face files: where they came from."""
+HF_EXPORT = "a Hugging Face export"
+
+
 def what_shoal_wrote(folder: Path) -> str | None:
     """What of shoal's a folder holds, for commands about to write into it: "a checkpoint", "a saved
-    model", "a run directory", "a checkpoint root", or None. (The names are those checkpoint/weights.py
-    and train/run_info.py write.)"""
+    model", HF_EXPORT, "a run directory", "a checkpoint root", or None. (The names are those
+    checkpoint/weights.py, checkpoint/export.py and train/run_info.py write.)"""
     try:
         if (folder / MANIFEST).exists():
             return "a checkpoint"
         if (folder / "shoal_model.json").exists():
             return "a saved model"
+        if (folder / EXPORT_MARK).exists():
+            return HF_EXPORT
         if (folder / "run.json").exists() or (folder / "metrics.jsonl").exists():
             return "a run directory"
         return "a checkpoint root" if list_checkpoints(folder) else None

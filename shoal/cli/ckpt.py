@@ -56,16 +56,11 @@ def inspect(args) -> int:
 def export(args) -> int:
     import torch
 
-    from shoal.checkpoint.export import export_hf, pick_checkpoint
-
-    from shoal.checkpoint.store import what_shoal_wrote
+    from shoal.checkpoint.export import check_export_folder, export_hf, pick_checkpoint
     from shoal.cli.argtypes import check_output_dir
-    from shoal.errors import UserError
 
     check_output_dir("--hf", args.hf)
-    if kind := what_shoal_wrote(Path(args.hf)):  # its model.safetensors would be replaced
-        raise UserError("--hf", args.hf, f"holds {kind}; the export's config.json and model.safetensors go in a "
-                                         "folder of their own: give a new one")
+    check_export_folder("--hf", Path(args.hf))
     chosen = pick_checkpoint(Path(args.path))
     out = export_hf(chosen, Path(args.hf), dtype=getattr(torch, args.dtype))
     print(f"exported {chosen} -> {out} (Hugging Face LlamaForCausalLM, {args.dtype})")

@@ -60,13 +60,20 @@ def main(argv: list[str] | None = None) -> int:
         from shoal.launch.env import omp_threads
 
         omp_threads()  # OpenMP would only warn when torch loads, and run with its default
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe fails here, inside the try, not in the interpreter's exit
+        return code
     except UserError as e:
         print(f"shoal {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"shoal {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`shoal presets | head`): stop quietly, as Unix tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # or the exit's flush raises it again
+        return 1  # as rich does for the tables (Console.on_broken_pipe) and Python's docs advise
 
 
 if __name__ == "__main__":

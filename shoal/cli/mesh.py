@@ -17,7 +17,8 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--nproc", type=nonnegative_int, default=0, help="world size (or give --nnodes and --nproc-per-node)")
     p.add_argument("--nnodes", type=positive_int, default=1, help="machines; ranks are placed in one block per node")
-    p.add_argument("--nproc-per-node", "--per-node", dest="per_node", type=nonnegative_int, default=0, metavar="N",
+    # 0 is "not given" only as the default: typed, it read as such and the error named --nproc instead
+    p.add_argument("--nproc-per-node", "--per-node", dest="per_node", type=positive_int, default=0, metavar="N",
                    help="ranks (devices) per node (default: all on one node)")
     p.add_argument("--svg", metavar="FILE", type=non_empty("--svg mesh.svg"),
                    help="also draw the rank grid on its nodes into this SVG file")

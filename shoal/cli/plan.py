@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 
 from shoal.cli.argtypes import check_output_dir, check_output_file, non_empty, nonnegative_float, positive_float
@@ -157,15 +158,21 @@ def build_model(args):
     changes = {field: getattr(args, flag) for field, flag in SHAPE_FLAGS.items() if getattr(args, flag) is not None}
     if args.model and "n_heads" in changes and "n_kv_heads" not in changes and cfg.n_heads % cfg.n_kv_heads:
         changes["n_kv_heads"] = changes["n_heads"]
+    base = cfg
     if changes:
         cfg = cfg.replace(**changes, note="")
     try:
-        return cfg.validate()
-    except UserError as e:  # name the flag the user typed, not the config field behind it
+        return cfg.validate(base=base)
+    except UserError as e:  # name the flags the user typed, not the config fields behind them
         field = e.field.removeprefix("model.")
         if field in changes and field in SHAPE_FLAGS:
-            raise UserError("--" + SHAPE_FLAGS[field].replace("_", "-"), e.value, e.fix) from None
+            fix = re.sub(r"model\.(\w+)", lambda m: _flag(m[1]) if m[1] in SHAPE_FLAGS else m[0], e.fix)
+            raise UserError(_flag(field), e.value, fix) from None
         raise
+
+
+def _flag(field: str) -> str:
+    return "--" + SHAPE_FLAGS[field].replace("_", "-")
 
 
 SHAPE_FLAGS = {"n_layers": "layers", "dim": "hidden", "n_heads": "heads", "n_kv_heads": "kv_heads",

@@ -19,13 +19,19 @@ MIN_HANG_TIMEOUT_S = 1.0
 a first step) holds progress longer, so below a second a healthy job is reported hung (exit 124)."""
 
 
+MAX_HANG_TIMEOUT_S = 7 * 24 * 3600.0
+"""The longest: a week without progress is no watchdog at all (0 says so), and far larger values
+overflowed the store's timeout in every worker (1e300: OverflowError, a traceback per rank)."""
+
+
 def hang_timeout_problem(seconds: object) -> str | None:
     """Why `seconds` cannot be a hang timeout, or None: the one rule for debug.hang_timeout_s,
     SHOAL_HANG_TIMEOUT_S and `shoal run --hang-timeout`."""
     number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-    if number and (seconds == 0 or MIN_HANG_TIMEOUT_S <= seconds < float("inf")):
+    if number and (seconds == 0 or MIN_HANG_TIMEOUT_S <= seconds <= MAX_HANG_TIMEOUT_S):
         return None
-    return f"must be 0 (no watchdog) or a finite number of seconds >= {MIN_HANG_TIMEOUT_S:g}, e.g. 300"
+    return (f"must be 0 (no watchdog) or a number of seconds from {MIN_HANG_TIMEOUT_S:g} to {MAX_HANG_TIMEOUT_S:g} "
+            "(a week), e.g. 300")
 
 
 class CollectiveRecord:

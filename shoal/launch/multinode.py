@@ -91,6 +91,10 @@ def multinode(nnodes: int, node_rank: int, master: str, ifname: str = "") -> boo
     return True
 
 
+MAX_RDZV_TIMEOUT_S = 7 * 24 * 3600
+"""The longest wait for the other nodes: past a week it is a typo."""
+
+
 def plan_node(nnodes: int, node_rank: int, master: str, ifname: str = "", timeout: int = 120,
               rdzv: str = "c10d") -> NodePlan:
     """Check this node's flags and network, and work out its settings; raises UserError on the first problem."""
@@ -98,8 +102,9 @@ def plan_node(nnodes: int, node_rank: int, master: str, ifname: str = "", timeou
         raise UserError("--nnodes", nnodes, "must be a positive integer")
     if not 0 <= node_rank < nnodes:
         raise UserError("--node-rank", node_rank, f"must be in 0..{nnodes - 1} for --nnodes {nnodes}")
-    if timeout < 1:
-        raise UserError("--rdzv-timeout", timeout, "must be a positive number of seconds")
+    if not 1 <= timeout <= MAX_RDZV_TIMEOUT_S:  # far larger overflowed torch's timedelta: a traceback
+        raise UserError("--rdzv-timeout", timeout, f"must be a number of seconds from 1 to {MAX_RDZV_TIMEOUT_S} "
+                                                   "(a week), e.g. 120")
     if not master:
         raise UserError("--master", master, "give node 0's address as HOST[:PORT] (the same on every node)")
     host, port = _split(master)

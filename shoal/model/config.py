@@ -90,8 +90,9 @@ class ModelConfig:
         request would take minutes on CPU with nothing to show for most of it."""
         return self.max_seq_len
 
-    def validate(self, prefix: str = "model") -> "ModelConfig":
-        """Every field in range (and finite), then the shapes that must divide."""
+    def validate(self, prefix: str = "model", base: "ModelConfig | None" = None) -> "ModelConfig":
+        """Every field in range (and finite), then the shapes that must divide. `base`: the preset
+        this config was overridden from; a dense model may not change its MoE-only fields from it."""
         def check(ok: bool, name: str, fix: str) -> None:
             if not ok:
                 raise UserError(f"{prefix}.{name}", getattr(self, name), fix)
@@ -129,10 +130,19 @@ class ModelConfig:
             if self.n_moe_layers == 0:
                 raise UserError(f"{prefix}.n_dense_layers", self.n_dense_layers,
                                 f"leaves no MoE layer among n_layers={self.n_layers}; lower it")
+        elif base is not None:  # a dense model has no router or experts: a value set for them is a mistake
+            for name in MOE_ONLY:
+                check(getattr(self, name) == getattr(base, name), name,
+                      f"applies only to mixture-of-experts models and {prefix}.n_experts=0 here; "
+                      f"set {prefix}.n_experts > 0 too, or leave it out")
         return self
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
+
+
+MOE_ONLY = ("top_k", "expert_ffn_hidden", "n_shared_experts", "moe_every", "n_dense_layers", "aux_loss_coef")
+"""The fields only an MoE model (n_experts > 0) reads."""
 
 
 def _int(x: object) -> bool:

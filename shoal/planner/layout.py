@@ -85,6 +85,12 @@ class Cluster:
     def __post_init__(self):
         if not 1 <= self.n_gpus <= MAX_GPUS:
             raise UserError("gpus", self.n_gpus, f"must be from 1 to {MAX_GPUS:,}")
+        # Whole nodes, or part of one: launchers, Slurm and Kubernetes start as many ranks on every
+        # node, and a partial last node was planned as a full one.
+        n, per = self.n_gpus, self.gpus_per_node
+        if n > per and n % per:
+            raise UserError("gpus", n, f"is not a whole number of nodes of {per} GPUs (gpus per node); use --gpus "
+                                       f"{n // per * per} or {(n // per + 1) * per}, or a --gpus-per-node that divides {n}")
 
     @property
     def n_nodes(self) -> int:

@@ -38,14 +38,22 @@ def local_gpu(*, remeasure: bool = False) -> GPU:
     """
     path = local_profile_path()
     if remeasure or not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # $SHOAL_CACHE_DIR a file, under one, or not writable
+            raise UserError("gpu", "local", f"the measurement's cache folder {path.parent} cannot be created "
+                                            f"({e.strerror}); set $SHOAL_CACHE_DIR to a writable folder") from None
         proc = subprocess.run([sys.executable, "-m", "shoal.measure.local_profile", "--out", str(path)],
                               capture_output=True, text=True)
         if proc.returncode != 0 or not path.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             raise UserError("gpu", "local", f"measuring this machine failed ({tail[0]}); "
                                             f"describe it with --hw-file instead")
-    return gpu_from_profile(json.loads(path.read_text()))
+    try:
+        return gpu_from_profile(json.loads(path.read_bytes()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, a dict, or its numbers
+        raise UserError("gpu", "local", f"the cached measurement {path} is damaged ({type(e).__name__}); measure "
+                                        "this machine again with --remeasure") from None
 
 
 def is_local(gpu: GPU) -> bool:

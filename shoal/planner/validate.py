@@ -138,14 +138,19 @@ def compare(run_dir: str | Path, gpu=None, *, recipe: str | None = None, overrid
         raise UserError("validate", str(run_dir), "no such directory")
     n, step, peak, mfu = measured(run_dir)
     info = read_run_info(run_dir) or {}
-    stored = from_run_info(info) if gpu is None and recipe is None and not overrides else None
+    if gpus is not None and info.get("world") and gpus != int(info["world"]):  # a plan for ranks not measured
+        raise UserError("gpus", gpus, f"the run had {info['world']} ranks (its run.json); --gpus gives that count "
+                                      "where a run did not store it: leave it out, or plan anew without --validate")
+    # Any of these asks for another plan than the one stored (--gpus-per-node too: it was ignored)
+    asked = gpu is not None or recipe is not None or overrides or gpus_per_node is not None
+    stored = None if asked else from_run_info(info)
     if stored is not None and stored.step_time_s is not None:
         from shoal.layout import Layout
 
         return Comparison(str(run_dir), stored.hardware, "stored by the run (run.json)", Layout(**info["layout"]).short(),
                           int(info["world"]), n, stored.step_time_s, step, stored.memory.total / GiB, peak / GiB, mfu)
     why = ("planned now: run.json holds no step-time prediction (a run from before shoal stored them)"
-           if gpu is None else "planned now for the hardware asked for")
+           if not asked else "planned now for the hardware or settings asked for")
     job, per_node = _run_job(run_dir, info, recipe, list(overrides), gpus)
     from shoal.planner.hardware import get_gpu
     from shoal.planner.local_hardware import local_for_ranks

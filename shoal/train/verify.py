@@ -44,7 +44,7 @@ def base_overrides(steps: int, global_batch: int) -> list[str]:
     # layout, pure FSDP included. At 1e-3 the drift stays below 1e-5 while a real gradient bug
     # still moves the loss by far more (tests/dist/test_parity.py catches a 1% lr change).
     return ["model.preset=debug", f"train.steps={steps}", "train.micro_batch=2", f"train.global_batch={global_batch}",
-            "train.seq_len=64", "train.lr=1e-3", "train.warmup_steps=2", "train.eval_every=0",
+            "train.seq_len=64", "train.lr=1e-3", f"train.warmup_steps={min(2, steps)}", "train.eval_every=0",
             "train.eval_batches=1", "train.sample_tokens=0"]
 
 

@@ -137,6 +137,7 @@ FIELD_CASES = [
     ("checkpoint.async", "maybe"), ("checkpoint.async", "2"),
     ("debug.hang_timeout_s", "-1"), ("debug.hang_timeout_s", "nan"), ("debug.hang_timeout_s", "inf"),
     ("debug.hang_timeout_s", "0.01"), ("debug.hang_timeout_s", "1e-300"),  # a healthy job was reported hung
+    ("debug.hang_timeout_s", "1e300"),  # overflowed the store's timeout on every worker (with --nproc 2)
     ("debug.check_collectives", "perhaps"),
     ("model.preset", "llama9"), ("model.preset", ""),
     ("model.dim", "0"), ("model.dim", "-64"), ("model.dim", "63"), ("model.dim", "68"), ("model.dim", "6.4e1"),
@@ -180,6 +181,12 @@ COMBO_CASES = [
     (["parallel.diloco_inner_steps=4", "parallel.diloco_overlap_steps=4"], "parallel.diloco_overlap_steps"),
     (["train.optimizer=sgd", "train.lr=1e39"], "train.lr"),  # torch refused the step size past float32 with a traceback
     (["train.beta1=0.999999", "train.lr=1e33"], "train.lr"),
+    (["train.warmup_steps=5"], "train.steps=1"),  # the lr never reached its peak
+    # a dense model (n_experts=0) has no router or experts: these were silently ignored
+    (["model.top_k=4"], "model.top_k"), (["model.expert_ffn_hidden=64"], "model.expert_ffn_hidden"),
+    (["model.n_shared_experts=1"], "model.n_shared_experts"), (["model.moe_every=2"], "model.moe_every"),
+    (["model.n_dense_layers=1"], "model.n_dense_layers"), (["model.aux_loss_coef=0.1"], "model.aux_loss_coef"),
+    (["model.preset=debug-moe", "model.n_experts=0", "model.top_k=1"], "model.top_k"),
 ]
 SYNTAX_CASES = ["train.steps", "steps=5", "foo.bar=1", "train.stesp=5", "train=5", ".steps=1", "train.=1",
                 "model.preset.x=1", "=", "train.steps==5"]
@@ -435,7 +442,11 @@ FLAG_CASES = [
     [*PLAN[:-4], "--gpus", "0"], [*PLAN, "--seq-len", "0"], [*PLAN, "--global-batch", "-1"],
     [*PLAN, "--hw", "hbm_bytes=nan"], [*PLAN, "--hw", "hbm_bytes=-1"], [*PLAN, "--hw", "nonsense"],
     [*PLAN, "--hw", "gpus_per_node=inf"], [*PLAN, "--hw", "gpus_per_node=1.5"], [*PLAN, "--hw", "kernel_gap=-1"],
-    [*PLAN, "--hw", "power_limit_watts=-1"], [*PLAN, "--hw", "name="],  # printed "64 x  (8 nodes of 8)" [*PLAN, "--hw", "overlap_cost=2"], [*PLAN, "--hw", "hbm_bytes=80"],
+    [*PLAN, "--hw", "power_limit_watts=-1"], [*PLAN, "--hw", "name="],  # printed "64 x  (8 nodes of 8)"
+    [*PLAN, "--hw", "overlap_cost=2"], [*PLAN, "--hw", "hbm_bytes=80"],  # (were commented out by the line above)
+    [*PLAN, "--top-k", "4"], [*PLAN, "--expert-ffn-hidden", "1024"], [*PLAN, "--shared-experts", "1"],  # dense model
+    [*PLAN[:-4], "--gpus", "64", "--gpus-per-node", "3"],  # 21 1/3 nodes
+    ["ckpt", "export", "{run}", "--hf", "{file_dir}"],  # a folder of other files: export overwrote what it shares names with
     [*PLAN, "--hw", "inter_node_bandwidth=25"], [*PLAN, "--hw", "intra_node_latency=5"],
     [*PLAN[:-4], "--gpus", "99999999999999999999"], [*PLAN[:-4], "--scale", "1:99999999999999999999"],
     [*PLAN, "--layers", "99999999999999999999"],
@@ -466,7 +477,7 @@ FLAG_CASES = [
     ["verify", "--nproc", "2", "--layouts", "tp=2,tp=1"], ["verify", "--nproc", "2", "--layouts", "model=debug,model.preset=tiny"],
     ["verify", "--nproc", "2", "--layouts", "dp_shard=2,train.steps=5"],  # ran 5 steps against a 10-step reference: FAIL
     ["run", "--nproc", "0", "x.py"], ["run", "--max-restarts", "-1", "x.py"], ["run", "--hang-timeout", "-1", "x.py"],
-    ["run", "--hang-timeout", "nan", "x.py"], ["run", "--hang-timeout", "0.01", "{file}"], ["run", "/no/such/script.py"], ["run", "{dir}"],
+    ["run", "--hang-timeout", "nan", "x.py"], ["run", "--hang-timeout", "1e12", "{file}"], ["run", "--hang-timeout", "0.01", "{file}"], ["run", "/no/such/script.py"], ["run", "{dir}"],
     ["doctor", "--nproc", "0"], ["doctor", "--factor", "1"], ["doctor", "--budget", "0"], ["doctor", "--budget", "nan"], ["doctor", "--budget", "1e308"],
     ["doctor", "--min-size", "0"], ["doctor", "--max-size", "abc"], ["doctor", "--min-size", "1G", "--max-size", "1K"],
     ["doctor", "--out", "{file}"], ["doctor", "--nproc", "2", "--max-size", "1000000G"],
@@ -476,6 +487,7 @@ FLAG_CASES = [
     ["doctor", "--nnodes", "2", "--master", "127.0.0.1:29500"], ["doctor", "--nnodes", "2", "--master", "x:99999"],
     ["doctor", "--nnodes", "2", "--master", "10.0.0.1", "--ops", "all_gather"],
     ["mesh", "--nproc", "100000000"], ["mesh", "--nproc", "0"], ["mesh", "--nproc", "-4"], ["mesh", "--nproc", "4", "--set", "parallel.tp=3"],
+    ["mesh", "--nnodes", "2", "--nproc-per-node", "0"],  # named --nproc, which was not given
     ["ckpt", "inspect", "/no/such/dir"], ["ckpt", "inspect", "{file}"], ["ckpt", "inspect", "{dir}"],
     ["ckpt", "export", "{run}", "--hf", "{file}"], ["ckpt", "export", "{dir}", "--hf", "{dir}/hf"],
     ["ckpt", "export", "{run}", "--hf", "x", "--dtype", "int8"],
@@ -514,7 +526,7 @@ ENV_CASES = [{"WORLD_SIZE": "abc"}, {"WORLD_SIZE": "0"}, {"WORLD_SIZE": "-1"}, {
              {"SHOAL_REPLICA_GROUP": "0", "SHOAL_REPLICA_GROUPS": "3", "TORCHFT_LIGHTHOUSE": "http://localhost:1"},
              {"LOCAL_WORLD_SIZE": "abc"}, {"LOCAL_WORLD_SIZE": "0"}, {"OMP_NUM_THREADS": "abc"},
              {"OMP_NUM_THREADS": "4,0"},
-             {"SHOAL_HANG_TIMEOUT_S": "nan"}, {"SHOAL_HANG_TIMEOUT_S": "0.001"}, {"SHOAL_CHECK_COLLECTIVES": "maybe"}, {"SHOAL_DEBUG_DIR": "/dev/null"},
+             {"SHOAL_HANG_TIMEOUT_S": "nan"}, {"SHOAL_HANG_TIMEOUT_S": "1e300"}, {"SHOAL_HANG_TIMEOUT_S": "0.001"}, {"SHOAL_CHECK_COLLECTIVES": "maybe"}, {"SHOAL_DEBUG_DIR": "/dev/null"},
              {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "99999"}]
 
 
@@ -802,3 +814,58 @@ def test_weights_made_nonfinite_before_a_checkpoint_are_not_saved(tmp_path, corp
                                 "--set", "checkpoint.every=1"]
     line = assert_one_line(*run_cli(capsys, argv), expect_code=3, hint="step 1: the update left weights")
     assert "train.weight_decay" in line and not store.list_checkpoints(out / "checkpoints")
+
+
+# ----------------------------------------------------------------------------------------------
+# What the rules above leave alone
+
+
+@pytest.mark.parametrize("recipe,overrides", [
+    ("recipes/debug.toml", ["train.steps=3"]),  # a recipe cut short for a smoke test keeps its warmup
+    (None, ["train.steps=5"]),  # the default warmup (20) on a short run
+    (None, ["model.preset=debug-moe", "model.n_experts=0"]),  # a dense variant: the preset's MoE fields stay
+    (None, ["model.preset=debug-moe", "model.n_experts=0", "model.top_k=2"]),  # the preset's own value
+    (None, ["model.preset=debug", "model.n_experts=4", "model.top_k=1"]),  # MoE made from a dense preset
+])
+def test_accepted_combinations(recipe, overrides):
+    from shoal.config import load_config
+
+    load_config(recipe and str(Path(__file__).parents[2] / recipe), overrides)
+
+
+@pytest.mark.parametrize("flags", [["--gpus", "4"], ["--gpus", "64", "--gpus-per-node", "4"], ["--scale", "8:64"]],
+                         ids=["part-of-one-node", "whole-nodes", "scale"])
+def test_plan_accepts_whole_nodes_and_one_partial_node(flags, capsys):
+    code, out, err = run_cli(capsys, [*PLAN[:-4], *flags, "--top", "1"])
+    assert code == 0, err
+
+
+def test_export_into_a_folder_it_wrote_or_an_empty_one(run_dir, corpus, tmp_path, capsys):
+    """A second export into the same folder replaces the first; an empty folder is fine."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for hf in (tmp_path / "hf", tmp_path / "hf", empty):
+        code, out, err = run_cli(capsys, ["ckpt", "export", str(run_dir), "--hf", str(hf)])
+        assert code == 0, err
+    assert sorted(p.name for p in empty.iterdir()) == ["config.json", "model.safetensors", "shoal_checkpoint.json"]
+    # an export is not a checkpoint or a run: said so (it was "manifest.json is missing: the save never
+    # completed"), and a run is not started inside it
+    for argv, hint in [(["--resume", str(empty)], "is a Hugging Face export, not a checkpoint"),
+                       (["--out", str(empty)], "holds a Hugging Face export, not a run")]:
+        assert_one_line(*run_cli(capsys, base(corpus, tmp_path / "fresh") + argv), hint=hint)
+
+
+@pytest.mark.parametrize("argv", [["mesh", "--nproc", "4"], ["presets"]])
+def test_output_piped_into_a_reader_that_stopped(argv):
+    """`shoal mesh | head -1`: the reader closes the pipe; the command stops quietly (it was a
+    BrokenPipeError traceback from print; rich's tables already stopped with exit 1)."""
+    import subprocess
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        r = subprocess.run([sys.executable, "-m", "shoal", *argv], stdout=write, stderr=subprocess.PIPE, text=True,
+                           timeout=60, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])))
+    finally:
+        os.close(write)
+    assert r.returncode == 1 and r.stderr == "", r.stderr

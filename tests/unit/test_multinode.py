@@ -15,7 +15,8 @@ from shoal.launch.multinode import interface_addrs, plan_node
     (dict(nnodes=2, node_rank=0, master="no-such-host.invalid"), "--master", "cannot resolve"),
     (dict(nnodes=2, node_rank=0, master="127.0.0.1:29790"), "--master", "loopback"),
     (dict(nnodes=2, node_rank=0, master="localhost"), "--master", "loopback"),
-    (dict(nnodes=2, node_rank=0, master="h", timeout=0), "--rdzv-timeout", "positive"),
+    (dict(nnodes=2, node_rank=0, master="h", timeout=0), "--rdzv-timeout", "from 1"),
+    (dict(nnodes=2, node_rank=0, master="h", timeout=10**20), "--rdzv-timeout", "a week"),  # OverflowError in torch
 ])
 def test_bad_flags(kwargs, field, words):
     with pytest.raises(UserError) as e:

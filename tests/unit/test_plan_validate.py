@@ -97,3 +97,12 @@ def test_validate_reads_the_prediction_the_run_stored(tmp_path):
     assert c["predicted_peak_gib"] == pytest.approx(stored.memory.total / 2**30)
     now = json.loads(plan(tmp_path, str(run), "--gpu", "local", "--json").stdout)["validate"]
     assert now["predicted_step_s"] != 0.25 and "planned now" in now["source"] and now["layout"] == c["layout"]
+    # --gpus-per-node plans anew too (the stored prediction was shown and the flag ignored); --gpus
+    # is the run's rank count where it stored none, and another count than it stored is refused
+    spread = json.loads(plan(tmp_path, str(run), "--gpus-per-node", "1", "--json").stdout)["validate"]
+    assert spread["predicted_step_s"] != 0.25 and "planned now" in spread["source"]
+    assert "stored" in json.loads(plan(tmp_path, str(run), "--gpus", "2", "--json").stdout)["validate"]["source"]
+    other = plan(tmp_path, str(run), "--gpus", "4")
+    assert other.returncode == 2 and other.stderr.strip().splitlines() == [
+        "shoal plan: error: gpus=4: the run had 2 ranks (its run.json); --gpus gives that count where a run did not "
+        "store it: leave it out, or plan anew without --validate"], other.stderr

@@ -122,3 +122,19 @@ def test_an_unfused_optimizer_step_pays_each_tensors_dispatch():
     assert zero1 == pytest.approx(streaming / 2 + (ADAMW_OPS_PER_TENSOR * 57 / 2 + CLIP_OPS_PER_TENSOR * 57) * 6e-6)
     h100 = hardware.get_gpu("h100")
     assert optimizer(Layout(tp=2, zero=0, micro_batch=16), h100) < 1e-4  # fused: no per-tensor term
+
+
+@pytest.mark.parametrize("profile", ["{garbled", "[1]", '{"cpu_count": 2}', '{"matmul_bf16_flops": "fast"}'])
+def test_a_damaged_local_profile_is_one_line(profile, tmp_path, monkeypatch):
+    """A cached measurement that is not JSON, not a dict or lacks a number: one UserError saying to
+    measure again (it was a JSONDecodeError, AttributeError or KeyError traceback in `shoal plan --gpu local`)."""
+    from shoal.errors import UserError
+    from shoal.planner.local_hardware import local_gpu
+
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
+    (tmp_path / "local_profile.json").write_text(profile)
+    with pytest.raises(UserError, match="is damaged .*--remeasure"):
+        local_gpu()
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path / "local_profile.json"))  # a file: no folder there
+    with pytest.raises(UserError, match=r"SHOAL_CACHE_DIR"):
+        local_gpu(remeasure=True)
