@@ -185,12 +185,11 @@ def _wait_for_goodbyes(channel, world: int) -> None:
     deadline = time.monotonic() + GOODBYE_TIMEOUT_S
     try:
         while keys and time.monotonic() < deadline:
-            present = channel.present(keys)
-            have = [k for k, p in zip(keys, present) if p]
-            values = (channel.get_all(have, timeout_s=GOODBYE_TIMEOUT_S) if have else []) or []
-            if len(values) != len(have):
+            have = [k for k, present in zip(keys, channel.present(keys)) if present]
+            pulses = dict(zip(have, (channel.get_all(have, timeout_s=GOODBYE_TIMEOUT_S) if have else []) or []))
+            if len(pulses) != len(have):
                 return
-            keys = [k for k in keys if k not in have or values[have.index(k)].split()[-1:] != [b"1"]]
+            keys = [k for k in keys if pulses.get(k, b"").split()[-1:] != [b"1"]]  # its last field: exited
             if keys:
                 time.sleep(0.05)
     except Exception:  # the store is this process's or the agent's; if it is gone, nobody is left to wait for
