@@ -346,7 +346,8 @@ _FIELDS = {f.name: f for f in dataclasses.fields(GPU)}
 
 
 _ZERO_ALLOWED = {"reserved_bytes", "peak_fp32_flops", "peak_fp8_flops", "kernel_gap", "kernel_gap_one_process",
-                 "tp_kernel_overhead", "tp_redistribute_latency", "tp_redistribute_per_byte", "power_watts", "power_limit_watts", "nodes_per_leaf", "overlap_cost",
+                 "tp_kernel_overhead", "tp_redistribute_latency", "tp_redistribute_per_byte", "power_watts",
+                 "power_limit_watts", "nodes_per_leaf", "overlap_cost",
                  "allocator_slack", "usd_per_gpu_hour"}
 """Fields where 0 means "none" or "not set" (see each field's docstring); every other number is > 0."""
 

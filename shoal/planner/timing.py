@@ -202,7 +202,8 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         outer = 4 * QUANTIZED[workload.diloco_quantize]
         sync = (coll.all_reduce(params.dense * outer, lay.dp, g_dp, net)
                 + coll.all_reduce(params.expert * outer, edp, g_edp, net))
-        beside = workload.diloco_overlap_steps * m * (t_f + t_b) if workload.diloco_quantize not in ("int8", "fp4") else 0.0
+        quantized = workload.diloco_quantize in ("int8", "fp4")
+        beside = 0.0 if quantized else workload.diloco_overlap_steps * m * (t_f + t_b)
         dp_total = sync / workload.diloco_inner_steps
         dp_exposed = _overlap(sync, beside, hide) / workload.diloco_inner_steps
     elif lay.dp > 1 and lay.zero <= 2:
