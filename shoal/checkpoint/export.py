@@ -84,19 +84,13 @@ def load_full_state(directory: Path) -> tuple[dict[str, torch.Tensor], ModelConf
 def check_export_folder(flag: str, out: Path) -> None:
     """The folder an export writes into: new, empty, or an earlier export's (which it replaces). Files
     of anything else there would be overwritten where their names are the export's, or mixed with it."""
+    from shoal.cli.argtypes import check_output_dir  # the one output-location check
+
     kind = store.what_shoal_wrote(out)
-    if kind == store.HF_EXPORT:
-        return
-    if kind:  # its model.safetensors would be replaced
+    if kind and kind != store.HF_EXPORT:  # its model.safetensors would be replaced
         raise UserError(flag, str(out), f"holds {kind}; the export's config.json and model.safetensors go in a "
                                         "folder of their own: give a new one")
-    try:
-        names = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    except OSError:  # unreadable: the write checks say so
-        return
-    if names:
-        raise UserError(flag, str(out), f"is a folder with other files in it ({', '.join(names[:3])}"
-                                        f"{', ...' if len(names) > 3 else ''}); give a new or empty folder")
+    check_output_dir(flag, str(out), own=None if kind else ())
 
 
 def export_hf(directory: Path, out: Path, dtype: torch.dtype = torch.float32) -> Path:

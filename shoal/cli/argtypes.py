@@ -6,7 +6,10 @@ not be empty goes through non_empty. argparse prints "shoal CMD: error: argument
 which names the flag; the message names the value.
 
 Every flag or config field naming an output location goes through check_output_dir or
-check_output_file before the command builds, spawns or writes anything.
+check_output_file before the command builds, spawns or writes anything. A folder a command fills
+with files of its own names (a report, figures, a benchmark) names them (`own`), and a file it
+writes names how its earlier output begins (`replaces`): anything else already there is refused,
+not overwritten or mixed in.
 """
 
 from __future__ import annotations
@@ -80,12 +83,14 @@ def non_empty(example: str, sep: str = ""):
     return parse
 
 
-def check_output_dir(flag: str, path: str, *, shown: str | None = None) -> None:
+def check_output_dir(flag: str, path: str, *, shown: str | None = None, own: tuple[str, ...] | None = None) -> None:
     """A folder a command will write into (or a config field naming one): not empty, not a file, not
     under a file, and creatable or writable where it is. Checked before any work, creating nothing:
     the probe is a temporary folder made and removed in the nearest existing ancestor, because
     permission bits do not stop root while a read-only mount or /proc still do. `shown`: the value
-    the user gave, when `path` was derived from it (the folder of a file)."""
+    the user gave, when `path` was derived from it (the folder of a file). `own`: the names (glob
+    patterns) the command writes there; given, the folder must be new, empty or hold only those (its
+    earlier output, which it replaces)."""
     import os
     import tempfile
 
@@ -108,6 +113,32 @@ def check_output_dir(flag: str, path: str, *, shown: str | None = None) -> None:
     except OSError as e:
         what = f"{existing} is not writable" if existing == p else f"cannot be created in {existing}"
         raise UserError(flag, shown, f"{what} ({e.strerror}); pick a folder you can write to") from None
+    if own is not None and existing == p:
+        _check_only_own(flag, shown, p, own)
+
+
+def _check_only_own(flag: str, shown: str, folder: str, own: tuple[str, ...]) -> None:
+    """Anything in `folder` not named like the command's own output would be overwritten where its
+    name is one of the command's, or mixed with it: refused, naming the first few."""
+    import fnmatch
+    import os
+
+    from shoal.errors import UserError
+    from shoal.report.html import is_shoal_page
+
+    def ours(name: str) -> bool:
+        if not any(fnmatch.fnmatchcase(name, pattern) for pattern in own):
+            return False
+        # index.html is too common a name to trust: only a page shoal rendered is its earlier output
+        return not name.endswith(".html") or is_shoal_page(os.path.join(folder, name))
+
+    try:
+        foreign = sorted(name for name in os.listdir(folder) if not ours(name))
+    except OSError as e:
+        raise UserError(flag, shown, f"cannot be listed ({e.strerror}); pick a folder you can read") from None
+    if foreign:
+        raise UserError(flag, shown, f"is a folder with other files in it ({', '.join(foreign[:3])}"
+                                     f"{', ...' if len(foreign) > 3 else ''}); give a new or empty folder")
 
 
 def read_input_file(field: str, path, give: str) -> bytes:
@@ -154,8 +185,10 @@ def _check_name_lengths(flag: str, shown: str, existing: str, below: str) -> Non
                                          f"the {most} its filesystem allows; pick a shorter one")
 
 
-def check_output_file(flag: str, path: str) -> None:
-    """A file a command will write: not empty, not a folder, in a folder that can be written (or created)."""
+def check_output_file(flag: str, path: str, *, replaces: str | None = None) -> None:
+    """A file a command will write: not empty, not a folder, in a folder that can be written (or created).
+    `replaces`: how the command's own files begin; given, an existing file that begins otherwise (a
+    user's own file) is refused rather than overwritten."""
     import os
 
     from shoal.errors import UserError
@@ -167,5 +200,15 @@ def check_output_file(flag: str, path: str) -> None:
         raise UserError(flag, path, "is a folder; give a file name")
     if os.path.exists(p) and not os.access(p, os.W_OK):
         raise UserError(flag, path, "is not writable; pick another file name")
+    if replaces is not None and os.path.isfile(p) and not _begins_with(p, replaces):
+        raise UserError(flag, path, "is an existing file shoal did not write; pick a new file name")
     check_output_dir(flag, os.path.dirname(p), shown=path)
     _check_name_lengths(flag, path, os.path.dirname(p), os.path.basename(p))
+
+
+def _begins_with(path: str, start: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(start.encode())) == start.encode()
+    except OSError:  # unreadable: not known to be ours
+        return False

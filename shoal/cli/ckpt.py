@@ -57,9 +57,7 @@ def export(args) -> int:
     import torch
 
     from shoal.checkpoint.export import check_export_folder, export_hf, pick_checkpoint
-    from shoal.cli.argtypes import check_output_dir
 
-    check_output_dir("--hf", args.hf)
     check_export_folder("--hf", Path(args.hf))
     chosen = pick_checkpoint(Path(args.path))
     out = export_hf(chosen, Path(args.hf), dtype=getattr(torch, args.dtype))

@@ -48,7 +48,7 @@ def run(args) -> int:
     if multinode(args.nnodes, args.node_rank, args.master, args.ifname):
         return run_node(args)
     if not args.checks_only:
-        check_output_dir("--out", args.out)
+        check_output_dir("--out", args.out, own=doctor.OUT_FILES)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     sizes = doctor.sizes(doctor.parse_size(args.min_size, "--min-size"), doctor.parse_size(args.max_size), args.factor)
     ops = args.ops or list(BENCH_OPS)

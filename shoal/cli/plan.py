@@ -326,7 +326,9 @@ def run(args) -> int:
     from shoal.planner import cost, energy, scaling
     from shoal.layout import Layout
     from shoal.planner.render import plan_json
+    from shoal.planner.recipe import EMITTED
     from shoal.planner.search import evaluate_pinned, search
+    from shoal.report.html import OWN_FILES
 
     if args.validate:
         return validate(args)
@@ -335,9 +337,9 @@ def run(args) -> int:
                         "--recipe and --set go with --validate RUN_DIR")
     for flag, folder in (("--figures", args.figures), ("--report", args.report)):
         if folder:  # outputs are checked before minutes of search, not after
-            check_output_dir(flag, folder)
+            check_output_dir(flag, folder, own=OWN_FILES)  # an earlier plan's pictures are replaced, nothing else
     if args.emit:
-        check_output_file("--emit", args.emit)
+        check_output_file("--emit", args.emit, replaces=EMITTED)  # never over a recipe a person wrote
     workload, cluster, fixed, name = build(args)
     if args.emit and workload.precision == "fp8":
         raise UserError("precision", "fp8", "shoal train has no FP8 yet, so there is no recipe to emit; "

@@ -17,11 +17,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from shoal.report.html import OWN_FILES
     from shoal.report.run_report import build_report
 
     out = args.out or str(Path(args.run_dir, "report"))
     if args.out or Path(args.run_dir).is_dir():  # a missing RUN_DIR is load_run's to name
-        check_output_dir("--out", out)
+        check_output_dir("--out", out, own=OWN_FILES)  # an earlier report is replaced, nothing else
     page = build_report(Path(args.run_dir), Path(args.out) if args.out else None, allow_partial=args.partial)
     print(f"report: {page}")
     return 0

@@ -31,13 +31,13 @@ def run(args) -> int:
     from shoal.launch.local import launch
     from shoal.job import resolve
     from shoal.train.memory_check import check_local_ranks
-    from shoal.train.verify import compare, config_for, fitting_layouts
+    from shoal.train.verify import OUT_DIRS, compare, config_for, fitting_layouts
 
     if args.nproc < 2:
         raise UserError("--nproc", args.nproc, "verify needs at least 2 ranks")
     check_local_ranks(args.nproc)
     if args.out:
-        check_output_dir("--out", args.out)
+        check_output_dir("--out", args.out, own=OUT_DIRS)
     layouts = args.layouts or []
     skipped = []
     if not layouts:

@@ -17,6 +17,9 @@ from shoal.debug import stragglers
 from shoal.measure import envcheck
 from shoal.errors import UserError
 
+OUT_FILES = ("comm_bench.json", "comm_busbw.*")
+"""What the benchmark writes into --out: an earlier doctor's are replaced, anything else is refused."""
+
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
           "G": 2**30, "GB": 2**30, "GIB": 2**30}
 

@@ -62,10 +62,14 @@ def recipe_sections(plan: Plan, preset: str | None = None, tokens: float | None 
     return {"model": model, "parallel": parallel, "train": train}
 
 
+EMITTED = "# Emitted by `shoal plan`"
+"""How every emitted recipe begins: `--emit` replaces such a file, never a recipe a person wrote."""
+
+
 def recipe_text(plan: Plan, preset: str | None = None, tokens: float | None = None) -> str:
     g = plan.cluster
     lines = [
-        f"# Emitted by `shoal plan` for {g.n_gpus} x {g.gpu.name} ({g.gpus_per_node} per node).",
+        f"{EMITTED} for {g.n_gpus} x {g.gpu.name} ({g.gpus_per_node} per node).",
         f"# Predicted: {plan.time.step:.3g} s/step, {plan.tokens_per_s:,.0f} tokens/s, MFU {plan.mfu:.1%}, "
         f"{plan.memory.total / GiB:.1f} GiB of {plan.memory.capacity / GiB:.0f} GiB per GPU.",
     ]

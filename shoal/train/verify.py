@@ -24,6 +24,10 @@ from shoal.errors import UserError
 from shoal.job import resolve
 from shoal.launch.worker_exit import exit_worker
 
+OUT_DIRS = ("reference-*", "layout*")
+"""The runs verify keeps in --out (reference-PRESET, layoutN): an earlier verify's are replaced, and
+a folder holding anything else is refused."""
+
 # Layouts tried by default; each is "key=value,..." over parallel.* fields, plus model=PRESET and
 # section.key=value for anything else. N stands for the number of ranks.
 CANDIDATES = [

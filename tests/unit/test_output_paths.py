@@ -77,6 +77,11 @@ CASES = [  # (argv, what the one line must name)
     [["ckpt", "export", "{run}", "--hf", "{run}/model"], "a saved model"],  # it would replace the run's own weights
     [["verify", "--out", "{tmp}/afile/v"], "--out"], [["doctor", "--out", "{tmp}/afile/d"], "--out"],
     [[*PLAN, "--emit", "{tmp}/" + "x" * 300 + ".toml"], "more than the"],  # a name past NAME_MAX reads as missing
+    # A folder of other files: the command wrote its own files among them, replacing any of the same name.
+    [["report", "{run}", "--out", "{tmp}"], "other files in it"], [["report", "{run}", "--out", "{run}/model"], "other files"],
+    [[*PLAN, "--report", "{tmp}"], "other files in it"], [[*PLAN, "--figures", "{tmp}"], "other files in it"],
+    [["verify", "--out", "{tmp}"], "other files in it"], [["doctor", "--out", "{tmp}"], "other files in it"],
+    [[*PLAN, "--emit", "{tmp}/afile"], "shoal did not write"],  # replaced a file a person wrote
 ]
 EMPTY = [  # flags whose empty value used to read as "not given" (or as the current folder)
     [*PLAN, "--report"], [*PLAN, "--figures"], [*PLAN, "--emit"], [*PLAN, "--region"], [*PLAN, "--carbon-trace"],
@@ -93,6 +98,19 @@ EMPTY_POSITIONAL = [  # an empty path read as the current folder, and the error 
 @pytest.mark.parametrize("argv,hint", CASES, ids=[" ".join(a[0][:1] + a[0][-2:]) for a in CASES])
 def test_bad_output_location_is_refused_before_any_work(argv, hint, where, capsys):
     refused(capsys, argv, where, hint)
+
+
+def test_a_page_that_is_not_shoals_is_not_replaced(where, capsys):
+    (where["tmp"] / "site").mkdir()
+    (where["tmp"] / "site" / "index.html").write_text("<html><title>my page</title></html>\n")
+    refused(capsys, [*PLAN, "--report", "{tmp}/site"], where, "other files in it (index.html)")
+
+
+def test_an_earlier_output_is_replaced(where, capsys):
+    """A plan's page, figures and recipe written twice into the same places: the second replaces the first."""
+    argv = [a.format(**where) for a in [*PLAN, "--report", "{tmp}/plan", "--figures", "{tmp}/plan", "--emit",
+                                        "{tmp}/plan.toml"]]
+    assert main(argv) == 0 and main(argv) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", EMPTY, ids=[" ".join(a[:1] + a[-1:]) for a in EMPTY])
