@@ -24,7 +24,7 @@ from shoal.debug.state import hang_timeout_problem
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, DILOCO_QUANTIZE, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
-from shoal.train.rundir import OWN_FILES
+from shoal.train.rundir import checkpoint_dir_problem
 
 # [model] takes a preset plus any ModelConfig field to override it; None means "the preset's value".
 _MODEL_OVERRIDES = [f for f in fields(ModelConfig) if f.name != "note"]
@@ -306,9 +306,8 @@ class JobConfig:
         _check(Path(c.dir).is_absolute() or ".." not in Path(c.dir).parts, "checkpoint.dir", c.dir,
                "a relative checkpoint root lies inside the output directory and may not leave it with '..'; "
                "give an absolute path to put checkpoints elsewhere")
-        _check(Path(c.dir).is_absolute() or (Path(c.dir).parts or ("",))[0] not in OWN_FILES, "checkpoint.dir",
-               c.dir, f"names a file the run writes in its output directory ({', '.join(OWN_FILES)}); pick another "
-                      "folder name, e.g. checkpoints")
+        if c.dir and not Path(c.dir).expanduser().is_absolute():  # an absolute one: check_resume, which knows --out
+            _check(not (problem := checkpoint_dir_problem(Path(c.dir))), "checkpoint.dir", c.dir, problem or "")
         h = self.debug.hang_timeout_s
         _check(hang_timeout_problem(h) is None, "debug.hang_timeout_s", h, hang_timeout_problem(h) or "")
         return self

@@ -71,6 +71,7 @@ def check_resume(cfg, out: Path, resume: str) -> None:
 
     root = checkpoint_root(cfg, out)
     check_output_dir("checkpoint.dir", str(root))  # found here, not by the first save minutes into the run
+    _check_own_folder(cfg.checkpoint.dir, root, out)
     if resume == "never":
         _refuse_existing(root)
     if resume not in ("auto", "never") and not Path(resume).is_dir():
@@ -83,6 +84,19 @@ def check_resume(cfg, out: Path, resume: str) -> None:
         raise UserError("--out", str(out), "holds metrics.jsonl of an earlier run but no checkpoint to continue "
                         "from, and a fresh run would overwrite it; pick another --out, or delete "
                         f"{Path(out) / 'metrics.jsonl'} to start over here")
+
+
+def _check_own_folder(configured: str, root: Path, out: Path) -> None:
+    """A checkpoint root is a folder of its own: not among this run's outputs (an absolute path can
+    name one; a relative one config.validate checked), nor a folder of something else shoal wrote."""
+    from shoal.train.rundir import checkpoint_dir_problem
+
+    here, run = os.path.realpath(root), os.path.realpath(out)
+    if os.path.commonpath([here, run]) == run and (problem := checkpoint_dir_problem(Path(os.path.relpath(here, run)))):
+        raise UserError("checkpoint.dir", configured, problem)
+    if (kind := store.what_shoal_wrote(root)) not in (None, "a checkpoint root"):
+        raise UserError("checkpoint.dir", configured, f"holds {kind}, and checkpoints saved there would mix with it; "
+                                                      "give a folder of its own")
 
 
 def check_not_finished(step: int, steps: int, path: Path, root: Path, out: Path) -> None:

@@ -24,7 +24,22 @@ from shoal.train.run_info import RUN_INFO
 
 LOCK = ".lock"
 OWN_FILES = (LOCK, "metrics.jsonl", RUN_INFO)
-"""The files a run keeps at the top of its --out: a relative checkpoint.dir may not name one."""
+"""The files a run keeps at the top of its --out."""
+OWN_FOLDERS = ("model", "report")
+"""The folders the run (its final weights) and `shoal report` (its default --out) write into its --out."""
+
+
+def checkpoint_dir_problem(inside_out: Path) -> str | None:
+    """Why a checkpoint root at this path relative to the run's --out would mix with the run's own
+    outputs, or None. Checkpoints there would sit among the run's files (the --out itself), be taken
+    by the run's next final weights or report, or refuse those (`shoal report` into a folder of them)."""
+    if not inside_out.parts:  # "." and the --out itself
+        return ("is the output directory itself, where the run keeps its own files; give a folder in it, "
+                "e.g. checkpoints")
+    if inside_out.parts[0] in OWN_FILES + OWN_FOLDERS:
+        return (f"lies in {inside_out.parts[0]}, which the run or `shoal report` writes in the output directory; "
+                "pick another folder name, e.g. checkpoints")
+    return None
 LAUNCHER_ENV = "SHOAL_LAUNCHER_PID"  # set by shoal/launch/local.py for the workers it starts
 _held: dict[Path, int] = {}  # run directory -> the lock fd this process holds (closing it drops the lock)
 

@@ -137,6 +137,13 @@ TRAIN_CASES = [  # (extra argv, what the line must name); --out is a fresh {tmp}
     [["--set", "data.path={tmp}"], "lies inside data.path"],  # its metrics.jsonl would be the next run's text
     [["--out", "{tmp}/" + "x" * 300], "more than the"], [["--set", "checkpoint.dir={tmp}/" + "x" * 300], "more than the"],
     *([[["--set", "checkpoint.dir=/proc/shoal-ckpt"], "cannot be created"]] if os.path.isdir("/proc/self") else []),
+    # checkpoints among the run's own outputs, or in a folder of something else shoal wrote: they were saved there
+    [["--set", "checkpoint.dir=model"], "lies in model"], [["--set", "checkpoint.dir=report/ck"], "lies in report"],
+    [["--set", "checkpoint.dir=."], "output directory itself"],
+    [["--set", "checkpoint.dir={tmp}/o/deep/model"], "lies in model"],
+    [["--set", "checkpoint.dir={tmp}/o/deep"], "output directory itself"],
+    [["--set", "checkpoint.dir={run}"], "holds a run directory"], [["--set", "checkpoint.dir={run}/model"], "a saved model"],
+    [["--set", "checkpoint.dir={run}/checkpoints/step_00000001"], "holds a checkpoint"],
 ]
 
 
