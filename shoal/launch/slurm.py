@@ -24,6 +24,20 @@ from shoal.train.preempt import EXIT_CODE as PREEMPTED_EXIT  # torch-free
 PORT = 29500
 SIGNAL_LEAD_S = 120  # SIGTERM this long before the time limit: time to finish a step and save
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")  # minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
+MAX_TIME_S = 365 * 86400  # no site grants a job a year: more is a unit slip (a bare number is minutes)
+
+
+def time_seconds(time: str) -> int:
+    """A --time that matches _TIME, in seconds, read as Slurm reads it."""
+    days, _, rest = time.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, m, s = (parts + [0, 0])[:3]
+    elif len(parts) == 3:  # HH:MM:SS
+        h, m, s = parts
+    else:  # MM, MM:SS
+        h, m, s = 0, parts[0], (parts + [0])[1]
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
 
 
 def check(name: str, nodes: int, gpus_per_node: int, partition: str, time: str) -> None:
@@ -37,6 +51,13 @@ def check(name: str, nodes: int, gpus_per_node: int, partition: str, time: str) 
         raise UserError("--partition", partition, "a partition name (or a comma-separated list)")
     if time and not _TIME.match(time):
         raise UserError("--time", time, "write minutes, HH:MM:SS or D-HH:MM:SS, e.g. 04:00:00")
+    seconds = time_seconds(time) if time else 0  # 0: Slurm's "no limit"
+    if 0 < seconds <= SIGNAL_LEAD_S:  # SIGTERM at once: the job saves, requeues and is signalled again, forever
+        raise UserError("--time", time, f"is not longer than the {SIGNAL_LEAD_S} s before the limit at which the job "
+                                        "is told to save and requeue; give more, e.g. 04:00:00")
+    if seconds > MAX_TIME_S:
+        raise UserError("--time", time, "is more than a year (a bare number is minutes); give e.g. 04:00:00 or "
+                                        "7-00:00:00")
 
 
 def sbatch_script(name: str, recipe: str, run_out: str, nodes: int, gpus_per_node: int, *, partition: str = "",

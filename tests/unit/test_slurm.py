@@ -41,6 +41,8 @@ def test_script_matches_golden_and_parses(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("flag,value,field", [
     ("--nodes", "0", "--nodes"), ("--time", "an hour", "--time"), ("--partition", "gpu;rm", "--partition"),
+    ("--time", "99999999:00:00", "--time"), ("--time", "1000-00:00:00", "--time"),  # past a year: a unit slip
+    ("--time", "2", "--time"), ("--time", "1:30", "--time"),  # SIGTERM at once: save, requeue, SIGTERM, forever
     ("--nodes", "3", "train.global_batch"),  # the recipe's batch does not split over 12 ranks
 ])
 def test_bad_input_is_one_line(flag, value, field, tmp_path, capsys, monkeypatch):
