@@ -349,7 +349,28 @@ def _coerce(name: str, raw: Any, kind: type) -> Any:
     return value
 
 
+class _Underflow(str):
+    """A TOML float whose nonzero digits round to 0.0 (1e-400), kept as written for _convert to refuse."""
+
+
+def _toml_float(text: str) -> float | _Underflow:
+    value = float(text)
+    return _Underflow(text) if _underflows(text, value) else value
+
+
+def _underflows(text: str, value: float) -> bool:
+    """Nonzero digits that read as 0.0: `train.lr=1e-400` would silently train with lr 0."""
+    return value == 0 and bool(text.lower().partition("e")[0].strip("+-0._ "))
+
+
+def _underflow_error(name: str, raw: str) -> UserError:
+    return UserError(name, str(raw), "is too small for a floating-point number and would read as 0; give a "
+                                     "larger value")
+
+
 def _convert(name: str, raw: Any, kind: type) -> Any:
+    if isinstance(raw, _Underflow):
+        raise _underflow_error(name, raw)
     if isinstance(raw, str) and kind is not str:
         text = raw.strip().lower()
         if kind is bool:
@@ -359,9 +380,12 @@ def _convert(name: str, raw: Any, kind: type) -> Any:
                 return False
             raise UserError(name, raw, "expected true or false")
         try:
-            return kind(text) if kind is float else int(text)
+            value = kind(text) if kind is float else int(text)
         except ValueError:
             raise UserError(name, raw, f"expected {'a number' if kind is float else 'an integer'}") from None
+        if kind is float and _underflows(text, value):
+            raise _underflow_error(name, raw)
+        return value
     if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
         return float(raw)
     if not isinstance(raw, kind) or (kind is int and isinstance(raw, bool)):
@@ -430,7 +454,7 @@ def _read_recipe(path: Path) -> dict:
         raise UserError("recipe", name, f"is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); "
                                         "TOML recipes are UTF-8") from None
     try:
-        return tomllib.loads(text)
+        return tomllib.loads(text, parse_float=_toml_float)
     except tomllib.TOMLDecodeError as e:
         raise UserError("recipe", name, f"is not valid TOML ({e})") from None
 

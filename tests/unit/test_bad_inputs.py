@@ -251,6 +251,17 @@ def test_bad_recipe_content(name, tmp_path, corpus, unchanged, capsys):
     assert_one_line(*run_cli(capsys, base(corpus, unchanged) + [str(recipe)]))
 
 
+@pytest.mark.parametrize("item", ["train.lr=1e-400", "train.lr=-1e-400", "model.norm_eps=1e-999"])
+def test_a_number_that_reads_as_zero_is_refused(item, tmp_path, capsys):
+    """float("1e-400") is 0.0: train.lr=1e-400, from --set or a recipe, trained with lr 0."""
+    field, value = item.split("=")
+    section, key = field.split(".")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f"[{section}]\n{key} = {value}\n")
+    for argv in (["config", "--set", item], ["config", str(recipe)]):
+        assert_one_line(*run_cli(capsys, argv), hint=f"{field}={value!r}: is too small")
+
+
 @pytest.mark.parametrize("kind", ["missing", "dir", "binary", "latin1", "bad_toml", "dangling", "fifo", "file_parent",
                                   "unreadable"])
 def test_bad_recipe_file(kind, files, corpus, unchanged, capsys):
