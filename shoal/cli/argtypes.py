@@ -119,7 +119,8 @@ def check_output_dir(flag: str, path: str, *, shown: str | None = None, own: tup
 
 def _check_only_own(flag: str, shown: str, folder: str, own: tuple[str, ...]) -> None:
     """Anything in `folder` not named like the command's own output would be overwritten where its
-    name is one of the command's, or mixed with it: refused, naming the first few."""
+    name is one of the command's, or mixed with it: refused, naming the first few. An empty folder
+    holds nothing to overwrite (and a start that died early leaves one: train's checkpoints/)."""
     import fnmatch
     import os
 
@@ -127,10 +128,13 @@ def _check_only_own(flag: str, shown: str, folder: str, own: tuple[str, ...]) ->
     from shoal.report.html import is_shoal_page
 
     def ours(name: str) -> bool:
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path) and not _listing(path):
+            return True
         if not any(fnmatch.fnmatchcase(name, pattern) for pattern in own):
             return False
         # index.html is too common a name to trust: only a page shoal rendered is its earlier output
-        return not name.endswith(".html") or is_shoal_page(os.path.join(folder, name))
+        return not name.endswith(".html") or is_shoal_page(path)
 
     try:
         foreign = sorted(name for name in os.listdir(folder) if not ours(name))
@@ -204,6 +208,15 @@ def check_output_file(flag: str, path: str, *, replaces: str | None = None) -> N
         raise UserError(flag, path, "is an existing file shoal did not write; pick a new file name")
     check_output_dir(flag, os.path.dirname(p), shown=path)
     _check_name_lengths(flag, path, os.path.dirname(p), os.path.basename(p))
+
+
+def _listing(folder: str) -> list[str]:
+    import os
+
+    try:
+        return os.listdir(folder)
+    except OSError:  # unreadable: not known to be empty
+        return ["?"]
 
 
 def _begins_with(path: str, start: str) -> bool:

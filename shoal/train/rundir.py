@@ -25,6 +25,9 @@ from shoal.train.run_info import RUN_INFO
 LOCK = ".lock"
 OWN_FILES = (LOCK, "metrics.jsonl", RUN_INFO)
 """The files a run keeps at the top of its --out."""
+BEFORE_RUN_INFO = (LOCK, "slurm-*.out", "replica-*", "lost+found")
+"""What a fresh --out may hold besides nothing: a lock or replica groups of a start that died before
+writing run.json, shoal slurm's log (sbatch opens it first), a fresh filesystem's lost+found."""
 OWN_FOLDERS = ("model", "report")
 """The folders the run (its final weights) and `shoal report` (its default --out) write into its --out."""
 
@@ -59,16 +62,19 @@ def check_out(out: str, data_path: str = "") -> Path:
     """`--out` mistakes, found before anything is built: empty, a file, under a file, not creatable,
     a folder shoal wrote that is not a run (a checkpoint, a saved model, a checkpoint root), or a
     folder inside the corpus (data.path), whose next run would read this one's metrics.jsonl as text,
-    or one where a file the run keeps (OWN_FILES) is a folder."""
+    or one where a file the run keeps (OWN_FILES) is a folder, or for a fresh start a folder of other files
+    (its model/, checkpoints/ and metrics would be mixed with them, replacing those of the same name)."""
     from shoal.checkpoint import store
     from shoal.cli.argtypes import check_output_dir  # the one output-location check
     from shoal.data.sources import STDLIB
 
     if not out.strip():
         raise UserError("--out", out, "is empty; name a directory, e.g. --out runs/first")
-    check_output_dir("--out", out)  # a file, under a file, not creatable, a name too long
     path = Path(out)
-    if (kind := store.what_shoal_wrote(path)) not in (None, "a run directory"):
+    kind = store.what_shoal_wrote(path)
+    # a file, under a file, not creatable, a name too long; for a fresh start, a folder of other files
+    check_output_dir("--out", out, own=None if kind else BEFORE_RUN_INFO)
+    if kind not in (None, "a run directory"):
         raise UserError("--out", out, f"holds {kind}, not a run; pick a new --out (or the run's own folder to "
                                       "continue it)")
     for name in OWN_FILES:  # written (and renamed into place) later: a folder there fails only then

@@ -144,12 +144,22 @@ TRAIN_CASES = [  # (extra argv, what the line must name); --out is a fresh {tmp}
     [["--set", "checkpoint.dir={tmp}/o/deep"], "output directory itself"],
     [["--set", "checkpoint.dir={run}"], "holds a run directory"], [["--set", "checkpoint.dir={run}/model"], "a saved model"],
     [["--set", "checkpoint.dir={run}/checkpoints/step_00000001"], "holds a checkpoint"],
+    [["--out", "{tmp}"], "other files in it"],  # a fresh run's model/ and checkpoints/ went among them
 ]
 
 
 @pytest.mark.parametrize("extra,hint", TRAIN_CASES, ids=[c[0][-1] for c in TRAIN_CASES])
 def test_train_refusal_leaves_no_out_directory(extra, hint, where, capsys):
     refused(capsys, TRAIN + ["--out", "{tmp}/o/deep", *extra], where, hint)
+
+
+def test_a_start_that_died_before_run_json_can_be_run_again(where, capsys):
+    """What such a start leaves (its lock, an empty checkpoint root) and shoal slurm's log are no other files."""
+    early = where["tmp"] / "early"
+    (early / "checkpoints").mkdir(parents=True)
+    (early / ".lock").write_text("")
+    (early / "slurm-7.out").write_text("")
+    assert main([a.format(**where) for a in TRAIN] + ["--out", str(early)]) == 0, capsys.readouterr().err
 
 
 def test_train_refusal_leaves_nothing_in_the_default_or_an_existing_out(where, capsys, monkeypatch):
