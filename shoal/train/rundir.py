@@ -25,9 +25,10 @@ from shoal.train.run_info import RUN_INFO
 LOCK = ".lock"
 OWN_FILES = (LOCK, "metrics.jsonl", RUN_INFO)
 """The files a run keeps at the top of its --out."""
-BEFORE_RUN_INFO = (LOCK, "slurm-*.out", "replica-*", "lost+found")
-"""What a fresh --out may hold besides nothing: a lock or replica groups of a start that died before
-writing run.json, shoal slurm's log (sbatch opens it first), a fresh filesystem's lost+found."""
+BEFORE_RUN_INFO = (LOCK, "slurm-*.out", "replica-*", ".shoal-probe-*", "ray", "hang_report.*", "lost+found")
+"""What a fresh --out may hold besides nothing: what a start that died before writing run.json
+leaves (its lock, replica groups, a shared-folder probe, Ray's storage, a hang report), shoal
+slurm's log (sbatch opens it first), a fresh filesystem's lost+found."""
 OWN_FOLDERS = ("model", "report")
 """The folders the run (its final weights) and `shoal report` (its default --out) write into its --out."""
 
