@@ -13,7 +13,7 @@ from functools import cached_property
 
 from shoal.config import JobConfig
 from shoal.errors import UserError
-from shoal.layout import Layout, check, factorizations
+from shoal.layout import MAX_GPUS, Layout, check, factorizations
 from shoal.model.config import ModelConfig
 
 
@@ -77,6 +77,9 @@ def resolve(cfg: JobConfig, world: int) -> Job:
     """Resolve and check the whole job for `world` ranks (raises the first UserError)."""
     if world < 1:
         raise UserError("world size", world, "must be a positive integer")
+    if world > MAX_GPUS:  # before the batch rules, whose fixes would name a batch of that many ranks
+        raise UserError("world size", world, f"is more than {MAX_GPUS:,} ranks (a typo?); check --nodes and "
+                                             "--gpus-per-node")
     model = cfg.model_config()
     layout = resolve_layout(cfg, world)
     check(layout, model, world, cfg.train.global_batch, cfg.train.seq_len)

@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from shoal.errors import UserError
 from shoal.model.config import ModelConfig
 
+MAX_GPUS = 10_000_000
+"""The most ranks a job or a plan may have: a hundred times the largest clusters built (~100k GPUs,
+2024-25). Past it a count is a typo, and the planner's divisor loops would take minutes."""
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 INTERLEAVED = ("interleaved-1f1b", "zero-bubble")
 ACTIVATION_CHECKPOINT = ("none", "selective", "selective-op", "full")

@@ -92,12 +92,11 @@ def run(args) -> int:
     from shoal.config import load_config
     from shoal.errors import UserError
     from shoal.job import resolve
+    from shoal.layout import MAX_GPUS
     from shoal.parallel.mesh import placement_warning
 
-    from shoal.planner.layout import MAX_GPUS
-
     world, per_node = world_and_per_node(args.nproc, args.nnodes, args.per_node)
-    if world > MAX_GPUS:  # the planner's bound: grouping 100M ranks takes minutes
+    if world > MAX_GPUS:  # resolve's bound too, said here in this command's flag: grouping 100M ranks takes minutes
         raise UserError("--nproc", world, f"is the world size; at most {MAX_GPUS:,} (a typo?)")
     path = Path(args.svg) if args.svg else None
     if path and path.suffix.lower() != ".svg":

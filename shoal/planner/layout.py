@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from shoal.errors import UserError
+from shoal.layout import MAX_GPUS
 from shoal.model.config import ModelConfig
 from shoal.planner.hardware import GPU
 
@@ -68,9 +69,6 @@ class Workload:
         return self.seq_len * self.global_batch
 
 
-MAX_GPUS = 10_000_000
-"""A hundred times the largest clusters built (~100k GPUs, 2024-25): past it a GPU count is a typo, and
-the search's divisor loops would take minutes."""
 
 
 @dataclass(frozen=True)

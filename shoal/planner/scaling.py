@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from shoal.errors import UserError
 from shoal.planner.evaluate import Plan
-from shoal.planner.layout import MAX_GPUS, Cluster, Workload
+from shoal.layout import MAX_GPUS
+from shoal.planner.layout import Cluster, Workload
 from shoal.planner.search import Fixed, search
 
 DIMINISHING = 0.8

@@ -880,3 +880,10 @@ def test_output_piped_into_a_reader_that_stopped(argv):
     finally:
         os.close(write)
     assert r.returncode == 1 and r.stderr == "", r.stderr
+
+
+def test_a_world_of_more_ranks_than_any_cluster_is_named_before_the_batch_rules(tmp_path, capsys):
+    """--nodes 99999999999999999999 was refused by the batch rule, whose fix named a global batch of 8e20."""
+    argv = ["slurm", "recipes/debug.toml", "--nodes", "99999999999999999999", "--gpus-per-node", "8",
+            "--run-out", "/shared/runs/a", "--out", str(tmp_path / "job")]
+    assert_one_line(*run_cli(capsys, argv), hint="world size=799999999999999999992: is more than 10,000,000 ranks")
