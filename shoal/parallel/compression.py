@@ -127,21 +127,13 @@ class Bf16(Compressor):
 
 class Int8(Compressor):
     def reduce(self, flat, segments):
-        return int8_mean_(flat, self.group)
+        return quantized_mean_(flat, self.group, "int8")
 
 
-def int8_mean_(flat: torch.Tensor, group) -> torch.Tensor:
-    """The mean of `flat` over `group`, in place, sent as int8 with per-chunk scales (DiLoCo's
-    quantized pseudo-gradient uses it too)."""
-    return quantized_mean_(flat, group, quantize, dequantize)
-
-
-def fp4_mean_(flat: torch.Tensor, group) -> torch.Tensor:
-    """The same mean with 4-bit values (quantize_fp4): DiLoCo's `diloco_quantize = "fp4"`."""
-    return quantized_mean_(flat, group, quantize_fp4, dequantize_fp4)
-
-
-def quantized_mean_(flat: torch.Tensor, group, encode, decode) -> torch.Tensor:
+def quantized_mean_(flat: torch.Tensor, group, bits: str) -> torch.Tensor:
+    """The mean of `flat` over `group`, in place, sent in `bits` ("int8", "fp4": CODECS) with per-chunk
+    scales: gradient compression's int8 and DiLoCo's quantized pseudo-gradient."""
+    encode, decode = CODECS[bits]
     p, n = dist.get_world_size(group), flat.numel()
     per_rank = math.ceil(n / (p * CHUNK)) * CHUNK
     x = flat.new_zeros(p * per_rank)
@@ -203,6 +195,10 @@ def dequantize_fp4(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     code, negative = nibble % 8, nibble >= 8
     magnitude = torch.where(code > 0, torch.exp2(code - 7), torch.zeros_like(code))
     return (torch.where(negative, -magnitude, magnitude) * scale[:, None]).view(-1)
+
+
+CODECS = {"int8": (quantize, dequantize), "fp4": (quantize_fp4, dequantize_fp4)}
+"""What quantized_mean_ sends: (encode, decode) by name."""
 
 
 class TopK(Compressor):

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.model.transformer import param_name
+from shoal.parallel.compression import CODECS, quantized_mean_
 
 MIX = 0.5
 """Overlapped outer steps keep this share of the group's own parameters (Douillard et al. 2025, alpha)."""
@@ -146,11 +147,8 @@ class DiLoCo:
         """Start averaging this fragment's pseudo-gradient over the groups; the function it returns
         waits and returns the mean in fp32."""
         flat = torch.cat([(_local(self.outer[n]) - _local(self.params[n])).view(-1) for n in names])
-        if self.quantize in ("int8", "fp4"):
-            from shoal.parallel.compression import fp4_mean_, int8_mean_
-
-            mean_ = int8_mean_ if self.quantize == "int8" else fp4_mean_
-            return lambda: mean_(flat, self.group)
+        if self.quantize in CODECS:
+            return lambda: quantized_mean_(flat, self.group, self.quantize)
         wire = flat.div_(self.groups).to(torch.bfloat16) if self.quantize == "bf16" else flat.div_(self.groups)
         work = dist.all_reduce(wire, group=self.group, async_op=True)
 
