@@ -12,12 +12,14 @@ Recipe and measurements: docs/cluster.md.
 Everything the fixture makes is named `shc<pid><a|b>` (namespaces and veths; shc = shoal cluster)
 and lives on its own /24, so parallel test sessions do not collide; teardown (also after a failure)
 kills the processes it started by process group, then whatever else still runs in the namespaces by
-pid, then deletes the namespaces by name (which deletes the veth pair with them).
+pid, then deletes the namespaces by name (which deletes the veth pair with them). A session killed
+before its teardown leaves them behind: the next cluster deletes those first (`sweep_stale`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -103,6 +105,20 @@ def _teardown(names: list[str], cluster: Cluster | None) -> None:
                 time.sleep(0.2)
 
 
+def sweep_stale() -> list[str]:
+    """Delete the namespaces an earlier session left behind when it was killed (SIGKILL and `timeout`
+    skip teardown): ours by name (`shc<pid>a|b|p`), with no process inside, made by a process that is
+    gone (no live pid has that remainder). Returns their names."""
+    live = {int(p) % 1000000 for p in os.listdir("/proc") if p.isdigit()}
+    swept = []
+    for line in _sh("ip", "netns", "list").stdout.splitlines():
+        m = re.match(r"(shc(\d+)[abp])\b", line)
+        if m and int(m[2]) not in live and not _sh("ip", "netns", "pids", m[1]).stdout.split():
+            if _sh("ip", "netns", "del", m[1]).returncode == 0:
+                swept.append(m[1])
+    return swept
+
+
 def _must(*argv: str) -> None:
     r = _sh(*argv)
     if r.returncode:
@@ -126,6 +142,7 @@ def cannot_make_namespaces() -> str:
 @contextmanager
 def emulated_cluster(rate: str = RATE) -> Iterator[Cluster]:
     """Two nodes, a and b, joined by a veth pair shaped to `rate` each way; torn down on exit."""
+    sweep_stale()
     tag = f"shc{os.getpid() % 1000000}"
     subnet = f"10.217.{os.getpid() % 250 + 1}"
     nodes = [Node(f"{tag}a", f"{tag}a", f"{subnet}.1"), Node(f"{tag}b", f"{tag}b", f"{subnet}.2")]
