@@ -191,8 +191,9 @@ def _check_name_lengths(flag: str, shown: str, existing: str, below: str) -> Non
 
 def check_output_file(flag: str, path: str, *, replaces: str | None = None) -> None:
     """A file a command will write: not empty, not a folder, in a folder that can be written (or created).
-    `replaces`: how the command's own files begin; given, an existing file that begins otherwise (a
-    user's own file) is refused rather than overwritten."""
+    `replaces`: a mark the command's own files carry in their first HEAD_BYTES (a recipe's header
+    comment, an SVG's creator); given, an existing file without it (a user's own) is refused rather
+    than overwritten."""
     import os
 
     from shoal.errors import UserError
@@ -204,7 +205,7 @@ def check_output_file(flag: str, path: str, *, replaces: str | None = None) -> N
         raise UserError(flag, path, "is a folder; give a file name")
     if os.path.exists(p) and not os.access(p, os.W_OK):
         raise UserError(flag, path, "is not writable; pick another file name")
-    if replaces is not None and os.path.isfile(p) and not _begins_with(p, replaces):
+    if replaces is not None and os.path.isfile(p) and not _head_holds(p, replaces):
         raise UserError(flag, path, "is an existing file shoal did not write; pick a new file name")
     check_output_dir(flag, os.path.dirname(p), shown=path)
     _check_name_lengths(flag, path, os.path.dirname(p), os.path.basename(p))
@@ -219,9 +220,12 @@ def _listing(folder: str) -> list[str]:
         return ["?"]
 
 
-def _begins_with(path: str, start: str) -> bool:
+HEAD_BYTES = 4096
+
+
+def _head_holds(path: str, mark: str) -> bool:
     try:
         with open(path, "rb") as f:
-            return f.read(len(start.encode())) == start.encode()
+            return mark.encode() in f.read(HEAD_BYTES)
     except OSError:  # unreadable: not known to be ours
         return False

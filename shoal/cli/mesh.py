@@ -102,7 +102,9 @@ def run(args) -> int:
     if path and path.suffix.lower() != ".svg":
         raise UserError("--svg", args.svg, f"must name an .svg file, e.g. --svg {path.with_suffix('.svg')}")
     if path:
-        check_output_file("--svg", args.svg)
+        from shoal.report.draw import SVG_CREATOR
+
+        check_output_file("--svg", args.svg, replaces=SVG_CREATOR)  # an earlier grid is redrawn, nothing else
     dims = resolve(load_config(args.recipe, args.overrides), world).dims
     print_groups(dims, per_node)
     if line := placement_warning(dims, per_node):

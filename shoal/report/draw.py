@@ -1,9 +1,14 @@
 """Saving figures: PNG and SVG files, the PNG's bytes for the HTML page, and SVG that is the same
-bytes every time it is drawn (fixed hash salt, no date), so committed pictures can be checked."""
+bytes every time it is drawn (fixed hash salt, no date), so committed pictures can be checked.
+Each SVG names shoal as its creator (SVG_CREATOR), so a command asked to write over an existing
+.svg can tell its own picture from a person's."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+
+SVG_CREATOR = "shoal (drawn with Matplotlib)"
 
 
 def pyplot():
@@ -16,15 +21,15 @@ def pyplot():
     return plt
 
 
-def save(fig, stem: Path, formats=("png", "svg")) -> list[Path]:
+def save(fig, stem: Path, formats=("png", "svg"), dpi: int = 110) -> list[Path]:
     """Write stem.png / stem.svg and close the figure."""
     plt = pyplot()
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
     for fmt in formats:
         path = stem.with_suffix(f".{fmt}")
-        meta = {"Date": None} if fmt == "svg" else {"Software": None}
-        fig.savefig(path, dpi=110, bbox_inches="tight", metadata=meta)
+        meta = {"Date": None, "Creator": SVG_CREATOR} if fmt == "svg" else {"Software": None}
+        fig.savefig(path, dpi=dpi, bbox_inches="tight", metadata=meta)
         paths.append(path)
     plt.close(fig)
     return paths

@@ -10,6 +10,7 @@ from pathlib import Path
 from shoal.planner.hardware import GiB
 from shoal.planner.render import MEMORY_PARTS, TIME_PARTS
 from shoal.planner.scaling import efficiency, knee
+from shoal.report.draw import pyplot, save
 
 COLORS = {
     "params": "#4c72b0", "grads": "#55a868", "optimizer": "#8172b2", "activations": "#dd8452",
@@ -20,30 +21,9 @@ COLORS = {
 }
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams["svg.hashsalt"] = "shoal"  # fixed element ids (see shoal/report/draw.py)
-    return plt
-
-
-def _save(fig, stem: Path, formats: tuple[str, ...]) -> list[Path]:
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for fmt in formats:
-        path = stem.with_suffix(f".{fmt}")
-        # no date in the SVG: the guide's committed copies stay byte-identical when nothing changed
-        fig.savefig(path, dpi=130, bbox_inches="tight", metadata={"Date": None} if fmt == "svg" else None)
-        paths.append(path)
-    return paths
-
-
 def memory_figure(plans, stem: Path, formats=("png", "svg")) -> list[Path]:
     """Stacked bars: where each layout's memory goes, against the device's capacity."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(plans) + 2.0))
     labels = [p.layout.short() for p in plans][::-1]
     left = [0.0] * len(plans)
@@ -57,14 +37,12 @@ def memory_figure(plans, stem: Path, formats=("png", "svg")) -> list[Path]:
     ax.set_xlabel("GiB per GPU (busiest pipeline stage)")
     ax.set_title("Memory per GPU")
     ax.legend(ncol=7, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
-    paths = _save(fig, stem, formats)
-    plt.close(fig)
-    return paths
+    return save(fig, stem, formats, dpi=130)
 
 
 def time_figure(plans, stem: Path, formats=("png", "svg")) -> list[Path]:
     """Stacked bars: each layout's step time split into compute, communication, bubble, optimizer."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(plans) + 2.0))
     labels = [p.layout.short() for p in plans][::-1]
     left = [0.0] * len(plans)
@@ -77,14 +55,12 @@ def time_figure(plans, stem: Path, formats=("png", "svg")) -> list[Path]:
     ax.set_xlabel("seconds per step")
     ax.set_title("Step time")
     ax.legend(ncol=5, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
-    paths = _save(fig, stem, formats)
-    plt.close(fig)
-    return paths
+    return save(fig, stem, formats, dpi=130)
 
 
 def scaling_figure(points, stem: Path, formats=("png", "svg")) -> list[Path]:
     """Throughput and per-GPU efficiency against GPU count, for both sweeps."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for mode, style in (("fixed-global-batch", "o-"), ("fixed-per-gpu-batch", "s--")):
         pts = [p for p in points if p.mode == mode and p.best]
@@ -110,6 +86,4 @@ def scaling_figure(points, stem: Path, formats=("png", "svg")) -> list[Path]:
     ax2.set_ylabel("per-GPU throughput / best per-GPU")
     ax2.axhline(0.8, color="gray", linewidth=0.5)
     fig.suptitle("Scaling: where adding GPUs stops paying off")
-    paths = _save(fig, stem, formats)
-    plt.close(fig)
-    return paths
+    return save(fig, stem, formats, dpi=130)

@@ -106,11 +106,18 @@ def test_a_page_that_is_not_shoals_is_not_replaced(where, capsys):
     refused(capsys, [*PLAN, "--report", "{tmp}/site"], where, "other files in it (index.html)")
 
 
+def test_a_drawing_that_is_not_shoals_is_not_replaced(where, capsys):
+    (where["tmp"] / "logo.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg"><circle r="4"/></svg>\n')
+    refused(capsys, ["mesh", "--nproc", "4", "--svg", "{tmp}/logo.svg"], where, "shoal did not write")
+
+
 def test_an_earlier_output_is_replaced(where, capsys):
     """A plan's page, figures and recipe written twice into the same places: the second replaces the first."""
     argv = [a.format(**where) for a in [*PLAN, "--report", "{tmp}/plan", "--figures", "{tmp}/plan", "--emit",
                                         "{tmp}/plan.toml"]]
     assert main(argv) == 0 and main(argv) == 0, capsys.readouterr().err
+    grid = ["mesh", "--nproc", "4", "--svg", str(where["tmp"] / "grid.svg")]
+    assert main(grid) == 0 and main(grid) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", EMPTY, ids=[" ".join(a[:1] + a[-1:]) for a in EMPTY])
