@@ -63,8 +63,9 @@ def summarize(out: Path, name: str) -> dict:
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady)}
 
 
-def arguments(doc: str, methods: dict, steps: int) -> argparse.ArgumentParser:
-    """The settings every method runs with (bench_diloco.py takes the same)."""
+def arguments(doc: str, methods, steps: int) -> argparse.ArgumentParser:
+    """The settings every method runs with (bench_diloco.py takes the same); `methods`: the names
+    --methods runs by default."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=steps)
