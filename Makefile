@@ -5,13 +5,17 @@ STAMP := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 # The CPU wheel on these machines; on a GPU machine: make TORCH=torch demo
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test system-packages docs
+.PHONY: demo test test-fast system-packages docs
 demo: $(STAMP)
 	rm -rf runs/demo  # a fresh demo each time (shoal refuses to start over another run's metrics)
 	$(VENV)/bin/shoal train --out runs/demo
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest
+
+# the in-process tier, for contributors between edits (about a minute); `make test` runs everything
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest tests/unit
 
 # the guide's pictures (docs/img), drawn by shoal's code; tests/unit/test_guide_figures.py fails when they are stale
 docs: $(STAMP)

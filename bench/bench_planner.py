@@ -16,8 +16,8 @@ from pathlib import Path
 
 from shoal.model.config import PRESETS
 from shoal.planner.compute import head_time, layer_time
-from shoal.planner.hardware import get_gpu
-from shoal.planner.layout import Cluster, Workload
+from shoal.hardware.lookup import get_gpu
+from shoal.planner.workload import Cluster, Workload
 from shoal.planner.memory import _activation_bytes_per_layer, rank_params
 from shoal.planner.search import Fixed, search
 

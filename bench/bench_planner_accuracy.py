@@ -19,10 +19,10 @@ from pathlib import Path
 
 from shoal.model import analytics
 from shoal.model.config import PRESETS, ModelConfig
-from shoal.planner import hardware
+from shoal import hardware
 from shoal.planner.search import Fixed, evaluate_pinned, search
 from shoal.layout import Layout
-from shoal.planner.layout import Cluster, Workload
+from shoal.planner.workload import Cluster, Workload
 
 DATA = Path(__file__).with_name("published_runs.toml")
 

@@ -9,7 +9,7 @@ for the same layout on the device's catalog entry (h100 when the catalog does no
 The model is Llama 3.2 1B's shape: 16 layers, dim 2048, 32 heads (8 KV heads), SwiGLU 8192, the
 llama3 vocabulary (128,256) with tied embeddings: 1.24B parameters. MFU follows DESIGN.md
 (6·N + 12·L·H·S model FLOPs per token, recompute not counted) against the device's datasheet
-peak (shoal/measure/peak.py: 989 TFLOP/s dense bf16 on H100 SXM). The step is the trainer's own:
+peak (shoal/hardware/peak.py: 989 TFLOP/s dense bf16 on H100 SXM). The step is the trainer's own:
 parallelize() (AC, compile), ParallelModel.forward_backward (autocast, attention kernels), gradient
 clipping and AdamW (fused on CUDA); the data are random tokens (the loader is not what is measured).
 
@@ -36,11 +36,11 @@ import torch  # noqa: E402
 
 from shoal.config import load_config  # noqa: E402
 from shoal.job import resolve  # noqa: E402
-from shoal.measure.peak import job_peak  # noqa: E402
+from shoal.hardware.peak import job_peak  # noqa: E402
 from shoal.model.analytics import flops_per_token, param_counts  # noqa: E402
 from shoal.model.transformer import build_model  # noqa: E402
 from shoal.parallel.parallelize import parallelize  # noqa: E402
-from shoal.train.metrics import peak_mem_bytes  # noqa: E402
+from shoal.train.memory import peak_mem_bytes  # noqa: E402
 from shoal.train.optim import build_optimizer, clip_grad_norm  # noqa: E402
 
 LLAMA_1B = ["model.preset=llama3-8b", "model.dim=2048", "model.n_layers=16", "model.n_heads=32",
@@ -143,7 +143,7 @@ def measure(runner: Runner, micro_batch: int, steps: int, warmup: int) -> tuple[
 
 def planner_gpu(device: torch.device) -> str:
     """The catalog entry the planner predicts for: the device's own where the catalog knows it, else h100."""
-    from shoal.planner.hardware import lookup_gpu
+    from shoal.hardware.catalog import lookup_gpu
 
     entry = lookup_gpu(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     return entry.name if entry else "h100"
@@ -152,8 +152,8 @@ def planner_gpu(device: torch.device) -> str:
 def planner_prediction(job, gpu: str):
     """The planner's plan for this layout (one GPU, this micro-batch) on `gpu`: tokens/s, MFU, memory."""
     from shoal.planner.evaluate import evaluate
-    from shoal.planner.hardware import get_gpu
-    from shoal.planner.layout import Cluster, Workload
+    from shoal.hardware.lookup import get_gpu
+    from shoal.planner.workload import Cluster, Workload
 
     t = job.cfg.train
     hw = get_gpu(gpu)

@@ -10,21 +10,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-from shoal.debug.state import hang_timeout_problem
 from shoal.errors import UserError
+from shoal.files import read_toml
 from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, DILOCO_QUANTIZE, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
-from shoal.train.rundir import checkpoint_dir_problem
+from shoal.rundir.folder import checkpoint_dir_problem
 
 # [model] takes a preset plus any ModelConfig field to override it; None means "the preset's value".
 _MODEL_OVERRIDES = [f for f in fields(ModelConfig) if f.name != "note"]
@@ -202,6 +196,24 @@ class DebugConfig:
     """CUDA only: record every allocation (torch.cuda.memory._record_memory_history) and write
     <out>/memory_snapshot_rank<N>.pickle at the end, for https://pytorch.org/memory_viz; ignored
     with a warning on CPU."""
+
+
+MIN_HANG_TIMEOUT_S = 1.0
+"""The shortest hang timeout: the watchdog looks every 0.2 s at best and ordinary work (starting up,
+a first step) holds progress longer, so below a second a healthy job is reported hung (exit 124)."""
+MAX_HANG_TIMEOUT_S = 7 * 24 * 3600.0
+"""The longest: a week without progress is no watchdog at all (0 says so), and far larger values
+overflowed the store's timeout in every worker (1e300: OverflowError, a traceback per rank)."""
+
+
+def hang_timeout_problem(seconds: object) -> str | None:
+    """Why `seconds` cannot be a hang timeout, or None: the one rule for debug.hang_timeout_s,
+    SHOAL_HANG_TIMEOUT_S (shoal/debug) and `shoal run --hang-timeout`."""
+    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    if number and (seconds == 0 or MIN_HANG_TIMEOUT_S <= seconds <= MAX_HANG_TIMEOUT_S):
+        return None
+    return (f"must be 0 (no watchdog) or a number of seconds from {MIN_HANG_TIMEOUT_S:g} to {MAX_HANG_TIMEOUT_S:g} "
+            "(a week), e.g. 300")
 
 
 SECTIONS = {
@@ -442,21 +454,23 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] = ()) -> 
     return cfg
 
 
+def config_from_sections(sections: dict, overrides: list[str] = ()) -> JobConfig:
+    """A JobConfig from stored sections (JobConfig.to_dict(): job.json, run.json, a checkpoint's
+    train_state.json), then --set overrides, validated."""
+    cfg = JobConfig()
+    for section, values in sections.items():
+        for key, value in values.items():
+            if value is not None:
+                _set(cfg, f"{section}.{key}", value)
+    for item in overrides:
+        dotted, _, value = item.partition("=")
+        _set(cfg, dotted.strip(), value)
+    return cfg.validate()
+
+
 def _read_recipe(path: Path) -> dict:
     """The recipe's tables; every way a file can be unusable is one UserError naming it."""
-    from shoal.cli.argtypes import read_input_file  # the one check of a file a command reads
-
-    name = str(path)
-    raw = read_input_file("recipe", path, "a .toml file (see recipes/ for examples)")
-    try:
-        text = raw.decode("utf-8-sig")  # a byte-order mark (some Windows editors) is not a mistake
-    except UnicodeDecodeError as e:
-        raise UserError("recipe", name, f"is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start}); "
-                                        "TOML recipes are UTF-8") from None
-    try:
-        return tomllib.loads(text, parse_float=_toml_float)
-    except tomllib.TOMLDecodeError as e:
-        raise UserError("recipe", name, f"is not valid TOML ({e})") from None
+    return read_toml("recipe", path, "a .toml file (see recipes/ for examples)", parse_float=_toml_float)
 
 
 def _docstrings(cls) -> dict[str, str]:

@@ -1,20 +1,26 @@
 """A job: the config resolved once for a world size, then only read.
 
 `resolve(cfg, world)` fills what the config leaves open (dp_shard=-1, micro_batch=0), builds the
-model config and the layout, and checks the layout with shoal.layout's rules. The launcher does it
-before any worker starts (so every mistake is one line there); each worker does it once and passes
+model config and the layout, and checks the layout with shoal.layout's rules. The process that
+prepares a run does it before any worker starts (so every mistake is one line there) and writes
+the job to <out>/job.json (`Job.save`); the workers it starts read it back (`load_job`) and pass
 the frozen Job down instead of re-deriving pieces of it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import socket
 from dataclasses import dataclass
-from functools import cached_property
+from pathlib import Path
 
-from shoal.config import JobConfig
+from shoal.config import JobConfig, config_from_sections
 from shoal.errors import UserError
 from shoal.layout import MAX_GPUS, Layout, check, factorizations
 from shoal.model.config import ModelConfig
+from shoal.rundir.disk import no_space_left
 
 
 @dataclass(frozen=True)
@@ -25,16 +31,36 @@ class Job:
     layout: Layout
     world: int
 
-    @cached_property
-    def dims(self):
-        """The rank grid of the layout (shoal.parallel.mesh.ParallelDims)."""
-        from shoal.parallel.mesh import ParallelDims
-
-        return ParallelDims.of(self.layout)
-
     @property
     def n_microbatches(self) -> int:
         return self.layout.microbatches(self.cfg.train.global_batch)
+
+    def save(self, path: Path, **how) -> Path:
+        """Write the job to `path` (a run's job.json) with how to run it (`how`: out, resume, show);
+        under a name of its own first, then renamed into place, so that several nodes' launchers
+        writing one shared folder never leave half a file."""
+        record = {"shoal_job": 1, "config": self.cfg.to_dict(), "world": self.world,
+                  "layout": dataclasses.asdict(self.layout), "model": dataclasses.asdict(self.model),
+                  **{k: str(v) if isinstance(v, Path) else v for k, v in how.items()}}
+        tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+        with no_space_left(path):
+            tmp.write_text(json.dumps(record, indent=1) + "\n")
+            os.replace(tmp, path)
+        return path
+
+
+def load_job(path: Path) -> tuple[Job, dict]:
+    """A job.json back: the Job as it was resolved (not resolved again), and how to run it."""
+    try:
+        record = json.loads(Path(path).read_text())
+        cfg = config_from_sections(record.pop("config"))
+        layout, world = Layout(**record.pop("layout")), record.pop("world")
+        record.pop("model", None), record.pop("shoal_job")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError) as e:
+        why = str(e) if isinstance(e, UserError) else type(e).__name__
+        raise UserError("--job", str(path), f"is not a job.json that shoal wrote ({why}); start the run with "
+                                            "`shoal train` or `torchrun -m shoal.train RECIPE --out DIR`") from None
+    return Job(cfg, cfg.model_config(), layout, world), record
 
 
 def resolve_layout(cfg: JobConfig, world: int) -> Layout:

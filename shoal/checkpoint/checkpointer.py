@@ -32,8 +32,9 @@ from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, Unsaf
 from shoal.config import JobConfig
 from shoal.errors import UserError
 from shoal.parallel.replicas import replica_place
-from shoal.train.metrics import last_logged_step, truncate_metrics
-from shoal.train.rundir import DiskFull, errors_within, no_space_left
+from shoal.rundir.disk import DiskFull, errors_within, no_space_left
+from shoal.rundir.metrics import last_logged_step, truncate_metrics
+from shoal.rundir.names import MODEL, step_dir_name
 
 # DCP warns on every single-process save and load; that is the intent here, not a mistake.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -65,7 +66,7 @@ class Checkpointer:
         path = self._agree(lambda: choose_checkpoint(self.resume_from, self.root))
         if path is None:
             if restart_count() and self.rt.is_main and replica_place() is None:  # a replica group heals from a peer
-                lost = _last_logged_step(self.out)
+                lost = last_logged_step(self.out)
                 store.warn(f"elastic restart {restart_count()} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: "
                            f"no checkpoint yet, starting over; the failed attempt had reached step {lost}, "
                            f"so {_steps(lost)} lost")
@@ -119,8 +120,8 @@ class Checkpointer:
         return Path(answer[1]) if answer[1] is not None else None
 
     def _report_resume(self, path: Path, step: int, train_state: dict) -> None:
-        reached = _last_logged_step(self.out)
-        truncate_metrics(self.out / "metrics.jsonl", step)
+        reached = last_logged_step(self.out)
+        truncate_metrics(self.out, step)
         before = train_state.get("layout", {})
         now = layout_info(self.cfg, self.rt)
         resharded = "" if before == now else f", resharded from {_layout_text(before)} to {_layout_text(now)}"
@@ -130,7 +131,7 @@ class Checkpointer:
                        f"{reached}, so {_steps(max(0, reached - step))} lost")
         elif step == self.total:  # stopped during the final export (check_not_finished)
             store.warn(f"resuming from step {step} ({path}){resharded}: every step is done, so this run only "
-                       f"writes the final model, {self.out / 'model'}")
+                       f"writes the final model, {self.out / MODEL}")
         else:
             store.warn(f"resuming from step {step} ({path}){resharded}")
 
@@ -138,7 +139,7 @@ class Checkpointer:
     # Save
 
     def path_of(self, step: int) -> Path:
-        return self.root / store.step_dir_name(step)
+        return self.root / step_dir_name(step)
 
     def due(self, step: int) -> bool:
         return bool(self.every) and (step % self.every == 0 or step == self.total)
@@ -177,7 +178,7 @@ class Checkpointer:
 
     def _write(self, state: dict, step: int, info: dict) -> None:
         """Collective: write, hash, and (rank 0) commit one checkpoint."""
-        partial = self.root / (store.PARTIAL + store.step_dir_name(step))
+        partial = self.root / (store.PARTIAL + step_dir_name(step))
         try:
             with no_space_left(partial, kept="the checkpoints before it are intact; ",
                                then=", or set checkpoint.dir or --out on another disk"):
@@ -208,7 +209,7 @@ class Checkpointer:
             dist.gather_object(mine, everyone, dst=0, group=self.pg)
         if self.rt.is_main:  # every rank's shard is on disk and hashed: commit
             files = {name: d for part in everyone for name, d in part.items()}
-            store.commit(partial, self.root / store.step_dir_name(step), files,
+            store.commit(partial, self.root / step_dir_name(step), files,
                          {"step": step, "world_size": self.rt.world_size, "layout": info["layout"]})
             store.prune(self.root, self.keep)
 
@@ -283,8 +284,3 @@ def _model_fields(cfg: JobConfig) -> dict:
 def _few(diff: dict) -> str:
     items = [f"{k}={v}" for k, v in diff.items()]
     return ", ".join(items[:4]) + (" ..." if len(items) > 4 else "")
-
-
-def _last_logged_step(out: Path) -> int:
-    """The last step the previous attempt wrote to metrics.jsonl (0 if none)."""
-    return last_logged_step(out / "metrics.jsonl")

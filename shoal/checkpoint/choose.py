@@ -7,12 +7,17 @@ from pathlib import Path
 
 from shoal.checkpoint import store
 from shoal.errors import UserError
+from shoal.files import check_output_dir
+from shoal.rundir.folder import checkpoint_dir_problem
+from shoal.rundir.metrics import has_rows
+from shoal.rundir.names import (CHECKPOINTS, HF_EXPORT, MANIFEST, METRICS, MODEL, MODEL_WEIGHTS, list_checkpoints,
+                                what_shoal_wrote)
 
 
 def checkpoint_root(cfg, out: Path) -> Path:
     """checkpoint.dir (~ is the home folder, as in every path field; a relative one lies inside the
     output directory), or <out>/checkpoints."""
-    configured = Path(cfg.checkpoint.dir).expanduser() if cfg.checkpoint.dir else Path("checkpoints")
+    configured = Path(cfg.checkpoint.dir).expanduser() if cfg.checkpoint.dir else Path(CHECKPOINTS)
     return configured if configured.is_absolute() else Path(out) / configured
 
 
@@ -32,19 +37,19 @@ def choose_checkpoint(resume: str, root: Path) -> Path | None:
         return None
     if resume in ("auto", "never"):
         newest = store.newest_valid(root)
-        if newest is None and (existing := store.list_checkpoints(root)):
+        if newest is None and (existing := list_checkpoints(root)):
             _refuse_all_damaged(resume, root, len(existing))
         return newest
     if restart_count() and (newest := store.newest_valid(root)) is not None:
         return newest
     path = Path(resume)
-    if path.is_dir() and not (path / store.MANIFEST).exists() and store.list_checkpoints(path):
+    if path.is_dir() and not (path / MANIFEST).exists() and list_checkpoints(path):
         chosen = store.newest_valid(path)
         if chosen is None:
-            _refuse_all_damaged(resume, path, len(store.list_checkpoints(path)))
+            _refuse_all_damaged(resume, path, len(list_checkpoints(path)))
         return chosen
-    kind = store.what_shoal_wrote(path) if path.is_dir() else None
-    if kind in ("a run directory", "a saved model", store.HF_EXPORT):  # not a checkpoint that failed to save
+    kind = what_shoal_wrote(path) if path.is_dir() else None
+    if kind in ("a run directory", "a saved model", HF_EXPORT):  # not a checkpoint that failed to save
         where = f"{path / 'checkpoints'} (or one step_* in it)" if kind == "a run directory" else "a step_* checkpoint"
         raise UserError("--resume", resume, f"is {kind}, not a checkpoint; pass {where}, or --resume auto with "
                                             "--out set to the run")
@@ -52,7 +57,7 @@ def choose_checkpoint(resume: str, root: Path) -> Path | None:
     if found:
         raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
     step = store.read_train_state(path)["step"]
-    newer = [s for s, p in store.list_checkpoints(root) if s > step and p.resolve() != path.resolve()]
+    newer = [s for s, p in list_checkpoints(root) if s > step and p.resolve() != path.resolve()]
     if newer:  # this run's saves would interleave with another timeline's, and `auto` would pick theirs
         raise UserError("--resume", resume, f"is step {step}, but {root} already holds later checkpoints "
                         f"(steps {', '.join(map(str, newer))}); resume into another --out or checkpoint.dir")
@@ -67,8 +72,6 @@ def check_resume(cfg, out: Path, resume: str) -> None:
     """
     if restart_count() or int(os.environ.get("RANK", "0")) != 0:
         return
-    from shoal.cli.argtypes import check_output_dir  # the one output-location check (torch-free)
-
     root = checkpoint_root(cfg, out)
     check_output_dir("checkpoint.dir", str(root))  # found here, not by the first save minutes into the run
     _check_own_folder(cfg.checkpoint.dir, root, out)
@@ -80,21 +83,19 @@ def check_resume(cfg, out: Path, resume: str) -> None:
     start = _likely_start(root, resume)
     if start is not None:
         check_not_finished(store.read_train_state(start)["step"], cfg.train.steps, start, root, out)
-    elif (Path(out) / "metrics.jsonl").is_file() and (Path(out) / "metrics.jsonl").stat().st_size:
-        raise UserError("--out", str(out), "holds metrics.jsonl of an earlier run but no checkpoint to continue "
+    elif has_rows(Path(out)):
+        raise UserError("--out", str(out), f"holds {METRICS} of an earlier run but no checkpoint to continue "
                         "from, and a fresh run would overwrite it; pick another --out, or delete "
-                        f"{Path(out) / 'metrics.jsonl'} to start over here")
+                        f"{Path(out) / METRICS} to start over here")
 
 
 def _check_own_folder(configured: str, root: Path, out: Path) -> None:
     """A checkpoint root is a folder of its own: not among this run's outputs (an absolute path can
     name one; a relative one config.validate checked), nor a folder of something else shoal wrote."""
-    from shoal.train.rundir import checkpoint_dir_problem
-
     here, run = os.path.realpath(root), os.path.realpath(out)
     if os.path.commonpath([here, run]) == run and (problem := checkpoint_dir_problem(Path(os.path.relpath(here, run)))):
         raise UserError("checkpoint.dir", configured, problem)
-    if (kind := store.what_shoal_wrote(root)) not in (None, "a checkpoint root"):
+    if (kind := what_shoal_wrote(root)) not in (None, "a checkpoint root"):
         raise UserError("checkpoint.dir", configured, f"holds {kind}, and checkpoints saved there would mix with it; "
                                                       "give a folder of its own")
 
@@ -114,9 +115,9 @@ def check_not_finished(step: int, steps: int, path: Path, root: Path, out: Path)
 
 
 def final_model_written(out: Path, since: float = 0.0) -> bool:
-    """<out>/model/model.safetensors (weights.WEIGHTS; that module imports torch), written at or after
-    `since`: the export's last write renames it into place whole."""
-    weights = Path(out) / "model" / "model.safetensors"
+    """<out>/model/model.safetensors, written at or after `since`: the export's last write renames it
+    into place whole."""
+    weights = Path(out) / MODEL / MODEL_WEIGHTS
     try:
         return weights.is_file() and weights.stat().st_mtime >= since
     except OSError:
@@ -129,12 +130,12 @@ def _likely_start(root: Path, resume: str) -> Path | None:
         return None
     if resume != "auto":
         path = Path(resume)
-        if (path / store.MANIFEST).exists():
+        if (path / MANIFEST).exists():
             if found := store.problems(path, checksums=False):
                 raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
             return path
         root = path
-    existing = store.list_checkpoints(root)
+    existing = list_checkpoints(root)
     for _, path in reversed(existing):
         if not store.problems(path, checksums=False):
             return path
@@ -152,6 +153,6 @@ def _refuse_all_damaged(resume: str, root: Path, n: int) -> None:
 
 def _refuse_existing(root: Path) -> None:
     """Starting over next to another run's checkpoints would mix them (and `auto` would later pick theirs)."""
-    if existing := store.list_checkpoints(root):
+    if existing := list_checkpoints(root):
         raise UserError("--resume", "never", f"{root} already holds checkpoints (newest: step {existing[-1][0]}); "
                         "continue with --resume auto, or pick another --out or checkpoint.dir")

@@ -14,16 +14,18 @@ import torch
 
 from shoal.checkpoint import store
 from shoal.errors import UserError
+from shoal.files import check_output_dir
+from shoal.rundir.names import CHECKPOINTS, EXPORT_MARK, HF_EXPORT, MANIFEST, list_checkpoints, what_shoal_wrote
 from shoal.model.config import ModelConfig
 
 
 def find_checkpoints(path: Path) -> list[Path]:
     """A checkpoint directory itself, or every checkpoint under a checkpoint root or a run's --out."""
     path = Path(path)
-    if (path / store.MANIFEST).exists() or (path / store.TRAIN_STATE).exists() or (path / ".metadata").exists():
+    if (path / MANIFEST).exists() or (path / store.TRAIN_STATE).exists() or (path / ".metadata").exists():
         return [path]
-    for root in (path, path / "checkpoints"):
-        found = [p for _, p in store.list_checkpoints(root)]
+    for root in (path, path / CHECKPOINTS):
+        found = [p for _, p in list_checkpoints(root)]
         if found:
             return found
     raise UserError("checkpoint", str(path), "is neither a checkpoint directory nor a directory holding step_* "
@@ -84,10 +86,8 @@ def load_full_state(directory: Path) -> tuple[dict[str, torch.Tensor], ModelConf
 def check_export_folder(flag: str, out: Path) -> None:
     """The folder an export writes into: new, empty, or an earlier export's (which it replaces). Files
     of anything else there would be overwritten where their names are the export's, or mixed with it."""
-    from shoal.cli.argtypes import check_output_dir  # the one output-location check
-
-    kind = store.what_shoal_wrote(out)
-    if kind and kind != store.HF_EXPORT:  # its model.safetensors would be replaced
+    kind = what_shoal_wrote(out)
+    if kind and kind != HF_EXPORT:  # its model.safetensors would be replaced
         raise UserError(flag, str(out), f"holds {kind}; the export's config.json and model.safetensors go in a "
                                         "folder of their own: give a new one")
     check_output_dir(flag, str(out), own=None if kind else ())
@@ -99,6 +99,6 @@ def export_hf(directory: Path, out: Path, dtype: torch.dtype = torch.float32) ->
 
     state, cfg = load_full_state(directory)
     path = save_hf_llama(state, cfg, out, dtype=dtype)
-    (Path(out) / store.EXPORT_MARK).write_text(json.dumps({"from": str(directory), "step": describe(
+    (Path(out) / EXPORT_MARK).write_text(json.dumps({"from": str(directory), "step": describe(
         directory, checksums=False)["step"]}, indent=1) + "\n")
     return path

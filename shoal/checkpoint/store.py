@@ -14,8 +14,8 @@ Loading checks the manifest, every file's size and checksum, and falls back to t
 checkpoint when the newest is damaged.
 
 Paths: shoal only discovers, loads or deletes direct children of the root with these names that
-are real directories (not symlinks) inside the root, and every file a checkpoint refers to must be
-a plain name inside its own directory.
+are real directories (not symlinks) inside the root (shoal/rundir/names.py), and every file a
+checkpoint refers to must be a plain name inside its own directory.
 """
 
 from __future__ import annotations
@@ -23,20 +23,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from shoal.rundir.names import MANIFEST, inside, list_checkpoints, step_of_dir
+
 FORMAT = "shoal-checkpoint/1"
-MANIFEST, TRAIN_STATE = "manifest.json", "train_state.json"
+TRAIN_STATE = "train_state.json"
 PARTIAL = ".partial-"
-_STEP_DIR = re.compile(r"step_(\d{8,})")
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
 
 
 def warn(message: str) -> None:
@@ -81,49 +77,6 @@ def commit(partial: Path, final: Path, files: dict[str, dict], info: dict) -> No
     else:
         os.rename(partial, final)
     _fsync_dir(final.parent)
-
-
-def inside(path: Path, root: Path) -> bool:
-    """Does `path` (following symlinks) lie inside `root`?"""
-    try:
-        return path.resolve().is_relative_to(root.resolve())
-    except OSError:
-        return False
-
-
-def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """Committed-looking checkpoint directories under root, oldest first (not yet verified)."""
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        m = _STEP_DIR.fullmatch(entry.name)
-        if m and entry.is_dir() and not entry.is_symlink() and inside(entry, root):
-            found.append((int(m.group(1)), entry))
-    return sorted(found)
-
-
-EXPORT_MARK = "shoal_checkpoint.json"
-"""Written by `shoal ckpt export` beside the Hugging Face files: where they came from."""
-HF_EXPORT = "a Hugging Face export"
-
-
-def what_shoal_wrote(folder: Path) -> str | None:
-    """What of shoal's a folder holds, for commands about to write into it: "a checkpoint", "a saved
-    model", HF_EXPORT, "a run directory", "a checkpoint root", or None. (The names are those
-    checkpoint/weights.py, checkpoint/export.py and train/run_info.py write.)"""
-    try:
-        if (folder / MANIFEST).exists():
-            return "a checkpoint"
-        if (folder / "shoal_model.json").exists():
-            return "a saved model"
-        if (folder / EXPORT_MARK).exists():
-            return HF_EXPORT
-        if (folder / "run.json").exists() or (folder / "metrics.jsonl").exists():
-            return "a run directory"
-        return "a checkpoint root" if list_checkpoints(folder) else None
-    except OSError:  # unreadable: the write checks say so
-        return None
 
 
 class Damaged(ValueError):
@@ -185,8 +138,8 @@ def read_train_state(directory: Path) -> dict:
     for key, (what, ok) in _TRAIN_STATE_OPTIONAL.items():
         if key in state and not ok(state[key]):
             raise Damaged(f"{path}: {key!r} is {repr(state[key])[:40]}, expected {what}")
-    if (m := _STEP_DIR.fullmatch(directory.name)) and int(m.group(1)) != state["step"]:
-        raise Damaged(f"{path} says step {state['step']}, its directory says {int(m.group(1))}")
+    if (named := step_of_dir(directory)) is not None and named != state["step"]:
+        raise Damaged(f"{path} says step {state['step']}, its directory says {named}")
     return state
 
 

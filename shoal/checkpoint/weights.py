@@ -17,8 +17,7 @@ from safetensors.torch import load_model
 from shoal.errors import UserError
 from shoal.model.config import ModelConfig
 from shoal.model.transformer import Transformer, build_model
-
-WEIGHTS, CONFIG = "model.safetensors", "shoal_model.json"
+from shoal.rundir.names import MODEL, MODEL_CONFIG as CONFIG, MODEL_WEIGHTS as WEIGHTS
 
 
 def write_config(directory: Path, cfg: ModelConfig, tokenizer: str) -> None:
@@ -28,7 +27,7 @@ def write_config(directory: Path, cfg: ModelConfig, tokenizer: str) -> None:
 
 def find_model_dir(path: Path) -> Path:
     """Accept a run's output directory or the model directory inside it."""
-    for candidate in (path, path / "model"):
+    for candidate in (path, path / MODEL):
         if (candidate / WEIGHTS).is_file() and (candidate / CONFIG).is_file():
             return candidate
     raise UserError("model_dir", str(path), f"holds no {WEIGHTS} + {CONFIG}; pass the --out directory of a finished `shoal train`")

@@ -19,3 +19,21 @@ def console(**kwargs):
     if con.is_terminal or "COLUMNS" in os.environ or "width" in kwargs:
         return con
     return Console(width=PIPED_WIDTH, **kwargs)
+
+
+def print_json(doc: dict, indent: int | None = 2) -> None:
+    """A command's --json: one JSON object on stdout. Non-finite numbers (a run that died has an
+    infinite difference) are written as null, so that strict parsers (jq, JSON.parse) read it."""
+    import json
+    import math
+
+    def finite(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    print(json.dumps(finite(doc), indent=indent, allow_nan=False, default=str))

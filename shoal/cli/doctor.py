@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shoal.cli.argtypes import float_at_least, int_at_least, non_empty, positive_int
-from shoal.launch.multinode import add_args as add_node_args
+from shoal.cli.node_args import add_node_args
 from shoal.launch.multinode import multinode
 
 VERDICT_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
@@ -31,20 +31,19 @@ def register(sub) -> None:
     p.add_argument("--out", type=non_empty("--out runs/doctor"), default="runs/doctor",
                    help="where the raw timings and the plot go; with --nnodes, the directory checked to be shared "
                         "by all nodes (give the filesystem your runs will use)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     add_node_args(p)  # --nnodes, --node-rank, --master, --ifname, --rdzv-timeout, as shoal train has them
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from rich.table import Table
-
-    from shoal.cli.argtypes import check_output_dir
-    from shoal.cli.console import console as make_console
+    from shoal.cli.console import print_json
     from shoal.comm.ops import BENCH_OPS
+    from shoal.files import check_output_dir
     from shoal.measure import doctor, envcheck
 
     if args.peak:
-        return show_peak(args.precision)
+        return show_peak(args.precision, args.json)
     if multinode(args.nnodes, args.node_rank, args.master, args.ifname):
         return run_node(args)
     if not args.checks_only:
@@ -52,13 +51,24 @@ def run(args) -> int:
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     sizes = doctor.sizes(doctor.parse_size(args.min_size, "--min-size"), doctor.parse_size(args.max_size), args.factor)
     ops = args.ops or list(BENCH_OPS)
-    console = make_console(highlight=False)
     if args.checks_only:
         rep = doctor.Report(checks=envcheck.run_all(nproc))
     else:
         doctor.check_fits(nproc, sizes[-1], args.max_size)
         rep = doctor.run(nproc, sizes, ops, Path(args.out), budget_s=args.budget)
+    if args.json:
+        print_json(rep.as_dict())
+    else:
+        render(rep)
+    return 0 if rep.ok else 1
 
+
+def render(rep) -> None:
+    from rich.table import Table
+
+    from shoal.cli.console import console as make_console
+
+    console = make_console(highlight=False)
     checks = Table(title="environment", title_justify="left")
     for col in ("check", "verdict", "detail"):
         checks.add_column(col)
@@ -69,18 +79,17 @@ def run(args) -> int:
         console.print(render_rows(rep))
         console.print(straggler_lines(rep))
         console.print(f"figure: {rep.figure}")
-    return 1 if any(c.verdict == "fail" for c in rep.checks) else 0
 
 
 def run_node(args) -> int:
     """One node of `shoal doctor --nnodes`: its table; exit 2 (one line) when --out is not shared."""
     from rich.table import Table
 
-    from shoal.cli.argtypes import check_output_dir
     from shoal.cli.console import console as make_console
-    from shoal.measure import doctor, node_doctor
-
+    from shoal.cli.console import print_json
     from shoal.errors import UserError
+    from shoal.files import check_output_dir
+    from shoal.measure import doctor, node_doctor
 
     ops = ",".join(args.ops) if args.ops else None
     for flag, value, default in (("--ops", ops, None), ("--checks-only", args.checks_only, False),
@@ -92,15 +101,18 @@ def run_node(args) -> int:
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     rep = node_doctor.run(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout, nproc,
                           Path(args.out).resolve(), doctor.parse_size(args.max_size), args.budget)
-    t = Table(title=f"node {rep.node_rank} of {args.nnodes}", title_justify="left")
-    for col in ("check", "verdict", "detail"):
-        t.add_column(col)
-    for name, verdict, detail in rep.rows:
-        t.add_row(name, f"[{VERDICT_STYLE[verdict]}]{verdict}[/]", detail)
-    make_console(highlight=False).print(t)
+    if args.json:
+        print_json(rep.as_dict())
+    else:
+        t = Table(title=f"node {rep.node_rank} of {args.nnodes}", title_justify="left")
+        for col in ("check", "verdict", "detail"):
+            t.add_column(col)
+        for name, verdict, detail in rep.rows:
+            t.add_row(name, f"[{VERDICT_STYLE[verdict]}]{verdict}[/]", detail)
+        make_console(highlight=False).print(t)
     if rep.not_shared:
         raise rep.not_shared
-    return 1 if any(verdict == "fail" for _, verdict, _ in rep.rows) else 0
+    return 0 if rep.as_dict()["ok"] else 1
 
 
 def render_rows(rep):
@@ -136,12 +148,18 @@ def straggler_lines(rep) -> str:
     return "\n".join(lines)
 
 
-def show_peak(precision: str) -> int:
+def show_peak(precision: str, as_json: bool = False) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from shoal.measure.peak import compare
+    from shoal.hardware.peak import compare
 
+    if as_json:
+        from shoal.cli.console import print_json
+
+        print_json({"precision": precision, "peak": [{"what": what, "flops": flops, "how": how}
+                                                     for what, flops, how in compare(precision)]})
+        return 0
     t = Table(title=f"peak {precision} FLOP/s (MFU in `shoal train` divides by the datasheet one)", title_justify="left")
     for col in ("", "GFLOP/s", "how"):
         t.add_column(col, justify="right" if col == "GFLOP/s" else "left")

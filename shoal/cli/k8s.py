@@ -27,11 +27,11 @@ def run(args) -> int:
     import re
     from pathlib import Path
 
-    from shoal.cli.argtypes import check_output_dir
+    from shoal.files import check_output_dir
     from shoal.config import load_config
     from shoal.job import resolve
     from shoal.launch.k8s import KINDS, check, to_yaml
-    from shoal.parallel.mesh import placement_warning
+    from shoal.parallel.mesh import ParallelDims, placement_warning
 
     name = args.name or re.sub(r"[^a-z0-9-]+", "-", Path(args.recipe).stem.lower()).strip("-")[:40] or "shoal"
     queue = args.queue or ""
@@ -40,7 +40,7 @@ def run(args) -> int:
     check_output_dir("--out", args.out)
     # the recipe must run on nodes x gpus ranks: every layout mistake now, not in a pod
     job = resolve(load_config(args.recipe, args.overrides), args.nodes * args.gpus_per_node)
-    if line := placement_warning(job.dims, args.gpus_per_node):
+    if line := placement_warning(ParallelDims.of(job.layout), args.gpus_per_node):
         import sys
 
         print(line, file=sys.stderr)

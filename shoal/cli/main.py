@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     try:
-        from shoal.launch.env import omp_threads
+        from shoal.worker.env import omp_threads
 
         omp_threads()  # OpenMP would only warn when torch loads, and run with its default
         code = int(args.func(args) or 0)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shoal.cli.argtypes import check_output_file, non_empty, nonnegative_int, positive_int
+from shoal.cli.argtypes import non_empty, nonnegative_int, positive_int
+from shoal.files import check_output_file
 
 
 def register(sub) -> None:
@@ -22,6 +23,7 @@ def register(sub) -> None:
                    help="ranks (devices) per node (default: all on one node)")
     p.add_argument("--svg", metavar="FILE", type=non_empty("--svg mesh.svg"),
                    help="also draw the rank grid on its nodes into this SVG file")
+    p.add_argument("--json", action="store_true", help="print one JSON object: the grid, every group, the placement")
     p.set_defaults(func=run)
 
 
@@ -93,7 +95,7 @@ def run(args) -> int:
     from shoal.errors import UserError
     from shoal.job import resolve
     from shoal.layout import MAX_GPUS
-    from shoal.parallel.mesh import placement_warning
+    from shoal.parallel.mesh import ParallelDims, placement_warning
 
     world, per_node = world_and_per_node(args.nproc, args.nnodes, args.per_node)
     if world > MAX_GPUS:  # resolve's bound too, said here in this command's flag: grouping 100M ranks takes minutes
@@ -105,12 +107,35 @@ def run(args) -> int:
         from shoal.report.draw import SVG_CREATOR
 
         check_output_file("--svg", args.svg, replaces=SVG_CREATOR)  # an earlier grid is redrawn, nothing else
-    dims = resolve(load_config(args.recipe, args.overrides), world).dims
-    print_groups(dims, per_node)
-    if line := placement_warning(dims, per_node):
-        print(line, file=sys.stderr)
+    dims = ParallelDims.of(resolve(load_config(args.recipe, args.overrides), world).layout)
+    warning = placement_warning(dims, per_node)
+    drawn = None
     if path:
         from shoal.report.rank_grid import rank_grid_figure
 
-        print(f"rank grid: {rank_grid_figure(dims, per_node, path.with_suffix(''), formats=('svg',))[0]}")
+        drawn = rank_grid_figure(dims, per_node, path.with_suffix(""), formats=("svg",))[0]
+    if args.json:
+        from shoal.cli.console import print_json
+
+        print_json(mesh_json(dims, per_node, warning, drawn), indent=None)  # a million ranks: no line per rank
+        return 0
+    print_groups(dims, per_node)
+    if warning:
+        print(warning, file=sys.stderr)
+    if drawn:
+        print(f"rank grid: {drawn}")
     return 0
+
+
+def mesh_json(dims, per_node: int, warning: str, svg) -> dict:
+    """The grid as `arange(world)` viewed as [pp][dp_replicate][dp_shard][tp], every group of each kind
+    (global ranks), and with ranks per node the groups that cross a node."""
+    from shoal.parallel.mesh import split_groups
+
+    placed = 0 < per_node < dims.world_size
+    return {"world": dims.world_size, "rank_order": dims.rank_order,
+            "shape": {"pp": dims.pp, "dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": dims.tp},
+            "ep": dims.ep, "grid": dims.grid().tolist(), "groups": dims.groups(),
+            "per_node": per_node if placed else dims.world_size,
+            "crossing_nodes": split_groups(dims, per_node) if placed else {},
+            "warning": warning or None, "svg": str(svg) if svg else None}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shoal.cli.argtypes import check_output_dir, non_empty
+from shoal.cli.argtypes import non_empty
+from shoal.files import check_output_dir
 
 
 def register(sub) -> None:
@@ -19,8 +20,9 @@ def register(sub) -> None:
 def run(args) -> int:
     from shoal.report.html import OWN_FILES
     from shoal.report.run_report import build_report
+    from shoal.rundir.names import REPORT
 
-    out = args.out or str(Path(args.run_dir, "report"))
+    out = args.out or str(Path(args.run_dir, REPORT))
     if args.out or Path(args.run_dir).is_dir():  # a missing RUN_DIR is load_run's to name
         check_output_dir("--out", out, own=OWN_FILES)  # an earlier report is replaced, nothing else
     page = build_report(Path(args.run_dir), Path(args.out) if args.out else None, allow_partial=args.partial)

@@ -28,10 +28,10 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from shoal.debug import env_settings
-    from shoal.debug.state import hang_timeout_problem
+    from shoal.config import hang_timeout_problem
     from shoal.errors import UserError
     from shoal.launch.local import launch
-    from shoal.train.memory_check import check_local_ranks
+    from shoal.launch.memory_check import check_local_ranks
 
     if not os.path.isfile(args.script):
         raise UserError("script", args.script, "no such file; give the path of a Python script to run on every worker")

@@ -31,12 +31,12 @@ def run(args) -> int:
     import sys
     from pathlib import Path
 
-    from shoal.cli.argtypes import check_output_dir
+    from shoal.files import check_output_dir
     from shoal.config import load_config
     from shoal.errors import UserError
     from shoal.job import resolve
     from shoal.launch.slurm import check, sbatch_script
-    from shoal.parallel.mesh import placement_warning
+    from shoal.parallel.mesh import ParallelDims, placement_warning
 
     name = args.name or re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(args.recipe).stem) or "shoal"
     args.partition, args.time = args.partition or "", args.time or ""  # left out: Slurm's defaults
@@ -45,7 +45,7 @@ def run(args) -> int:
         raise UserError("--port", args.port, "must be in 1..65535")
     per_node = max(args.gpus_per_node, 1)
     job = resolve(load_config(args.recipe, args.overrides), args.nodes * per_node)  # layout mistakes: now
-    if line := placement_warning(job.dims, per_node):
+    if line := placement_warning(ParallelDims.of(job.layout), per_node):
         print(line, file=sys.stderr)
     if args.submit and not shutil.which("sbatch"):
         raise UserError("--submit", True, "sbatch is not on PATH here; run on a Slurm login node, or drop --submit "

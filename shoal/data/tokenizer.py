@@ -104,7 +104,7 @@ def load_tokenizer(spec: str) -> ByteTokenizer | HFTokenizer:
     """`"byte"` -> ByteTokenizer; anything else is the path of a tokenizer.json."""
     if spec == "byte":
         return ByteTokenizer()
-    from shoal.cli.argtypes import read_input_file  # the one check of a file a command reads
+    from shoal.files import read_input_file  # the one check of a file a command reads
 
     path = os.path.expanduser(spec)
     if not read_input_file("data.tokenizer", path, '"byte" or the path of a Hugging Face tokenizer.json').strip():

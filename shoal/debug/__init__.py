@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from shoal.debug.state import HANG_EXIT_CODE, STATE, hang_timeout_problem
+from shoal.debug.state import HANG_EXIT_CODE, STATE
 
 __all__ = ["enable", "disable", "progress", "watch_ddp", "is_enabled", "CollectiveMismatchError", "HANG_EXIT_CODE"]
 
@@ -35,7 +35,9 @@ def env_settings(check: bool | None, hang_timeout_s: float | None) -> tuple[bool
     before it starts any worker, so a bad value is one line from the launcher, not one per rank."""
     import math
 
+    from shoal.config import hang_timeout_problem
     from shoal.errors import UserError
+    from shoal.files import check_output_dir
 
     env_check = os.environ.get("SHOAL_CHECK_COLLECTIVES")
     if env_check is not None and env_check.strip() != "":
@@ -52,8 +54,6 @@ def env_settings(check: bool | None, hang_timeout_s: float | None) -> tuple[bool
         if problem := hang_timeout_problem(hang_timeout_s):
             raise UserError("SHOAL_HANG_TIMEOUT_S", env_hang, f"environment variable {problem}")
     if os.environ.get("SHOAL_DEBUG_DIR"):  # where a hang report is written: found now, not during the hang
-        from shoal.cli.argtypes import check_output_dir
-
         check_output_dir("SHOAL_DEBUG_DIR", os.environ["SHOAL_DEBUG_DIR"])
     return bool(check), DEFAULT_HANG_TIMEOUT_S if hang_timeout_s is None else float(hang_timeout_s)
 

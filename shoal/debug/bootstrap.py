@@ -10,7 +10,7 @@ import runpy
 import sys
 
 import shoal.debug
-from shoal.launch.worker_exit import exit_worker
+from shoal.worker.exit import exit_worker
 
 
 def main() -> int:
@@ -29,4 +29,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    exit_worker(main())  # not through finalization: shoal/launch/worker_exit.py says why
+    exit_worker(main())  # not through finalization: shoal/worker/exit.py says why

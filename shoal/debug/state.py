@@ -12,26 +12,10 @@ import socket
 import time
 from collections import deque
 
+from shoal.worker import exit_codes
+
 RECENT = 16  # collectives remembered per rank for reports
-HANG_EXIT_CODE = 124  # a rank's exit code after a hang report, like timeout(1): "gave up waiting"
-MIN_HANG_TIMEOUT_S = 1.0
-"""The shortest hang timeout: the watchdog looks every 0.2 s at best and ordinary work (starting up,
-a first step) holds progress longer, so below a second a healthy job is reported hung (exit 124)."""
-
-
-MAX_HANG_TIMEOUT_S = 7 * 24 * 3600.0
-"""The longest: a week without progress is no watchdog at all (0 says so), and far larger values
-overflowed the store's timeout in every worker (1e300: OverflowError, a traceback per rank)."""
-
-
-def hang_timeout_problem(seconds: object) -> str | None:
-    """Why `seconds` cannot be a hang timeout, or None: the one rule for debug.hang_timeout_s,
-    SHOAL_HANG_TIMEOUT_S and `shoal run --hang-timeout`."""
-    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-    if number and (seconds == 0 or MIN_HANG_TIMEOUT_S <= seconds <= MAX_HANG_TIMEOUT_S):
-        return None
-    return (f"must be 0 (no watchdog) or a number of seconds from {MIN_HANG_TIMEOUT_S:g} to {MAX_HANG_TIMEOUT_S:g} "
-            "(a week), e.g. 300")
+HANG_EXIT_CODE = exit_codes.HANG  # a rank's exit code after a hang report
 
 
 class CollectiveRecord:

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shoal.errors import UserError
-from shoal.train.rundir import LAUNCHER_ENV
+from shoal.rundir.lock import LAUNCHER_ENV
+from shoal.worker.exit_codes import HANG, LOST_PEER
 
 
 def worker_env(nproc: int) -> dict[str, str]:
@@ -99,22 +100,7 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
         print(f"shoal: stopped by {sig.name}; all {nproc} workers were stopped", file=sys.stderr)
         return 128 + int(sig)
     except ChildFailedError as e:
-        rank, failure = root_failure(e)
-        if failure.exitcode in said_why:
-            return failure.exitcode
-        if failure.pid in report.force_killed:  # the agent's own SIGKILL: not from outside
-            print(f"shoal: worker rank {rank} {report.frozen(failure, e.failures)}", file=sys.stderr)
-        elif -failure.exitcode in (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # it had nothing to say
-            print(f"shoal: worker rank {rank} {how_it_ended(failure.exitcode)} (exit code {failure.exitcode}), from "
-                  f"outside shoal (the kernel's OOM killer, a scheduler, kill); the other workers stopped when they "
-                  f"lost it", file=sys.stderr)
-        elif failure.exitcode < 0:  # SIGABRT, SIGSEGV, ...: a crash inside the process
-            print(f"shoal: worker rank {rank} crashed ({how_it_ended(failure.exitcode)}, exit code "
-                  f"{failure.exitcode}); see its output above", file=sys.stderr)
-        else:
-            print(f"shoal: worker rank {rank} failed (exit code {failure.exitcode}); "
-                  f"see its output above", file=sys.stderr)
-        return failure.exitcode if failure.exitcode > 0 else 1
+        return _failed(e, report, said_why)
     finally:
         agent_log.removeFilter(report)
         for log in chatty:
@@ -122,6 +108,27 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def _failed(e, report: "_FailureReport", said_why: tuple[int, ...]) -> int:
+    """The job's exit code when a worker failed, with one line naming the worker the others followed
+    and how it ended (nothing when the worker said why itself)."""
+    rank, failure = root_failure(e)
+    if failure.exitcode in said_why:
+        return failure.exitcode
+    if failure.pid in report.force_killed:  # the agent's own SIGKILL: not from outside
+        print(f"shoal: worker rank {rank} {report.frozen(failure, e.failures)}", file=sys.stderr)
+    elif -failure.exitcode in (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # it had nothing to say
+        print(f"shoal: worker rank {rank} {how_it_ended(failure.exitcode)} (exit code {failure.exitcode}), from "
+              f"outside shoal (the kernel's OOM killer, a scheduler, kill); the other workers stopped when they "
+              f"lost it", file=sys.stderr)
+    elif failure.exitcode < 0:  # SIGABRT, SIGSEGV, ...: a crash inside the process
+        print(f"shoal: worker rank {rank} crashed ({how_it_ended(failure.exitcode)}, exit code "
+              f"{failure.exitcode}); see its output above", file=sys.stderr)
+    else:
+        print(f"shoal: worker rank {rank} failed (exit code {failure.exitcode}); "
+              f"see its output above", file=sys.stderr)
+    return failure.exitcode if failure.exitcode > 0 else 1
 
 
 def _stop_workers_outright_on(*signals: signal.Signals) -> tuple[list[int], dict]:
@@ -189,13 +196,9 @@ class _DropSignalChatter(logging.Filter):
         return not ("death signal" in msg or msg.startswith(("Closing process", "Sending process")))
 
 
-def _followers() -> tuple[int, int]:
-    """Exit codes of a rank giving up on a peer that went first: after a hang report, or on a lost
-    connection (shoal/launch/worker_exit.py)."""
-    from shoal.debug.state import HANG_EXIT_CODE
-    from shoal.launch.worker_exit import LOST_PEER_EXIT_CODE
-
-    return HANG_EXIT_CODE, LOST_PEER_EXIT_CODE
+FOLLOWERS = (HANG, LOST_PEER)
+"""Exit codes of a rank giving up on a peer that went first: after a hang report, or on a lost
+connection (shoal/worker/exit.py)."""
 
 
 def root_failure(e) -> tuple[int, object]:
@@ -207,7 +210,7 @@ def _root(failures: dict) -> tuple[int, object]:
     """The earliest failure that is not a follower. The agent's own choice, the earliest timestamp,
     cannot tell them apart: a killed worker leaves no error file, its timestamp is the second the
     agent noticed, and a peer that lost it within the same 0.1 s poll ties with it and can win."""
-    causes = {r: f for r, f in failures.items() if f.exitcode not in _followers()} or failures
+    causes = {r: f for r, f in failures.items() if f.exitcode not in FOLLOWERS} or failures
     # In a tie, a worker ended by SIGTERM comes last: that is the signal the agent stops the others with.
     rank = min(causes, key=lambda r: (causes[r].timestamp, causes[r].exitcode == -signal.SIGTERM, r))
     return rank, causes[rank]
@@ -247,7 +250,7 @@ class _FailureReport(logging.Filter):
         """A worker that the agent had to SIGKILL: it kept still through the SIGTERM that stops a
         failed attempt's workers, so it was frozen (SIGSTOP, a debugger) or stuck in the kernel."""
         said = (" (the hang report above says where it stopped)"
-                if any(f.exitcode == _followers()[0] for f in failures.values()) else "")
+                if any(f.exitcode == HANG for f in failures.values()) else "")
         return (f"(pid {failure.pid}) stopped responding: it did not exit on the launcher's SIGTERM (frozen by "
                 f"SIGSTOP or a debugger, or stuck in the kernel), so the launcher killed it{said}")
 

@@ -28,25 +28,9 @@ import struct
 import time
 from dataclasses import dataclass
 
-from shoal.cli.argtypes import positive_int
 from shoal.errors import UserError
 
 DEFAULT_PORT = 29500  # torchrun's
-
-
-def add_args(p) -> None:
-    """The multi-node flags of `shoal train`."""
-    p.add_argument("--nnodes", type=positive_int, default=1, help="machines in the job; run the same command on each")
-    p.add_argument("--node-rank", type=int, default=0, help="this machine's index; 0 hosts the rendezvous at --master")
-    p.add_argument("--master", default="", metavar="HOST[:PORT]",
-                   help=f"node 0's address as the other nodes reach it (port default {DEFAULT_PORT})")
-    p.add_argument("--ifname", default="", help="network interface for gloo (default: the one that routes to --master)")
-    p.add_argument("--rdzv-timeout", type=int, default=120,
-                   help="seconds each node waits for the master and the other nodes")
-    p.add_argument("--rdzv", choices=("c10d", "static"), default="c10d",
-                   help="c10d: nodes are numbered by sorting their addresses, and a node whose workers die can "
-                        "rejoin (--max-restarts); static: numbered by --node-rank (what `shoal slurm` uses, so rank "
-                        "blocks follow the allocation), the whole job restarts together")
 
 
 @dataclass(frozen=True)

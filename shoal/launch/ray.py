@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 
 from shoal.errors import UserError
-from shoal.train.nonfinite import EXIT_CODE as NONFINITE_EXIT
+from shoal.worker.exit_codes import NONFINITE, USER_ERROR
 
 INSTALL = "pip install 'shoal[ray]'"
 
@@ -150,10 +150,10 @@ def exit_code(error: BaseException | None, nproc: int) -> int:
     cause = _unwrap(cause)
     if isinstance(cause, UserError):  # the same on every rank: said once
         print(f"shoal train: error: {cause}", file=sys.stderr, flush=True)
-        return 2
+        return USER_ERROR
     if isinstance(cause, NonFiniteStep):
         print(f"shoal train: error: {cause}", file=sys.stderr, flush=True)
-        return NONFINITE_EXIT
+        return NONFINITE
     print(f"shoal: Ray worker rank {rank} of {nproc} failed: {_first_line(cause)}", file=sys.stderr, flush=True)
     return 1
 

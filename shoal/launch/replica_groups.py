@@ -22,7 +22,8 @@ from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.parallel.replicas import GROUP_ENV, GROUPS_ENV, LIGHTHOUSE_ENV, group_share, import_torchft, replica_place
-from shoal.train.rundir import LAUNCHER_ENV
+from shoal.rundir.lock import LAUNCHER_ENV
+from shoal.worker.exit_codes import INTERRUPTED, NONFINITE, USER_ERROR
 
 JOIN_TIMEOUT_MS = 10_000
 """How long the lighthouse waits for a live group that has not yet asked for this step's quorum
@@ -31,11 +32,6 @@ HEARTBEAT_TIMEOUT_MS = 1_000
 """A group silent this long is dead: quorums go on without it. Groups heartbeat every 100 ms from a
 thread of their own, so a second is ten missed beats; torchft's default of 5 s would stall the
 live groups that long on every failure."""
-
-
-def group_out(out: Path, group: int) -> Path:
-    """Where group `group` writes its metrics, checkpoints and final weights."""
-    return out if group == 0 else out / f"replica-{group}"
 
 
 def group_config(cfg, replica_groups: int, nnodes: int):
@@ -67,8 +63,9 @@ def check_replica_groups(groups: int, cfg, nnodes: int) -> None:
         raise UserError("--replica-groups", groups, f"needs torchft ({e}); pip install 'shoal[ft]'") from None
 
 
-def launch_groups(argv: list[str], out: Path, groups: int, nproc: int, max_restarts: int) -> int:
-    """Run the lighthouse and the groups until every group is done; returns the first failing exit code."""
+def launch_groups(workers: list[list[str]], nproc: int, max_restarts: int) -> int:
+    """Run the lighthouse and one group per `workers` entry (the argv of its workers) until every
+    group is done; returns the first failing exit code."""
     from torchft._torchft import LighthouseServer
 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=JOIN_TIMEOUT_MS,
@@ -76,15 +73,14 @@ def launch_groups(argv: list[str], out: Path, groups: int, nproc: int, max_resta
     children: list[subprocess.Popen] = []
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        for k in range(groups):
-            env = {**os.environ, GROUP_ENV: str(k), GROUPS_ENV: str(groups), LIGHTHOUSE_ENV: lighthouse.address(),
+        for k, argv in enumerate(workers):
+            env = {**os.environ, GROUP_ENV: str(k), GROUPS_ENV: str(len(workers)), LIGHTHOUSE_ENV: lighthouse.address(),
                    LAUNCHER_ENV: str(os.getpid())}  # the group's launcher dies with this process
-            cmd = [sys.executable, "-m", "shoal.launch.replica_groups", str(nproc), str(max_restarts),
-                   *argv, "--out", str(group_out(out, k))]
+            cmd = [sys.executable, "-m", "shoal.launch.replica_groups", str(nproc), str(max_restarts), *argv]
             children.append(subprocess.Popen(cmd, env=env))
         codes = [c.wait() for c in children]
     except KeyboardInterrupt:
-        codes = [130]
+        codes = [INTERRUPTED]
     finally:
         for c in children:
             if c.poll() is None:
@@ -102,12 +98,11 @@ def _raise_interrupt(signum, frame):
 def _group_main(args: list[str]) -> int:
     """One group: shoal's local elastic launcher for its M workers, restarting only them."""
     from shoal.launch.local import launch
-    from shoal.train.__main__ import die_with_parent
-    from shoal.train.nonfinite import EXIT_CODE
+    from shoal.worker.process import die_with_parent
 
     die_with_parent()
     nproc, max_restarts, argv = int(args[0]), int(args[1]), args[2:]
-    return launch(argv, nproc, max_restarts=max_restarts, said_why=(2, EXIT_CODE))
+    return launch(argv, nproc, max_restarts=max_restarts, said_why=(USER_ERROR, NONFINITE))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import re
 import shlex
 
 from shoal.errors import UserError
-from shoal.train.preempt import EXIT_CODE as PREEMPTED_EXIT  # torch-free
+from shoal.worker.exit_codes import PREEMPTED as PREEMPTED_EXIT
 
 PORT = 29500
 SIGNAL_LEAD_S = 120  # SIGTERM this long before the time limit: time to finish a step and save

@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from shoal.comm.ops import BENCH_OPS
 from shoal.comm.renamed import all_gather_single, reduce_scatter_single
-from shoal.launch.worker_exit import exit_worker
-from shoal.measure.matmul import matmul_flops
+from shoal.worker.exit import exit_worker
+from shoal.hardware.matmul import matmul_flops
 
 ELEM = 4  # float32 bytes
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from shoal.comm.ops import BENCH_OPS, busbw
@@ -74,6 +74,17 @@ class Report:
     slow_link: dict[int, float] = field(default_factory=dict)
     figure: Path | None = None
 
+    @property
+    def ok(self) -> bool:
+        return not any(c.verdict == "fail" for c in self.checks)
+
+    def as_dict(self) -> dict:
+        """`shoal doctor --json`: the checks, the nccl-tests rows (bytes and bytes/s), the stragglers."""
+        return {"ok": self.ok, "checks": [asdict(c) for c in self.checks], "world": self.world,
+                "backend": self.backend, "rows": [asdict(r) for r in self.rows], "compute_gflops": self.compute_gflops,
+                "link_gbps": self.link_gbps, "slow_compute": self.slow_compute, "slow_link": self.slow_link,
+                "figure": str(self.figure) if self.figure else None}
+
 
 def default_nproc() -> int:
     import torch
@@ -102,7 +113,7 @@ def summarize(raw: dict) -> Report:
 def check_fits(nproc: int, max_size: int, shown: str) -> None:
     """Each rank holds about twice the largest message (all_to_all's send and receive buffers): refuse
     a --max-size this machine's ranks cannot hold, which the OOM killer would end midway."""
-    from shoal.train.memory_check import check_local_ranks
+    from shoal.launch.memory_check import check_local_ranks
 
     device = check_local_ranks(nproc)
     if device is None or 2 * max_size + device.reserved <= device.capacity:

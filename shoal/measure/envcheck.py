@@ -60,7 +60,7 @@ def cpu_oversubscription(nproc: int) -> Check:
     if torch.cuda.is_available():
         return Check("cpu", "ok", f"{os.cpu_count()} cores")
     cores = os.cpu_count() or 1
-    from shoal.launch.env import omp_threads
+    from shoal.worker.env import omp_threads
 
     threads = omp_threads()
     if nproc * threads > cores:
@@ -96,7 +96,7 @@ def free_port() -> Check:
             port = s.getsockname()[1]
     except OSError as e:
         return Check("free ports", "fail", f"cannot bind a local TCP port: {e}")
-    from shoal.launch.env import master_port
+    from shoal.worker.env import master_port
 
     wanted = master_port()
     if wanted:
@@ -119,7 +119,7 @@ def rendezvous(timeout_s: float = 3.0) -> Check:
     """MASTER_ADDR:MASTER_PORT reachable when set; otherwise a local c10d store round trip."""
     from torch.distributed import TCPStore
 
-    from shoal.launch.env import master_port
+    from shoal.worker.env import master_port
 
     addr, port = os.environ.get("MASTER_ADDR"), master_port()
     if addr and port:

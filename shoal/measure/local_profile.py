@@ -40,7 +40,7 @@ def _best_time(fn, repeats: int) -> float:
 def measure_matmul(dtype_name: str, n: int = 512, repeats: int = 5) -> float:
     import torch
 
-    from shoal.measure.matmul import matmul_flops
+    from shoal.hardware.matmul import matmul_flops
 
     return matmul_flops(n, getattr(torch, dtype_name), seconds=0.0, min_reps=repeats).best
 

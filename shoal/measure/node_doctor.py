@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shoal.errors import UserError
-from shoal.launch.shared_dir import unshared_message
+from shoal.worker.shared_dir import unshared_message
 
 
 @dataclass
@@ -25,6 +25,12 @@ class NodeReport:
     """(check, verdict, detail): verdict ok | fail | info."""
     node_rank: int = 0
     not_shared: UserError | None = None
+
+    def as_dict(self) -> dict:
+        """`shoal doctor --nnodes ... --json`."""
+        return {"node_rank": self.node_rank, "ok": not any(v == "fail" for _, v, _ in self.rows),
+                "checks": [{"name": name, "verdict": verdict, "detail": detail} for name, verdict, detail in self.rows],
+                "not_shared": str(self.not_shared) if self.not_shared else None}
 
 
 def run(nnodes: int, node_rank: int, master: str, ifname: str, timeout: int, nproc: int, out: Path,

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from shoal.comm.ops import busbw
-from shoal.launch.shared_dir import node_name, unshared_nodes
-from shoal.launch.worker_exit import exit_worker
+from shoal.worker.shared_dir import node_name, unshared_nodes
+from shoal.worker.exit import exit_worker
 from shoal.measure.commbench import Bench, join_job
 
 

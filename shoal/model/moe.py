@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.model.config import ModelConfig
+from shoal.model.mlp import FeedForward  # shared experts are a plain MLP
 
 
 class AuxLossInjector(torch.autograd.Function):
@@ -57,8 +58,6 @@ def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x_ND: torc
 class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        from shoal.model.transformer import FeedForward  # shared experts are a plain MLP
-
         self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
         self.router = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
         self.experts = GroupedExperts(cfg.dim, cfg.expert_hidden, cfg.n_experts)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.model.config import ModelConfig
+from shoal.model.mlp import FeedForward
 from shoal.model.moe import MoE
 
 
@@ -72,21 +73,6 @@ class Attention(nn.Module):
             is_causal=True, enable_gqa=q_BTHE.shape[2] != k_BTKE.shape[2],
         )
         return self.wo(out_BHTE.transpose(1, 2).reshape(B, T, -1))
-
-
-class FeedForward(nn.Module):
-    """SwiGLU (w2(silu(w1 x) * w3 x)) or a GELU MLP (w2(gelu(w1 x)))."""
-
-    def __init__(self, dim: int, hidden: int, kind: str = "swiglu"):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False) if kind == "swiglu" else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w3 is None:
-            return self.w2(F.gelu(self.w1(x), approximate="tanh"))
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class TransformerBlock(nn.Module):

@@ -24,7 +24,7 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
     """`model` is built on the meta device: the steps below only decide what this rank holds, and
     its share is allocated and initialized from train.seed at the end (materialize).
     `job` is a shoal.job.Job: its layout says how to split, its config the rest."""
-    lay, dims, train = job.layout, job.dims, job.cfg.train
+    lay, dims, train = job.layout, ParallelDims.of(job.layout), job.cfg.train
     # 1. Pipeline: keep only this rank's stages. Everything after this works per stage.
     ids, modules, n_stages, compressor = [0], [model], 1, None
     # Data parallelism within a replica group only, under DiLoCo: the groups meet in its outer step.

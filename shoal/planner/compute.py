@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from shoal.model.config import ModelConfig
-from shoal.planner.hardware import GPU
+from shoal.hardware.catalog import GPU
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ def read_trace(path: str | Path) -> Trace:
     """A CSV of hourly intensities: `time,gco2_per_kwh` per line (a header line is allowed).
 
     The second column is the intensity; the first names the hour (kept as written for the output)."""
-    from shoal.cli.argtypes import read_input_file  # the one check of a file a command reads
+    from shoal.files import read_input_file  # the one check of a file a command reads
 
     give = "a CSV of 'time,gco2_per_kwh' lines"
     try:

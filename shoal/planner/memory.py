@@ -17,7 +17,7 @@ from functools import lru_cache
 from shoal.layout import INTERLEAVED, Layout
 from shoal.model import analytics
 from shoal.model.config import ModelConfig
-from shoal.planner.layout import Cluster, Workload, layers_per_rank, moe_layer_count
+from shoal.planner.workload import Cluster, Workload, layers_per_rank, moe_layer_count
 from shoal.planner.slow_links import extra_state_bytes
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from shoal.errors import UserError
 from shoal.planner.evaluate import Plan
 from shoal.layout import MAX_GPUS
-from shoal.planner.layout import Cluster, Workload
+from shoal.planner.workload import Cluster, Workload
 from shoal.planner.search import Fixed, search
 
 DIMINISHING = 0.8

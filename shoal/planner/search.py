@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from shoal.errors import UserError
 from shoal.planner.evaluate import Plan, evaluate
 from shoal.layout import ACTIVATION_CHECKPOINT, INTERLEAVED, Layout, TrainerLimit, problems
-from shoal.planner.layout import Cluster, Workload
+from shoal.planner.workload import Cluster, Workload
 from shoal.planner.memory import memory
 from shoal.planner.timing import step_time
 

@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 from shoal.planner import collectives as coll
 from shoal.planner.compute import head_time, layer_time
 from shoal.layout import Layout
-from shoal.planner.layout import Cluster, Workload, group_ranks_per_node, layers_per_rank, moe_layer_count
-from shoal.planner.hardware import GPU
-from shoal.planner.local_hardware import is_local
+from shoal.planner.workload import Cluster, Workload, group_ranks_per_node, layers_per_rank, moe_layer_count
+from shoal.hardware.catalog import GPU
+from shoal.hardware.local import is_local
 from shoal.planner.memory import rank_params
 from shoal.planner.slow_links import QUANTIZED, grad_wire_factor
 
@@ -105,87 +105,21 @@ def network(cluster: Cluster) -> coll.Network:
 
 
 def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
-    cfg, lay, gpu = workload.model, layout, cluster.gpu
-    net, G = network(cluster), cluster.gpus_per_node
-    prec, elem = workload.precision, (4 if workload.precision == "fp32" else 2)
-    m = lay.microbatches(workload.global_batch)
-    T = workload.seq_len * lay.micro_batch
-    L = cfg.n_layers
-    n_moe = moe_layer_count(cfg)
-    moe_share = n_moe / L
-    layers = min(L, layers_per_rank(L, lay.pp, lay.virtual_stages))
+    """The step on the busiest rank, its parts in the module docstring's order: one micro-batch's
+    forward and backward (kernels and the collectives on their critical path), the pipeline with its
+    bubble, then what comes once per step (gradient reduction, parameter gather, the optimizer) and
+    the wait for the slowest rank."""
+    k = _Kernels(workload, layout, cluster)
+    tp_fwd, tp_bwd = _tp_comm(k)
+    ep_fwd, ep_bwd = _ep_comm(k)
+    dp = _DataParallel(k)
+    fsdp_fwd, fsdp_bwd, fsdp_start = dp.per_layer(k.fwd + tp_fwd, k.bwd + k.recompute + tp_bwd)
 
-    # --- kernels of one average layer and the head, one micro-batch ---
-    args = (cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel, workload.attention, prec)
-    dense = layer_time(*args, False, lay.ep) if n_moe < L else None
-    moe = layer_time(*args, True, lay.ep) if n_moe else None
-
-    def avg(field: str) -> float:
-        d = getattr(dense, field) if dense else 0.0
-        e = getattr(moe, field) if moe else 0.0
-        return (1 - moe_share) * d + moe_share * e
-
-    fwd, bwd = avg("fwd"), avg("bwd")
-    recompute = {"none": 0.0, "selective": avg("selective_fwd"), "selective-op": avg("op_fwd"),
-                 "full": fwd}[lay.activation_checkpoint]
-    head = head_time(cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, prec)
-
-    # --- tensor parallel: per layer, on the critical path ---
-    g_tp = group_ranks_per_node(lay.tp, lay.rank_stride("tp"), G)
-    act = T * cfg.dim * elem  # one full-sequence activation tensor
-    # DTensor's own cost per collective; only the sequence-sharded layout copies the buffer around it
-    redistribute = gpu.tp_redistribute_latency + act * gpu.tp_redistribute_per_byte
-    if lay.tp > 1 and lay.sequence_parallel:
-        tp_fwd = 4 * (coll.all_gather(act, lay.tp, g_tp, net) + redistribute)  # 2 all-gathers + 2 reduce-scatters
-    elif lay.tp > 1:
-        tp_fwd = 2 * (coll.all_reduce(act, lay.tp, g_tp, net) + gpu.tp_redistribute_latency)
-    else:
-        tp_fwd = 0.0
-    tp_bwd = tp_fwd + (tp_fwd if lay.activation_checkpoint == "full" else 0.0)
-
-    # --- expert all-to-all: dispatch + combine, per MoE layer ---
-    if n_moe and lay.ep > 1:
-        g_ep = group_ranks_per_node(lay.ep, lay.rank_stride("dp"), G)
-        a2a = coll.all_to_all(T * cfg.top_k * cfg.dim * elem / lay.tp, lay.ep, g_ep, net)
-        ep_fwd = moe_share * 2 * a2a
-        ep_bwd = ep_fwd + (ep_fwd if lay.activation_checkpoint == "full" else 0.0)
-    else:
-        ep_fwd = ep_bwd = 0.0
-
-    # --- data parallel ---
-    params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last")
-    edp = max(1, lay.dp // lay.ep)
-    g_dp = group_ranks_per_node(lay.dp, lay.rank_stride("dp"), G)
-    g_edp = group_ranks_per_node(edp, lay.rank_stride("dp") * lay.ep, G)
-
-    grad = (elem if prec == "fp32" else GRAD_REDUCE_BYTES) * grad_wire_factor(
-        workload.grad_compression, lay.dp, cfg, workload.topk_density, workload.powersgd_rank)
-
-    def gather(n_dense: float, n_expert: float, nbytes: int = elem) -> float:
-        """All-gather (or reduce-scatter: same time) of these many unsharded parameters."""
-        return (coll.all_gather(n_dense * nbytes, lay.dp, g_dp, net)
-                + coll.all_gather(n_expert * nbytes, edp, g_edp, net)) if lay.dp > 1 else 0.0
-
-    layer_dense, layer_expert = params.layer_dense, params.layer_expert
-    hide = gpu.overlap_cost
-    fsdp_fwd = fsdp_bwd = fsdp_start = 0.0
-    if lay.dp > 1 and lay.zero >= 2:
-        # Per layer, per micro-batch: sizes are the full (unsharded) layer on this TP rank.
-        rs = gather(layer_dense, layer_expert, grad)
-        ag = gather(layer_dense, layer_expert) if lay.zero == 3 else 0.0
-        fsdp_fwd = _overlap(ag, fwd + tp_fwd, hide)
-        fsdp_bwd = _overlap(ag + rs, bwd + recompute + tp_bwd, hide)
-        fsdp_start = ag + rs  # once per step: the very first gather and the very last reduce-scatter show
-
-    # --- one micro-batch on the busiest rank ---
-    p2p = 0.0
-    if lay.pp > 1:
-        same_node = lay.rank_stride("pp") < G
-        # Only 1/tp of the activation crosses: sequence parallelism leaves it split, and without it
-        # Megatron's scatter/gather sends a 1/tp slice and all-gathers it over NVLink (Narayanan §4.1).
-        p2p = lay.virtual_stages * coll.p2p(act / lay.tp, same_node, net)
-    t_f = layers * (fwd + tp_fwd + ep_fwd + fsdp_fwd) + head.fwd + p2p
-    t_b = layers * (bwd + recompute + tp_bwd + ep_bwd + fsdp_bwd) + head.bwd + p2p
+    # --- one micro-batch on the busiest rank, then the pipeline ---
+    lay, m, layers = layout, k.m, k.layers
+    p2p = _p2p(k)
+    t_f = layers * (k.fwd + tp_fwd + ep_fwd + fsdp_fwd) + k.head.fwd + p2p
+    t_b = layers * (k.bwd + k.recompute + tp_bwd + ep_bwd + fsdp_bwd) + k.head.bwd + p2p
     bubble_mbs = 0.0 if lay.pp == 1 else (lay.pp - 1) / lay.virtual_stages
     if lay.pp_schedule == "zero-bubble":
         # Splitting backward into input and weight gradients lets weight-gradient work fill the
@@ -194,58 +128,17 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         bubble_mbs /= 3
     bubble = bubble_mbs * (t_f + t_b)
 
-    # --- once per step: gradient reduction and (ZeRO-1/2) parameter gather ---
-    dp_total = dp_exposed = 0.0
-    if lay.dp > 1 and workload.diloco_inner_steps:
-        # DiLoCo: no gradient traffic across ranks; the parameters' all-reduce every H steps, waited for
-        # at once, or with overlap running beside that many steps' kernels (int8's and fp4's all-to-all is not)
-        outer = 4 * QUANTIZED[workload.diloco_quantize]
-        sync = (coll.all_reduce(params.dense * outer, lay.dp, g_dp, net)
-                + coll.all_reduce(params.expert * outer, edp, g_edp, net))
-        quantized = workload.diloco_quantize in ("int8", "fp4")
-        beside = 0.0 if quantized else workload.diloco_overlap_steps * m * (t_f + t_b)
-        dp_total = sync / workload.diloco_inner_steps
-        dp_exposed = _overlap(sync, beside, hide) / workload.diloco_inner_steps
-    elif lay.dp > 1 and lay.zero <= 2:
-        if lay.zero == 0:
-            sync = (coll.all_reduce(params.dense * grad, lay.dp, g_dp, net)
-                    + coll.all_reduce(params.expert * grad, edp, g_edp, net))
-            regather = 0.0
-        else:
-            regather = gather(params.dense, params.expert)  # updated weights back to every rank
-            # ZeRO-2 reduced its gradients per micro-batch
-            sync = gather(params.dense, params.expert, grad) if lay.zero == 1 else 0.0
-        layer_bwd = bwd + recompute + tp_bwd
-        last_bucket = sync / max(layers, 1)
-        v = lay.virtual_stages
-        dp_total = sync + regather + (m * layers * gather(layer_dense, layer_expert, grad) if lay.zero == 2 else 0.0)
-        if v == 1:
-            # The last micro-batch's backward, all but its last layer, hides the reduction.
-            dp_exposed = last_bucket + _overlap(sync - last_bucket, max(0.0, t_b - layer_bwd), hide)
-        else:
-            # Interleaved: a chunk's gradients are final only after the last micro-batch's backward through
-            # that chunk. The chunk that finishes last (1/v of the rank's parameters) has only its own
-            # backward, t_b/v, to hide behind; the others overlap the rest of the cool-down.
-            chunk = sync / v
-            dp_exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - layer_bwd), hide)
-                          + _overlap(sync - chunk, t_b * (v - 1) / v, hide))
-        dp_exposed += _overlap(regather, t_f, hide)
-    elif lay.dp > 1:
-        dp_total = m * layers * (2 * gather(layer_dense, layer_expert) + gather(layer_dense, layer_expert, grad))
-
-    local = params.dense / (lay.dp if lay.zero >= 1 else 1) + params.expert / (edp if lay.zero >= 1 else 1)
-    optimizer = OPTIMIZER_BYTES_PER_PARAM * local / (gpu.hbm_bandwidth * gpu.hbm_efficiency)
-    if is_local(gpu):
-        optimizer += _unfused_update_dispatch(lay, params.tensors, gpu)
-
+    # --- once per step ---
+    dp_total, dp_exposed = dp.per_step(t_f, t_b, k.bwd + k.recompute + tp_bwd)
+    optimizer = _optimizer_time(k, dp)
     # The slowest GPU's kernels set the pace: its spread stretches kernel time, not the wire time.
-    kernels = m * (layers * (fwd + bwd + recompute) + head.fwd + head.bwd)
+    kernels = m * (layers * (k.fwd + k.bwd + k.recompute) + k.head.fwd + k.head.bwd)
     n = cluster.n_gpus
     tail = kernels * RANK_SPEED_SIGMA * math.sqrt(2 * math.log(n)) if n > 1 else 0.0
     step = m * (t_f + t_b) + bubble + fsdp_start + dp_exposed + optimizer + tail
     return StepTime(
-        compute=m * (layers * (fwd + bwd) + head.fwd + head.bwd),
-        recompute=m * layers * recompute,
+        compute=m * (layers * (k.fwd + k.bwd) + k.head.fwd + k.head.bwd),
+        recompute=m * layers * k.recompute,
         tp_comm=m * layers * (tp_fwd + tp_bwd),
         pp_comm=m * 2 * p2p,
         ep_comm=m * layers * (ep_fwd + ep_bwd),
@@ -257,8 +150,161 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         step=step,
         microbatches=m,
         dp_comm_total=dp_total,
-        tp_on_nvlink=g_tp == lay.tp,
+        tp_on_nvlink=k.g_tp == lay.tp,
     )
+
+
+class _Kernels:
+    """The shape of the step and the kernels of one average layer and of the output head, for one
+    micro-batch on this rank (compute.py), which every other term builds on."""
+
+    def __init__(self, workload: Workload, layout: Layout, cluster: Cluster):
+        cfg, lay, gpu = workload.model, layout, cluster.gpu
+        self.workload, self.lay, self.cfg, self.gpu = workload, layout, cfg, gpu
+        self.net, self.G = network(cluster), cluster.gpus_per_node
+        self.prec, self.elem = workload.precision, (4 if workload.precision == "fp32" else 2)
+        self.m = lay.microbatches(workload.global_batch)
+        self.T = workload.seq_len * lay.micro_batch
+        n_moe = moe_layer_count(cfg)
+        self.n_moe, self.moe_share = n_moe, n_moe / cfg.n_layers
+        self.layers = min(cfg.n_layers, layers_per_rank(cfg.n_layers, lay.pp, lay.virtual_stages))
+        args = (cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel, workload.attention,
+                self.prec)
+        dense = layer_time(*args, False, lay.ep) if n_moe < cfg.n_layers else None
+        moe = layer_time(*args, True, lay.ep) if n_moe else None
+
+        def avg(field: str) -> float:
+            d = getattr(dense, field) if dense else 0.0
+            e = getattr(moe, field) if moe else 0.0
+            return (1 - self.moe_share) * d + self.moe_share * e
+
+        self.fwd, self.bwd = avg("fwd"), avg("bwd")
+        self.recompute = {"none": 0.0, "selective": avg("selective_fwd"), "selective-op": avg("op_fwd"),
+                          "full": self.fwd}[lay.activation_checkpoint]
+        self.head = head_time(cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, self.prec)
+        self.act = self.T * cfg.dim * self.elem  # one full-sequence activation tensor
+        self.g_tp = group_ranks_per_node(lay.tp, lay.rank_stride("tp"), self.G)
+
+
+def _tp_comm(k: _Kernels) -> tuple[float, float]:
+    """Tensor parallelism, per layer, forward and backward: on the critical path."""
+    lay, gpu = k.lay, k.gpu
+    # DTensor's own cost per collective; only the sequence-sharded layout copies the buffer around it
+    redistribute = gpu.tp_redistribute_latency + k.act * gpu.tp_redistribute_per_byte
+    if lay.tp > 1 and lay.sequence_parallel:
+        tp_fwd = 4 * (coll.all_gather(k.act, lay.tp, k.g_tp, k.net) + redistribute)  # 2 all-gathers + 2 reduce-scatters
+    elif lay.tp > 1:
+        tp_fwd = 2 * (coll.all_reduce(k.act, lay.tp, k.g_tp, k.net) + gpu.tp_redistribute_latency)
+    else:
+        tp_fwd = 0.0
+    return tp_fwd, tp_fwd + (tp_fwd if lay.activation_checkpoint == "full" else 0.0)
+
+
+def _ep_comm(k: _Kernels) -> tuple[float, float]:
+    """Expert all-to-all, dispatch and combine, averaged over the layers (MoE layers only)."""
+    lay = k.lay
+    if not (k.n_moe and lay.ep > 1):
+        return 0.0, 0.0
+    g_ep = group_ranks_per_node(lay.ep, lay.rank_stride("dp"), k.G)
+    a2a = coll.all_to_all(k.T * k.cfg.top_k * k.cfg.dim * k.elem / lay.tp, lay.ep, g_ep, k.net)
+    ep_fwd = k.moe_share * 2 * a2a
+    return ep_fwd, ep_fwd + (ep_fwd if lay.activation_checkpoint == "full" else 0.0)
+
+
+def _p2p(k: _Kernels) -> float:
+    """Pipeline send (or receive) of one micro-batch's activation per chunk boundary."""
+    lay = k.lay
+    if lay.pp == 1:
+        return 0.0
+    same_node = lay.rank_stride("pp") < k.G
+    # Only 1/tp of the activation crosses: sequence parallelism leaves it split, and without it
+    # Megatron's scatter/gather sends a 1/tp slice and all-gathers it over NVLink (Narayanan §4.1).
+    return lay.virtual_stages * coll.p2p(k.act / lay.tp, same_node, k.net)
+
+
+class _DataParallel:
+    """Data-parallel traffic: per layer (ZeRO-2 reduce-scatters, ZeRO-3 gathers) and once per step
+    (DDP / ZeRO-1 reduction, ZeRO-1/2 parameter gather, DiLoCo's outer all-reduce)."""
+
+    def __init__(self, k: _Kernels):
+        lay, cfg, w = k.lay, k.cfg, k.workload
+        self.k = k
+        self.params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last")
+        self.edp = max(1, lay.dp // lay.ep)
+        self.g_dp = group_ranks_per_node(lay.dp, lay.rank_stride("dp"), k.G)
+        self.g_edp = group_ranks_per_node(self.edp, lay.rank_stride("dp") * lay.ep, k.G)
+        self.grad = (k.elem if k.prec == "fp32" else GRAD_REDUCE_BYTES) * grad_wire_factor(
+            w.grad_compression, lay.dp, cfg, w.topk_density, w.powersgd_rank)
+
+    def gather(self, n_dense: float, n_expert: float, nbytes: int | None = None) -> float:
+        """All-gather (or reduce-scatter: same time) of these many unsharded parameters."""
+        k, lay = self.k, self.k.lay
+        nbytes = k.elem if nbytes is None else nbytes
+        return (coll.all_gather(n_dense * nbytes, lay.dp, self.g_dp, k.net)
+                + coll.all_gather(n_expert * nbytes, self.edp, self.g_edp, k.net)) if lay.dp > 1 else 0.0
+
+    def per_layer(self, fwd: float, bwd: float) -> tuple[float, float, float]:
+        """(exposed per layer forward, backward, once per step): ZeRO-2/3 collectives hide behind the
+        layer they are prefetched for; the very first gather and the very last reduce-scatter show."""
+        lay, hide = self.k.lay, self.k.gpu.overlap_cost
+        if not (lay.dp > 1 and lay.zero >= 2):
+            return 0.0, 0.0, 0.0
+        # Sizes are the full (unsharded) layer on this TP rank.
+        rs = self.gather(self.params.layer_dense, self.params.layer_expert, self.grad)
+        ag = self.gather(self.params.layer_dense, self.params.layer_expert) if lay.zero == 3 else 0.0
+        return _overlap(ag, fwd, hide), _overlap(ag + rs, bwd, hide), ag + rs
+
+    def per_step(self, t_f: float, t_b: float, layer_bwd: float) -> tuple[float, float]:
+        """(total, exposed) seconds of the once-per-step data-parallel traffic."""
+        k, lay, w, params, hide = self.k, self.k.lay, self.k.workload, self.params, self.k.gpu.overlap_cost
+        layer_dense, layer_expert, m, layers = params.layer_dense, params.layer_expert, k.m, k.layers
+        if lay.dp > 1 and w.diloco_inner_steps:
+            # DiLoCo: no gradient traffic across ranks; the parameters' all-reduce every H steps, waited for
+            # at once, or with overlap running beside that many steps' kernels (int8's and fp4's all-to-all is not)
+            outer = 4 * QUANTIZED[w.diloco_quantize]
+            sync = (coll.all_reduce(params.dense * outer, lay.dp, self.g_dp, k.net)
+                    + coll.all_reduce(params.expert * outer, self.edp, self.g_edp, k.net))
+            quantized = w.diloco_quantize in ("int8", "fp4")
+            beside = 0.0 if quantized else w.diloco_overlap_steps * m * (t_f + t_b)
+            return sync / w.diloco_inner_steps, _overlap(sync, beside, hide) / w.diloco_inner_steps
+        if lay.dp > 1 and lay.zero <= 2:
+            if lay.zero == 0:
+                sync = (coll.all_reduce(params.dense * self.grad, lay.dp, self.g_dp, k.net)
+                        + coll.all_reduce(params.expert * self.grad, self.edp, self.g_edp, k.net))
+                regather = 0.0
+            else:
+                regather = self.gather(params.dense, params.expert)  # updated weights back to every rank
+                # ZeRO-2 reduced its gradients per micro-batch
+                sync = self.gather(params.dense, params.expert, self.grad) if lay.zero == 1 else 0.0
+            last_bucket = sync / max(layers, 1)
+            v = lay.virtual_stages
+            total = sync + regather + (m * layers * self.gather(layer_dense, layer_expert, self.grad)
+                                       if lay.zero == 2 else 0.0)
+            if v == 1:
+                # The last micro-batch's backward, all but its last layer, hides the reduction.
+                exposed = last_bucket + _overlap(sync - last_bucket, max(0.0, t_b - layer_bwd), hide)
+            else:
+                # Interleaved: a chunk's gradients are final only after the last micro-batch's backward through
+                # that chunk. The chunk that finishes last (1/v of the rank's parameters) has only its own
+                # backward, t_b/v, to hide behind; the others overlap the rest of the cool-down.
+                chunk = sync / v
+                exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - layer_bwd), hide)
+                           + _overlap(sync - chunk, t_b * (v - 1) / v, hide))
+            return total, exposed + _overlap(regather, t_f, hide)
+        if lay.dp > 1:
+            return m * layers * (2 * self.gather(layer_dense, layer_expert)
+                                 + self.gather(layer_dense, layer_expert, self.grad)), 0.0
+        return 0.0, 0.0
+
+
+def _optimizer_time(k: _Kernels, dp: _DataParallel) -> float:
+    """The optimizer step on this rank's shard: memory-bound, plus per-tensor dispatch on CPU ranks."""
+    lay, params = k.lay, dp.params
+    local = params.dense / (lay.dp if lay.zero >= 1 else 1) + params.expert / (dp.edp if lay.zero >= 1 else 1)
+    optimizer = OPTIMIZER_BYTES_PER_PARAM * local / (k.gpu.hbm_bandwidth * k.gpu.hbm_efficiency)
+    if is_local(k.gpu):
+        optimizer += _unfused_update_dispatch(lay, params.tensors, k.gpu)
+    return optimizer
 
 
 def _overlap(comm: float, compute: float, cost: float) -> float:

@@ -1,12 +1,12 @@
 """Predicted vs measured: the planner's numbers for a finished `shoal train` run, beside what it logged.
 
 The prediction is the one the run stored before its first step (run.json's `prediction`, written by
-shoal/train/prediction.py for the run's own layout on its own hardware). A run from before shoal
-stored predictions, or a question about other hardware (`--gpu`, `--hw-file`, `--hw`), is planned
-here instead, from the run's config: run.json's, else its newest checkpoint's (train_state.json),
-else the recipe it was started with; the comparison says which. The measurement comes from its
-metrics.jsonl: the median step time without the warm-up steps (the summary leaves out the same
-ones), the peak memory rank 0 logged, the MFU it logged. Torch-free, like the planner.
+the trainer with shoal/planner/prediction.py for the run's own layout on its own hardware). A run
+from before shoal stored predictions, or a question about other hardware (`--gpu`, `--hw-file`,
+`--hw`), is planned here instead, from the run's config: run.json's, else its newest checkpoint's
+(train_state.json), else the recipe it was started with; the comparison says which. The
+measurement comes from its metrics.jsonl: rundir.metrics.steady (the medians the run summary and
+`shoal report` show too) and the peak memory rank 0 logged. Torch-free, like the planner.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.config import config_from_sections, load_config
 from shoal.errors import UserError
-from shoal.planner.hardware import GiB
-
-WARMUP_STEPS = 2
-"""Steps left out of the measured mean: the trainer's summary leaves out the same first two
-(shoal/train/metrics.py WARMUP_STEPS; that module imports torch, so the number is repeated here)."""
+from shoal.hardware.catalog import GiB
+from shoal.job import resolve
+from shoal.planner.prediction import RunPrediction, from_run_info, plan_job
+from shoal.rundir.metrics import read_rows, steady
+from shoal.rundir.names import METRICS
+from shoal.rundir.run_info import read_info, starts
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,9 @@ class Comparison:
     measured_peak_gib: float
     measured_mfu: float | None
     """MFU as the run logged it, against the peak the trainer uses (datasheet GPU or CPU peak)."""
-
-    @property
-    def predicted_mfu(self) -> float | None:
-        """The predicted step's MFU against the run's own peak, so the two MFUs compare (the planner's
-        `local` peak is a measured matmul rate, not the datasheet peak the trainer divides by): the
-        measured MFU scaled by measured / predicted step time."""
-        return None if self.measured_mfu is None else self.measured_mfu * self.measured_step_s / self.predicted_step_s
+    predicted_mfu: float | None = None
+    """The predicted step's MFU against the run's own peak, so the two MFUs compare (the planner's
+    `local` peak is a measured matmul rate, not the datasheet peak the trainer divides by)."""
 
     @property
     def step_ratio(self) -> float:
@@ -59,8 +57,7 @@ class Comparison:
     def as_dict(self) -> dict:
         from dataclasses import asdict
 
-        return {**asdict(self), "predicted_mfu": self.predicted_mfu, "step_ratio": self.step_ratio,
-                "memory_ratio": self.memory_ratio}
+        return {**asdict(self), "step_ratio": self.step_ratio, "memory_ratio": self.memory_ratio}
 
 
 def _newest_train_state(run_dir: Path) -> dict | None:
@@ -76,9 +73,6 @@ def _newest_train_state(run_dir: Path) -> dict | None:
 
 def run_config(run_dir: Path, recipe: str | None, overrides: list[str], gpus: int | None):
     """(JobConfig, world size) of the run."""
-    from shoal.config import load_config
-    from shoal.train.prediction import config_from_sections
-
     if recipe is not None:
         if gpus is None:
             raise UserError("gpus", None, "with --recipe, give the run's rank count with --gpus N")
@@ -94,50 +88,32 @@ def run_config(run_dir: Path, recipe: str | None, overrides: list[str], gpus: in
     return cfg, world
 
 
-def measured(run_dir: Path) -> tuple[int, float, float, float | None]:
-    """(steady steps, median step seconds, peak bytes, mean MFU) from <run_dir>/metrics.jsonl."""
-    from shoal.report.run_dir import read_rows
-
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        raise UserError("validate", str(run_dir), "has no metrics.jsonl (is it a `shoal train --out` directory?)")
-    rows, _ = read_rows(path, str(run_dir), need=("step_time_s",))  # kinds checked there; a torn last line left out
+def measured(run_dir: Path, info: dict | None) -> tuple[int, float, float, float | None]:
+    """(steady steps, median step seconds, peak bytes, median MFU) from <run_dir>/metrics.jsonl."""
+    if not (run_dir / METRICS).is_file():
+        raise UserError("validate", str(run_dir), f"has no {METRICS} (is it a `shoal train --out` directory?)")
+    rows = read_rows(run_dir, need=("step_time_s",))  # kinds checked there; a torn last line left out
     if not rows:
-        raise UserError("validate", str(path), "is empty: the run logged no step")
-    steady = rows[WARMUP_STEPS:] if len(rows) > WARMUP_STEPS else rows
-    # The median, not the summary's mean: the plan is for an undisturbed step, and on a shared machine
-    # a few steps stretched by other jobs would otherwise decide the comparison.
-    times = sorted(r["step_time_s"] for r in steady)
-    step = (times[(len(times) - 1) // 2] + times[len(times) // 2]) / 2
-    if not step > 0:  # a step takes time: the ratios below divide by it
-        raise UserError("validate", str(path), f"has a median step_time_s of {step}; `shoal train` never writes "
-                                               "that: give a run's --out directory, or re-run it")
+        raise UserError("validate", str(run_dir / METRICS), "is empty: the run logged no step")
+    speed = steady(rows, starts(info))
+    if not speed.step_time_s > 0:  # a step takes time: the ratios below divide by it
+        raise UserError("validate", str(run_dir / METRICS), f"has a median step_time_s of {speed.step_time_s}; "
+                                                            "`shoal train` never writes that: give a run's --out "
+                                                            "directory, or re-run it")
     peak = max(float(r.get("peak_mem_bytes", 0)) for r in rows)
-    mfus = [r["mfu"] for r in steady if "mfu" in r]
-    return len(steady), step, peak, (sum(mfus) / len(mfus) if mfus else None)
-
-
-def read_run_info(run_dir: Path) -> dict | None:
-    """run.json with its fields' kinds checked and the layout and world size there (shoal train always
-    writes them; a damaged one is a UserError), or None where there is none."""
-    from shoal.report.run_dir import read_info
-    from shoal.train.run_info import RUN_INFO
-
-    path = run_dir / RUN_INFO
-    return read_info(path, str(run_dir), need=("layout", "world")) if path.is_file() else None
+    return speed.steps, speed.step_time_s, peak, speed.mfu
 
 
 def compare(run_dir: str | Path, gpu=None, *, recipe: str | None = None, overrides: list[str] = (),
             gpus: int | None = None, gpus_per_node: int | None = None) -> Comparison:
     """The run's stored prediction against its measurement; with `gpu` (or for a run that stored
     none) the plan is made now for that hardware (default: this machine, `local`)."""
-    from shoal.train.prediction import from_run_info
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError("validate", str(run_dir), "no such directory")
-    n, step, peak, mfu = measured(run_dir)
-    info = read_run_info(run_dir) or {}
+    info = read_info(run_dir, need=("layout", "world"))
+    n, step, peak, mfu = measured(run_dir, info)
+    info = info or {}
     if gpus is not None and info.get("world") and gpus != int(info["world"]):  # a plan for ranks not measured
         raise UserError("gpus", gpus, f"the run had {info['world']} ranks (its run.json); --gpus gives that count "
                                       "where a run did not store it: leave it out, or plan anew without --validate")
@@ -147,26 +123,27 @@ def compare(run_dir: str | Path, gpu=None, *, recipe: str | None = None, overrid
     if stored is not None and stored.step_time_s is not None:
         from shoal.layout import Layout
 
-        return Comparison(str(run_dir), stored.hardware, "stored by the run (run.json)", Layout(**info["layout"]).short(),
-                          int(info["world"]), n, stored.step_time_s, step, stored.memory.total / GiB, peak / GiB, mfu)
+        return _comparison(run_dir, stored, "stored by the run (run.json)", Layout(**info["layout"]).short(),
+                           int(info["world"]), n, step, peak, mfu)
     why = ("planned now: run.json holds no step-time prediction (a run from before shoal stored them)"
            if not asked else "planned now for the hardware or settings asked for")
     job, per_node = _run_job(run_dir, info, recipe, list(overrides), gpus)
-    from shoal.planner.hardware import get_gpu
-    from shoal.planner.local_hardware import local_for_ranks
-    from shoal.train.prediction import plan_job
+    from shoal.hardware.local import local_for_ranks
+    from shoal.hardware.lookup import get_gpu
 
     per_node = gpus_per_node or per_node or job.world
     plan = plan_job(job, local_for_ranks(gpu or get_gpu("local"), per_node), per_node)
-    return Comparison(str(run_dir), plan.hardware, why, job.layout.short(), job.world, n, plan.step_time_s, step,
-                      plan.memory.total / GiB, peak / GiB, mfu)
+    return _comparison(run_dir, plan, why, job.layout.short(), job.world, n, step, peak, mfu)
+
+
+def _comparison(run_dir: Path, pred: RunPrediction, source: str, layout: str, world: int, n: int, step: float,
+                peak: float, mfu: float | None) -> Comparison:
+    return Comparison(str(run_dir), pred.hardware, source, layout, world, n, pred.step_time_s, step,
+                      pred.memory.total / GiB, peak / GiB, mfu, pred.on_measured_peak(step, mfu))
 
 
 def _run_job(run_dir: Path, info: dict, recipe: str | None, overrides: list[str], gpus: int | None):
     """(the run's resolved Job, ranks per node or 0): from --recipe, else run.json, else a checkpoint."""
-    from shoal.job import resolve
-    from shoal.train.prediction import config_from_sections
-
     if recipe is None and info.get("config") and info.get("world"):
         return resolve(config_from_sections(info["config"], overrides), gpus or int(info["world"])), int(info.get("local_world", 0))
     cfg, world = run_config(run_dir, recipe, overrides, gpus)

@@ -77,8 +77,9 @@ def grid_data(name: str) -> dict:
 
 def _scaling_points():
     from shoal.model.config import get_preset
-    from shoal.planner import hardware, scaling
-    from shoal.planner.layout import Cluster, Workload
+    from shoal import hardware
+    from shoal.planner import scaling
+    from shoal.planner.workload import Cluster, Workload
     from shoal.planner.search import Fixed
 
     workload = Workload(get_preset("llama3-8b"), 8192, 512)

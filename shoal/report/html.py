@@ -20,18 +20,12 @@ code { background: #f3f3f3; padding: 0 .25em; }
 
 
 PAGE = "index.html"
-OWN_FILES = (PAGE, "*.png", "*.svg")
+PAGE_MARK = "<title>shoal "
+"""Every page render() writes has a title beginning "shoal ": index.html is too common a name to
+trust without it (shoal.files.carries_mark)."""
+OWN_FILES = ((PAGE, PAGE_MARK), "*.png", "*.svg")
 """What a report folder holds (the run report's, `plan --report`'s and `plan --figures`'): a folder
 holding anything else is not one, and a report there would overwrite or mix with it."""
-
-
-def is_shoal_page(path) -> bool:
-    """Whether a file is a page render() wrote (its title begins "shoal "), which a new one may replace."""
-    try:
-        with open(path, "rb") as f:
-            return b"<title>shoal " in f.read(4096)
-    except OSError:
-        return False
 
 
 @dataclass

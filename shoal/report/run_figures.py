@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from shoal.planner.render import MEMORY_PARTS
@@ -127,7 +126,7 @@ def memory_figure(measured: dict, predicted, stem: Path, by_rank: dict[str, list
 def comm_figure(run, stem: Path) -> list[Path]:
     """Left: bytes each step sent, by collective (stacked). Right: the steady steps' mean by
     parallel dimension (the group that carried it), stacked by collective."""
-    from shoal.report.run_dir import steady_rows
+    from shoal.rundir.metrics import steady_rows
 
     plt = pyplot()
     fig, (ax, ax_dim) = plt.subplots(1, 2, figsize=(11, 3.2), gridspec_kw={"width_ratios": [3, 2]})
@@ -146,7 +145,7 @@ def comm_figure(run, stem: Path) -> list[Path]:
     if kinds:
         ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
-    by_dim = mean_bytes_by_dim(steady_rows(run.rows))
+    by_dim = mean_bytes_by_dim(steady_rows(run.rows, run.starts))
     dims = sorted({d for kind_dim in by_dim for d in [kind_dim.split(":")[1]]})
     left = {d: 0.0 for d in dims}
     for kind in sorted({kd.split(":")[0] for kd in by_dim}):
@@ -213,12 +212,12 @@ def predicted_figure(measured: dict, pred, stem: Path) -> list[Path]:
 
 
 def steady_measurement(run) -> dict:
-    """Median step time, MFU and peak memory over the steady steps (warm-up left out)."""
-    from shoal.report.run_dir import steady_rows
+    """The run's speed over its steady steps (rundir.metrics.steady: the medians the run summary and
+    `plan --validate` show too), and its peak memory over every step."""
+    from shoal.rundir.metrics import steady
 
-    rows = steady_rows(run.rows)
-    return {"step_time_s": statistics.median(r["step_time_s"] for r in rows),
-            "mfu": statistics.median(r.get("mfu", 0.0) for r in rows),
+    speed = steady(run.rows, run.starts)
+    return {"step_time_s": speed.step_time_s, "mfu": speed.mfu or 0.0,
             "peak_mem_bytes": max(r.get("peak_mem_bytes", 0) for r in run.rows),
             "model_state_bytes": max(r.get("model_state_bytes", 0) for r in run.rows),
             "what": "resident set size" if (run.info or {}).get("device", "cpu") == "cpu" else "CUDA allocator"}

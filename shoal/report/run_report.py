@@ -10,7 +10,8 @@ import shutil
 from pathlib import Path
 
 from shoal.report.html import Figure, Section, render
-from shoal.report.run_dir import Run, load_run
+from shoal.rundir.names import REPORT
+from shoal.rundir.run import Run, load_run
 
 SECTION_IDS = ("summary", "training", "rank-grid", "pipeline", "memory", "communication", "stragglers", "prediction")
 NEEDS = ("config.train.global_batch", "config.train.seq_len", "config.model", "layout", "world")
@@ -32,7 +33,7 @@ def build_report(run_dir: Path, out: Path | None = None, allow_partial: bool = F
         from shoal.report.predict import predict
 
         found = predict(run.info, measured)
-    out = out or run_dir / "report"
+    out = out or run_dir / REPORT
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -233,10 +234,10 @@ def memory_paragraph(run: Run, measured: dict, pred, by_rank: dict | None) -> st
 
 
 def comm_paragraph(run: Run) -> str:
-    from shoal.report.run_dir import steady_rows
     from shoal.report.run_figures import mean_bytes_by_dim
+    from shoal.rundir.metrics import steady_rows
 
-    by_dim = mean_bytes_by_dim(steady_rows(run.rows))
+    by_dim = mean_bytes_by_dim(steady_rows(run.rows, run.starts))
     if not by_dim:
         return "Bytes by parallel dimension were not recorded (one rank, or a run from before they were)."
     totals: dict[str, float] = {}

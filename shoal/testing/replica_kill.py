@@ -7,7 +7,6 @@ to the group's elastic agent.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoal.launch.replica_groups import group_out
+from shoal.rundir.metrics import read_rows
+from shoal.rundir.names import JOB, replica_dir
 
 
 @dataclass
@@ -25,13 +25,6 @@ class ReplicaRun:
     rows: list[list[dict]]  # each group's metrics.jsonl rows, group 0 first
     killed_at: int | None   # the victim group's last logged step when its worker was killed
     log: str                # the launcher's stdout and stderr
-
-
-def read_rows(path: Path) -> list[dict]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except FileNotFoundError:
-        return []
 
 
 def run_replica_groups(recipe: str, out: Path, overrides: list[str], groups: int = 2, nproc: int = 1,
@@ -47,20 +40,19 @@ def run_replica_groups(recipe: str, out: Path, overrides: list[str], groups: int
         killed_at = None
         try:
             if kill_group is not None:
-                metrics = group_out(out, kill_group) / "metrics.jsonl"
-                while (rows := read_rows(metrics))[-1:] == [] or rows[-1]["step"] < kill_at:
+                victim = replica_dir(out, kill_group)
+                while (rows := read_rows(victim))[-1:] == [] or rows[-1]["step"] < kill_at:
                     if launcher.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"the run ended or stalled before group {kill_group} reached step {kill_at}")
                     time.sleep(0.02)
-                os.kill(_worker_of(launcher.pid, group_out(out, kill_group)), signal.SIGKILL)
+                os.kill(_worker_of(launcher.pid, victim), signal.SIGKILL)
                 killed_at = rows[-1]["step"]
             code = launcher.wait(timeout=max(1.0, deadline - time.monotonic()))
         finally:
             if launcher.poll() is None:
                 os.killpg(launcher.pid, signal.SIGKILL)
                 launcher.wait()
-    return ReplicaRun(code, [read_rows(group_out(out, k) / "metrics.jsonl") for k in range(groups)], killed_at,
-                      log.read_text())
+    return ReplicaRun(code, [read_rows(replica_dir(out, k)) for k in range(groups)], killed_at, log.read_text())
 
 
 def _children(pid: int) -> list[int]:
@@ -73,5 +65,5 @@ def _cmdline(pid: int) -> str:
 
 def _worker_of(launcher: int, group_dir: Path) -> int:
     """The first worker of the group writing to group_dir: launcher -> group launcher -> worker."""
-    group = next(p for p in _children(launcher) if f"--out {group_dir} " in _cmdline(p) + " ")
+    group = next(p for p in _children(launcher) if f"--job {group_dir / JOB} " in _cmdline(p) + " ")
     return next(p for p in _children(group) if "shoal.train" in _cmdline(p))

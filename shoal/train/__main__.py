@@ -1,71 +1,79 @@
-"""Worker entry point: `torchrun ... -m shoal.train [RECIPE] [--set ...] [--out DIR]`.
+"""A worker: `python -m shoal.train --job OUT/job.json`, or under plain torchrun (and Slurm or
+Kubernetes calling it) `torchrun ... -m shoal.train [RECIPE] [--set S.K=V ...] --out DIR`.
 
-`shoal train --nproc N` starts N of these through the elastic launcher; on a cluster torchrun (or
-Slurm/Kubernetes calling it) does the same with the same arguments.
+shoal's launchers (`shoal train --nproc N`, --nnodes, --replica-groups) prepare the job once and
+start their workers with --job: a worker reads the job and trains, checking nothing again. Under
+plain torchrun no process prepared it, so each rank does (shoal/launch/session.py): each resolves
+the recipe, rank 0 checks the output folder and the checkpoints and holds the lock.
 
-A worker dies with the process that started it: the kernel sends it SIGKILL when its parent exits
-(prctl PR_SET_PDEATHSIG), so killing the launcher, even with SIGKILL, leaves no orphan training
-on; stopping the launcher (Ctrl-C, SIGTERM) ends its workers with SIGKILL (shoal/launch/local.py).
-Checkpoints commit atomically, so nothing that a save had finished is lost.
-A user mistake is the same on every rank: each node's first rank says it in one line, every rank exits 2.
-A rank whose peer died says so in one line, not a traceback from inside the collective.
+A user mistake is the same on every rank: each node's first rank says it in one line, every rank
+exits 2. A rank whose peer died says so in one line, not a traceback from inside the collective.
 """
 
-import ctypes
+import argparse
 import os
-import signal
 import sys
 
-from shoal.cli.main import build_parser
 from shoal.errors import UserError
-from shoal.launch.worker_exit import LOST_PEER_EXIT_CODE, exit_worker, lost_peer
-from shoal.train.rundir import LAUNCHER_ENV
-
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        return  # not fatal: the launcher still stops its workers on SIGINT/SIGTERM
-    if os.getppid() != parent or _gone(os.environ.get(LAUNCHER_ENV)):
-        os._exit(1)  # the launcher died before the request took effect: this worker is already an orphan
+from shoal.worker.exit import exit_worker, lost_peer
+from shoal.worker.exit_codes import LOST_PEER, USER_ERROR
+from shoal.worker.process import adopt
 
 
-def _gone(pid: str | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        pass
-    return False
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, like every other user mistake
+        self.exit(USER_ERROR, f"shoal train: error: {message} (under torchrun: -m shoal.train [RECIPE] "
+                              "[--set SECTION.KEY=VALUE ...] --out DIR [--resume auto|never|PATH] [--quiet])\n")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = _Parser(prog="python -m shoal.train")
+    p.add_argument("recipe", nargs="?")
+    p.add_argument("--job", help="the job.json a shoal launcher prepared")
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--out")
+    p.add_argument("--resume", default="auto")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    for flag, value in (("recipe", args.recipe), ("--out", args.out), ("--resume", args.resume)):
+        if value is not None and not value.strip():
+            p.error(f"{flag} must not be empty, got {value!r}")
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    from shoal.train.process import train_here
+
+    if args.job:
+        from shoal.job import load_job
+
+        job, how = load_job(args.job)
+        return train_here(job, how["out"], resume=how["resume"], show=how["show"])
+    # the one import from a lower floor up (tests/unit/test_architecture.py says why)
+    from shoal.config import load_config
+    from shoal.launch.session import Options, prepare
+
+    options = Options(out=args.out, recipe=args.recipe, resume=args.resume, quiet=args.quiet)
+    with prepare(load_config(args.recipe, args.overrides), options) as session:
+        return train_here(session.job, session.out, resume=args.resume, show=not args.quiet)
 
 
 def main() -> int:
-    if "WORLD_SIZE" in os.environ:  # started by a launcher
-        die_with_parent()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # never a KeyboardInterrupt traceback per rank
-    argv = ["train", *sys.argv[1:]]
-    args = build_parser(argv).parse_args(argv)
+    adopt()  # die with the launcher; Ctrl-C ends the process without a traceback per rank
+    args = parse(sys.argv[1:])
     try:
-        return int(args.func(args) or 0)
+        return run(args)
     except UserError as e:
         if os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":  # one line on each node's console
             print(f"shoal train: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return USER_ERROR
     except RuntimeError as e:
         why = lost_peer(e) if "WORLD_SIZE" in os.environ else None
         if why is None:
             raise
         print(f"shoal train: rank {os.environ['RANK']} stopped: a peer is gone ({why}); the launcher's line names "
               f"the worker that failed first", file=sys.stderr, flush=True)
-        return LOST_PEER_EXIT_CODE
+        return LOST_PEER
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -49,7 +50,7 @@ class Runtime:
 
 def init_runtime(job) -> Runtime:
     """Join the job's process group (a shoal.job.Job resolved for this world size) and build its meshes."""
-    world, dims = job.world, job.dims
+    world, dims = job.world, ParallelDims.of(job.layout)
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -112,6 +113,19 @@ def mark(step: int, phase: str) -> None:
     import shoal.debug
 
     shoal.debug.progress(step, phase)
+
+
+def require_shared(rt: Runtime, directory: Path, field: str) -> None:
+    """Collective: one UserError, the same on every rank, when `directory` is not one directory for
+    every node of the job (shoal/worker/shared_dir.py); every rank leaves the job first, together."""
+    if rt.world_size < 2:
+        return
+    from shoal.worker.shared_dir import unshared_message, unshared_nodes
+
+    problems = unshared_nodes(directory)
+    if problems:
+        shutdown()
+        raise unshared_message(problems, field, directory)
 
 
 def shutdown() -> None:

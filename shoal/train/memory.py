@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+import resource
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+
+def reset_peak_mem(device: torch.device) -> None:
+    """Start the peak over, so it is this run's when one process trains several (benchmarks, tests)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # Linux: the peak resident set (VmHWM) restarts from the current one
+    except OSError:
+        pass  # other systems: the process's lifetime peak (ru_maxrss) it is
+
+
+def peak_mem_bytes(device: torch.device) -> int:
+    """Peak allocated device memory on CUDA; peak resident set size of this process on CPU, since
+    reset_peak_mem."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024  # kB
+    except (OSError, StopIteration, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -133,8 +158,6 @@ class RankMemory:
         self.activations = meter.peak
 
     def kinds(self, state: StateBytes) -> dict[str, float]:
-        from shoal.train.metrics import peak_mem_bytes
-
         return dict(params=state.params, grads=state.grads, optimizer=state.optimizer,
                     activations=self.activations, peak=peak_mem_bytes(self.device))
 

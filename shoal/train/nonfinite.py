@@ -6,7 +6,7 @@ and before the optimizer step. Both numbers are already the same on every rank (
 all-reduced, the norm is global), so every rank takes the same decision and none is left waiting
 in a collective.
 
-train.on_nonfinite = "stop": raise NonFiniteStep (the CLI prints its one line, exit code 3); the
+train.on_nonfinite = "stop": raise NonFiniteStep (its one line is printed, exit code NONFINITE, 3); the
     save in flight, of an earlier good step, is finished first; nothing of this step is saved.
 train.on_nonfinite = "skip": drop this step's update (its gradients are zeroed as every step's are)
     and go on; each skip is reported with the running count.
@@ -23,9 +23,6 @@ from __future__ import annotations
 import math
 import sys
 from typing import Callable
-
-EXIT_CODE = 3
-
 
 class NonFiniteStep(Exception):
     """A non-finite loss or gradient norm stopped the run."""

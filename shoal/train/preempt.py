@@ -6,7 +6,7 @@ timeout, 30 s). The handler only sets a flag. After every step the trainer asks 
 all-reduce MAX of that flag over the world, so every rank stops after the same step although the
 signal reaches the ranks at different moments (or only some of them). Every rank then writes a
 checkpoint of that step synchronously (after any async save in flight), rank 0 says so in one
-line, and the process exits with EXIT_CODE. The `shoal slurm` script requeues the job on that
+line, and the process exits with exit_codes.PREEMPTED (75). The `shoal slurm` script requeues the job on that
 code, and the requeued job resumes from the checkpoint (--resume auto).
 
 The last step is never stopped: the run finishes and exits 0, since nothing would be left to resume
@@ -19,7 +19,8 @@ import signal
 import threading
 import time
 
-EXIT_CODE = 75  # EX_TEMPFAIL in sysexits.h, "try again later": requeue the job and it resumes
+from shoal.worker.exit_codes import PREEMPTED, TERMINATED
+
 
 
 class Preempted(Exception):
@@ -28,7 +29,7 @@ class Preempted(Exception):
     def __init__(self, step: int, path: str):
         self.step, self.path = step, path
         super().__init__(f"stopped by SIGTERM after step {step}; checkpoint {path} is committed; exiting with "
-                         f"code {EXIT_CODE} (the same command resumes from it)")
+                         f"code {PREEMPTED} (the same command resumes from it)")
 
 
 _received_at: list[float] = []  # when SIGTERM arrived in this process (empty: not yet)
@@ -74,7 +75,7 @@ def stopped(rt, step: int, path) -> Preempted:
 def exit_code_after(root, workers: int, out, started: float, since: float) -> int:
     """The launcher's exit code once its workers are gone after a SIGTERM that came at `since`:
     0 when the run finished anyway (the signal came during its last step or its final export, and
-    this launch, begun at `started`, wrote <out>/model), EXIT_CODE when a checkpoint was committed
+    this launch, begun at `started`, wrote <out>/model), PREEMPTED when a checkpoint was committed
     after the signal (rank 0 has said so), else 128 + SIGTERM."""
     import sys
 
@@ -85,7 +86,7 @@ def exit_code_after(root, workers: int, out, started: float, since: float) -> in
         return 0
     newest = store.newest_valid(root, checksums=False)
     if newest is not None and store.read_train_state(newest).get("time", 0) >= since:
-        return EXIT_CODE
+        return PREEMPTED
     print(f"shoal: stopped by SIGTERM before a checkpoint could be written; all {workers} workers were stopped",
           file=sys.stderr, flush=True)
-    return 128 + signal.SIGTERM
+    return TERMINATED

@@ -1,7 +1,9 @@
-"""The training loop. Setup is build_* functions; `train` only orchestrates and fits on a screen."""
+"""The training loop. `train` orchestrates; setup is the build_* functions below, one step's work is
+TrainStep (step.py), and what each step leaves on disk is Outputs (outputs.py)."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -12,32 +14,89 @@ import torch
 from shoal.checkpoint.checkpointer import Checkpointer
 from shoal.checkpoint.choose import checkpoint_root
 from shoal.checkpoint.final_export import write_final_weights
-from shoal.comm.counter import CommCounter
 from shoal.config import JobConfig
-from shoal.job import Job, resolve
-from shoal.launch.env import world_size
-from shoal.launch.shared_dir import require_shared
-from shoal.debug.memory_snapshot import MemorySnapshot
 from shoal.data.loader import TokenLoader, eval_batches
 from shoal.data.shards import load_data
-from shoal.measure.peak import job_peak
+from shoal.debug.memory_snapshot import MemorySnapshot
+from shoal.hardware.peak import Peak, job_peak
+from shoal.job import Job, resolve
 from shoal.model.analytics import flops_per_token, param_counts
 from shoal.model.transformer import build_model, cross_entropy
-from shoal.parallel.compression import wire_fields
-from shoal.parallel.parallel_model import ParallelModel
+from shoal.parallel.parallel_model import Batch, ParallelModel
 from shoal.parallel.parallelize import parallelize
-from shoal.parallel.replicas import join_replicas, replica_place
-from shoal.train.distributed import Runtime, enable_debugging, group_labels, init_runtime, mark, rank_stats, shutdown
-from shoal.train.metrics import MetricsLog, Progress, peak_mem_bytes, print_summary, reset_peak_mem
-from shoal.train.memory import RankMemory, StateBytes, model_state
+from shoal.parallel.replicas import replica_place
+from shoal.planner.prediction import RunPrediction, predict_job
+from shoal.rundir.disk import no_space_left
+from shoal.rundir.metrics import Steady
+from shoal.rundir.names import MODEL
+from shoal.rundir.run_info import write_run_info
 from shoal.train import preempt
-from shoal.train.nonfinite import NonFiniteGuard
-from shoal.train.prediction import RunPrediction, predict_this_run
-from shoal.train.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
-from shoal.train.rundir import no_space_left
-from shoal.train.run_info import write_run_info
+from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mark, require_shared, shutdown
+from shoal.train.memory import peak_mem_bytes, reset_peak_mem
+from shoal.train.optim import build_optimizer
+from shoal.train.outputs import Outputs
+from shoal.train.progress import print_summary
+from shoal.train.replicas import join_replicas
+from shoal.train.step import TrainStep
+from shoal.worker.env import local_world_size, world_size
 
-from shoal.parallel.parallel_model import Batch
+
+def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_group: bool = False,
+          resume: str = "auto") -> dict:
+    """Train on this process's share of the job; rank 0 writes the run into <out> (shoal/rundir/).
+
+    job: a resolved Job, or a JobConfig, resolved here for this process's WORLD_SIZE.
+    resume: `auto` continues from the newest intact checkpoint if there is one, `never` starts
+    over, anything else is the path of a checkpoint to start from (see shoal/checkpoint/).
+    """
+    job = job if isinstance(job, Job) else resolve(job, world_size())
+    cfg, t = job.cfg, job.cfg.train
+    rt = init_runtime(job)
+    reset_peak_mem(rt.device)  # this run's peak, not an earlier run's in the same process
+    if cfg.checkpoint.every:  # node-local checkpoint directories would split each checkpoint's shards
+        require_shared(rt, checkpoint_root(cfg, out), "checkpoint.dir" if cfg.checkpoint.dir else "--out")
+    torch.manual_seed(t.seed)
+    data = build_data(job, rt.dp_rank, rt.dims.dp)
+    pm = build_parallel_model(job, rt)
+    optimizer = build_optimizer(pm, t, rt, cfg.parallel.zero)
+    enable_debugging(cfg, rt)
+    snapshot = MemorySnapshot(cfg.debug.memory_snapshot, rt.device, out, rt.rank)
+    if rt.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    ckpt = Checkpointer(cfg, out, rt, pm, optimizer, data.loader, resume)
+    start = ckpt.resume()  # steps already done (0 for a fresh run)
+    peak, plan = plan_this_run(job, rt, out, start, say=print if show else None)  # rank 0 writes run.json
+    replicas = join_replicas(rt, pm, optimizer, data.loader, start)  # other replica groups, if any
+    outputs = Outputs(job, rt, out, ckpt, start, show=show, append=start > 0 or replicas.rejoining)
+    step = TrainStep(job, rt, pm, optimizer, data.loader, replicas, outputs.guard, start=start,
+                     step_flops=step_flops(job), peak_flops=peak.flops, plan=plan)
+    started, eval_loss, row = time.perf_counter(), math.nan, {}
+    while step.done < t.steps:
+        if (done := step()) is None:
+            continue  # a replica group died mid-step: nobody stepped, the step is redone
+        row = step.row(done)
+        if (t.eval_every and done.step % t.eval_every == 0) or done.step == t.steps:
+            row["eval_loss"] = eval_loss = evaluate(pm, data, job, rt, outputs.guard, done.step)
+        stopping = done.step < t.steps and preempt.agreed(rt)  # SIGTERM on any rank: all stop after this step
+        outputs.keep(row, pm.parameters(), stopping=stopping)
+        if stopping:
+            outputs.close()
+            raise preempt.stopped(rt, done.step, ckpt.path_of(done.step))
+    replicas.close()
+    outputs.close()  # waits for a save still being written in the background
+    snapshot.dump()
+    with no_space_left(out / MODEL, **final_model_fix(ckpt)):  # tensor by tensor: rank 0 holds at most one
+        write_final_weights(pm.modules, job.model, cfg.data.tokenizer, out / MODEL, rt)  # full tensor beyond its shard
+    steady = outputs.log.steady(start)
+    summary = run_summary(job, rt, pm, row, eval_loss, step.tokens, time.perf_counter() - started, steady, peak,
+                          out, plan)
+    if show and rt.is_main:
+        print_summary(summary)
+        if t.sample_tokens:
+            show_sample(out / MODEL, data.tokenizer, t.sample_tokens, t.seed)
+    if not keep_process_group:
+        shutdown()
+    return summary
 
 
 @dataclass
@@ -69,105 +128,39 @@ def build_parallel_model(job: Job, rt: Runtime) -> ParallelModel:
     return parallelize(model, job, rt.mesh, rt.expert_mesh, rt.device, loss_fn=cross_entropy)
 
 
-def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_group: bool = False,
-          resume: str = "auto") -> dict:
-    """Train on this process's share of the job; rank 0 writes <out>/metrics.jsonl and <out>/model.
+def step_flops(job: Job) -> float:
+    """Model FLOPs of one optimizer step (shoal/model/analytics.py's convention: MFU, not HFU)."""
+    t = job.cfg.train
+    return flops_per_token(job.model, t.seq_len) * t.global_batch * t.seq_len
 
-    job: a resolved Job, or a JobConfig, resolved here for this process's WORLD_SIZE.
-    resume: `auto` continues from the newest intact checkpoint if there is one, `never` starts
-    over, anything else is the path of a checkpoint to start from (see shoal/checkpoint/).
-    """
-    job = job if isinstance(job, Job) else resolve(job, world_size())
-    cfg, t, model_cfg = job.cfg, job.cfg.train, job.model
-    rt = init_runtime(job)
-    reset_peak_mem(rt.device)  # this run's peak, not an earlier run's in the same process
-    if cfg.checkpoint.every:  # node-local checkpoint directories would split each checkpoint's shards
-        require_shared(checkpoint_root(cfg, out), "checkpoint.dir" if cfg.checkpoint.dir else "--out", rt.world_size)
-    torch.manual_seed(t.seed)
-    data = build_data(job, rt.dp_rank, rt.dims.dp)
-    pm = build_parallel_model(job, rt)
-    optimizer = build_optimizer(pm, t, rt, cfg.parallel.zero)
-    enable_debugging(cfg, rt)
-    snapshot = MemorySnapshot(cfg.debug.memory_snapshot, rt.device, out, rt.rank)
-    counter = CommCounter(group_labels(rt))
-    memory = RankMemory(pm.parameters(), rt.device, measure_activations=not t.compile)
-    if rt.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-    ckpt = Checkpointer(cfg, out, rt, pm, optimizer, data.loader, resume)
-    start = ckpt.resume()  # steps already done (0 for a fresh run)
-    step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
-    peak = job_peak(rt.device, t.precision, rt.world_size)  # the job's hardware: 4 ranks on 2 cores get 2
-    plan = predict_this_run(job, rt, step_flops, peak.flops, say=print if show else None)  # rank 0 only
-    write_run_info(job, rt, out, start, plan)  # <out>/run.json for `shoal report` and `shoal plan --validate`
-    replicas = join_replicas(rt, pm, optimizer, data.loader, start)  # other replica groups, if any
-    log = MetricsLog(out / "metrics.jsonl", enabled=rt.is_main, append=start > 0 or replicas.rejoining)
-    progress = Progress(t.steps, start, enabled=show and rt.is_main)
-    guard = NonFiniteGuard(t.on_nonfinite, before_stop=lambda: (ckpt.close(), progress.close()), report=rt.is_main)
-    tokens_seen, started, eval_loss, row = start * t.global_batch * t.seq_len, time.perf_counter(), float("nan"), {}
-    step = start
-    while step < t.steps:
-        t0 = time.perf_counter()
-        step = replicas.start_step(step)  # a rejoining replica group takes the live state and step here
-        mark(step + 1, "train")
-        set_lr(optimizer, lr_at(step, t))
-        counter.reset()
-        with counter:  # everything the step sends, ZeRO-1's parameter broadcast in optimizer.step included
-            with memory.measure_first_step():
-                loss = pm.forward_backward(data.loader.next_step())
-            replicas.average_grads(pm.parameters())
-            grad_norm = clip_grad_norm(list(pm.parameters()), t.grad_clip, rt)
-        loss = rt.global_mean(loss)  # for the log, not the step's traffic; equal on every rank, so the
-        #                              guard below decides alike everywhere
-        if not replicas.should_commit():  # a replica group died mid-step: nobody steps, the step is redone
-            optimizer.zero_grad(set_to_none=True)
-            continue
-        with counter:
-            if guard.allows_update(step + 1, loss, grad_norm):  # NaN/Inf: stop (raises) or skip the update
-                optimizer.step()
-            if pm.diloco is not None:  # DiLoCo's outer step, every diloco_inner_steps (or per fragment)
-                pm.diloco.after_step(step + 1, last=step + 1 == t.steps)
-        state = model_state(pm.parameters(), optimizer, pm.slow_link_state())  # after the step: AdamW state exists
-        optimizer.zero_grad(set_to_none=True)
-        step_time = time.perf_counter() - t0
-        tokens_seen += t.global_batch * t.seq_len
-        row = dict(step=step + 1, loss=loss, lr=lr_at(step, t), grad_norm=grad_norm, tokens=tokens_seen,
-                   tokens_per_s=t.global_batch * t.seq_len / step_time, step_time_s=step_time,
-                   mfu=step_flops / step_time / peak.flops, **measured(job, rt, pm, counter, state, memory, step_time),
-                   **(plan.metrics_fields() if plan else {}), **replicas.row())
-        if (t.eval_every and (step + 1) % t.eval_every == 0) or step + 1 == t.steps:
-            mark(step + 1, "eval")
-            row["eval_loss"] = eval_loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))
-            guard.check_eval(step + 1, eval_loss)  # NaN weights after the update: stop, save nothing
-        stopping = step + 1 < t.steps and preempt.agreed(rt)  # SIGTERM on any rank: all stop after this step
-        log.write(row, sync=ckpt.due(step + 1) or stopping)  # on disk at least as far as the checkpoint
-        progress.update(row)
-        if ckpt.due(step + 1) or stopping:
-            guard.check_weights(step + 1, pm.parameters(), rt)  # an update that overflowed never reaches disk
-        ckpt.maybe_save(step + 1, row["loss"], stopping=stopping)
-        if ckpt.due(step + 1):
-            progress.event(f"checkpoint at step {step + 1} ({'saving in the background' if cfg.checkpoint.async_save else 'saved'})")
-        if stopping:
-            for done in (ckpt, progress, log):
-                done.close()
-            raise preempt.stopped(rt, step + 1, ckpt.path_of(step + 1))
-        step += 1
-    replicas.close()
-    ckpt.close()  # waits for a save still being written in the background
-    snapshot.dump()
-    progress.close()
-    log.close()
-    # Tensor by tensor: rank 0 never holds more than one full tensor beyond its own shard.
-    with no_space_left(out / "model", **final_model_fix(ckpt)):
-        write_final_weights(pm.modules, model_cfg, cfg.data.tokenizer, out / "model", rt)
-    summary = run_summary(job, rt, pm, log, row, eval_loss, tokens_seen, time.perf_counter() - started, peak, out, plan)
-    if show and rt.is_main:
-        print_summary(summary)
-        if t.sample_tokens:
-            show_sample(out / "model", data.tokenizer, t.sample_tokens, t.seed)
-    if not keep_process_group:
-        shutdown()
-    return summary
 
+def plan_this_run(job: Job, rt: Runtime, out: Path, start: int, *, say=None) -> tuple[Peak, RunPrediction | None]:
+    """The peak FLOP/s this run's MFU divides by (the job's hardware: 4 ranks on 2 cores get 2 cores'),
+    and on rank 0 the planner's prediction for the run and <out>/run.json with it. `say` prints the
+    one line shown when this machine must be measured first (once; the profile is cached)."""
+    from shoal.hardware.local import local_profile_path
+
+    peak = job_peak(rt.device, job.cfg.train.precision, rt.world_size)
+    if not rt.is_main:
+        return peak, None
+    if rt.device.type == "cpu" and say and not local_profile_path().exists():
+        say(f"measuring this machine once for the planner's prediction (a few seconds; cached in {local_profile_path()})")
+    local_world, name = local_world_size(job.world), device_name(rt.device)
+    plan = predict_job(job, rt.device.type, name, local_world).with_mfu(step_flops(job), peak.flops)
+    write_run_info(job, out, start, local_world=local_world, device=rt.device.type, device_name=name, prediction=plan)
+    return peak, plan
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def evaluate(pm: ParallelModel, data: Data, job: Job, rt: Runtime, guard, step: int) -> float:
+    """The held-out loss after `step` (collective); NaN weights after the update stop the run here."""
+    mark(step, "eval")
+    loss = rt.global_mean(pm.eval_loss(data.eval_set, job.layout.micro_batch))
+    guard.check_eval(step, loss)
+    return loss
 
 
 def final_model_fix(ckpt: Checkpointer) -> dict:
@@ -180,35 +173,23 @@ def final_model_fix(ckpt: Checkpointer) -> dict:
                      "write the model from)")
 
 
-def measured(job: Job, rt: Runtime, pm: ParallelModel, counter: CommCounter, state: StateBytes, memory: RankMemory,
-             step_time: float) -> dict:
-    """A step's measurements beside its loss: memory (every rank's, when it changed), bytes on the
-    wire by collective, dtype and parallel dimension, the spread of step time across ranks."""
-    mine = memory.kinds(state)
-    spread, by_rank = rank_stats(rt, step_time, mine)
-    return dict(peak_mem_bytes=mine["peak"], model_state_bytes=state.total,
-                comm_bytes=dict(counter.bytes), comm_bytes_by_dtype=dict(counter.by_dtype),
-                comm_bytes_by_dim=dict(counter.by_dim), **wire_fields(pm, counter, job.layout.grad_compression),
-                **spread, **memory.row_fields(by_rank))
-
-
-def run_summary(job: Job, rt: Runtime, pm: ParallelModel, log: MetricsLog, row: dict, eval_loss: float,
-                tokens_seen: int, elapsed: float, peak, out: Path, plan: RunPrediction | None = None) -> dict:
-    """The end-of-run table; throughput over the steps the progress line shows (warm-up left out),
-    and on rank 0 the planner's prediction for this run beside the measurement."""
-    t, model_cfg = job.cfg.train, job.model
-    step_flops = flops_per_token(model_cfg, t.seq_len) * t.global_batch * t.seq_len
-    step_time, warmup = log.steady_step_time()
-    which = f"without {warmup} warm-up steps" if warmup else "all steps"
-    mfu, peak_mem = step_flops / step_time / peak.flops, peak_mem_bytes(rt.device)
+def run_summary(job: Job, rt: Runtime, pm: ParallelModel, row: dict, eval_loss: float, tokens_seen: int,
+                elapsed: float, steady: Steady, peak: Peak, out: Path, plan: RunPrediction | None = None) -> dict:
+    """The end-of-run table; speed over the steady steps (rundir.metrics.steady: the medians the
+    report and `plan --validate` show too), and on rank 0 the planner's prediction beside it."""
+    t = job.cfg.train
+    which = f"median, without {steady.warmup} warm-up steps" if steady.warmup else "median of all steps"
+    peak_mem, mfu = peak_mem_bytes(rt.device), math.nan if steady.mfu is None else steady.mfu  # None: no step here
     summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
-               "time (s)": elapsed, f"tokens/s ({which})": t.global_batch * t.seq_len / step_time,
-               "step time (s, same steps)": step_time, f"MFU (model FLOPs, same steps, vs {peak.label})": mfu,
-               "params": param_counts(model_cfg).total, "attention": pm.attention,
+               "time (s)": elapsed, f"tokens/s ({which})": steady.tokens_per_s,
+               "step time (s, same steps)": steady.step_time_s,
+               f"MFU (model FLOPs, same steps, vs {peak.label})": mfu,
+               "params": param_counts(job.model).total, "attention": pm.attention,
                "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem / 2**30}
     if plan is not None:
-        summary.update(plan.summary_rows(step_time, mfu, peak_mem))
+        summary.update(plan.summary_rows(steady.step_time_s, mfu, peak_mem))
     return {**summary, "output": str(out)}
+
 
 SAMPLE_MAX_BYTES = 2e9
 
@@ -216,10 +197,11 @@ SAMPLE_MAX_BYTES = 2e9
 def show_sample(model_dir: Path, tokenizer, n_tokens: int, seed: int, prompt: str = "def ") -> None:
     """Sample from the weights just written, on rank 0's CPU: a whole model in one process, so only
     for models up to SAMPLE_MAX_BYTES (larger ones would not fit beside training, or take too long)."""
-    from shoal.checkpoint.weights import WEIGHTS, load_weights
+    from shoal.checkpoint.weights import load_weights
+    from shoal.rundir.names import MODEL_WEIGHTS
     from shoal.train.generate import sample
 
-    size = (model_dir / WEIGHTS).stat().st_size
+    size = (model_dir / MODEL_WEIGHTS).stat().st_size
     if size > SAMPLE_MAX_BYTES:
         print(f"sample skipped: the model is {size / 1e9:.1f} GB (over {SAMPLE_MAX_BYTES / 1e9:.0f} GB); "
               f"run `shoal generate {model_dir.parent}` instead", file=sys.stderr)

@@ -3,7 +3,6 @@
 (which hosts the rendezvous, and worker rank 0 with the job's store); each time both nodes restart,
 resume from the newest committed checkpoint, and the run ends bitwise equal to an uninterrupted one."""
 
-import json
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from shoal.rundir.metrics import read_rows
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -24,14 +24,7 @@ ARGS = [a for s in SETS for a in ("--set", s)] + ["--quiet"]
 
 
 def last_step(out: Path) -> int:
-    step = 0
-    if (out / "metrics.jsonl").is_file():
-        for line in (out / "metrics.jsonl").read_text().splitlines():
-            try:
-                step = json.loads(line)["step"]
-            except (ValueError, KeyError):
-                pass
-    return step
+    return next((r["step"] for r in reversed(read_rows(out))), 0)
 
 
 def workers(launcher: int) -> list[int]:
@@ -78,7 +71,7 @@ def test_killing_either_nodes_workers_resumes_bitwise(cluster, tmp_path):
                                 str(tmp_path / "reference")], cwd=REPO, capture_output=True, text=True, timeout=300,
                                env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert reference.returncode == 0, reference.stderr[-3000:]
-    rows = lambda run: [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+    rows = lambda run: read_rows(tmp_path / run)
     assert [r["step"] for r in rows("run")] == list(range(1, STEPS + 1)), text()
     assert [r["loss"] for r in rows("run")] == [r["loss"] for r in rows("reference")]  # bitwise
     weights = lambda run: (tmp_path / run / "model" / "model.safetensors").read_bytes()

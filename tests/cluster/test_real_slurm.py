@@ -5,7 +5,6 @@ stopped here: the job trains and writes metrics, its exit code reaches `sbatch -
 Skipped where slurm-wlm is not installed (`apt-get install slurm-wlm munge`, as root).
 """
 
-import json
 import os
 import shutil
 import signal
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from shoal.rundir.metrics import read_rows
 
 pytestmark = pytest.mark.timeout(300)
 PORTS = (29800, 29801, 29802)  # slurmctld, slurmd, the job's rendezvous
@@ -124,7 +124,7 @@ def uninterrupted(slurm, tmp_path_factory):
 def test_generated_script_trains_on_slurm(uninterrupted):
     code, run, logs = uninterrupted
     assert code == 0, logs
-    assert len((run / "metrics.jsonl").read_text().splitlines()) == STEPS, logs
+    assert len(read_rows(run)) == STEPS, logs
 
 
 def test_job_exit_code_reaches_sbatch(slurm, tmp_path):
@@ -142,16 +142,15 @@ def test_scancel_mid_run_saves_requeues_and_resumes_bitwise(slurm, tmp_path, uni
     job = subprocess.Popen(["sbatch", "--wait", "--parsable", str(_script(slurm, tmp_path, "pre", *RUN))], cwd=REPO,
                            env=slurm, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job_id = job.stdout.readline().strip().split(";")[0]
-    metrics = run / "metrics.jsonl"
-    _until(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3, "step 3", timeout=120)
+    _until(lambda: len(read_rows(run)) >= 3, "step 3", timeout=120)
     subprocess.run(["scancel", "--signal=TERM", job_id], env=slurm, check=True, timeout=30)
     assert job.wait(timeout=240) == 0, _logs(run) + job.stderr.read()
     logs = _logs(run)
     stop = int(logs.split("stopped by SIGTERM after step ")[1].split(";")[0])
     assert 3 <= stop < STEPS and f"requeueing job {job_id}" in logs, logs
     assert f"resuming from step {stop} ({run}/checkpoints/step_{stop:08d})" in logs, logs
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    ref = [json.loads(line) for line in (uninterrupted[1] / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(run)
+    ref = read_rows(uninterrupted[1])
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), logs
     assert [r["loss"] for r in rows] == [r["loss"] for r in ref]
     weights = lambda r: (r / "model" / "model.safetensors").read_bytes()

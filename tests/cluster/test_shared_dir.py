@@ -6,6 +6,7 @@ filesystem, as a node-local disk would be. (The shared case runs in test_two_nod
 two-node `shoal train` saves a checkpoint after passing the same probe.)
 """
 
+import json
 import subprocess
 import sys
 
@@ -58,17 +59,18 @@ def test_training_refuses_a_run_directory_that_only_one_node_sees(cluster, tmp_p
 def test_doctor_checks_each_node_measures_both_tiers_and_refuses_a_node_local_out(cluster, tmp_path):
     out = tmp_path / "shared"
     out.mkdir()
-    results = on_both_nodes(cluster, ["doctor", "--out", str(out), "--max-size", "2M", "--budget", "0.2"], 32020,
-                            str(out))
-    print(results[0][1])
+    results = on_both_nodes(cluster, ["doctor", "--out", str(out), "--max-size", "2M", "--budget", "0.2", "--json"],
+                            32020, str(out))
     assert [code for code, _, _ in results.values()] == [2, 2], consoles(results)
     for k, (_, stdout, stderr) in results.items():
-        node = cluster.nodes[k]
-        assert f"node {k} of 2" in stdout and f"{node.ifname} ({node.addr}) routes to the master" in stdout, stdout
-        assert ("is free to bind here" if k == 0 else "answers from node 0") in stdout, stdout
-        rows = {line.split("│")[1].strip(): line for line in stdout.splitlines() if line.count("│") >= 3}
-        assert "fail" in rows["shared --out"] and "all_reduce inside" in rows and "all_reduce across" in rows, stdout
+        node, report = cluster.nodes[k], json.loads(stdout)
+        checks = {c["name"]: c for c in report["checks"]}
+        assert report["node_rank"] == k and not report["ok"], stdout
+        assert checks["interface"]["detail"] == f"{node.ifname} ({node.addr}) routes to the master", stdout
+        assert ("is free to bind here" if k == 0 else "answers from node 0") in checks["rendezvous"]["detail"], stdout
+        assert checks["shared --out"]["verdict"] == "fail" and {"all_reduce inside", "all_reduce across"} <= set(checks)
         # the across group really crossed the shaped veth: 400 Mbit/s bounds its busbw (2 ranks: = algbw)
-        across = float(rows["all_reduce across"].split("busbw ")[1].split(" GB/s")[0])
-        assert 0 < across <= 0.055, rows["all_reduce across"]
+        across = float(checks["all_reduce across"]["detail"].split("busbw ")[1].split(" GB/s")[0])
+        assert 0 < across <= 0.055, checks["all_reduce across"]
         assert f"--out='{out}': is not one directory for all nodes" in the_error("doctor", stderr)
+        assert report["not_shared"] in the_error("doctor", stderr)

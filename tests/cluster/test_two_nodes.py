@@ -24,7 +24,7 @@ def reference(tmp_path_factory):
     import torch
 
     from shoal.train.trainer import train
-    from shoal.train.verify import config_for
+    from shoal.train.parity import config_for
 
     out = tmp_path_factory.mktemp("reference")
     threads = torch.get_num_threads()
@@ -37,10 +37,10 @@ def reference(tmp_path_factory):
 
 
 def test_verify_layouts_on_two_nodes_match_one_process(cluster, reference, tmp_path):
-    from shoal.train.verify import compare
+    from shoal.train.parity import compare
 
     t0 = time.time()
-    argv = ["-m", "shoal.train.verify", str(tmp_path), "4", str(STEPS), json.dumps(LAYOUTS)]
+    argv = ["-m", "shoal.train.parity", str(tmp_path), "4", str(STEPS), json.dumps(LAYOUTS)]
     procs = [cluster.torchrun(k, 2, PORT, f"parity-{t0:.0f}", argv, stdout=(tmp_path / f"node{k}.log").open("w"),
                               stderr=subprocess.STDOUT) for k in range(2)]
     codes = [p.wait(timeout=240) for p in procs]
@@ -57,7 +57,7 @@ def test_shoal_train_sets_up_two_nodes_by_itself(cluster, reference, tmp_path):
     """`shoal train --nnodes 2 --node-rank K --master A:PORT` on each node, with none of the settings
     the torchrun test above passes by hand (interface, local address, is_host, store): TP inside each
     node, DP across, the same training as one process."""
-    from shoal.train.verify import base_overrides, compare
+    from shoal.train.parity import base_overrides, compare
 
     head = f"{cluster.nodes[0].addr}:{PORT + 1}"
     # checkpoint.every: the run first checks that --out is one directory for both nodes (it is here)

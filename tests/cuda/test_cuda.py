@@ -4,7 +4,6 @@ A world of 1 exercises NCCL's paths (process group, watchdog, collective checker
 multi-rank mismatch cases, which stay on gloo in tests/dist.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO
+from shoal.rundir.metrics import read_rows
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
 
@@ -28,7 +28,7 @@ def run(out, *overrides, resume="auto"):
 
 
 def losses(out):
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in read_rows(out)]
 
 
 def test_model_forward_backward_in_bf16():

@@ -11,8 +11,9 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import shoal.train.step as step
 import shoal.train.trainer as trainer
-from shoal.train.verify import config_for
+from shoal.train.parity import config_for
 from shoal.comm.counter import CommCounter, nbytes
 from shoal.comm.ops import wire_bytes
 
@@ -95,7 +96,7 @@ class Both:
 
 if __name__ == "__main__":
     out, layouts = Path(sys.argv[1]), sys.argv[2].split(";")
-    trainer.CommCounter = Both
+    step.CommCounter = Both  # TrainStep counts each step's bytes
     results = {}
     for i, layout in enumerate(layouts):
         STEPS.clear()

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 import shoal.train.trainer as trainer
-from shoal.train.verify import config_for
+from shoal.train.parity import config_for
 
 STEPS = 2
 MEASURED = []

@@ -1,12 +1,12 @@
 """model_state_bytes and comm_bytes against the ZeRO paper's memory and the ring-algorithm volumes."""
 
-import json
 
 import pytest
 
 from conftest import shoal_cli
 from shoal.model.analytics import param_counts
 from shoal.model.config import get_preset
+from shoal.rundir.metrics import read_rows
 
 pytestmark = pytest.mark.timeout(400)
 N = 2
@@ -24,7 +24,7 @@ def runs(tmp_path_factory):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     last = {}
     for i, layout in enumerate(layouts):
-        rows = [json.loads(x) for x in (out / f"layout{i}" / "metrics.jsonl").read_text().splitlines()]
+        rows = read_rows(out / f"layout{i}")
         last[layout.split(",")[-1]] = rows[-1]  # step 3: optimizer state exists
     return last
 

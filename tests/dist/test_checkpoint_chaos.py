@@ -1,7 +1,6 @@
 """Chaos: SIGKILL workers of a 4-rank 2-D run at random steps; the elastic agent restarts them, they
 resume from the last checkpoint, and the run ends bitwise identical to one that was never interrupted."""
 
-import json
 import os
 import random
 import re
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from shoal.rundir.metrics import read_rows
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -32,14 +32,7 @@ def start(out: Path, *extra: str) -> subprocess.Popen:
 
 
 def last_step(out: Path) -> int:
-    path, step = out / "metrics.jsonl", 0
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                step = json.loads(line)["step"]
-            except (ValueError, KeyError):
-                pass
-    return step
+    return next((r["step"] for r in reversed(read_rows(out))), 0)
 
 
 def worker_pid(launcher: int, rank: int, attempt: int) -> int | None:
@@ -98,7 +91,7 @@ def test_sigkill_at_random_steps_resumes_bitwise(tmp_path):
     assert len(lost) == 3 and all(0 <= n <= EVERY for n in lost), text[-4000:]
     print(f"chaos run {chaos_s:.0f}s, steps lost per failure: {lost}")
 
-    rows = lambda run: [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+    rows = lambda run: read_rows(tmp_path / run)
     assert [r["step"] for r in rows("chaos")] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in rows("chaos")] == [r["loss"] for r in rows("reference")]  # bitwise
     weights = lambda run: (tmp_path / run / "model" / "model.safetensors").read_bytes()

@@ -1,11 +1,11 @@
 """Resharding: a checkpoint written by one layout resumes in another and training continues as if
 nothing had changed (within the loss-parity tolerance of `shoal verify`)."""
 
-import json
 
 import pytest
 
 from conftest import shoal_cli
+from shoal.rundir.metrics import read_rows
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -24,7 +24,7 @@ def train(out, nproc, *overrides, resume="auto"):
 
 
 def losses(out):
-    return {row["step"]: row["loss"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    return {row["step"]: row["loss"] for row in read_rows(out)}
 
 
 def test_dp_shard_4_resumes_as_tp2_pp2_and_on_two_ranks(tmp_path):

@@ -6,7 +6,7 @@ beside them. Runs: compression_fsdp_worker.py."""
 import pytest
 
 from conftest import REPO, shoal_cli
-from shoal.train.verify import rows_of
+from shoal.rundir.metrics import read_rows
 from test_compression_two_ranks import _diff
 
 pytestmark = pytest.mark.timeout(400)
@@ -28,7 +28,7 @@ def test_topk_at_density_one_is_native_hsdp(runs):
 
 def test_powersgd_at_the_gradients_rank_is_native_hsdp_past_its_warmup(runs):
     assert _diff(runs, "powersgd_full", "plain") <= 1e-6
-    rows = rows_of(runs / "powersgd_full" / "metrics.jsonl")
+    rows = read_rows(runs / "powersgd_full")
     assert all(r["grad_bytes"] == r["grad_bytes_uncompressed"] for r in rows[:2])  # warm-up: plain
     assert all(r["grad_bytes"] < 0.8 * r["grad_bytes_uncompressed"] for r in rows[2:])  # compressed
 
@@ -39,7 +39,7 @@ def test_resume_equals_an_uninterrupted_run(runs, method):
 
 
 def _last(runs, name) -> dict:
-    return rows_of(runs / name / "metrics.jsonl")[-1]
+    return read_rows(runs / name)[-1]
 
 
 INT8_RATIO = 4 / (1 + 4 / 256)  # int8 values plus one fp32 scale per 256

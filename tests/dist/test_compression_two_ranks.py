@@ -5,7 +5,8 @@ each method promises, with the uncompressed bytes beside it. Runs: compression_w
 import pytest
 
 from conftest import REPO, shoal_cli
-from shoal.train.verify import rows_of, weight_diff
+from shoal.rundir.metrics import read_rows
+from shoal.train.parity import weight_diff
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -21,8 +22,8 @@ def runs(tmp_path_factory):
 def _diff(runs, a: str, b: str, first_step: int = 1) -> float:
     """Largest difference in loss or (relative) gradient norm over the steps both ran, and in final
     weights: what `shoal verify` compares."""
-    ra = {row["step"]: row for row in rows_of(runs / a / "metrics.jsonl")}
-    rb = {row["step"]: row for row in rows_of(runs / b / "metrics.jsonl")}
+    ra = {row["step"]: row for row in read_rows(runs / a)}
+    rb = {row["step"]: row for row in read_rows(runs / b)}
     steps = [s for s in ra if s >= first_step]
     assert steps and set(steps) <= set(rb), (a, b, sorted(ra), sorted(rb))
     worst = max(max(abs(ra[s]["loss"] - rb[s]["loss"]),
@@ -36,7 +37,7 @@ def test_topk_at_density_one_is_plain_ddp(runs):
 
 def test_powersgd_at_the_gradients_rank_is_plain_ddp_past_its_warmup(runs):
     assert _diff(runs, "powersgd_full", "plain_short") <= 1e-6
-    rows = rows_of(runs / "powersgd_full" / "metrics.jsonl")
+    rows = read_rows(runs / "powersgd_full")
     # steps 1-2 are the warm-up (plain all-reduce); steps 3-10 really compressed: fewer bytes
     assert all(r["grad_bytes"] == r["grad_bytes_uncompressed"] for r in rows[:2])
     assert all(r["grad_bytes"] < 0.5 * r["grad_bytes_uncompressed"] for r in rows[2:])
@@ -49,7 +50,7 @@ def test_resume_equals_an_uninterrupted_run(runs, method):
 
 
 def _last(runs, name):
-    return rows_of(runs / name / "metrics.jsonl")[-1]
+    return read_rows(runs / name)[-1]
 
 
 @pytest.mark.parametrize("name,wire,ratio", [
@@ -97,6 +98,6 @@ def test_fsdp_reduces_gradients_in_bf16(runs):
 
 @pytest.mark.parametrize("name", ["bf16", "int8"])
 def test_lossy_methods_still_train_like_plain(runs, name):
-    plain = {r["step"]: r["loss"] for r in rows_of(runs / "plain" / "metrics.jsonl")}
-    for r in rows_of(runs / name / "metrics.jsonl"):
+    plain = {r["step"]: r["loss"] for r in read_rows(runs / "plain")}
+    for r in read_rows(runs / name):
         assert abs(r["loss"] - plain[r["step"]]) < 1e-2 * plain[r["step"]], (name, r["step"])

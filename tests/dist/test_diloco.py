@@ -6,7 +6,8 @@ run. Runs: diloco_worker.py. The sign of the outer step: tests/unit/test_diloco_
 import pytest
 
 from conftest import REPO, shoal_cli
-from shoal.train.verify import rows_of, weight_diff
+from shoal.rundir.metrics import read_rows
+from shoal.train.parity import weight_diff
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -20,7 +21,7 @@ def runs(tmp_path_factory):
 
 
 def _rows(runs, name) -> dict[int, dict]:
-    return {r["step"]: r for r in rows_of(runs / name / "metrics.jsonl")}
+    return {r["step"]: r for r in read_rows(runs / name)}
 
 
 def _sent(row) -> int:

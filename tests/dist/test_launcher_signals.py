@@ -2,7 +2,6 @@
 kernel's parent-death signal; SIGINT: one line, exit 130; SIGTERM: a checkpoint of the step they
 stop after, one line, exit 75), and a second run into the same --out is refused while the first one lives."""
 
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, shoal_cli
+from shoal.rundir.metrics import read_rows
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,7 +45,7 @@ def start_training(out: Path, extra: list[str] = ()) -> tuple[subprocess.Popen, 
     launcher = subprocess.Popen([sys.executable, "-m", "shoal", "train", *RUN, *extra, "--nproc", "2", "--out", str(out)],
                                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size):
+    while not read_rows(out):
         if launcher.poll() is not None or time.monotonic() > deadline:
             launcher.kill()
             pytest.fail("the run never started: " + launcher.communicate()[1][-3000:])
@@ -86,7 +86,7 @@ def test_workers_die_with_their_launcher(sig, tmp_path):
         assert code == 75 and len(lines) == 1 and lines[0].startswith("shoal train: stopped by SIGTERM after step"), err
         step = int(lines[0].split("after step ")[1].split(";")[0])
         assert [p.name for p in (out / "checkpoints").glob("step_*")] == [f"step_{step:08d}"], err
-        assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == step
+        assert read_rows(out)[-1]["step"] == step
     else:
         assert code == 128 + getattr(signal, sig), (code, err)
         assert err.strip().splitlines() == [f"shoal: stopped by {sig}; all 2 workers were stopped"], err

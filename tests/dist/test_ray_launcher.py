@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import tempfile
-from pathlib import Path
 
 import pytest
 import ray
@@ -21,8 +20,8 @@ from conftest import REPO
 from shoal.cli.main import main
 from shoal.errors import UserError
 from shoal.launch.ray import exit_code
-from shoal.train import rundir
-from shoal.train.verify import compare
+from shoal.rundir import lock as rundir
+from shoal.train.parity import compare
 
 pytestmark = pytest.mark.timeout(240)
 

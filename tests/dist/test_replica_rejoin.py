@@ -5,7 +5,8 @@ live step with group 0's state (not from disk: no checkpoints are written), and 
 import pytest
 
 from conftest import REPO, shoal_cli
-from shoal.testing.replica_kill import read_rows, run_replica_groups
+from shoal.testing.replica_kill import run_replica_groups
+from shoal.rundir.metrics import read_rows
 
 pytest.importorskip("torchft")
 pytestmark = pytest.mark.timeout(300)
@@ -26,7 +27,7 @@ def runs(tmp_path_factory):
     assert one.returncode == 0, one.stderr[-2000:]
     killed = run_replica_groups(RECIPE, tmp / "killed", RUN, kill_group=1, kill_at=KILL_AT)
     assert killed.exit_code == 0, killed.log[-3000:]
-    return read_rows(tmp / "one" / "metrics.jsonl"), killed
+    return read_rows(tmp / "one"), killed
 
 
 def test_two_groups_step_like_one_process(runs):
@@ -83,8 +84,8 @@ def test_groups_with_model_parallelism_inside_step_like_one_job(tmp_path, inner)
     one = shoal_cli("train", RECIPE, "--nproc", "4", "--out", str(tmp_path / "one"), "--quiet", *run(INNER[inner][1]),
                     timeout=240)
     assert one.returncode == 0, one.stderr[-2000:]
-    g0, g1 = (read_rows(tmp_path / "groups" / sub / "metrics.jsonl") for sub in ("", "replica-1"))
-    ref = read_rows(tmp_path / "one" / "metrics.jsonl")
+    g0, g1 = (read_rows(tmp_path / "groups" / sub) for sub in ("", "replica-1"))
+    ref = read_rows(tmp_path / "one")
     assert len(g0) == len(g1) == len(ref) == 6
     for a, b, r in zip(g0, g1, ref):
         assert a["replicas"] == b["replicas"] == 2

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import shoal_cli
+from shoal.rundir.metrics import read_rows
 
 STEPS = 8
 BASE = ["model.preset=debug", f"train.steps={STEPS}", "train.micro_batch=4", "train.global_batch=8",
@@ -24,7 +25,7 @@ def run(out, *overrides, resume="auto"):
 
 
 def losses(out):
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in read_rows(out)]
 
 
 def weights(out):

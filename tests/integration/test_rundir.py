@@ -2,7 +2,6 @@
 guard, resume refusals (finished run, every checkpoint damaged, another run's metrics) and a full disk."""
 
 import errno
-import json
 import os
 import shutil
 import subprocess
@@ -11,6 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO, shoal_cli
+from shoal.rundir.metrics import read_rows
 
 STEPS = 4
 BASE = ["model.preset=debug", f"train.steps={STEPS}", "train.micro_batch=4", "train.global_batch=8",
@@ -27,7 +27,7 @@ def run(out, *overrides, resume="auto"):
 
 
 def steps(out):
-    return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in read_rows(out)]
 
 
 def one_line(r, code: int, *needles: str) -> str:
@@ -56,7 +56,8 @@ def test_out_mistakes_are_one_line_before_anything_is_built(tmp_path):
 
 def test_read_only_out_is_refused(tmp_path):
     from shoal.errors import UserError
-    from shoal.train.rundir import check_out, lock
+    from shoal.rundir.folder import check_out
+    from shoal.rundir.lock import lock
 
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -72,7 +73,7 @@ def test_read_only_out_is_refused(tmp_path):
 
 
 def test_default_out_is_a_new_directory_per_run(tmp_path, monkeypatch):
-    from shoal.train.rundir import default_out
+    from shoal.rundir.folder import default_out
 
     monkeypatch.chdir(tmp_path)
     first = default_out("recipes/debug.toml")
@@ -83,7 +84,7 @@ def test_default_out_is_a_new_directory_per_run(tmp_path, monkeypatch):
     assert default_out(None).name.startswith("train-")
 
 
-HOLD = "import sys; from pathlib import Path; from shoal.train.rundir import lock; lock(Path(sys.argv[1])); " \
+HOLD = "import sys; from pathlib import Path; from shoal.rundir.lock import lock; lock(Path(sys.argv[1])); " \
        "print('locked', flush=True); sys.stdin.read()"
 
 
@@ -103,6 +104,29 @@ def test_a_live_run_holds_its_directory_and_a_dead_one_does_not(tmp_path):
     assert (out / ".lock").read_text().split()[0] == str(holder.pid)
     taker = subprocess.run([sys.executable, "-c", HOLD, str(out)], input="", capture_output=True, text=True, env=env)
     assert taker.returncode == 0 and taker.stdout.strip() == "locked", taker.stderr  # the stale lock is taken over
+
+
+@pytest.mark.timeout(240)
+def test_plain_torchrun_prepares_on_every_rank_and_trains_like_one_process(done, tmp_path):
+    """`torchrun -m shoal.train RECIPE --out DIR`, no shoal launcher: each rank prepares the job itself
+    (shoal/launch/session.py), rank 0 alone holds the lock and writes job.json, and two ranks train
+    what one process trained, checkpoints and model included."""
+    from shoal.job import load_job
+    from shoal.rundir.lock import lock, release
+
+    out = tmp_path / "torchrun"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "-m", "shoal.train", *CLI[1:], "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                       timeout=220, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    losses = [row["loss"] for row in read_rows(out)]
+    assert losses == pytest.approx([row["loss"] for row in read_rows(done)], abs=1e-4)
+    job, how = load_job(out / "job.json")
+    assert job.world == 2 and job.layout.dp_shard == 2 and how == {"out": str(out), "resume": "auto", "show": False}
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002", "step_00000004"]
+    assert (out / "model" / "model.safetensors").is_file()
+    lock(out)  # rank 0 let go of it
+    release(out)
 
 
 def stopped_at_step_2(done, tmp_path):
@@ -165,7 +189,7 @@ def test_each_refusal_of_the_disk_is_one_line_naming_it(tmp_path, code, said, re
     safetensors (Rust's "(os error N)") report it."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from shoal.train.rundir import DiskFull, no_space_left
+    from shoal.rundir.disk import DiskFull, no_space_left
 
     target = tmp_path / "ckpt"
     for error in (OSError(code, os.strerror(code), str(target)),
@@ -180,11 +204,11 @@ def test_each_refusal_of_the_disk_is_one_line_naming_it(tmp_path, code, said, re
 
 
 def test_truncate_metrics_drops_later_torn_and_repeated_rows(tmp_path):
-    from shoal.train.metrics import truncate_metrics
+    from shoal.rundir.metrics import truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 1}\n{"step": 2}\n{"step": 1}\n{"step": 3}\n{"st\0\0\n{"step": 2, "x": 1}\n')
-    truncate_metrics(path, 2)
+    truncate_metrics(tmp_path, 2)  # the run folder holding it
     assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
 
 
@@ -273,7 +297,7 @@ def small_disk(done, tmp_path):
 @pytest.mark.parametrize("async_save", ["false", "true"])
 def test_disk_full_is_one_line_and_the_previous_checkpoint_survives(small_disk, async_save):
     from shoal.checkpoint import store
-    from shoal.train.rundir import DiskFull
+    from shoal.rundir.disk import DiskFull
 
     out = small_disk / "run"
     with pytest.raises(DiskFull) as e:
@@ -288,7 +312,7 @@ def test_disk_full_is_one_line_and_the_previous_checkpoint_survives(small_disk, 
 def test_a_checkpoint_disk_turned_read_only_is_one_line(tmp_path):
     """The disk under checkpoint.dir remounted read-only (a failing disk, an admin): the first save
     is refused with one line, not DCP's traceback from every rank."""
-    from shoal.train.rundir import DiskFull
+    from shoal.rundir.disk import DiskFull
 
     disk = tmp_path / "ro"
     disk.mkdir()
@@ -309,7 +333,8 @@ def test_sigterm_during_the_last_step_or_the_export_is_a_finished_run(done, tmp_
     `started`) wrote the final model anyway (a requeue on 75 would be refused: nothing left to
     train), 75 when a checkpoint was committed after the signal, 143 otherwise."""
     from shoal.checkpoint import store
-    from shoal.train.preempt import EXIT_CODE, exit_code_after
+    from shoal.train.preempt import exit_code_after
+    from shoal.worker.exit_codes import PREEMPTED as EXIT_CODE
 
     out = tmp_path / "run"
     shutil.copytree(done, out)

@@ -1,17 +1,17 @@
 """`shoal train` end to end: metrics rows and fields, seeded reproducibility, sampling, checkpointing modes."""
 
-import json
 
 import pytest
 
 from conftest import shoal_cli
+from shoal.rundir.metrics import read_rows
 
 FIELDS = {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "mfu", "peak_mem_bytes",
           "model_state_bytes", "comm_bytes"}
 
 
 def rows(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return read_rows(out)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import pytest
 
 from shoal.checkpoint import store
 from shoal.cli.main import main
+from shoal.rundir.metrics import read_rows
 
 pytestmark = pytest.mark.timeout(60)  # a case that hangs fails instead of stalling the suite
 ROOT = os.geteuid() == 0  # permission bits do not stop root: those cases cannot fail there
@@ -770,7 +771,7 @@ def test_resume_over_an_odd_metrics_row(row, run_dir, tmp_path, corpus, capsys):
         f.write(row + "\n")
     code, _, err = run_cli(capsys, base(corpus, out) + ["--set", "train.steps=3"])
     assert code == 0 and "Traceback" not in err, err
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert [r["step"] for r in read_rows(out)] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("record", ["[1]", '{"starts": "x"}'])

@@ -20,8 +20,8 @@ MEMORY = {"params": [1 << 20], "grads": [1 << 20], "optimizer": [2 << 20], "acti
 def run_info() -> dict:
     from shoal.config import JobConfig
     from shoal.job import resolve
-    from shoal.planner.local_hardware import gpu_from_profile
-    from shoal.train.prediction import plan_job
+    from shoal.hardware.local import gpu_from_profile
+    from shoal.planner.prediction import plan_job
 
     cfg = JobConfig()
     cfg.model.preset, cfg.train.steps, cfg.train.micro_batch, cfg.train.global_batch = "debug", 4, 4, 8

@@ -2,9 +2,9 @@
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from shoal.debug.state import HANG_EXIT_CODE
+from shoal.worker.exit_codes import HANG as HANG_EXIT_CODE
 from shoal.launch.local import _FailureReport
-from shoal.launch.worker_exit import LOST_PEER_EXIT_CODE
+from shoal.worker.exit_codes import LOST_PEER as LOST_PEER_EXIT_CODE
 
 
 def failure(rank: int, code: int, timestamp: int) -> ProcessFailure:

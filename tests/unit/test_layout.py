@@ -5,13 +5,14 @@ import pytest
 from shoal.config import load_config
 from shoal.errors import UserError
 from shoal.job import resolve
+from shoal.parallel.mesh import ParallelDims
 from shoal.parallel.pipeline import layer_split, stage_indices
 
 
 def dims(world, **par):
     preset = "debug-moe" if par.get("ep", 1) > 1 else "debug"
     overrides = [f"model.preset={preset}", "train.global_batch=64", "train.micro_batch=1"]
-    return resolve(load_config(None, overrides + [f"parallel.{k}={v}" for k, v in par.items()]), world).dims
+    return ParallelDims.of(resolve(load_config(None, overrides + [f"parallel.{k}={v}" for k, v in par.items()]), world).layout)
 
 
 def test_tp_is_innermost_and_pp_outermost():
@@ -61,3 +62,14 @@ def test_lighter_edges_move_layers_off_first_and_last_stage():
 
 def test_interleaved_stages_loop_over_ranks():
     assert stage_indices(0, 4, 2) == [0, 4] and stage_indices(3, 4, 2) == [3, 7]
+
+
+def test_the_default_layouts_on_two_ranks_are_all_there():
+    """DP at ZeRO 0-3, HSDP, TP with and without SP, four pipeline schedules, MoE with and without EP:
+    what `shoal verify --nproc 2` runs (the README's quickstart runs it and must pass; not run twice)."""
+    from shoal.train.parity import fitting_layouts
+
+    layouts, _ = fitting_layouts(2, 4)
+    assert len(layouts) >= 13, layouts
+    for must in ("zero=1", "zero=0", "tp=2", "pp_schedule=zero-bubble", "pp_schedule=interleaved-1f1b", "ep=2"):
+        assert any(must in layout for layout in layouts), (must, layouts)

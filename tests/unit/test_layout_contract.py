@@ -14,9 +14,9 @@ from shoal.errors import UserError
 from shoal.job import resolve
 from shoal.layout import Layout, TrainerLimit, problems
 from shoal.model.config import get_preset
-from shoal.planner import hardware
+from shoal import hardware
 from shoal.planner.evaluate import evaluate
-from shoal.planner.layout import Cluster, Workload
+from shoal.planner.workload import Cluster, Workload
 from shoal.planner.recipe import recipe_sections
 from shoal.planner.search import search
 

@@ -9,7 +9,9 @@ from shoal.cli.main import main
 from shoal.config import load_config
 from shoal.errors import UserError
 from shoal.job import resolve
-from shoal.train.memory_check import GiB, Device, check_memory, local_device, predict_peak
+from shoal.hardware.memory import GiB, Device, local_device
+from shoal.launch.memory_check import check_memory
+from shoal.planner.prediction import predict_peak
 
 ABSURD = ["--set", "model.dim=16384", "--set", "model.n_layers=64"]
 

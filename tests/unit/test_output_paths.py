@@ -178,7 +178,7 @@ def test_train_refusal_leaves_nothing_in_the_default_or_an_existing_out(where, c
 
 
 def test_the_check_creates_nothing(where):
-    from shoal.cli.argtypes import check_output_dir, check_output_file
+    from shoal.files import check_output_dir, check_output_file
 
     check_output_dir("--out", str(where["tmp"] / "a" / "b"))
     check_output_file("--emit", str(where["tmp"] / "c" / "plan.toml"))

@@ -45,6 +45,23 @@ def test_mesh_draws_nodes_and_marks_crossing_groups(capsys):
     assert "tp groups: [0,1]*  [2,3]*" in out and err.startswith("shoal: warning: tp groups span nodes")
 
 
+def test_mesh_json_is_the_grid_every_group_and_what_crosses_a_node(capsys):
+    import json
+
+    assert main(["mesh", "--set", "model.preset=debug", "--set", "parallel.tp=2", "--set", "parallel.pp=2",
+                 "--nnodes", "2", "--nproc-per-node", "2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["world"] == 4 and doc["shape"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "tp": 2} and doc["ep"] == 1
+    assert doc["grid"] == [[[[0, 1]]], [[[2, 3]]]] and doc["per_node"] == 2
+    assert doc["groups"] == {"tp": [[0, 1], [2, 3]], "pp": [[0, 2], [1, 3]], "dp": [[0], [1], [2], [3]]}
+    assert doc["crossing_nodes"] == {"pp": [[0, 2], [1, 3]]} and doc["warning"] is None and err == ""
+    assert main(["mesh", "--set", "model.preset=debug", "--set", "parallel.tp=2", "--nnodes", "4",
+                 "--nproc-per-node", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["warning"].startswith("shoal: warning: tp groups span nodes") and "tp" in doc["crossing_nodes"]
+
+
 @pytest.mark.parametrize("flags,field", [(["--nnodes", "2", "--nproc", "5"], "--nnodes"),
                                          (["--nnodes", "2", "--nproc", "6", "--nproc-per-node", "2"], "--nproc"),
                                          ([], "--nproc")])
@@ -105,9 +122,9 @@ def test_mesh_cli_and_planner_follow_the_order(capsys):
 
     from shoal.layout import Layout
     from shoal.model.config import PRESETS
-    from shoal.planner import hardware
+    from shoal import hardware
     from shoal.planner.evaluate import evaluate
-    from shoal.planner.layout import Cluster, Workload
+    from shoal.planner.workload import Cluster, Workload
 
     wl, cl = Workload(PRESETS["llama3-8b"], 4096, 64), Cluster(hardware.get_gpu("h100"), 16, 8)
     inside, across = (evaluate(wl, Layout(dp_shard=2, tp=8, rank_order=o), cl, check=False)

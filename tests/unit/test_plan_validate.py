@@ -81,8 +81,8 @@ def test_validate_reads_the_prediction_the_run_stored(tmp_path):
     import dataclasses
 
     from shoal.job import resolve
-    from shoal.planner.local_hardware import gpu_from_profile
-    from shoal.train.prediction import plan_job
+    from shoal.hardware.local import gpu_from_profile
+    from shoal.planner.prediction import plan_job
 
     run = tmp_path / "run"
     write_run(run, [5.0, 3.0, 1.0, 1.2, 0.8], checkpoint=False)

@@ -13,9 +13,9 @@ from shoal.model.config import PRESETS, ModelConfig
 from shoal.planner import collectives as coll
 from shoal.planner.compute import layer_time
 from shoal.planner.evaluate import evaluate
-from shoal.planner.hardware import get_gpu
+from shoal.hardware.lookup import get_gpu
 from shoal.layout import Layout
-from shoal.planner.layout import Cluster, Workload
+from shoal.planner.workload import Cluster, Workload
 from shoal.planner.search import Fixed, search
 from shoal.planner.timing import network
 

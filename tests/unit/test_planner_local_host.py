@@ -8,9 +8,10 @@ import pytest
 
 from shoal.layout import Layout
 from shoal.model.config import PRESETS
-from shoal.planner import hardware, local_hardware
+from shoal import hardware
+from shoal.hardware import local as local_hardware
 from shoal.planner.evaluate import evaluate
-from shoal.planner.layout import Cluster, Workload
+from shoal.planner.workload import Cluster, Workload
 
 PROFILE = {"cpu_count": 2, "memory_bytes": 8 * 2**30, "matmul_fp32_flops": 100e9, "matmul_bf16_flops": 50e9,
            "copy_bandwidth": 40e9, "gloo_busbw": 1e9, "gloo_latency": 50e-6, "kernel_overhead": 6e-6}
@@ -129,7 +130,7 @@ def test_a_damaged_local_profile_is_one_line(profile, tmp_path, monkeypatch):
     """A cached measurement that is not JSON, not a dict or lacks a number: one UserError saying to
     measure again (it was a JSONDecodeError, AttributeError or KeyError traceback in `shoal plan --gpu local`)."""
     from shoal.errors import UserError
-    from shoal.planner.local_hardware import local_gpu
+    from shoal.hardware.local import local_gpu
 
     monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
     (tmp_path / "local_profile.json").write_text(profile)

@@ -6,9 +6,10 @@ import pytest
 
 from shoal.model import analytics
 from shoal.model.config import PRESETS, ModelConfig
-from shoal.planner.hardware import GiB, get_gpu
+from shoal.hardware.catalog import GiB
+from shoal.hardware.lookup import get_gpu
 from shoal.layout import Layout
-from shoal.planner.layout import Cluster, Workload
+from shoal.planner.workload import Cluster, Workload
 from shoal.planner.memory import inflight_layer_microbatches, memory, model_state_bytes
 from shoal.planner.search import Fixed, search
 

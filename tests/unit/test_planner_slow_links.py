@@ -7,8 +7,8 @@ import pytest
 
 from shoal.layout import Layout
 from shoal.model.config import ModelConfig, get_preset
-from shoal.planner.hardware import get_gpu
-from shoal.planner.layout import Cluster, Workload
+from shoal.hardware.lookup import get_gpu
+from shoal.planner.workload import Cluster, Workload
 from shoal.planner.slow_links import grad_wire_factor
 from shoal.planner.timing import step_time
 

@@ -9,8 +9,9 @@ import pytest
 from shoal.errors import UserError
 from shoal.parallel.mesh import ParallelDims
 from shoal.report.rank_grid import grid_geometry
-from shoal.report.run_dir import load_run
+from shoal.rundir.run import load_run
 from shoal.report.schedule import schedule_actions, simulate, textbook_bubble
+from shoal.rundir.metrics import read_rows
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -161,7 +162,7 @@ def test_memory_and_communication_are_drawn_per_rank_and_per_dimension(tmp_path)
                "activations": [3 << 20] * world, "peak": [(100 + r) << 20 for r in range(world)]}
     by_rank["peak"][7] = 900 << 20
     d = write_run(tmp_path / "run", [1, 2, 3, 4, 5])
-    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(d)
     rows[0]["memory_by_rank"] = by_rank
     for r in rows:
         r["comm_bytes_by_dim"] = {"all_gather:dp_shard": 3 << 20, "reduce_scatter:dp_shard": 3 << 20, "send:pp": 1 << 20}

@@ -4,20 +4,25 @@ from pathlib import Path
 
 import pytest
 
-from shoal.train.metrics import WARMUP_STEPS, MetricsLog
+from shoal.rundir.metrics import WARMUP_STEPS, read_rows, steady
 
 
-def _log(tmp_path, times):
-    log = MetricsLog(tmp_path / "m.jsonl", enabled=False)
-    for i, t in enumerate(times):
-        log.write({"step": i + 1, "step_time_s": t})
-    return log
-
-
-def test_steady_step_time_leaves_out_the_warm_up(tmp_path):
+def test_steady_is_the_median_without_each_starts_warm_up():
+    """One statistic of a run's speed for the summary, the report and `plan --validate`: the last
+    row per step, the first WARMUP_STEPS after each start left out, medians."""
     assert WARMUP_STEPS == 2
-    assert _log(tmp_path, [5.0, 2.0, 1.0, 1.0, 1.0]).steady_step_time() == (1.0, 2)
-    assert _log(tmp_path, [5.0, 1.0]).steady_step_time() == (3.0, 0)  # too short: every step, and it says so
+    rows = [{"step": s, "step_time_s": t, "tokens_per_s": 100 / t, "mfu": 0.1 / t}
+            for s, t in [(1, 9.0), (2, 5.0), (3, 1.0), (4, 2.0), (5, 1.0), (6, 3.0)]]
+    fresh = steady(rows)
+    assert (fresh.steps, fresh.warmup, fresh.step_time_s, fresh.tokens_per_s) == (4, 2, 1.5, 75.0)
+    assert fresh.mfu == pytest.approx(0.075)
+    # resumed from step 4: steps 5 and 6 are that start's warm-up; step 3's row is redone after it
+    redone = rows + [{"step": 3, "step_time_s": 4.0, "tokens_per_s": 25.0, "mfu": 0.025}]
+    again = steady(redone, starts=(0, 4))
+    assert (again.steps, again.step_time_s) == (2, 3.0)  # steps 3 (its later row) and 4
+    short = steady(rows[:2])  # too short to have steps after the warm-up: all of them, and it says so
+    assert (short.steps, short.warmup, short.step_time_s) == (2, 0, 7.0)
+    assert steady([]).steps == 0 and steady([]).mfu is None
 
 
 def test_summary_and_metrics_carry_the_runs_own_prediction(tmp_path):
@@ -43,11 +48,18 @@ def test_summary_and_metrics_carry_the_runs_own_prediction(tmp_path):
                        env=dict(os.environ, SHOAL_CACHE_DIR=str(tmp_path / "cache")), cwd=Path(__file__).parents[2])
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert summary["tokens/s (without 2 warm-up steps)"] > 0
+    assert summary["tokens/s (median, without 2 warm-up steps)"] > 0
     assert not any(k == "tokens/s" for k in summary)
+    # the summary, the report and `plan --validate` say the same of the run's speed
+    from shoal.planner.validate import compare
+    from shoal.report.run_figures import steady_measurement
+    from shoal.rundir.run import load_run
+
+    assert steady_measurement(load_run(tmp_path / "run"))["step_time_s"] == summary["step time (s, same steps)"]
+    assert compare(tmp_path / "run").measured_step_s == summary["step time (s, same steps)"]
     stored = json.loads((tmp_path / "run" / "run.json").read_text())["prediction"]
     assert stored["hardware"] == "local" and stored["step_time_s"] > 0 and 0 < stored["mfu"] < 1
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(tmp_path / "run")
     assert len(rows) == 4 and all(r["predicted_step_time_s"] == stored["step_time_s"] and r["predicted_mfu"] == stored["mfu"]
                                   and r["predicted_peak_mem_bytes"] == stored["peak_memory_bytes"] for r in rows)
     measured_step, predicted_step = summary["step time (s, same steps)"], summary["predicted step time (s, planner on local)"]
@@ -68,7 +80,7 @@ def test_the_cpu_peak_is_this_runs():
 
     import torch
 
-    from shoal.train.metrics import peak_mem_bytes, reset_peak_mem
+    from shoal.train.memory import peak_mem_bytes, reset_peak_mem
 
     if not sys.platform.startswith("linux"):
         pytest.skip("the peak resident set restarts through /proc/self/clear_refs")

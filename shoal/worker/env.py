@@ -71,3 +71,9 @@ def world_size(nproc: int = 0) -> int:
                                             "both; unset WORLD_SIZE to run one process, or use --nproc N")
         master_port()
     return nproc or world
+
+
+def local_world_size(default: int) -> int:
+    """Ranks on this node: the launcher's LOCAL_WORLD_SIZE (torchrun and shoal's launchers set it;
+    world_size() checked it), else `default`."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", default))

@@ -1,23 +1,24 @@
-"""The plan of this run: the planner's prediction for a job's own layout on its own hardware.
+"""The plan of one run: the planner's prediction for a job's own layout on its own hardware.
 
-Rank 0 computes it once, before step 1 (shoal/train/trainer.py), and it travels with the
-measurement: in run.json (`prediction`), beside every metrics.jsonl row (`predicted_*` keys) and in
-the end-of-run summary with its ratios. `shoal plan --validate RUN_DIR` and `shoal report` read
+The trainer's rank 0 computes it once, before step 1 (shoal/train/trainer.py), and it travels with
+the measurement: in run.json (`prediction`), beside every metrics.jsonl row (`predicted_*` keys) and
+in the end-of-run summary with its ratios. `shoal plan --validate RUN_DIR` and `shoal report` read
 the stored one back (`from_run_info`) instead of planning again.
 
 The hardware is the planner's entry for the device the run is on: the catalog GPU for a CUDA
 device it knows, or this machine's measured `local` profile on a CPU (measured once, then cached;
-shoal.planner.local_hardware.local_gpu). An unknown GPU still gets the memory prediction, and says why
-the step time has none. Torch-free, like the planner: the trainer passes the device as strings.
+shoal.hardware.local.local_gpu). An unknown GPU still gets the memory prediction, and says why the
+step time has none. Torch-free, like the planner: the device comes as strings.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field, replace
 
 from shoal.errors import UserError
+from shoal.hardware.memory import Device
 from shoal.planner.memory import MemoryBreakdown
+from shoal.rundir.run_info import PREDICTION_KEY
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,14 @@ class RunPrediction:
         if self.step_time_s is None:
             return self
         return replace(self, mfu=model_flops_per_step / self.step_time_s / peak_flops)
+
+    def on_measured_peak(self, measured_step_s: float, measured_mfu: float | None) -> float | None:
+        """The predicted step's MFU against the peak a measured MFU divides by, which run.json does
+        not hold: the measured MFU scaled by measured / predicted step time (MFU x step time is the
+        same for both: model FLOPs per step over the peak)."""
+        if self.step_time_s is None or not measured_mfu:
+            return None
+        return measured_mfu * measured_step_s / self.step_time_s
 
     def metrics_fields(self) -> dict:
         """The keys beside each metrics.jsonl row (constant over the run; a reader needs no run.json)."""
@@ -73,29 +82,42 @@ class RunPrediction:
                    mfu=d.get("mfu"))
 
 
+def predict_peak(job, device: Device) -> MemoryBreakdown:
+    """The planner's MemoryBreakdown of the busiest rank for this job on this device."""
+    from shoal.hardware.catalog import CATALOG
+    from shoal.planner.memory import memory
+    from shoal.planner.workload import Cluster, Workload
+
+    # The memory model reads only the device's capacity and reserved bytes; the rest of the entry
+    # (rates, links) is the time model's and does not matter here.
+    gpu = replace(next(iter(CATALOG.values())), name=device.kind, hbm_bytes=device.capacity,
+                  reserved_bytes=device.reserved)
+    return memory(Workload.of_job(job), job.layout, Cluster(gpu, job.world, job.world))
+
+
 def planner_hardware(device_kind: str, device_name: str, ranks_per_node: int, *, measure: bool):
     """(the planner's GPU entry for this device as `ranks_per_node` ranks see it, '') or (None, why not)."""
-    from shoal.planner import hardware, local_hardware
+    from shoal.hardware import local
+    from shoal.hardware.catalog import lookup_gpu
 
     if device_kind == "cuda":
-        gpu = hardware.lookup_gpu(device_name)
+        gpu = lookup_gpu(device_name)
         return (gpu, "") if gpu else (None, f"the planner's catalog does not know {device_name!r}")
-    if not measure and not local_hardware.local_profile_path().exists():
+    if not measure and not local.local_profile_path().exists():
         return None, "this machine is not measured yet: run `shoal plan --gpu local ...` once"
     try:
-        gpu = local_hardware.local_gpu()  # measures (a few seconds, once per machine) when nothing is cached
+        gpu = local.local_gpu()  # measures (a few seconds, once per machine) when nothing is cached
     except UserError as e:
         return None, str(e)
     except (OSError, ValueError, KeyError) as e:  # a damaged cache must not stop a run: it loses its prediction
-        return None, f"{local_hardware.local_profile_path()} is unreadable ({type(e).__name__}); `shoal plan --gpu local --remeasure`"
-    return local_hardware.local_for_ranks(gpu, ranks_per_node), ""
+        return None, f"{local.local_profile_path()} is unreadable ({type(e).__name__}); `shoal plan --gpu local --remeasure`"
+    return local.local_for_ranks(gpu, ranks_per_node), ""
 
 
 def predict_job(job, device_kind: str, device_name: str, local_world: int, *, measure: bool = True) -> RunPrediction:
     """The plan of one run: the job's layout on job.world ranks, `local_world` of them per node."""
-    from shoal.planner.hardware import GPU
-    from shoal.planner.local_hardware import LOCAL_PROCESS_BYTES
-    from shoal.train.memory_check import Device, predict_peak
+    from shoal.hardware.catalog import GPU
+    from shoal.hardware.local import LOCAL_PROCESS_BYTES
 
     gpu, why = planner_hardware(device_kind, device_name, min(local_world, job.world), measure=measure)
     if gpu is None:
@@ -109,45 +131,16 @@ def predict_job(job, device_kind: str, device_name: str, local_world: int, *, me
 def plan_job(job, gpu, per_node: int) -> RunPrediction:
     """The planner's memory and step time for the job's layout on `gpu`, `per_node` ranks to a node."""
     from shoal.planner.evaluate import TIME_PARTS, evaluate
-    from shoal.planner.layout import Cluster, Workload
+    from shoal.planner.workload import Cluster, Workload
 
     plan = evaluate(Workload.of_job(job), job.layout, Cluster(gpu, job.world, max(1, min(per_node, job.world))), check=False)
     return RunPrediction(gpu.name, plan.memory, plan.time.step, {k: getattr(plan.time, k) for k in TIME_PARTS})
 
 
-def predict_this_run(job, rt, model_flops_per_step: float, peak_flops: float, *, say=None) -> RunPrediction | None:
-    """Rank 0's prediction for the run it is in, before step 1 (other ranks: None). `say` prints the
-    one line shown when this machine must be measured first (once; the profile is cached)."""
-    from shoal.planner.local_hardware import local_profile_path
-    from shoal.train.run_info import device_name
-
-    if not rt.is_main:
-        return None
-    if rt.device.type == "cpu" and say and not local_profile_path().exists():
-        say(f"measuring this machine once for the planner's prediction (a few seconds; cached in {local_profile_path()})")
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", job.world))
-    pred = predict_job(job, rt.device.type, device_name(rt.device), local_world)
-    return pred.with_mfu(model_flops_per_step, peak_flops)
-
-
-def config_from_sections(sections: dict, overrides: list[str] = ()):
-    """A JobConfig from a stored config (run.json's or a checkpoint's `config`), then --set overrides."""
-    from shoal.config import JobConfig, _set
-
-    cfg = JobConfig()
-    for section, values in sections.items():
-        for key, value in values.items():
-            if value is not None:
-                _set(cfg, f"{section}.{key}", value)
-    for item in overrides:
-        dotted, _, value = item.partition("=")
-        _set(cfg, dotted.strip(), value)
-    return cfg.validate()
-
-
 def replan_run_info(info: dict, *, measure: bool = False) -> RunPrediction:
     """The plan for a run that stored none (run.json from before predictions were stored), made now
     from its config on the hardware it names; never measures this machine unless asked."""
+    from shoal.config import config_from_sections
     from shoal.job import resolve
 
     job = resolve(config_from_sections(info["config"]), int(info["world"]))
@@ -157,8 +150,6 @@ def replan_run_info(info: dict, *, measure: bool = False) -> RunPrediction:
 
 def from_run_info(info: dict) -> RunPrediction | None:
     """The prediction a run stored in its run.json, or None (a run from before predictions were stored)."""
-    from shoal.train.run_info import PREDICTION_KEY
-
     stored = info.get(PREDICTION_KEY)
     if not stored:
         return None

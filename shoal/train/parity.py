@@ -22,7 +22,9 @@ from pathlib import Path
 from shoal.config import JobConfig, load_config
 from shoal.errors import UserError
 from shoal.job import resolve
-from shoal.launch.worker_exit import exit_worker
+from shoal.rundir.metrics import read_rows
+from shoal.rundir.names import MODEL, MODEL_WEIGHTS
+from shoal.worker.exit import exit_worker
 
 OUT_DIRS = ("reference-*", "layout*")
 """The runs verify keeps in --out (reference-PRESET, layoutN): an earlier verify's are replaced, and
@@ -46,7 +48,7 @@ def base_overrides(steps: int, global_batch: int) -> list[str]:
     # lr 1e-3, not higher: a router choice that is nearly tied flips on a last-bit difference in
     # gradient summation order, and at 3e-3 tiny-moe then drifted past 1e-4 by step 7 on every
     # layout, pure FSDP included. At 1e-3 the drift stays below 1e-5 while a real gradient bug
-    # still moves the loss by far more (tests/dist/test_parity.py catches a 1% lr change).
+    # still moves the loss and the gradient norm by far more (tests/dist/test_parity.py injects such bugs).
     return ["model.preset=debug", f"train.steps={steps}", "train.micro_batch=2", f"train.global_batch={global_batch}",
             "train.seq_len=64", "train.lr=1e-3", f"train.warmup_steps={min(2, steps)}", "train.eval_every=0",
             "train.eval_batches=1", "train.sample_tokens=0"]
@@ -114,10 +116,6 @@ class Result:
         return max(self.loss_diff, self.grad_diff, self.weight_diff) <= self.tolerance
 
 
-def rows_of(metrics: Path) -> list[dict]:
-    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
-
-
 def _worst(pairs, scale=lambda ref: 1.0) -> float:
     """Largest difference, or inf if any value is missing or not finite (max() would drop a NaN)."""
     worst = 0.0
@@ -132,10 +130,8 @@ def weight_diff(got_dir: Path, ref_dir: Path) -> float:
     """Largest elementwise difference between two runs' final weights (inf if missing or not finite)."""
     from safetensors import safe_open
 
-    from shoal.checkpoint.weights import WEIGHTS
-
     try:
-        with safe_open(str(got_dir / WEIGHTS), "pt") as got, safe_open(str(ref_dir / WEIGHTS), "pt") as ref:
+        with safe_open(str(got_dir / MODEL_WEIGHTS), "pt") as got, safe_open(str(ref_dir / MODEL_WEIGHTS), "pt") as ref:
             if set(got.keys()) != set(ref.keys()):
                 return math.inf
             worst = 0.0
@@ -151,12 +147,12 @@ def weight_diff(got_dir: Path, ref_dir: Path) -> float:
 
 def compare(layout: str, got: Path, ref: Path, tolerance: float) -> Result:
     """One layout's run directory against the reference run's."""
-    g, r = rows_of(got / "metrics.jsonl"), rows_of(ref / "metrics.jsonl")
+    g, r = read_rows(got), read_rows(ref)
     complete = len(g) == len(r) > 0
     loss = _worst([(a.get("loss"), b.get("loss")) for a, b in zip(g, r)]) if complete else math.inf
     grad = (_worst([(a.get("grad_norm"), b.get("grad_norm")) for a, b in zip(g, r)], lambda ref: max(1.0, abs(ref)))
             if complete else math.inf)
-    weights = weight_diff(got / "model", ref / "model")
+    weights = weight_diff(got / MODEL, ref / MODEL)
     return Result(layout, loss, grad, weights, g[-1]["loss"] if g else math.nan, tolerance)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shoal.measure import peak
+from shoal.hardware import peak
 
 # two sockets x two cores x two hyperthreads, as /proc/cpuinfo lists them
 CPUINFO = "\n\n".join(

@@ -7,54 +7,18 @@ that does not fit gets one line naming both numbers and the first single change 
 instead of an allocator error minutes later or the OOM killer. The model is a prediction, so
 `train.memory_check=false` skips it.
 
-The launcher checks once and sets CHECKED_ENV for its workers, which do not check again (their
-siblings' allocations would shrink MemAvailable under them); under torchrun each rank checks.
+The process that prepares the job checks once (shoal/launch/session.py); the workers it starts do
+not check again (their siblings' allocations would shrink MemAvailable under them). Under plain
+torchrun each rank prepares, so each checks.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from shoal.errors import UserError
-
-GiB = 2**30
-CHECKED_ENV = "SHOAL_MEMORY_CHECKED"
-
-
-@dataclass(frozen=True)
-class Device:
-    """What one local rank can use."""
-
-    kind: str
-    """'cuda' or 'cpu'."""
-    capacity: float
-    """Bytes one rank may use."""
-    reserved: float
-    """Bytes the runtime takes before the model does."""
-    what: str
-    """Where the capacity comes from, for the message."""
-
-
-def local_device(local_ranks: int) -> Device | None:
-    """This machine's memory per local rank, as the workers will see it (None: unknown)."""
-    torch = _torch_if_cuda()
-    if torch is not None:
-        # Asking for the device's properties initializes the CUDA runtime in this (launcher)
-        # process. That is safe: the workers are new interpreters that the elastic agent starts
-        # (no fork of an initialized CUDA), and reading properties allocates nothing on the device.
-        n = torch.cuda.device_count()
-        props = torch.cuda.get_device_properties(0)
-        sharing = -(-local_ranks // n)  # more ranks than GPUs share one
-        return Device("cuda", props.total_memory / sharing, cuda_reserved_bytes(props.name),
-                      f"{props.name}" + (f" shared by {sharing} ranks" if sharing > 1 else ""))
-    available = mem_available()
-    if available is None:
-        return None
-    from shoal.planner.local_hardware import LOCAL_PROCESS_BYTES
-
-    return Device("cpu", available / local_ranks, LOCAL_PROCESS_BYTES,
-                  f"MemAvailable {available / GiB:.1f} GiB / {local_ranks} local rank{'s' * (local_ranks > 1)}")
+from shoal.hardware.memory import Device, GiB, local_device, physical_memory
+from shoal.planner.prediction import predict_peak
 
 
 def check_local_ranks(nproc: int) -> Device | None:
@@ -66,50 +30,6 @@ def check_local_ranks(nproc: int) -> Device | None:
         raise UserError("--nproc", nproc, f"{device.what} leaves {device.capacity / 2**20:.3g} MiB per rank, less "
                                           f"than a rank's own {device.reserved / 2**20:.3g} MiB; use fewer ranks")
     return device
-
-
-def cuda_reserved_bytes(device_name: str) -> float:
-    """The catalog's reserved bytes for this GPU (CUDA context, NCCL, workspaces), or the default."""
-    from shoal.planner.hardware import GPU, lookup_gpu
-
-    entry = lookup_gpu(device_name)
-    return entry.reserved_bytes if entry else GPU.reserved_bytes
-
-
-def _torch_if_cuda():
-    """torch when a CUDA device is usable, else None. torch is imported only where an NVIDIA driver
-    is loaded, so a CPU machine's refusal stays well under a second (importing torch takes longer)."""
-    if not (os.path.isdir("/proc/driver/nvidia/gpus") or os.path.exists("/dev/nvidiactl")):
-        return None
-    import torch
-
-    return torch if torch.cuda.is_available() else None
-
-
-def mem_available() -> float | None:
-    """The host's MemAvailable in bytes (the kernel's estimate of what can be allocated without
-    swapping); None where there is no /proc/meminfo (not Linux): the check is then skipped."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def predict_peak(job, device: Device):
-    """The planner's MemoryBreakdown of the busiest rank for this job on this device."""
-    from shoal.planner.hardware import CATALOG
-    from shoal.planner.layout import Cluster, Workload
-    from shoal.planner.memory import memory
-
-    # The memory model reads only the device's capacity and reserved bytes; the rest of the entry
-    # (rates, links) is the time model's and does not matter here.
-    gpu = replace(next(iter(CATALOG.values())), name=device.kind, hbm_bytes=device.capacity,
-                  reserved_bytes=device.reserved)
-    return memory(Workload.of_job(job), job.layout, Cluster(gpu, job.world, job.world))
 
 
 def check_memory(job, local_ranks: int, device: Device | None = None) -> float | None:
@@ -161,11 +81,6 @@ class _Text(str):
         return str(self)
 
 
-def local_world_size(nproc: int) -> int:
-    """Ranks on this machine: --nproc, torchrun's LOCAL_WORLD_SIZE, or 1."""
-    return nproc or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-
-
 def check_host_bounds(job) -> None:
     """What the planner's model leaves out, bounded by this host's physical memory: the held-out
     batches every rank keeps and the rotary tables (sized by model.max_seq_len, not the batch); and,
@@ -173,7 +88,7 @@ def check_host_bounds(job) -> None:
     such a run swaps for minutes or is killed without a word."""
     from shoal.model.analytics import param_counts
 
-    ram = _physical_memory()
+    ram = physical_memory()
     if not ram:
         return
     m, t, world, micro_batch = job.model, job.cfg.train, job.world, job.layout.micro_batch
@@ -190,10 +105,3 @@ def check_host_bounds(job) -> None:
         if need > ram:
             raise UserError(name, value, f"needs about {need / 2**30:,.0f} GiB per rank, more than this "
                                          f"machine's {ram / 2**30:,.0f} GiB of memory ({fix})")
-
-
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # not POSIX
-        return None

@@ -20,6 +20,7 @@ import socket
 from pathlib import Path
 
 from shoal.errors import UserError
+from shoal.files import PROBE_PREFIX
 
 
 def node_name() -> tuple[str, str]:
@@ -44,7 +45,7 @@ def unshared_nodes(directory: Path) -> list[str]:
     probe = None
     if writer:
         token = secrets.token_hex(16)
-        path = directory / f".shoal-probe-{me[0]}-{token[:8]}"
+        path = directory / f"{PROBE_PREFIX}{me[0]}-{token[:8]}"
         try:
             directory.mkdir(parents=True, exist_ok=True)
             path.write_text(token)
@@ -71,18 +72,6 @@ def _holds(path: Path, token: str) -> bool:
         return path.read_text() == token
     except OSError:
         return False
-
-
-def require_shared(directory: Path, field: str, world_size: int) -> None:
-    """Raise one UserError (the same on every rank) when `directory` is not shared by all nodes."""
-    if world_size < 2:
-        return
-    problems = unshared_nodes(directory)
-    if problems:
-        from shoal.train.distributed import shutdown
-
-        shutdown()  # every rank stops here together, as a finished run does
-        raise unshared_message(problems, field, directory)
 
 
 def unshared_message(problems: list[str], field: str, directory: Path) -> UserError:

@@ -131,14 +131,14 @@ def job_peak(device, precision: str, world_size: int, local_world_size: int | No
     local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     nodes = max(1, world_size // local)
     if device.type == "cuda":
-        from shoal.planner.hardware import lookup_gpu
+        from shoal.hardware.catalog import lookup_gpu
 
         name = torch.cuda.get_device_name(device)
         entry = lookup_gpu(name)
         if entry is not None:
             per = entry.peak_bf16_flops
             return Peak(per * world_size, f"{world_size} x {name} datasheet bf16 peak {per / 1e12:,.0f} TFLOP/s")
-        from shoal.measure.matmul import matmul_flops
+        from shoal.hardware.matmul import matmul_flops
 
         per = matmul_flops(8192, torch.bfloat16, device).best  # a GPU the catalog does not know
         return Peak(per * world_size, f"{world_size} x {name} measured bf16 matmul {per / 1e12:,.0f} TFLOP/s")
@@ -154,7 +154,7 @@ def compare(precision: str = "fp32", seconds: float = 1.0) -> list[tuple[str, fl
     """`shoal doctor --peak`: (what, FLOP/s, how) for the datasheet peak and a measured matmul, this process's cores."""
     import torch
 
-    from shoal.measure.matmul import matmul_flops
+    from shoal.hardware.matmul import matmul_flops
 
     if torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())

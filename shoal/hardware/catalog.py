@@ -3,8 +3,8 @@
 Every entry is a `GPU` (TPUs and the local CPU included: "GPU" here means "one rank's device").
 Peaks are the vendors' dense figures; the `*_efficiency` fields say what fraction of a peak real
 kernels reach, from measurements cited beside each entry. Entries can be changed with
-`--hw FIELD=VALUE` or a TOML file (`--hw-file`), see `apply_overrides` and `load_hw_file`.
-The measured `local` entry (this machine) is local_hardware.py.
+`--hw FIELD=VALUE` or a TOML file (`--hw-file`), see `apply_overrides` and lookup.load_hw_file.
+The measured `local` entry (this machine) is local.py; lookup.py finds an entry by the name a user gives.
 
 Bandwidths are bytes/s per GPU in one direction (NVLink "900 GB/s" is 450 GB/s each way); a
 `*_efficiency` turns that into the bus bandwidth nccl-tests would report (DESIGN.md conventions).
@@ -15,10 +15,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from shoal.errors import UserError
 
@@ -105,7 +103,7 @@ class GPU:
     allocator_slack: float = 0.0
     """Memory the allocator holds beyond what is live, as a fraction of the memory that comes and goes
     (activations, logits, buffers); 0: a GPU caching allocator's FRAGMENTATION (memory.py). `local`
-    sets the measured one of glibc's malloc (local_hardware.LOCAL_ALLOCATOR_SLACK)."""
+    sets the measured one of glibc's malloc (local.LOCAL_ALLOCATOR_SLACK)."""
     peak_fp32_flops: float = 0.0
     """Peak for fp32 training; 0 means half the BF16 peak (the TF32 tensor-core rate on NVIDIA)."""
     peak_fp8_flops: float = 0.0
@@ -321,25 +319,6 @@ def lookup_gpu(device_name: str) -> GPU | None:
     return None
 
 
-def known_names() -> list[str]:
-    return [*CATALOG, "local"]
-
-
-def get_gpu(name: str, *, remeasure: bool = False) -> GPU:
-    """The catalog entry for `--gpu NAME` (aliases and case accepted); `local` is measured once and cached."""
-    key = name.strip().lower()
-    key = ALIASES.get(key, key)
-    if key == "local":
-        from shoal.planner.local_hardware import local_gpu  # it builds on GPU, defined here
-
-        return local_gpu(remeasure=remeasure)
-    if key not in CATALOG:
-        close = difflib.get_close_matches(key, [*CATALOG, *ALIASES, "local"], n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise UserError("gpu", name, f"{hint}known: {', '.join(known_names())} (or describe one with --hw-file)")
-    return CATALOG[key]
-
-
 # --- overrides: --hw FIELD=VALUE and --hw-file FILE.toml ---
 
 _FIELDS = {f.name: f for f in dataclasses.fields(GPU)}
@@ -427,23 +406,3 @@ def parse_hw_flags(pairs: list[str]) -> dict[str, str]:
         key, value = pair.split("=", 1)
         out[key.strip()] = value.strip()
     return out
-
-
-def load_hw_file(path: str | os.PathLike, default_base: str | None) -> GPU:
-    """A TOML file of GPU fields; `base = "h100-sxm"` (or --gpu) supplies the ones it leaves out."""
-    import tomllib
-
-    from shoal.cli.argtypes import read_input_file  # the one check of a file a command reads
-
-    try:
-        data = tomllib.loads(read_input_file("hw_file", path, "a TOML file of hardware fields").decode())
-    except UnicodeDecodeError:
-        raise UserError("hw_file", str(path), "is not UTF-8 text; give a TOML file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise UserError("hw_file", str(path), f"not valid TOML: {e}") from None
-    base_name = data.pop("base", default_base)
-    if base_name is None:
-        raise UserError("hw_file", str(path), "name a base entry (base = \"h100-sxm\") or pass --gpu")
-    base = get_gpu(str(base_name))
-    data.setdefault("name", f"{base.name}+{Path(path).stem}")
-    return apply_overrides(base, data, source="hw_file")

@@ -15,7 +15,7 @@ from functools import lru_cache
 from shoal.errors import UserError
 from shoal.layout import MAX_GPUS
 from shoal.model.config import ModelConfig
-from shoal.planner.hardware import GPU
+from shoal.hardware.catalog import GPU
 
 PRECISIONS = ("bf16", "fp32", "fp8")
 ATTENTION = ("flash", "unfused")

@@ -8,8 +8,8 @@ the GIL then (cpython#87135), and ending a thread inside a C++ destructor aborts
 time in ten on a loaded machine: one node exited 2, the other -6.
 
 A worker whose peer died (killed from outside, out of memory, a lost node) fails in its next
-collective with the transport's error; `lost_peer` recognizes it so the worker can say so in one line,
-and the launcher names the worker that failed first (shoal/launch/local.py).
+collective with the transport's error; `lost_peer` recognizes it so the worker can say so in one line
+(exit_codes.LOST_PEER), and the launcher names the worker that failed first (shoal/launch/local.py).
 
 So a worker does what finalization would have done for it before tearing objects down (stops and
 joins its threads, runs the atexit hooks, flushes its output) and then leaves with os._exit, before
@@ -24,8 +24,6 @@ import re
 import sys
 import threading
 from typing import NoReturn
-
-LOST_PEER_EXIT_CODE = 76  # EX_PROTOCOL in sysexits.h: the other end went away; the launcher looks past it
 
 # What Gloo and NCCL say when the process at the other end of a connection is gone.
 _PEER_GONE = re.compile(r"Connection (reset|closed) by peer|Broken pipe|remote process exited|"

@@ -1,0 +1,66 @@
+"""`shoal verify`: every layout against one process, the same model and data (shoal/train/parity.py
+says what is compared and why). The references run here, in this process; the layouts in one
+launch of N workers (forming a process group costs seconds per worker)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from shoal.errors import UserError
+from shoal.job import resolve
+from shoal.train.parity import Result, compare, config_for, fitting_layouts
+
+
+@dataclass
+class Verdict:
+    nproc: int
+    steps: int
+    tolerance: float
+    out: str
+    results: list[Result]
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """(layout, why it does not fit on nproc ranks) for the default layouts left out."""
+    launch_code: int = 0
+    """The workers' exit code: nonzero fails the verdict even when the files compare."""
+
+    @property
+    def passed(self) -> bool:
+        return self.launch_code == 0 and all(r.passed for r in self.results)
+
+    def as_dict(self) -> dict:
+        return {"nproc": self.nproc, "steps": self.steps, "tolerance": self.tolerance, "out": self.out,
+                "passed": self.passed, "launch_exit_code": self.launch_code,
+                "results": [{**asdict(r), "passed": r.passed} for r in self.results],
+                "skipped": [{"layout": layout, "reason": why} for layout, why in self.skipped]}
+
+
+def verify(nproc: int, layouts: list[str] | None, steps: int, tolerance: float, out: str | None,
+           say=lambda line: None) -> Verdict:
+    """Run the references and the layouts (all that fit on nproc ranks when none are given) and
+    compare; every layout mistake is found before anything runs."""
+    import torch
+
+    from shoal.launch.local import launch, worker_env
+    from shoal.train.trainer import train
+
+    skipped = []
+    if not layouts:
+        layouts, skipped = fitting_layouts(nproc, steps)
+    if not layouts:
+        raise UserError("--nproc", nproc, "no default layout fits; pass --layouts")
+    by_layout = {layout: resolve(config_for(layout, nproc, steps), nproc).cfg.model.preset for layout in layouts}
+    folder = Path(out or tempfile.mkdtemp(prefix="shoal-verify-"))
+    # The reference gets the workers' threads: a different thread count splits sums differently
+    # (tiny-moe's losses then differed by 2e-4; with one thread each they match to 1e-6).
+    torch.set_num_threads(int(worker_env(nproc).get("OMP_NUM_THREADS", torch.get_num_threads())))
+    for preset in dict.fromkeys(by_layout.values()):  # the single-process references, in this process
+        ref_cfg = config_for(f"model={preset},dp_shard=1", 1, steps, global_batch=4 * nproc)
+        train(ref_cfg, folder / f"reference-{preset}", show=False)
+    say(f"reference runs done on 1 process; running {len(layouts)} layouts on {nproc} ranks ...")
+    code = launch(["-m", "shoal.train.parity", str(folder), str(nproc), str(steps), json.dumps(layouts)], nproc)
+    results = [compare(layout, folder / f"layout{i}", folder / f"reference-{by_layout[layout]}", tolerance)
+               for i, layout in enumerate(layouts)]
+    return Verdict(nproc, steps, tolerance, str(folder), results, skipped, code)
