@@ -54,7 +54,9 @@ def worker(out: Path, runs: list[tuple[str, list[str]]]) -> None:
 
 
 def summarize(out: Path, name: str) -> dict:
-    rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+    from shoal.rundir.metrics import read_rows
+
+    rows = read_rows(out / name)
     steady = rows[10:-1] or rows  # past the warm-up steps; the last one also evaluates
     sent = statistics.mean(r.get("grad_bytes", sum(r["comm_bytes"].values())) for r in steady)
     plain = statistics.mean(r.get("grad_bytes_uncompressed", sum(r["comm_bytes"].values())) for r in steady)

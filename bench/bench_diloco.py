@@ -16,7 +16,6 @@ Every run ends on an outer step of all fragments, so the evaluated model is the 
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
@@ -85,7 +84,9 @@ HEADLINE = ["diloco50", "diloco50-m0.5", "stream50x5-m0.5-tau1"]  # what runs wi
 
 
 def summarize(out: Path, name: str) -> dict:
-    rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+    from shoal.rundir.metrics import read_rows
+
+    rows = read_rows(out / name)
     per_step = [sum(r["comm_bytes"].values()) for r in rows]
     # peak: the most one step sends, leaving out the last, which syncs every fragment at once
     return {"eval_loss": rows[-1]["eval_loss"], "sent": statistics.mean(per_step), "peak": max(per_step[:-1]),

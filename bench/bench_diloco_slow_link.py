@@ -27,7 +27,9 @@ PORT = 32611  # this bench's rendezvous port
 
 
 def tokens_per_s(out: Path, name: str) -> tuple[float, float]:
-    rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+    from shoal.rundir.metrics import read_rows
+
+    rows = read_rows(out / name)
     steady = rows[10:-1]  # past warm-up; the mean step time counts DiLoCo's outer steps in it
     tokens = rows[0]["tokens"]  # per step
     return (tokens / statistics.mean(r["step_time_s"] for r in steady),

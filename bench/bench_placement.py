@@ -11,7 +11,7 @@ crosses the slow link:
   tp2 x dp2: TP inside each node, DP across (tp-dp-pp)  vs  TP across, DP inside (dp-tp-pp)
   pp2 x dp2: PP across, DP inside (tp-dp-pp)            vs  DP across, PP inside (pp-dp-tp)
 
-Step time is the median `step_time_s` of metrics.jsonl over the steps after the first 2 (warm-up).
+Step time is the run's steady step time (shoal.rundir.metrics.steady: the median after the 2 warm-up steps).
 Both nodes share this machine's 2 cores, so the compute part is slow and the same in each pair;
 the ratio is what placement costs here, not what it costs on GPUs. Needs root (namespaces).
 """
@@ -19,7 +19,6 @@ the ratio is what placement costs here, not what it costs on GPUs. Needs root (n
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -30,7 +29,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-WARMUP = 2
 PAIRS = [  # (layout, [(placement, settings)]): the first of each pair is shoal's default rank order
     ("tp2 x dp2", [("TP inside a node, DP across", ["parallel.tp=2", "parallel.rank_order=tp-dp-pp"]),
                    ("TP across nodes, DP inside", ["parallel.tp=2", "parallel.rank_order=dp-tp-pp"])]),
@@ -51,8 +49,9 @@ def run_on_two_nodes(cluster, out: Path, sets: list[str], port: int) -> float:
     codes = [p.wait(timeout=900) for p in procs]
     if codes != [0, 0]:
         raise SystemExit(f"{out.name}: exit codes {codes}; see {out.parent}/{out.name}.node*.log")
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(r["step_time_s"] for r in rows[WARMUP:])
+    from shoal.rundir.metrics import read_rows, steady
+
+    return steady(read_rows(out)).step_time_s  # what the run summary, the report and plan --validate show
 
 
 def main() -> None:
@@ -85,8 +84,10 @@ def main() -> None:
                     print(f"  {layout}, {name}: {times[f'{layout}|{name}'][-1]:.3f} s/step", file=sys.stderr, flush=True)
     shutil.rmtree(work, ignore_errors=True)
 
+    from shoal.rundir.metrics import WARMUP_STEPS
+
     print(f"\n2 nodes x 2 ranks, inter-node link 400 Mbit/s; model {a.preset}, seq {a.seq_len}, global batch "
-          f"{a.global_batch}; median step time over steps {WARMUP + 1}..{a.steps}"
+          f"{a.global_batch}; median step time over steps {WARMUP_STEPS + 1}..{a.steps}"
           + (f", median of {a.repeats} runs" if a.repeats > 1 else ""))
     print(f"{'layout':10s} | {'default rank order':28s} | {'s/step':>7s} | {'other rank order':28s} | {'s/step':>7s} | "
           f"other/default")

@@ -27,7 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shoal.testing.replica_kill import read_rows, run_replica_groups  # noqa: E402
+from shoal.rundir.metrics import read_rows  # noqa: E402
+from shoal.testing.replica_kill import run_replica_groups  # noqa: E402
 
 RECIPE = str(REPO / "recipes" / "debug.toml")
 SKIP = 20  # start-up and the first quorums
@@ -46,7 +47,7 @@ def plain_ddp(out: Path, steps: int, seed: int) -> list[dict]:
     cmd = [sys.executable, "-m", "shoal", "train", RECIPE, "--nproc", "2", "--out", str(out), "--quiet",
            *[f"--set={o}" for o in overrides(steps, seed)]]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return read_rows(out / "metrics.jsonl")
+    return read_rows(out)
 
 
 def _plain_all_reduce(rank: int, n: int, iters: int, port: int, times) -> None:

@@ -58,7 +58,9 @@ def gradient_bytes(row: dict) -> int:
 
 
 def summarize(run: Path) -> dict:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    from shoal.rundir.metrics import read_rows
+
+    rows = read_rows(run)
     timed = rows[2:-1] or rows  # past start-up; the last step also evaluates
     return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
             "sent": statistics.mean(r.get("grad_bytes", gradient_bytes(r)) for r in timed),

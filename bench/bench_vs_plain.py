@@ -46,7 +46,9 @@ def shoal(wrap: str, nproc: int, steps: int, micro_batch: int, seq_len: int, war
         f"train.global_batch={micro_batch * nproc}", f"train.seq_len={seq_len}", "train.eval_every=0",
         "train.eval_batches=1", "train.sample_tokens=0"]
     launch(["-m", "shoal.train", *[f"--set={s}" for s in sets], "--out", str(out), "--quiet"], nproc)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    from shoal.rundir.metrics import read_rows
+
+    rows = read_rows(out)
     # Median over steps after warm-up; the last step also evaluates, so it is left out.
     return statistics.median(r["tokens_per_s"] for r in rows[warmup:-1])
 

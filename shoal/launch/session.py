@@ -19,6 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shoal.config import JobConfig
 from shoal.errors import UserError
@@ -28,6 +29,9 @@ from shoal.rundir.folder import check_out, default_out, remove_if_untouched
 from shoal.rundir.lock import claim, release
 from shoal.rundir.names import JOB, replica_dir
 from shoal.worker.env import local_world_size, world_size
+
+if TYPE_CHECKING:
+    from shoal.launch.multinode import NodePlan
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,8 @@ class Session:
     job: Job
     out: Path
     options: Options
-    nodes: object | None = None
-    """This node's multi-node plan (shoal/launch/multinode.py), None on one machine."""
+    nodes: NodePlan | None = None
+    """This node's multi-node plan, None on one machine."""
     job_files: list[Path] = field(default_factory=list)
     """The job.json each group of workers reads (one per replica group; none under torchrun)."""
 
@@ -79,7 +83,7 @@ def speaks_for_the_run() -> bool:
     return not under_torchrun() or os.environ.get("RANK", "0") == "0"
 
 
-def plan_job(cfg: JobConfig, o: Options) -> tuple[Job, object | None]:
+def plan_job(cfg: JobConfig, o: Options) -> tuple[Job, NodePlan | None]:
     """The checks that need no output folder, in order; (the job, this node's plan or None).
     `shoal train --print-mesh` stops after these."""
     from shoal.debug import env_settings
@@ -234,7 +238,7 @@ def _check_ray_flags(o: Options) -> None:
     require_ray()
 
 
-def _node_plan(o: Options):
+def _node_plan(o: Options) -> NodePlan | None:
     """The multi-node plan for --nnodes > 1 (None for one machine), its network checked."""
     from shoal.launch.multinode import multinode, plan_node
 

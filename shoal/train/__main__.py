@@ -17,7 +17,7 @@ import sys
 from shoal.errors import UserError
 from shoal.worker.exit import exit_worker, lost_peer
 from shoal.worker.exit_codes import LOST_PEER, USER_ERROR
-from shoal.worker.process import adopt
+from shoal.worker.process import follow_the_launcher
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,9 +49,8 @@ def run(args: argparse.Namespace) -> int:
 
         job, how = load_job(args.job)
         return train_here(job, how["out"], resume=how["resume"], show=how["show"])
-    # the one import from a lower floor up (tests/unit/test_architecture.py says why)
     from shoal.config import load_config
-    from shoal.launch.session import Options, prepare
+    from shoal.launch.session import Options, prepare  # the one import up a floor (test_architecture.py: why)
 
     options = Options(out=args.out, recipe=args.recipe, resume=args.resume, quiet=args.quiet)
     with prepare(load_config(args.recipe, args.overrides), options) as session:
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    adopt()  # die with the launcher; Ctrl-C ends the process without a traceback per rank
+    follow_the_launcher()
     args = parse(sys.argv[1:])
     try:
         return run(args)

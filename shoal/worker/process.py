@@ -18,7 +18,7 @@ from shoal.rundir.lock import LAUNCHER_ENV
 PR_SET_PDEATHSIG = 1
 
 
-def adopt() -> None:
+def follow_the_launcher() -> None:
     """In a process a launcher started (WORLD_SIZE set): die with it, and let Ctrl-C end the process
     without a KeyboardInterrupt traceback per rank."""
     if "WORLD_SIZE" in os.environ:
