@@ -94,11 +94,12 @@ def check_export_folder(flag: str, out: Path) -> None:
 
 
 def export_hf(directory: Path, out: Path, dtype: torch.dtype = torch.float32) -> Path:
-    """Write a consolidated Hugging Face Llama checkpoint (config.json + model.safetensors)."""
-    from shoal.model.hf import save_hf_llama
+    """Write a consolidated Hugging Face checkpoint (config.json + model.safetensors) of the family
+    that computes the model (shoal/model/hf_config.py)."""
+    from shoal.model.hf import save_hf
 
     state, cfg = load_full_state(directory)
-    path = save_hf_llama(state, cfg, out, dtype=dtype)
+    path = save_hf(state, cfg, out, dtype=dtype)
     (Path(out) / EXPORT_MARK).write_text(json.dumps({"from": str(directory), "step": describe(
         directory, checksums=False)["step"]}, indent=1) + "\n")
     return path

@@ -99,7 +99,7 @@ def check_host_bounds(job) -> None:
          "fp32 logits, their softmax and gradient for one micro-batch; lower micro_batch or seq_len"),
         ("train.eval_batches", t.eval_batches, 16 * t.eval_batches * t.global_batch * (t.seq_len + 1),
          "held-out inputs and targets kept for every evaluation; lower eval_batches"),
-        ("model.max_seq_len", m.max_seq_len, 8 * m.max_seq_len * m.head_dim, "rotary tables; lower it"),
+        ("model.max_seq_len", m.max_seq_len, 8 * m.max_seq_len * m.head_size, "rotary tables; lower it"),
     ]
     for name, value, need, fix in terms:
         if need > ram:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.job import resolve
-from shoal.train.parity import Result, compare, config_for, fitting_layouts
+from shoal.train.parity import Result, compare, config_for, fitting_layouts, reference_of
 
 
 @dataclass
@@ -51,16 +51,18 @@ def verify(nproc: int, layouts: list[str] | None, steps: int, tolerance: float, 
         layouts, skipped = fitting_layouts(nproc, steps)
     if not layouts:
         raise UserError("--nproc", nproc, "no default layout fits; pass --layouts")
-    by_layout = {layout: resolve(config_for(layout, nproc, steps), nproc).cfg.model.preset for layout in layouts}
+    for layout in layouts:  # every mistake is said before anything runs
+        resolve(config_for(layout, nproc, steps), nproc)
+    by_layout = {layout: reference_of(layout, nproc) for layout in layouts}
+    references = {ref: f"reference-{i}" for i, ref in enumerate(dict.fromkeys(by_layout.values()))}
     folder = Path(out or tempfile.mkdtemp(prefix="shoal-verify-"))
     # The reference gets the workers' threads: a different thread count splits sums differently
     # (tiny-moe's losses then differed by 2e-4; with one thread each they match to 1e-6).
     torch.set_num_threads(int(worker_env(nproc).get("OMP_NUM_THREADS", torch.get_num_threads())))
-    for preset in dict.fromkeys(by_layout.values()):  # the single-process references, in this process
-        ref_cfg = config_for(f"model={preset},dp_shard=1", 1, steps, global_batch=4 * nproc)
-        train(ref_cfg, folder / f"reference-{preset}", show=False)
+    for ref, name in references.items():  # the single-process references, in this process
+        train(config_for(ref, 1, steps, global_batch=4 * nproc), folder / name, show=False)
     say(f"reference runs done on 1 process; running {len(layouts)} layouts on {nproc} ranks ...")
     code = launch(["-m", "shoal.train.parity", str(folder), str(nproc), str(steps), json.dumps(layouts)], nproc)
-    results = [compare(layout, folder / f"layout{i}", folder / f"reference-{by_layout[layout]}", tolerance)
+    results = [compare(layout, folder / f"layout{i}", folder / references[by_layout[layout]], tolerance)
                for i, layout in enumerate(layouts)]
     return Verdict(nproc, steps, tolerance, str(folder), results, skipped, code)

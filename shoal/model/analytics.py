@@ -12,9 +12,11 @@ from shoal.model.config import ModelConfig
 
 
 def attention_params(cfg: ModelConfig) -> int:
-    q_and_o = 2 * cfg.dim * cfg.n_heads * cfg.head_dim
-    k_and_v = 2 * cfg.dim * cfg.n_kv_heads * cfg.head_dim
-    return q_and_o + k_and_v
+    q_and_o = 2 * cfg.dim * cfg.n_heads * cfg.head_size
+    k_and_v = 2 * cfg.dim * cfg.n_kv_heads * cfg.head_size
+    biases = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_size if cfg.qkv_bias else 0
+    qk_norms = 2 * cfg.head_size if cfg.qk_norm else 0
+    return q_and_o + k_and_v + biases + qk_norms
 
 
 def mlp_params(cfg: ModelConfig, hidden: int) -> int:
@@ -62,7 +64,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """
     counts = param_counts(cfg)
     n_matmul = counts.active - counts.embedding + (cfg.vocab_size * cfg.dim if cfg.tie_embeddings else 0)
-    return 6.0 * n_matmul + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+    return 6.0 * n_matmul + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_size * seq_len
 
 
 def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str, attention: str = "flash") -> float:
@@ -73,10 +75,10 @@ def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str, at
     extra = 0.0
     if recompute == "selective-op":
         # Every second GEMM of a block: wk, wo, and w3 (w2 for GeLU, the same size); counted as in a dense layer.
-        extra = 2.0 * cfg.n_layers * cfg.dim * (cfg.n_kv_heads * cfg.head_dim + cfg.n_heads * cfg.head_dim + cfg.ffn_hidden)
+        extra = 2.0 * cfg.n_layers * cfg.dim * (cfg.n_kv_heads * cfg.head_size + cfg.n_heads * cfg.head_size + cfg.ffn_hidden)
     if recompute in ("selective", "selective-op") and attention == "unfused":
         # Korthikanti's selective recompute: the attention core (the S×S GEMMs) runs again.
-        extra += 4.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+        extra += 4.0 * cfg.n_layers * cfg.n_heads * cfg.head_size * seq_len
     # shoal's selective recompute otherwise repeats only element-wise work (no matmul FLOPs).
     return extra
 
@@ -103,7 +105,7 @@ def activation_bytes_per_layer(
     """
     sb = seq_len * micro_batch
     h = cfg.dim
-    kv = cfg.n_kv_heads * cfg.head_dim
+    kv = cfg.n_kv_heads * cfg.head_size
     # What autograd really keeps, measured on shoal's block (fp32, `tiny`, issue 13): each eager RMSNorm
     # saves three h-sized tensors (its input, the normalized x before the weight, its output), not two,
     # and SwiGLU four f-sized ones (gate, up, silu(gate), their product), not three. The old counts
@@ -111,7 +113,10 @@ def activation_bytes_per_layer(
     outside_tp = 6 * h  # the two norms' saved tensors, before attention and before the MLP
     if recompute == "full":
         return sb * h * bytes_per_element / (tp if sequence_parallel else 1)
-    inside_tp = h + 2 * kv + h  # q, k, v for attention, attention output into the out projection
+    q = cfg.n_heads * cfg.head_size
+    inside_tp = q + 2 * kv + q  # q, k, v for attention, attention output into the out projection
+    if cfg.qk_norm:  # each q/k RMSNorm keeps three tensors of its size, as the block's norms do
+        inside_tp += 3 * (q + kv)
     if cfg.is_moe_layer(layer):
         f = cfg.expert_hidden
         per_expert_token = h + (4 * f if cfg.mlp == "swiglu" else 2 * f) + h  # input, hidden, output
@@ -127,7 +132,7 @@ def activation_bytes_per_layer(
     if recompute in ("selective", "selective-op"):
         # Norm outputs (and the normalized x) and activation-function results are recomputed, matmul
         # inputs are kept: each norm keeps only its input.
-        elements -= sb * 4 * h / (tp if sequence_parallel else 1)
+        elements -= sb * 4 * h / (tp if sequence_parallel else 1) + (sb * 2 * (q + kv) / tp if cfg.qk_norm else 0)
     if recompute == "selective-op":
         # Every second matmul's output is recomputed too: k, and the SwiGLU up projection (w3); the
         # other two (wo, or w2 with GeLU) produce tensors this count leaves out. MoE: k only.

@@ -25,9 +25,17 @@ class ModelConfig:
     n_layers: int = 4
     """Transformer blocks."""
     n_heads: int = 4
-    """Query heads; head_dim = dim / n_heads."""
+    """Query heads."""
     n_kv_heads: int = 2
     """Key/value heads (grouped-query attention); must divide n_heads."""
+    head_dim: int = 0
+    """Width of one attention head; 0: dim / n_heads (Qwen3 and others set their own)."""
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections (Qwen2, Qwen2.5)."""
+    qk_norm: bool = False
+    """An RMSNorm over each query and key head before the rotary embedding (Qwen3)."""
+    sliding_window: int = 0
+    """Each token attends to at most this many tokens, itself included (Mistral 7B v0.1: 4096); 0: all before it."""
     ffn_hidden: int = 192
     """Hidden size of a dense feed-forward layer (per gate for SwiGLU)."""
     mlp: str = "swiglu"
@@ -36,6 +44,22 @@ class ModelConfig:
     """Longest sequence the rotary tables cover; train.seq_len may not exceed it."""
     rope_theta: float = 10000.0
     """Rotary embedding base."""
+    rope_scaling: str = "none"
+    """Rotary frequencies rescaled for a longer context: none, linear, llama3 (Llama 3.1+) or yarn (shoal/model/rope.py)."""
+    rope_factor: float = 1.0
+    """How many times longer the context is than rope_original_max_len (linear, llama3, yarn)."""
+    rope_original_max_len: int = 0
+    """The context the model was pre-trained at, before rescaling (llama3, yarn)."""
+    rope_low_freq_factor: float = 1.0
+    """llama3: wavelengths longer than rope_original_max_len / this are divided by rope_factor."""
+    rope_high_freq_factor: float = 4.0
+    """llama3: wavelengths shorter than rope_original_max_len / this are kept."""
+    rope_beta_fast: float = 32.0
+    """yarn: dimensions turning more often than this within the original context are kept."""
+    rope_beta_slow: float = 1.0
+    """yarn: dimensions turning less often than this are divided by rope_factor."""
+    rope_attention_factor: float = 0.0
+    """yarn: what cos and sin are multiplied by; 0: 0.1 ln(rope_factor) + 1."""
     norm_eps: float = 1e-5
     """RMSNorm epsilon."""
     tie_embeddings: bool = False
@@ -45,6 +69,8 @@ class ModelConfig:
     """Routed experts per MoE layer; 0 makes a dense model."""
     top_k: int = 2
     """Experts each token is routed to."""
+    router_renormalize: bool = True
+    """Scale each token's top_k router weights to sum to 1 (Mixtral; Qwen3-MoE's norm_topk_prob)."""
     expert_ffn_hidden: int = 0
     """Hidden size of one routed expert (0: same as ffn_hidden)."""
     n_shared_experts: int = 0
@@ -59,8 +85,9 @@ class ModelConfig:
     """What a preset approximates, shown by `shoal presets`."""
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+    def head_size(self) -> int:
+        """The width of one attention head: head_dim, or dim / n_heads when it is 0."""
+        return self.head_dim or self.dim // self.n_heads
 
     @property
     def expert_hidden(self) -> int:
@@ -99,7 +126,8 @@ class ModelConfig:
 
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
             check(_int(getattr(self, name)) and getattr(self, name) > 0, name, "must be a positive integer")
-        for name in ("n_experts", "expert_ffn_hidden", "n_shared_experts", "n_dense_layers"):
+        for name in ("n_experts", "expert_ffn_hidden", "n_shared_experts", "n_dense_layers", "head_dim",
+                     "sliding_window", "rope_original_max_len"):
             check(_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be an integer >= 0")
         for name in ("top_k", "moe_every"):
             check(_int(getattr(self, name)) and getattr(self, name) >= 1, name, "must be a positive integer")
@@ -111,17 +139,21 @@ class ModelConfig:
         check(_finite(self.norm_eps) and 0 < self.norm_eps < 1, "norm_eps", "must be in (0, 1), e.g. 1e-5")
         check(_finite(self.aux_loss_coef) and self.aux_loss_coef >= 0, "aux_loss_coef",
               "must be a finite number >= 0, e.g. 0.01 (0 disables the load-balancing loss)")
-        check(isinstance(self.tie_embeddings, bool), "tie_embeddings", "must be true or false")
-        if self.dim % self.n_heads:
+        for name in ("tie_embeddings", "qkv_bias", "qk_norm", "router_renormalize"):
+            check(isinstance(getattr(self, name), bool), name, "must be true or false")
+        self._check_rope(check)
+        if not self.head_dim and self.dim % self.n_heads:
             raise UserError(f"{prefix}.n_heads", self.n_heads,
-                            f"dim={self.dim} must be divisible by n_heads; try {_divisors_near(self.dim, self.n_heads)}")
+                            f"dim={self.dim} must be divisible by n_heads (or set {prefix}.head_dim); "
+                            f"try {_divisors_near(self.dim, self.n_heads)}")
         if self.n_heads % self.n_kv_heads:
             raise UserError(f"{prefix}.n_kv_heads", self.n_kv_heads,
                             f"n_heads={self.n_heads} must be divisible by n_kv_heads; "
                             f"try one of {_divisors(self.n_heads)}")
-        if self.head_dim % 2:
-            raise UserError(f"{prefix}.n_heads", self.n_heads,
-                            f"head_dim=dim/n_heads={self.head_dim} must be even for rotary embeddings")
+        if self.head_size % 2:
+            field = "head_dim" if self.head_dim else "n_heads"
+            raise UserError(f"{prefix}.{field}", getattr(self, field),
+                            f"the head width ({self.head_size}) must be even for rotary embeddings")
         if self.mlp not in ("swiglu", "gelu"):
             raise UserError(f"{prefix}.mlp", self.mlp, "use 'swiglu' or 'gelu'")
         if self.is_moe:
@@ -137,11 +169,35 @@ class ModelConfig:
                       f"set {prefix}.n_experts > 0 too, or leave it out")
         return self
 
+    def _check_rope(self, check) -> None:
+        """rope_scaling and the numbers it reads (shoal/model/rope.py)."""
+        check(self.rope_scaling in ROPE_SCALINGS, "rope_scaling", f"use one of {', '.join(ROPE_SCALINGS)}")
+        for name in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_beta_fast", "rope_beta_slow",
+                     "rope_attention_factor"):
+            check(_finite(getattr(self, name)) and getattr(self, name) >= 0, name, "must be a finite number >= 0")
+        if self.rope_scaling == "none":
+            return
+        check(self.rope_factor >= 1, "rope_factor", f"must be >= 1 with rope_scaling={self.rope_scaling} (how many "
+                                                    "times longer the context is), e.g. 8")
+        if self.rope_scaling in ("llama3", "yarn"):
+            check(self.rope_original_max_len > 0, "rope_original_max_len",
+                  f"give the pre-training context with rope_scaling={self.rope_scaling}, e.g. 8192")
+        if self.rope_scaling == "llama3":
+            check(0 < self.rope_low_freq_factor < self.rope_high_freq_factor, "rope_low_freq_factor",
+                  f"must be > 0 and below rope_high_freq_factor={self.rope_high_freq_factor}, e.g. 1")
+        if self.rope_scaling == "yarn":
+            check(0 < self.rope_beta_slow < self.rope_beta_fast, "rope_beta_slow",
+                  f"must be > 0 and below rope_beta_fast={self.rope_beta_fast}, e.g. 1")
+
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
 
 
-MOE_ONLY = ("top_k", "expert_ffn_hidden", "n_shared_experts", "moe_every", "n_dense_layers", "aux_loss_coef")
+ROPE_SCALINGS = ("none", "linear", "llama3", "yarn")
+
+
+MOE_ONLY = ("top_k", "expert_ffn_hidden", "n_shared_experts", "moe_every", "n_dense_layers", "aux_loss_coef",
+            "router_renormalize")
 """The fields only an MoE model (n_experts > 0) reads."""
 
 
@@ -154,6 +210,7 @@ def _finite(x: object) -> bool:
 
 
 SIZE_LIMITS = {"vocab_size": 2**24, "dim": 2**20, "n_layers": 2**16, "n_heads": 2**16, "n_kv_heads": 2**16,
+               "head_dim": 2**16, "sliding_window": 2**24, "rope_original_max_len": 2**24,
                "ffn_hidden": 2**22, "max_seq_len": 2**24, "n_experts": 2**16, "expert_ffn_hidden": 2**22,
                "n_shared_experts": 2**16, "n_dense_layers": 2**16, "top_k": 2**16, "moe_every": 2**16}
 """Ten times and more past the largest published models (Llama 3 405B: dim 16,384, 126 layers, a

@@ -58,7 +58,7 @@ def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x_ND: torc
 class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
+        self.n_experts, self.top_k, self.renormalize = cfg.n_experts, cfg.top_k, cfg.router_renormalize
         self.router = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
         self.experts = GroupedExperts(cfg.dim, cfg.expert_hidden, cfg.n_experts)
         self.shared = (FeedForward(cfg.dim, cfg.n_shared_experts * cfg.expert_hidden)
@@ -70,10 +70,12 @@ class MoE(nn.Module):
         self.last_aux_loss = torch.zeros(())
 
     def route(self, x_ND: torch.Tensor):
-        """Top-k experts per token, their renormalized weights, and the load-balancing loss."""
+        """Top-k experts per token, their weights (renormalized to sum to 1, unless the model does not),
+        and the load-balancing loss."""
         probs_NE = F.softmax(self.router(x_ND).float(), dim=-1)
         weights_NK, experts_NK = probs_NE.topk(self.top_k, dim=-1)
-        weights_NK = weights_NK / weights_NK.sum(-1, keepdim=True)
+        if self.renormalize:
+            weights_NK = weights_NK / weights_NK.sum(-1, keepdim=True)
         # Switch Transformer loss: E * sum_e (share of assignments to e) * (mean router prob of e).
         counts_E = torch.bincount(experts_NK.flatten(), minlength=self.n_experts)
         share_E = counts_E.float() / experts_NK.numel()

@@ -3,7 +3,7 @@
 Layers live in a ModuleDict keyed by their index ("0", "1", ...), so a pipeline stage that keeps
 only some of them keeps their parameter names too. A stage without the embedding, final norm or
 output head has those attributes set to None; forward then takes and returns hidden states.
-Tensor names carry their shapes: B batch, T time, D model dim, H heads, K kv heads, E head dim.
+Tensor names carry their shapes: B batch, T time, D model dim, H heads, K kv heads, E head size.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from torch import nn
 from shoal.model.config import ModelConfig
 from shoal.model.mlp import FeedForward
 from shoal.model.moe import MoE
+from shoal.model.rope import apply_rope, rope_tables
 
 
 class RMSNorm(nn.Module):
@@ -36,43 +37,42 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None) -> torch.Tensor:
-    """cos and sin of the rotary angles, stacked: [2, max_seq_len, head_dim // 2], fp32."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), inv_freq)
-    return torch.stack([angles.cos(), angles.sin()])
-
-
-def apply_rope(x_BTHE: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate the two halves of each head (the Hugging Face Llama layout, so weights load as-is)."""
-    T = x_BTHE.shape[1]
-    cos, sin = rope[0, :T, None, :], rope[1, :T, None, :]  # [T, 1, E/2]
-    x1, x2 = x_BTHE.float().chunk(2, dim=-1)
-    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    return rotated.type_as(x_BTHE)
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.head_dim = cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        E = self.head_size = cfg.head_size
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * E, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * E, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * E, bias=cfg.qkv_bias)
+        self.wo = nn.Linear(cfg.n_heads * E, cfg.dim, bias=False)
+        self.q_norm = RMSNorm(E, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(E, cfg.norm_eps) if cfg.qk_norm else None
+        self.window = cfg.sliding_window
 
     def forward(self, x_BTD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         # -1, not n_heads: under tensor parallelism each rank holds only its share of the heads.
-        q_BTHE = self.wq(x_BTD).view(B, T, -1, self.head_dim)
-        k_BTKE = self.wk(x_BTD).view(B, T, -1, self.head_dim)
-        v_BTKE = self.wv(x_BTD).view(B, T, -1, self.head_dim)
+        q_BTHE = self.wq(x_BTD).view(B, T, -1, self.head_size)
+        k_BTKE = self.wk(x_BTD).view(B, T, -1, self.head_size)
+        v_BTKE = self.wv(x_BTD).view(B, T, -1, self.head_size)
+        if self.q_norm is not None:
+            q_BTHE, k_BTKE = self.q_norm(q_BTHE), self.k_norm(k_BTKE)
         q_BTHE, k_BTKE = apply_rope(q_BTHE, rope), apply_rope(k_BTKE, rope)
         out_BHTE = F.scaled_dot_product_attention(
             q_BTHE.transpose(1, 2), k_BTKE.transpose(1, 2), v_BTKE.transpose(1, 2),
-            is_causal=True, enable_gqa=q_BTHE.shape[2] != k_BTKE.shape[2],
+            **causal(T, self.window, x_BTD.device), enable_gqa=q_BTHE.shape[2] != k_BTKE.shape[2],
         )
         return self.wo(out_BHTE.transpose(1, 2).reshape(B, T, -1))
+
+
+def causal(T: int, window: int, device) -> dict:
+    """SDPA's mask arguments: causal, and with a sliding window shorter than the sequence a band of
+    `window` tokens (each query sees itself and the window - 1 before it)."""
+    if not window or window >= T:
+        return {"is_causal": True}
+    i = torch.arange(T, device=device)
+    offset_TT = i[:, None] - i[None, :]
+    return {"attn_mask": (offset_TT >= 0) & (offset_TT < window)}
 
 
 class TransformerBlock(nn.Module):
@@ -100,7 +100,7 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         # Not persistent: derived from the config, and rebuilt by init_weights after meta-device construction.
-        self.register_buffer("rope", rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta), persistent=False)
+        self.register_buffer("rope", rope_tables(cfg), persistent=False)
 
     def forward(self, tokens_or_h: torch.Tensor) -> torch.Tensor:
         """Token ids [B, T] -> logits [B, T, V]; on a pipeline stage, hidden states in or out."""
@@ -115,18 +115,21 @@ class Transformer(nn.Module):
     def init_weights(self, seed: int | None = None, assign=torch.Tensor.copy_) -> None:
         """Initialize every parameter in place (also after building on the meta device + to_empty).
 
-        Normal(0, 0.02) everywhere; the projections that write into the residual stream (wo, w2)
-        are scaled by 1/sqrt(2 * n_layers) so the residual variance does not grow with depth.
+        Normal(0, 0.02) everywhere, norms at one and biases at zero; the projections that write into
+        the residual stream (wo, w2) are scaled by 1/sqrt(2 * n_layers) so the residual variance does
+        not grow with depth.
         Each parameter draws from its own generator, seeded by `seed` and its name: a pipeline
         stage or a sharded parameter gets exactly the values the whole model would. `assign(p, value)`
         puts a full value into a parameter (parallel/parallelize.py passes one that takes a DTensor's slice).
         """
-        self.rope = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta, device=self.rope.device)
+        self.rope = rope_tables(self.cfg, device=self.rope.device)
         residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
             name = param_name(name)
             if name.endswith("norm.weight"):
                 value = torch.ones(p.shape)
+            elif name.endswith(".bias"):
+                value = torch.zeros(p.shape)
             else:
                 std = residual_std if name.endswith(("wo.weight", "w2.weight", "w2")) else 0.02
                 value = torch.empty(p.shape).normal_(0.0, std, generator=_generator(seed, name))

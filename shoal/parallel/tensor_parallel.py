@@ -1,8 +1,8 @@
 """Tensor parallelism (Megatron-style) with sequence parallelism, as a DTensor plan.
 
 The plan is data: module name -> ParallelStyle. Attention and MLP are column-parallel in,
-row-parallel out, so each block needs one all-gather and one reduce-scatter (with sequence
-parallelism) or two all-reduces (without). Between blocks the residual stream stays a plain local
+row-parallel out (q/k/v biases are split with their columns), so each block needs one all-gather and
+one reduce-scatter (with sequence parallelism) or two all-reduces (without). Between blocks the residual stream stays a plain local
 tensor holding this rank's slice of the sequence [B, T/tp, D], which is also what pipeline stages
 send each other. The output head is column-parallel over the vocabulary and stays a DTensor, so
 the loss runs under `loss_parallel` and no rank ever holds full-vocabulary logits.
@@ -22,7 +22,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 
-def block_plan(sequence_parallel: bool) -> dict:
+def block_plan(sequence_parallel: bool, qk_norm: bool = False) -> dict:
     residual = Shard(1) if sequence_parallel else Replicate()
     plan = {
         # The block input arrives as the local sequence slice; gather it for the attention matmuls.
@@ -39,6 +39,12 @@ def block_plan(sequence_parallel: bool) -> dict:
     if sequence_parallel:
         plan["attention_norm"] = SequenceParallel(use_local_output=True)
         plan["ffn_norm"] = SequenceParallel(use_local_output=True)
+    if qk_norm:
+        # Each rank normalizes its own heads [B, T, H/tp, E] with the one weight all heads share: the
+        # weight is a replicated DTensor and its gradient, a partial sum over this rank's heads, is
+        # summed across the tp group (the style SequenceParallel gives any dimension, here the heads).
+        plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+        plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
     return plan
 
 
@@ -53,8 +59,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
         top["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, tp_mesh, {k: v for k, v in top.items() if v is not None})
     for block in model.layers.values():
+        plan = block_plan(sequence_parallel, block.attention.q_norm is not None)
         if block.feed_forward.w3 is None:  # GELU MLP: no up projection
-            plan = {k: v for k, v in block_plan(sequence_parallel).items() if k != "feed_forward.w3"}
-        else:
-            plan = block_plan(sequence_parallel)
+            del plan["feed_forward.w3"]
         parallelize_module(block, tp_mesh, plan)

@@ -103,7 +103,7 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     elem = 4 if precision == "fp32" else 2  # activations: FP8 runs keep them in bf16 between GEMMs
     core = "bf16" if precision == "fp8" else precision  # attention runs in 16 bits under FP8 too
     T = float(seq_len * micro_batch)  # tokens through the TP group
-    h, hd = cfg.dim, cfg.head_dim
+    h, hd = cfg.dim, cfg.head_size
     q_dim, kv_dim = cfg.n_heads * hd, cfg.n_kv_heads * hd
     sp = tp if sequence_parallel else 1
     glu = cfg.mlp == "swiglu"

@@ -34,7 +34,7 @@ same casts of gradients."""
 def weight_matrices(cfg: ModelConfig) -> list[tuple[int, int]]:
     """(m, k) of each weight matrix PowerSGD compresses: per layer attention and feed-forward, and
     the embedding and output head."""
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    q, kv = cfg.n_heads * cfg.head_size, cfg.n_kv_heads * cfg.head_size
     ffn = [(cfg.ffn_hidden, cfg.dim), (cfg.ffn_hidden, cfg.dim), (cfg.dim, cfg.ffn_hidden)]
     layer = [(q, cfg.dim), (kv, cfg.dim), (kv, cfg.dim), (cfg.dim, q)] + ffn
     return layer * cfg.n_layers + [(cfg.vocab_size, cfg.dim)] * 2

@@ -27,7 +27,7 @@ from shoal.rundir.names import MODEL, MODEL_WEIGHTS
 from shoal.worker.exit import exit_worker
 
 OUT_DIRS = ("reference-*", "layout*")
-"""The runs verify keeps in --out (reference-PRESET, layoutN): an earlier verify's are replaced, and
+"""The runs verify keeps in --out (reference-K, layoutN): an earlier verify's are replaced, and
 a folder holding anything else is refused."""
 
 # Layouts tried by default; each is "key=value,..." over parallel.* fields, plus model=PRESET and
@@ -78,6 +78,13 @@ def config_for(layout: str | None, nproc: int, steps: int, global_batch: int | N
     at least two micro-batches per rank; the single-process reference passes the same batch."""
     extra = layout_overrides(layout, nproc) if layout else []
     return load_config(None, base_overrides(steps, global_batch or 4 * nproc) + extra)
+
+
+def reference_of(layout: str, nproc: int) -> str:
+    """The one-process run a layout is compared with: the same model (its preset and every model.*
+    field the layout sets), on one rank."""
+    model = [o for o in layout_overrides(layout, nproc) if o.startswith("model.")]
+    return ",".join([*model, "dp_shard=1"])
 
 
 def fitting_layouts(nproc: int, steps: int) -> tuple[list[str], list[tuple[str, str]]]:

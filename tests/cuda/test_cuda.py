@@ -55,7 +55,7 @@ def test_fast_paths_are_chosen_on_cuda():
 
     assert adamw_kernel([torch.nn.Parameter(torch.zeros(2, device="cuda"))]) == {"fused": True}
     cfg = get_preset("llama3-8b")
-    name = attention_backend(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 4096, torch.device("cuda"), torch.bfloat16)
+    name = attention_backend(cfg.n_heads, cfg.n_kv_heads, cfg.head_size, 4096, torch.device("cuda"), torch.bfloat16)
     assert not name.startswith("math"), name  # a fused kernel for Llama's GQA in bf16
 
 

@@ -24,7 +24,7 @@ def test_attention_backends_by_device():
 def test_attention_backend_names_the_cpu_kernel():
     cfg = get_preset("debug")
     for dtype in (torch.float32, torch.bfloat16):
-        name = attention_backend(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 64, torch.device("cpu"), dtype)
+        name = attention_backend(cfg.n_heads, cfg.n_kv_heads, cfg.head_size, 64, torch.device("cpu"), dtype)
         assert name == "flash (cpu kernel)", name
 
 

@@ -1,4 +1,5 @@
-"""Hugging Face Llama import/export: logits match transformers both ways; refusals are UserErrors."""
+"""Hugging Face import/export for every family shoal computes: logits match transformers both ways,
+configs round-trip, and what shoal cannot compute is one UserError naming the field."""
 
 import json
 
@@ -8,20 +9,32 @@ from safetensors.torch import load_file, save_file
 
 from shoal.errors import UserError
 from shoal.model.config import ModelConfig, get_preset
-from shoal.model.hf import (
-    hf_config_to_model_config,
-    hf_to_shoal_name,
-    load_hf_llama,
-    model_config_to_hf_config,
-    save_hf_llama,
-    shoal_to_hf_name,
-)
+from shoal.model.hf import hf_to_shoal_name, load_hf, save_hf, shoal_to_hf_name
+from shoal.model.hf_config import export_family, hf_config_to_model_config, model_config_to_hf_config
 from shoal.model.transformer import build_model
 
 TOL = 1e-4  # fp32 on CPU: the two implementations differ only in summation order
-SMALL_HF = dict(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                rms_norm_eps=1e-5, rope_theta=50000.0)
+SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=50000.0)
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+FAMILIES = {  # id -> (model_type, config changes): one small random model of each kind shoal loads
+    "llama-gqa": ("llama", {}),
+    "llama-tied-mha": ("llama", {"num_key_value_heads": 4, "tie_word_embeddings": True}),
+    "llama3.1-rope-head-dim": ("llama", {"rope_parameters": LLAMA3, "head_dim": 24}),
+    "llama-linear-rope": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 5e4, "factor": 4.0}}),
+    "llama-yarn-rope": ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e4, "factor": 4.0,
+                                                      "original_max_position_embeddings": 16}}),
+    "mistral-window": ("mistral", {"sliding_window": 8}),
+    "mistral-no-window": ("mistral", {"sliding_window": None}),
+    "qwen2-bias": ("qwen2", {"tie_word_embeddings": True}),
+    "qwen3-qk-norm": ("qwen3", {"head_dim": 32}),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 48}),
+    "qwen3-moe": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                "norm_topk_prob": True, "head_dim": 16}),
+    "qwen3-moe-dense-first": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                            "norm_topk_prob": False, "mlp_only_layers": [0], "num_hidden_layers": 3}),
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,72 +47,76 @@ def tokens():
     return torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
 
 
-def randomize_norms(model: torch.nn.Module) -> torch.nn.Module:
-    """Norm weights start at 1 in both libraries, which would hide two norms swapped by the mapping."""
+def randomize(model: torch.nn.Module) -> torch.nn.Module:
+    """Norms start at 1 and biases at 0 in both libraries, which would hide two of them swapped."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
     return model
 
 
-def hf_llama(transformers, seed=0, **overrides):
-    """A small random LlamaForCausalLM in fp32 with the naive (eager) attention as the reference."""
+def hf_model(transformers, family: str, seed: int = 0):
+    """A small random model of `family` in fp32, with the naive (eager) attention as the reference."""
+    model_type, changes = FAMILIES[family]
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(**{**SMALL_HF, **overrides}, attn_implementation="eager")
-    return randomize_norms(transformers.LlamaForCausalLM(config).float().eval())
+    config = transformers.AutoConfig.for_model(model_type, **{**SMALL, **changes}, attn_implementation="eager")
+    return randomize(transformers.AutoModelForCausalLM.from_config(config).float().eval())
 
 
-def max_logit_diff(hf_model, shoal_model, tokens) -> float:
+def max_logit_diff(hf, shoal, tokens) -> float:
     with torch.no_grad():
-        return (hf_model(tokens).logits - shoal_model(tokens)).abs().max().item()
+        return (hf(tokens).logits - shoal(tokens)).abs().max().item()
 
 
-# ---------------------------------------------------------------------------------------------
-# Logit parity
-
-
-@pytest.mark.parametrize("overrides", [
-    pytest.param({}, id="gqa"),
-    pytest.param({"num_key_value_heads": 4, "tie_word_embeddings": True}, id="mha-tied"),
-])
-def test_hf_to_shoal_logits_match(transformers, tokens, tmp_path, overrides):
-    hf_model = hf_llama(transformers, **overrides)
-    hf_model.save_pretrained(tmp_path, safe_serialization=True)
-    model = load_hf_llama(tmp_path)
-    assert model.cfg.n_kv_heads == hf_model.config.num_key_value_heads
-    assert model.cfg.tie_embeddings == hf_model.config.tie_word_embeddings
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hf_to_shoal_and_back(transformers, tokens, tmp_path, family):
+    """transformers' model -> save_pretrained -> shoal: the same logits; shoal -> save_hf -> transformers'
+    from_pretrained: the same family, config and logits again."""
+    hf = hf_model(transformers, family)
+    hf.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    model = load_hf(tmp_path / "hf")
+    assert max_logit_diff(hf, model, tokens) <= TOL
     if model.cfg.tie_embeddings:
         assert model.output.weight is model.tok_embeddings.weight
-    assert max_logit_diff(hf_model, model, tokens) <= TOL
+    save_hf(model, model.cfg, tmp_path / "back")
+    config = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert config["model_type"] == FAMILIES[family][0] or (family == "mistral-no-window" and config["model_type"] == "llama")
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back", attn_implementation="eager").eval()
+    assert type(again).__name__ == config["architectures"][0] and again.dtype == torch.float32
+    assert max_logit_diff(again, model, tokens) <= TOL
+    assert load_hf(tmp_path / "back").cfg == model.cfg  # shoal's per-expert export reads back too
 
 
 def test_sharded_checkpoint_loads(transformers, tokens, tmp_path):
-    hf_model = hf_llama(transformers, seed=1)
-    hf_model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="100KB")
+    hf = hf_model(transformers, "llama-gqa", seed=1)
+    hf.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="100KB")
     assert (tmp_path / "model.safetensors.index.json").is_file()
     assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 1
-    assert max_logit_diff(hf_model, load_hf_llama(tmp_path), tokens) <= TOL
+    assert max_logit_diff(hf, load_hf(tmp_path), tokens) <= TOL
 
 
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_shoal_to_hf_logits_match(transformers, tokens, tmp_path, tied):
-    cfg = get_preset("debug").replace(n_layers=3, tie_embeddings=tied, rope_theta=20000.0)
-    model = randomize_norms(build_model(cfg, seed=3).eval())
-    save_hf_llama(model, cfg, tmp_path)
-    assert ("lm_head.weight" in load_file(tmp_path / "model.safetensors")) == (not tied)
-    hf_model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert hf_model.dtype == torch.float32
-    assert hf_model.config.tie_word_embeddings == tied
-    assert max_logit_diff(hf_model, model, tokens) <= TOL
+def test_a_slice_reads_what_the_whole_tensor_holds(transformers, tmp_path):
+    """What a rank reads of a tensor (its shard) is that part of the whole, for plain and for stacked experts."""
+    from shoal.model.hf import HFWeights
+
+    for family in ("qwen3-qk-norm", "mixtral"):
+        hf_model(transformers, family).save_pretrained(tmp_path / family, safe_serialization=True)
+        model = load_hf(tmp_path / family)
+        weights = HFWeights(tmp_path / family, model.cfg)
+        for name, p in model.named_parameters():
+            index = tuple(slice(n // 3, n - n // 4) for n in p.shape)
+            assert torch.equal(weights.read(name, index), p.detach()[index]), name
 
 
 def test_state_dict_export_round_trips(tmp_path, tokens):
     cfg = get_preset("debug")
     model = build_model(cfg, seed=4).eval()
-    save_hf_llama(model.state_dict(), cfg, tmp_path, dtype=torch.bfloat16)
+    save_hf(model.state_dict(), cfg, tmp_path, dtype=torch.bfloat16)
     assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
-    back = load_hf_llama(tmp_path)  # cast back to fp32
+    back = load_hf(tmp_path)  # cast back to fp32
     assert back.tok_embeddings.weight.dtype == torch.float32
     with torch.no_grad():
         assert (back(tokens) - model(tokens)).abs().max() < 0.05  # bf16 rounding of the weights only
@@ -109,14 +126,15 @@ def test_state_dict_export_round_trips(tmp_path, tokens):
 # Config and names
 
 
-def test_config_round_trip_through_llama_config(transformers):
-    cfg = ModelConfig(vocab_size=300, dim=96, n_layers=3, n_heads=6, n_kv_heads=2, ffn_hidden=200,
-                      max_seq_len=128, rope_theta=123456.0, norm_eps=1e-6, tie_embeddings=True)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_config_round_trips_through_the_familys_own_config(transformers, family):
+    """What shoal writes reads back the same, also after transformers' config object rewrote it."""
+    model_type, changes = FAMILIES[family]
+    cfg = hf_config_to_model_config({"model_type": model_type, **SMALL, **changes})
     hf = model_config_to_hf_config(cfg)
     assert hf_config_to_model_config(hf) == cfg
-    # What transformers itself writes back out reads the same (transformers 5 moves rope_theta).
-    assert hf_config_to_model_config(transformers.LlamaConfig(**hf).to_dict()) == cfg
-    assert hf_config_to_model_config(transformers.LlamaConfig(**hf)) == cfg  # the object itself
+    rewritten = transformers.AutoConfig.for_model(hf["model_type"], **{k: v for k, v in hf.items() if k != "model_type"})
+    assert hf_config_to_model_config(rewritten.to_dict()) == cfg
 
 
 @pytest.mark.parametrize("rope", [
@@ -125,50 +143,74 @@ def test_config_round_trip_through_llama_config(transformers):
     {"rope_theta": 1.0, "rope_scaling": {"type": "default", "rope_theta": 7.0}},
 ])
 def test_rope_theta_found_wherever_it_is(rope):
-    assert hf_config_to_model_config({**SMALL_HF, "rope_theta": None, **rope}).rope_theta == 7.0
+    assert hf_config_to_model_config({**SMALL, "rope_theta": None, **rope}).rope_theta == 7.0
 
 
 def test_llama_defaults_apply():
-    minimal = {k: SMALL_HF[k] for k in ("vocab_size", "hidden_size", "intermediate_size",
-                                        "num_hidden_layers", "num_attention_heads")}
+    minimal = {k: SMALL[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                     "num_attention_heads")}
     cfg = hf_config_to_model_config(minimal)
     got = (cfg.n_kv_heads, cfg.max_seq_len, cfg.norm_eps, cfg.rope_theta, cfg.tie_embeddings)
     assert got == (4, 2048, 1e-6, 1e4, False)
 
 
 def test_every_parameter_name_maps_both_ways():
-    for name, _ in build_model(get_preset("debug"), device="meta").named_parameters():
+    cfg = get_preset("debug").replace(qkv_bias=True, qk_norm=True)
+    for name, _ in build_model(cfg, device="meta").named_parameters():
         assert hf_to_shoal_name(shoal_to_hf_name(name)) == name
     assert hf_to_shoal_name("model.layers.0.mlp.gate_proj.weight") == "layers.0.feed_forward.w1.weight"
-    assert hf_to_shoal_name("model.layers.0.mlp.gate_proj.bias") is None
+    assert hf_to_shoal_name("model.layers.0.mlp.gate_proj.bias") == "layers.0.feed_forward.w1.bias"  # none exists
+    assert shoal_to_hf_name("layers.1.feed_forward.router.weight", "mixtral") == "model.layers.1.block_sparse_moe.gate.weight"
+
+
+@pytest.mark.parametrize("features, family", [
+    ({}, "llama"), ({"sliding_window": 64}, "mistral"), ({"qkv_bias": True}, "qwen2"),
+    ({"qk_norm": True, "head_dim": 32}, "qwen3"), ({"n_experts": 4}, "mixtral"),
+    ({"n_experts": 4, "qk_norm": True, "router_renormalize": False}, "qwen3_moe"),
+])
+def test_the_family_follows_what_the_model_computes(features, family):
+    assert export_family(get_preset("debug").replace(**features).validate()) == family
 
 
 @pytest.mark.parametrize("change, field", [
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "hf.rope_scaling"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "hf.rope_parameters"),
+    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}}, "hf.rope_parameters"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}, "hf.rope_parameters"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "hf.rope_original_max_len"),
     ({"attention_bias": True}, "hf.attention_bias"),
     ({"mlp_bias": True}, "hf.mlp_bias"),
     ({"hidden_act": "gelu"}, "hf.hidden_act"),
-    ({"head_dim": 32}, "hf.head_dim"),
+    ({"head_dim": 31}, "hf.head_dim"),
     ({"num_key_value_heads": 3}, "hf.num_key_value_heads"),
-    ({"model_type": "mistral"}, "hf.model_type"),
+    ({"model_type": "gemma"}, "hf.model_type"),
+    ({"model_type": "qwen2", "use_sliding_window": True}, "hf.use_sliding_window"),
+    ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [2],
+      "num_hidden_layers": 4}, "hf.mlp_only_layers"),
+    ({"layer_types": ["full_attention", "sliding_attention"]}, "hf.layer_types"),
     ({"intermediate_size": None}, "hf.intermediate_size"),
 ])
 def test_unsupported_hf_config_refused(change, field):
-    hf = {**SMALL_HF, **change}
+    hf = {**SMALL, **change}
     if hf["intermediate_size"] is None:
         del hf["intermediate_size"]
+    # qwen3_moe: layers 0, 1 and 3 MoE, 2 dense, which no "every k-th after the first dense ones" gives
     with pytest.raises(UserError) as err:
         hf_config_to_model_config(hf)
     assert err.value.field == field
 
 
-@pytest.mark.parametrize("preset, field", [("debug-moe", "model.n_experts"), ("gpt3-175b", "model.mlp")])
-def test_export_refuses_what_llama_cannot_hold(tmp_path, preset, field):
+@pytest.mark.parametrize("preset, field", [("debug-moe", "model.n_shared_experts"), ("gpt3-175b", "model.mlp")])
+def test_export_refuses_what_no_family_computes(tmp_path, preset, field):
     with pytest.raises(UserError) as err:
-        save_hf_llama({}, get_preset(preset), tmp_path)
+        save_hf({}, get_preset(preset), tmp_path)
     assert err.value.field == field
     assert not any(tmp_path.iterdir())  # refused before writing anything
+
+
+def test_a_model_config_field_out_of_range_names_the_hf_field():
+    with pytest.raises(UserError) as err:
+        hf_config_to_model_config({**SMALL, "rope_parameters": {**LLAMA3, "low_freq_factor": 5.0}})
+    assert err.value.field == "hf.rope_low_freq_factor"
+    assert ModelConfig(head_dim=24).validate().head_size == 24 and ModelConfig().head_size == 16
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +220,7 @@ def test_export_refuses_what_llama_cannot_hold(tmp_path, preset, field):
 @pytest.fixture
 def exported(tmp_path):
     cfg = get_preset("debug").replace(n_layers=2)
-    return save_hf_llama(build_model(cfg, seed=0), cfg, tmp_path / "export")
+    return save_hf(build_model(cfg, seed=0), cfg, tmp_path / "export")
 
 
 def test_missing_tensor_named(exported):
@@ -186,7 +228,7 @@ def test_missing_tensor_named(exported):
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, exported / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(UserError, match=r"lacks .*model\.layers\.1\.mlp\.up_proj\.weight"):
-        load_hf_llama(exported)
+        load_hf(exported)
 
 
 def test_unexpected_tensor_named(exported):
@@ -195,7 +237,7 @@ def test_unexpected_tensor_named(exported):
     tensors["model.layers.5.input_layernorm.weight"] = torch.ones(64)  # a layer the config lacks
     save_file(tensors, exported / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(UserError, match=r"q_proj\.bias.*layers\.5\.input_layernorm"):
-        load_hf_llama(exported)
+        load_hf(exported)
 
 
 def test_wrong_shape_named(exported):
@@ -203,11 +245,11 @@ def test_wrong_shape_named(exported):
     tensors["model.norm.weight"] = torch.ones(65)
     save_file(tensors, exported / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(UserError) as err:
-        load_hf_llama(exported)
+        load_hf(exported)
     assert err.value.field == "hf.model.norm.weight"
 
 
 def test_pickle_only_directory_refused(exported):
     (exported / "model.safetensors").rename(exported / "pytorch_model.bin")
     with pytest.raises(UserError, match="never loads"):
-        load_hf_llama(exported)
+        load_hf(exported)

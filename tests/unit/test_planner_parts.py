@@ -217,7 +217,7 @@ def test_selective_op_recomputes_every_second_gemm_and_keeps_less():
     plans = {ac: evaluate(wl, Layout(dp_shard=8, zero=3, micro_batch=1, activation_checkpoint=ac), Cluster(h100, 8, 8))
              for ac in ("selective", "selective-op", "full")}
     layer = layer_time(cfg, h100, 8192, 1, 1, False, "flash", "bf16", False, 1)
-    q, kv, T = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, 8192.0
+    q, kv, T = cfg.n_heads * cfg.head_size, cfg.n_kv_heads * cfg.head_size, 8192.0
     every_second = sum(gemm_time(T, k, n, h100, "bf16") for k, n in ((cfg.dim, kv), (q, cfg.dim), (cfg.dim, cfg.ffn_hidden)))
     assert layer.op_fwd == pytest.approx(layer.selective_fwd + every_second)
     recompute = {ac: p.time.recompute for ac, p in plans.items()}
