@@ -18,15 +18,21 @@ from shoal.errors import UserError
 from shoal.files import read_toml
 from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, DILOCO_QUANTIZE, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
+from shoal.pretrained import model_of, open_pretrained
 from shoal.rundir.folder import checkpoint_dir_problem
 
 # [model] takes a preset plus any ModelConfig field to override it; None means "the preset's value".
 _MODEL_OVERRIDES = [f for f in fields(ModelConfig) if f.name != "note"]
 ModelSection = dataclasses.make_dataclass(
     "ModelSection",
-    [("preset", str, field(default="tiny"))] + [(f.name, Optional[f.type], field(default=None)) for f in _MODEL_OVERRIDES],
+    [("preset", str, field(default="tiny")), ("init_from", str, field(default=""))]
+    + [(f.name, Optional[f.type], field(default=None)) for f in _MODEL_OVERRIDES],
 )
-ModelSection.__doc__ = "A model preset (`shoal presets`) and any ModelConfig field that overrides it."
+ModelSection.__doc__ = ("A model preset (`shoal presets`) or a pretrained folder to start from, and any ModelConfig "
+                        "field that overrides it.")
+INIT_FROM_DOC = ("A Hugging Face model folder (config.json + safetensors) or a shoal run's model/ to start from: its "
+                 "shape, weights and tokenizer.json (unless data.tokenizer is given); the optimizer starts fresh "
+                 "(--resume continues a run). docs/hf.md lists the families.")
 
 
 PRECISIONS = ("fp32", "bf16", "bf16-params")  # see TrainConfig.precision
@@ -237,8 +243,10 @@ class JobConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
 
     def model_config(self) -> ModelConfig:
-        base = get_preset(self.model.preset)
         overrides = {f.name: getattr(self.model, f.name) for f in _MODEL_OVERRIDES if getattr(self.model, f.name) is not None}
+        if self.model.init_from:
+            return model_of(open_pretrained(self.model.init_from), overrides)
+        base = get_preset(self.model.preset)
         return base.replace(**overrides).validate(base=base)
 
     def to_dict(self) -> dict:
@@ -343,7 +351,7 @@ def _check(ok: bool, name: str, value: object, fix: str) -> None:
 def _field_kinds(section: str) -> dict[str, type]:
     """Each field's Python type, read off its default (ModelConfig's defaults for [model] overrides)."""
     if section == "model":
-        defaults = {f.name: f.default for f in _MODEL_OVERRIDES} | {"preset": "tiny"}
+        defaults = {f.name: f.default for f in _MODEL_OVERRIDES} | {"preset": "tiny", "init_from": ""}
     else:
         defaults = {f.name: f.default for f in fields(SECTIONS[section])}
     return {name: type(value) for name, value in defaults.items()}
@@ -443,6 +451,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] = ()) -> 
         if not eq or "." not in dotted:
             raise UserError("--set", item, "write --set section.key=value, e.g. --set train.steps=50")
         layer[_set(cfg, dotted.strip(), value)] = 2 + i
+    _follow_the_tokenizer(cfg, layer)
     cfg.validate()
     # A warmup longer than the run never reaches the peak lr. Refused where the warmup was written
     # with the steps or after them; a train.steps written later (a recipe cut short for a smoke
@@ -452,6 +461,34 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] = ()) -> 
         raise UserError("train.warmup_steps", t.warmup_steps, f"is longer than the run (train.steps={t.steps}), so "
                         f"the learning rate never reaches train.lr; use at most {t.steps}, or raise train.steps")
     return cfg
+
+
+VOCAB_MULTIPLE = 128
+"""A vocabulary sized from a tokenizer is rounded up to this (as Megatron's make-vocab-size-divisible-by):
+tensor parallelism splits it evenly, and the head's matmul keeps aligned shapes."""
+
+
+def _follow_the_tokenizer(cfg: JobConfig, layer: dict) -> None:
+    """model.init_from brings its tokenizer.json unless data.tokenizer is given; without it,
+    model.vocab_size follows the tokenizer (rounded up to VOCAB_MULTIPLE) unless it is given. (Written
+    into the config, so job.json and run.json hold what the run used.)"""
+    from shoal.data.tokenizer import load_tokenizer
+
+    if cfg.model.init_from:
+        if "model.preset" in layer:
+            raise UserError("model.preset", cfg.model.preset, f"model.init_from={cfg.model.init_from} is the model "
+                                                              "(its shape and weights); leave model.preset out")
+        pretrained = open_pretrained(cfg.model.init_from)
+        if "data.tokenizer" not in layer:
+            if not pretrained.tokenizer:
+                raise UserError("model.init_from", cfg.model.init_from, "holds no tokenizer.json: give the tokenizer "
+                                "the model was trained with (data.tokenizer=PATH/tokenizer.json), or data.tokenizer=byte")
+            cfg.data.tokenizer = pretrained.tokenizer
+        if (n := load_tokenizer(cfg.data.tokenizer).vocab_size) > pretrained.model.vocab_size:
+            raise UserError("data.tokenizer", cfg.data.tokenizer, f"has {n} tokens but model.init_from's model has "
+                            f"vocab_size={pretrained.model.vocab_size}; give the tokenizer it was trained with")
+    elif cfg.data.tokenizer != "byte" and "model.vocab_size" not in layer:
+        cfg.model.vocab_size = -(-load_tokenizer(cfg.data.tokenizer).vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
 def config_from_sections(sections: dict, overrides: list[str] = ()) -> JobConfig:
@@ -492,15 +529,15 @@ def config_reference(cfg: JobConfig) -> list[tuple[str, Any, str]]:
     rows = []
     for section, cls in SECTIONS.items():
         if section == "model":
-            docs = {"preset": "A named model (see `shoal presets`)."} | _docstrings(ModelConfig)
-            names = ["preset"] + [f.name for f in _MODEL_OVERRIDES]
+            docs = {"preset": "A named model (see `shoal presets`).", "init_from": INIT_FROM_DOC} | _docstrings(ModelConfig)
+            names = ["preset", "init_from"] + [f.name for f in _MODEL_OVERRIDES]
         else:
             docs, names = _docstrings(cls), [f.name for f in fields(cls)]
         for name in names:
             key = next((alias for (sec, alias), real in ALIASES.items() if sec == section and real == name), name)
             value = getattr(getattr(cfg, section), name)
             doc = docs.get(name, "")
-            if section == "model" and name != "preset":
+            if section == "model" and name not in ("preset", "init_from"):
                 value = getattr(cfg.model_config(), name) if value is None else value
                 doc = f"(overrides the preset) {doc}".strip()
             rows.append((f"{section}.{key}", value, doc))

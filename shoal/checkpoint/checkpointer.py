@@ -30,6 +30,7 @@ from shoal.checkpoint import store
 from shoal.checkpoint.choose import check_not_finished, checkpoint_root, choose_checkpoint, restart_count
 from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
 from shoal.config import JobConfig
+from shoal.data.tokenizer_files import TOKENIZER_FILES, copy_tokenizer
 from shoal.errors import UserError
 from shoal.parallel.replicas import replica_place
 from shoal.rundir.disk import DiskFull, errors_within, no_space_left
@@ -201,7 +202,8 @@ class Checkpointer:
         mine = {f.name: store.digest(f) for f in sorted(partial.glob(f"__{rank}_*.distcp"))}
         if self.rt.is_main:
             store.write_json(partial / store.TRAIN_STATE, info)
-            for name in (".metadata", store.TRAIN_STATE):
+            copy_tokenizer(self.cfg.data.tokenizer, partial)  # an export of this step names its tokens
+            for name in (".metadata", store.TRAIN_STATE) + tuple(n for n in TOKENIZER_FILES if (partial / n).is_file()):
                 mine[name] = store.digest(partial / name)
         everyone = [mine]
         if self.pg is not None:

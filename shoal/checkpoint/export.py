@@ -15,7 +15,8 @@ import torch
 from shoal.checkpoint import store
 from shoal.errors import UserError
 from shoal.files import check_output_dir
-from shoal.rundir.names import CHECKPOINTS, EXPORT_MARK, HF_EXPORT, MANIFEST, list_checkpoints, what_shoal_wrote
+from shoal.rundir.names import (CHECKPOINTS, EXPORT_MARK, HF_EXPORT, MANIFEST, MODEL, MODEL_CONFIG, list_checkpoints,
+                                what_shoal_wrote)
 from shoal.model.config import ModelConfig
 
 
@@ -93,13 +94,49 @@ def check_export_folder(flag: str, out: Path) -> None:
     check_output_dir(flag, str(out), own=None if kind else ())
 
 
-def export_hf(directory: Path, out: Path, dtype: torch.dtype = torch.float32) -> Path:
-    """Write a consolidated Hugging Face checkpoint (config.json + model.safetensors) of the family
-    that computes the model (shoal/model/hf_config.py)."""
-    from shoal.model.hf import save_hf
+def pick_export_source(path: Path) -> Path:
+    """What `shoal ckpt export PATH` converts: a model folder PATH (a run's model/), or the checkpoint
+    PATH names (the newest intact one under it), or else the model/ a finished run left."""
+    path = Path(path)
+    if (path / MODEL_CONFIG).is_file():
+        return path
+    try:
+        return pick_checkpoint(path)
+    except UserError:
+        if (path / MODEL / MODEL_CONFIG).is_file():  # a run that kept no checkpoints
+            return path / MODEL
+        raise
 
-    state, cfg = load_full_state(directory)
-    path = save_hf(state, cfg, out, dtype=dtype)
-    (Path(out) / EXPORT_MARK).write_text(json.dumps({"from": str(directory), "step": describe(
-        directory, checksums=False)["step"]}, indent=1) + "\n")
+
+def export_hf(source: Path, out: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """Write a consolidated Hugging Face checkpoint (config.json + model.safetensors) of the family
+    that computes the model (shoal/model/hf_config.py), from a checkpoint or a model folder, with the
+    tokenizer it was trained with (data/tokenizer_files.py) and its special tokens in config.json."""
+    from shoal.checkpoint.weights import load_weights
+    from shoal.data.tokenizer_files import write_hf_tokenizer
+    from shoal.model.hf import save_hf
+    from shoal.model.hf_config import export_family
+
+    if (source / MODEL_CONFIG).is_file():
+        model, cfg, tokenizer = load_weights(source)
+        state, step = model.state_dict(), None
+    else:
+        state, cfg = load_full_state(source)
+        tokenizer, step = _checkpoint_tokenizer(source), describe(source, checksums=False)["step"]
+    export_family(cfg)  # refuses what no family computes before anything is written
+    Path(out).mkdir(parents=True, exist_ok=True)
+    special_ids = write_hf_tokenizer(tokenizer, out) if tokenizer else {}
+    path = save_hf(state, cfg, out, dtype=dtype, **special_ids)
+    (Path(out) / EXPORT_MARK).write_text(json.dumps({"from": str(source), "step": step}, indent=1) + "\n")
     return path
+
+
+def _checkpoint_tokenizer(directory: Path) -> str | None:
+    """The tokenizer a checkpoint carries, or (checkpoints from before they carried one) the one its
+    run recorded, where that is still there; None when neither is."""
+    from shoal.data.tokenizer_files import TOKENIZER
+
+    if (directory / TOKENIZER).is_file():
+        return str(directory / TOKENIZER)
+    recorded = store.read_train_state(directory).get("config", {}).get("data", {}).get("tokenizer")
+    return recorded if recorded == "byte" or (isinstance(recorded, str) and Path(recorded).is_file()) else None

@@ -17,11 +17,15 @@ from safetensors.torch import load_model
 from shoal.errors import UserError
 from shoal.model.config import ModelConfig
 from shoal.model.transformer import Transformer, build_model
+from shoal.data.tokenizer_files import copy_tokenizer
+from shoal.pretrained import read_saved_model
 from shoal.rundir.names import MODEL, MODEL_CONFIG as CONFIG, MODEL_WEIGHTS as WEIGHTS
 
 
 def write_config(directory: Path, cfg: ModelConfig, tokenizer: str) -> None:
-    """The JSON beside the weights (final_export.py writes the weights, one tensor at a time)."""
+    """The JSON beside the weights (final_export.py writes the weights, one tensor at a time), and the
+    tokenizer's files (data/tokenizer_files.py)."""
+    tokenizer = copy_tokenizer(tokenizer, directory)
     (directory / CONFIG).write_text(json.dumps({"model": dataclasses.asdict(cfg), "tokenizer": tokenizer}, indent=1))
 
 
@@ -40,7 +44,7 @@ def load_weights(path: Path, device: str = "cpu") -> tuple[Transformer, ModelCon
     def damaged(reason: str) -> UserError:
         return UserError("model_dir", str(path), f"is damaged ({reason}); train again or pass another run's --out")
 
-    cfg, tokenizer = _read_config(directory / CONFIG, damaged)
+    cfg, tokenizer = read_saved_model(directory)
     model = build_model(cfg, device="meta")  # shapes only: compared with the file before allocating anything
     expected = {name: tuple(t.shape) for name, t in model.state_dict(keep_vars=True).items()}
     try:
@@ -63,23 +67,6 @@ def load_weights(path: Path, device: str = "cpu") -> tuple[Transformer, ModelCon
         if not torch.isfinite(p).all():
             raise damaged(f"{WEIGHTS} holds nan or inf in {name}")
     return model.eval(), cfg, tokenizer
-
-
-def _read_config(path: Path, damaged) -> tuple[ModelConfig, str]:
-    """shoal_model.json: {"model": ModelConfig fields, "tokenizer": spec}, every field checked."""
-    try:
-        meta = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise damaged(f"{CONFIG} is not readable JSON: {_first_line(e)}") from None
-    if not (isinstance(meta, dict) and isinstance(meta.get("model"), dict) and isinstance(meta.get("tokenizer"), str)):
-        raise damaged(f'{CONFIG} is not {{"model": {{...}}, "tokenizer": "..."}}')
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    if unknown := sorted(set(meta["model"]) - known):
-        raise damaged(f"{CONFIG} has unknown model fields {unknown[:3]}")
-    try:
-        return ModelConfig(**meta["model"]).validate(prefix="model"), meta["tokenizer"]
-    except UserError as e:
-        raise damaged(f"{CONFIG}: {e}") from None
 
 
 def _first_line(e: Exception) -> str:

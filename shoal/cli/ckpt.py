@@ -1,11 +1,13 @@
 """`shoal ckpt inspect PATH` and `shoal ckpt export PATH --hf DIR`: look at and convert checkpoints.
 
-PATH is a checkpoint directory (step_*), a checkpoint root, or a `shoal train --out` directory.
+PATH is a checkpoint directory (step_*), a checkpoint root, or a `shoal train --out` directory
+(export also takes a model/ folder).
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 from pathlib import Path
 
 from shoal.cli.argtypes import non_empty
@@ -18,9 +20,12 @@ def register(sub) -> None:
     i.add_argument("path", type=non_empty("runs/first"), help="a checkpoint, a checkpoint root or a `shoal train --out` directory")
     i.add_argument("--no-checksums", action="store_true", help="check sizes only (fast for large checkpoints)")
     i.set_defaults(func=inspect)
-    e = cmds.add_parser("export", help="write a consolidated Hugging Face Llama checkpoint")
-    e.add_argument("path", type=non_empty("runs/first"), help="a checkpoint (default: the newest intact one under a root or --out directory)")
-    e.add_argument("--hf", required=True, metavar="DIR", help="output directory (config.json + model.safetensors)")
+    e = cmds.add_parser("export", help="write a consolidated Hugging Face checkpoint (Llama, Mistral, Qwen2/3, Mixtral, "
+                                       "Qwen3-MoE: the family that computes the model)")
+    e.add_argument("path", type=non_empty("runs/first"), help="a checkpoint (default: the newest intact one under a root or "
+                                                              "--out directory, else the run's model/), or a model/ folder")
+    e.add_argument("--hf", required=True, metavar="DIR", help="output directory (config.json + model.safetensors + the "
+                                                             "tokenizer's files)")
     e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     e.set_defaults(func=export)
 
@@ -56,10 +61,11 @@ def inspect(args) -> int:
 def export(args) -> int:
     import torch
 
-    from shoal.checkpoint.export import check_export_folder, export_hf, pick_checkpoint
+    from shoal.checkpoint.export import check_export_folder, export_hf, pick_export_source
 
     check_export_folder("--hf", Path(args.hf))
-    chosen = pick_checkpoint(Path(args.path))
+    chosen = pick_export_source(Path(args.path))
     out = export_hf(chosen, Path(args.hf), dtype=getattr(torch, args.dtype))
-    print(f"exported {chosen} -> {out} (Hugging Face LlamaForCausalLM, {args.dtype})")
+    architecture = json.loads((out / "config.json").read_text())["architectures"][0]
+    print(f"exported {chosen} -> {out} (Hugging Face {architecture}, {args.dtype})")
     return 0

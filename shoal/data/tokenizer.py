@@ -83,6 +83,12 @@ class HFTokenizer:
         # The file's content, not its path, names the tokenizer: retraining in place changes it.
         self.identity = f"hf-{digest}"
 
+    def token_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def token_of(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 

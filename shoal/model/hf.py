@@ -81,7 +81,11 @@ def _weight_files(directory: Path) -> list[Path]:
     if (directory / WEIGHTS).is_file():
         return [directory / WEIGHTS]
     if (directory / INDEX).is_file():
-        shards = sorted(set(json.loads((directory / INDEX).read_text())["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads((directory / INDEX).read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, or no {"weight_map": {name: file}}
+            raise UserError("hf_dir", str(directory), f'{INDEX} is not {{"weight_map": {{tensor: file}}}}; fetch it '
+                                                      "again") from None
         for shard in shards:
             if not (directory / shard).is_file():
                 raise UserError("hf_dir", str(directory), f"{INDEX} names {shard}, which is missing; fetch every shard")
@@ -118,11 +122,15 @@ class HFWeights:
         self._where: dict[str, Path] = {}  # HF name -> file
         self._shape: dict[str, tuple] = {}
         for path in _weight_files(self.directory):
-            with safe_open(str(path), framework="pt") as f:
-                for hf_name in f.keys():
-                    if not hf_name.endswith("rotary_emb.inv_freq"):  # a derived buffer old conversions saved
-                        self._where[hf_name] = path
-                        self._shape[hf_name] = tuple(f.get_slice(hf_name).get_shape())
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    for hf_name in f.keys():
+                        if not hf_name.endswith("rotary_emb.inv_freq"):  # a derived buffer old conversions saved
+                            self._where[hf_name] = path
+                            self._shape[hf_name] = tuple(f.get_slice(hf_name).get_shape())
+            except Exception as e:  # safetensors raises its own error types for a truncated or garbled file
+                raise UserError("hf_dir", str(self.directory), f"{path.name} cannot be read as safetensors "
+                                                               f"({type(e).__name__}); fetch it again") from None
         self._sources = self._match()
 
     def _match(self) -> dict[str, tuple]:

@@ -111,6 +111,10 @@ class Transformer(nn.Module):
             h_BTD = self.norm(h_BTD)
         return self.output(h_BTD) if self.output is not None else h_BTD
 
+    def init_rope(self) -> None:
+        """The rotary table, a buffer derived from the config (after building on the meta device + to_empty)."""
+        self.rope = rope_tables(self.cfg, device=self.rope.device)
+
     @torch.no_grad()
     def init_weights(self, seed: int | None = None, assign=torch.Tensor.copy_) -> None:
         """Initialize every parameter in place (also after building on the meta device + to_empty).
@@ -122,7 +126,7 @@ class Transformer(nn.Module):
         stage or a sharded parameter gets exactly the values the whole model would. `assign(p, value)`
         puts a full value into a parameter (parallel/parallelize.py passes one that takes a DTensor's slice).
         """
-        self.rope = rope_tables(self.cfg, device=self.rope.device)
+        self.init_rope()
         residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
             name = param_name(name)

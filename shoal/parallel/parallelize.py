@@ -20,9 +20,11 @@ from shoal.parallel.pipeline import build_schedule, split_model
 from shoal.parallel.tensor_parallel import apply_tensor_parallel
 
 
-def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, loss_fn=None) -> ParallelModel:
+def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, loss_fn=None,
+                weights=None) -> ParallelModel:
     """`model` is built on the meta device: the steps below only decide what this rank holds, and
-    its share is allocated and initialized from train.seed at the end (materialize).
+    its share is allocated and initialized at the end (materialize): from train.seed, or read from
+    `weights` (a pretrained folder's reader, shoal/checkpoint/pretrained.py).
     `job` is a shoal.job.Job: its layout says how to split, its config the rest."""
     lay, dims, train = job.layout, ParallelDims.of(job.layout), job.cfg.train
     # 1. Pipeline: keep only this rank's stages. Everything after this works per stage.
@@ -49,7 +51,7 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
         apply_compile(m, train.compile, tensor_parallel=dims.tp > 1, device_type=device.type)
         # 6. Data parallel last: it shards (or replicates) whatever the steps above produced.
         if dp > 1 and uses_ddp(dims, lay.zero):  # DDP wants real weights to start from
-            m, group = materialize(m, device, train.seed), mesh[dp_axis].get_group()
+            m, group = materialize(m, device, train.seed, weights), mesh[dp_axis].get_group()
             compressor = build_compressor(lay.grad_compression, m, group, job.cfg.parallel, train.seed)
             modules[i] = apply_ddp(m, group, compressor)
         elif dp > 1:
@@ -58,13 +60,13 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
                                expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None,
                                deferred_weight_grads=dims.pp > 1 and lay.pp_schedule == "zero-bubble",
                                grad_compression=lay.grad_compression)
-            materialize(m, device, train.seed)
+            materialize(m, device, train.seed, weights)
             if compresses_in_hooks(lay.grad_compression):  # int8/topk/powersgd: across dp_replicate
                 compressor = build_compressor(lay.grad_compression, m, mesh["dp_replicate"].get_group(),
                                               job.cfg.parallel, train.seed)
                 attach_to_fsdp(units, compressor, int8_reduce_scatter=lay.grad_compression == "int8")
         else:
-            modules[i] = materialize(m, device, train.seed)
+            modules[i] = materialize(m, device, train.seed, weights)
     wrapper = "none" if dp == 1 else "ddp" if uses_ddp(dims, lay.zero) else "fsdp"
     m = job.model
     attention = attention_backend(m.n_heads // dims.tp, m.n_kv_heads // dims.tp, m.head_size, train.seq_len, device,
@@ -84,13 +86,45 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
     return pm
 
 
-def materialize(model: nn.Module, device: torch.device, seed: int) -> nn.Module:
+def materialize(model: nn.Module, device: torch.device, seed: int, weights=None) -> nn.Module:
     """Allocate this rank's share of a meta-device model and fill it with the values the whole
     model would get from `seed` (init_weights draws each parameter by name, so shards and stages
-    match one process exactly)."""
+    match one process exactly), or with the pretrained `weights`' (load_pretrained)."""
     model.to_empty(device=device)
-    model.init_weights(seed, assign=assign_full_value)
+    if weights is None:
+        model.init_weights(seed, assign=assign_full_value)
+    else:
+        model.init_rope()
+        load_pretrained(model, weights)
     return model
+
+
+@torch.no_grad()
+def load_pretrained(model: nn.Module, weights) -> None:
+    """Each parameter this rank holds, read from `weights` by its name: only the block of the tensor
+    this rank's shards cover, so a rank's memory is its share plus one block at most.
+
+    The block is contiguous even under a strided shard: shoal's only strided shards are FSDP's, of a
+    weight that tensor or expert parallelism already split along the same dimension: FSDP splits the
+    local (contiguous) piece again; the strided placement only records that the two were applied out
+    of mesh order. Any other placement reads the whole tensor, from which DTensor keeps this rank's part."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from shoal.model.transformer import param_name
+
+    for name, p in model.named_parameters():
+        name = param_name(name)
+        if not isinstance(p, DTensor):
+            p.copy_(weights.read(name))
+        elif all(type(placement) in (Shard, _StridedShard, Replicate) for placement in p.placements):
+            shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+            index = tuple(slice(o, o + n) for o, n in zip(offset, shape))
+            if all(n > 0 for n in shape):  # an uneven shard can be empty on the last ranks
+                p.to_local().copy_(weights.read(name, index))
+        else:
+            assign_full_value(p, weights.read(name).to(p.dtype))
 
 
 def assign_full_value(p: torch.Tensor, value: torch.Tensor) -> None:

@@ -58,6 +58,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
         top["norm"] = SequenceParallel(use_local_output=True) if sequence_parallel else None
         top["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, tp_mesh, {k: v for k, v in top.items() if v is not None})
+    if model.cfg.tie_embeddings and model.tok_embeddings is not None and model.output is not None:
+        # Each style swapped in its own new parameter; both are sharded over the vocabulary (Shard(0)),
+        # so the head can take the embedding's again and the two stay one weight with one gradient.
+        model.output.weight = model.tok_embeddings.weight
     for block in model.layers.values():
         plan = block_plan(sequence_parallel, block.attention.q_norm is not None)
         if block.feed_forward.w3 is None:  # GELU MLP: no up projection

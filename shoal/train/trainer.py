@@ -123,9 +123,16 @@ def build_data(job: Job, dp_rank: int = 0, dp_size: int = 1) -> Data:
 
 def build_parallel_model(job: Job, rt: Runtime) -> ParallelModel:
     # Built on the meta device (nothing allocated); parallelize allocates this rank's share and
-    # initializes it with the values one process would give it (what loss parity needs).
+    # initializes it with the values one process would give it (what loss parity needs), or with the
+    # pretrained folder's (model.init_from), each rank reading only what it holds.
     model = build_model(job.model, device="meta").train()
-    return parallelize(model, job, rt.mesh, rt.expert_mesh, rt.device, loss_fn=cross_entropy)
+    weights = None
+    if job.cfg.model.init_from:
+        from shoal.checkpoint.pretrained import open_weights
+        from shoal.pretrained import open_pretrained
+
+        weights = open_weights(open_pretrained(job.cfg.model.init_from), job.model)
+    return parallelize(model, job, rt.mesh, rt.expert_mesh, rt.device, loss_fn=cross_entropy, weights=weights)
 
 
 def step_flops(job: Job) -> float:

@@ -14,7 +14,7 @@ SHOAL = Path(__file__).resolve().parents[2] / "shoal"
 
 FLOORS = [
     ("errors", "files", "cache", "comm", "model", "layout"),
-    ("config", "job", "data", "hardware", "rundir", "worker"),
+    ("config", "job", "pretrained", "data", "hardware", "rundir", "worker"),
     ("parallel", "debug", "planner"),
     ("checkpoint",),
     ("train",),

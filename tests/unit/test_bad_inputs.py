@@ -577,7 +577,7 @@ def test_bad_environment_fresh_process(tmp_path, corpus):
 
 
 # ----------------------------------------------------------------------------------------------
-# 4. shoal generate on a damaged model directory
+# 4. A damaged or foreign model directory: shoal generate, and a run started from it (model.init_from)
 
 
 def _json_edit(**changes):
@@ -630,12 +630,101 @@ def _overwrite(path: Path, offset: int, data: bytes):
         f.write(data)
 
 
+def init_from(corpus: Path, out: Path, folder: Path, *sets: str) -> list[str]:
+    """base() starting from `folder` (model.init_from decides the model: no preset)."""
+    argv = base(corpus, out)
+    i = argv.index("model.preset=debug")
+    return argv[:i - 1] + argv[i + 1:] + [a for s in (f"model.init_from={folder}", *sets) for a in ("--set", s)]
+
+
+@pytest.mark.parametrize("use", ["generate", "init_from"])
 @pytest.mark.parametrize("damage", MODEL_DAMAGE)
-def test_damaged_model_dir(damage, run_dir, tmp_path, capsys):
+def test_damaged_model_dir(damage, use, run_dir, corpus, tmp_path, capsys):
     d = tmp_path / "model"
     shutil.copytree(run_dir / "model", d)
     MODEL_DAMAGE[damage](d)
-    assert_one_line(*run_cli(capsys, ["generate", str(d), "--tokens", "3"]))
+    # in this process, into a fresh --out: the NaN weights are found only as they are read
+    argv = ["generate", str(d), "--tokens", "3"] if use == "generate" else init_from(corpus, tmp_path / "out", d)
+    assert_one_line(*run_cli(capsys, argv))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def hf_folder(work) -> Path:
+    """A small Llama in Hugging Face's layout (config.json, model.safetensors) with a 200-word tokenizer.json."""
+    from shoal.model.config import get_preset
+    from shoal.model.hf import save_hf
+    from shoal.model.transformer import build_model
+
+    cfg = get_preset("debug")
+    d = save_hf(build_model(cfg), cfg, work / "hf")
+    words(200).save(str(d / "tokenizer.json"))
+    return d
+
+
+def words(n: int):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, **{f"w{i}": i for i in range(1, n)}}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tok
+
+
+def _hf_json(**changes):
+    def edit(d: Path):
+        (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()), **changes}))
+    return edit
+
+
+def _drop_tensor(d: Path):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(d / "model.safetensors"))
+    del tensors["model.layers.0.mlp.up_proj.weight"]
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _shards_one_missing(d: Path):
+    (d / "model.safetensors").rename(d / "model-00001-of-00002.safetensors")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.norm.weight": "model-00001-of-00002.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}))
+
+
+HF_DAMAGE = {  # -> what the one line names
+    "config_missing": (lambda d: (d / "config.json").unlink(), "holds neither config.json"),
+    "config_garbled": (lambda d: (d / "config.json").write_text("{garbled"), "config.json"),
+    "other_family": (_hf_json(model_type="gpt2"), "hf.model_type='gpt2'"),
+    "rope_dynamic": (_hf_json(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "dynamic"),
+    "heads_not_dividing": (_hf_json(num_key_value_heads=3), "num_key_value_heads"),
+    "pickled_only": (lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"), "pickled"),
+    "weights_truncated": (lambda d: os.truncate(d / "model.safetensors", 1000), "cannot be read"),
+    "tensor_missing": (_drop_tensor, "model.layers.0.mlp.up_proj.weight"),
+    "tensor_shape": (_hf_json(intermediate_size=96), "config.json implies shape"),
+    "shard_missing": (_shards_one_missing, "model-00002-of-00002.safetensors, which is missing"),
+    "index_garbled": (lambda d: ((d / "model.safetensors").unlink(),
+                                 (d / "model.safetensors.index.json").write_text("[1]")), "weight_map"),
+    "tokenizer_missing": (lambda d: (d / "tokenizer.json").unlink(), "data.tokenizer=PATH/tokenizer.json"),
+    "tokenizer_larger": (lambda d: words(300).save(str(d / "tokenizer.json")), "vocab_size=256"),
+}
+
+
+@pytest.mark.parametrize("damage", HF_DAMAGE)
+def test_bad_hugging_face_folder(damage, hf_folder, corpus, unchanged, tmp_path, capsys):
+    d = tmp_path / "hf"
+    shutil.copytree(hf_folder, d)
+    edit, hint = HF_DAMAGE[damage]
+    edit(d)
+    line = assert_one_line(*run_cli(capsys, init_from(corpus, unchanged, d) + ["--nproc", "2"]), hint=hint)
+    assert "error: model.init_from=" in line or "data.tokenizer" in line, line
+
+
+@pytest.mark.parametrize("sets,field", [
+    (["model.preset=debug"], "model.preset"),  # two models named
+    (["model.dim=128"], "model.dim"),  # the folder's weights decide the shape
+    (["model.init_from=/no/such/folder"], "model.init_from='/no/such/folder': no such folder"),
+])
+def test_a_run_from_a_folder_takes_its_shape(sets, field, hf_folder, corpus, unchanged, capsys):
+    assert_one_line(*run_cli(capsys, init_from(corpus, unchanged, hf_folder, *sets)), hint=field)
 
 
 def test_generate_streams_and_bounds(run_dir, capsys):

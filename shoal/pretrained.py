@@ -1,0 +1,98 @@
+"""A pretrained model folder, what `model.init_from` names: a Hugging Face folder (config.json and
+safetensors, sharded or not) or a shoal run's model/ (or the run folder holding it). Its model config
+and tokenizer are read here, without torch, when the job config is resolved; the weights are read
+later, by the ranks that hold them (shoal/checkpoint/pretrained.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.data.tokenizer_files import TOKENIZER
+from shoal.errors import UserError
+from shoal.model.config import ModelConfig
+from shoal.model.hf_config import CONFIG as HF_CONFIG
+from shoal.model.hf_config import hf_config_to_model_config, read_hf_config
+from shoal.rundir.names import MODEL, MODEL_CONFIG
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    folder: Path
+    kind: str
+    """'hf' or 'shoal'."""
+    model: ModelConfig
+    tokenizer: str | None
+    """The tokenizer the model was trained with: the folder's tokenizer.json, or the spec a shoal
+    model recorded ("byte", or a path); None when the folder names none."""
+
+
+def open_pretrained(path: str, field: str = "model.init_from") -> Pretrained:
+    """The model folder at `path`, or one UserError naming `field` and what is wrong with it."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise UserError(field, path, "no such folder; give a Hugging Face model folder (config.json + "
+                                     "*.safetensors) or a shoal run's model/")
+    if (folder / MODEL / MODEL_CONFIG).is_file():  # a run's --out
+        folder = folder / MODEL
+    try:
+        if (folder / MODEL_CONFIG).is_file():
+            model, tokenizer = read_saved_model(folder)
+            return Pretrained(folder, "shoal", model, tokenizer)
+        if (folder / HF_CONFIG).is_file():
+            local = folder / TOKENIZER
+            return Pretrained(folder, "hf", hf_config_to_model_config(read_hf_config(folder)),
+                              str(local) if local.is_file() else None)
+    except UserError as e:  # the folder's own field, said as the folder's
+        raise UserError(field, path, f"{e.field}={e.value!r}: {e.fix}") from None
+    raise UserError(field, path, f"holds neither {HF_CONFIG} (a Hugging Face model) nor {MODEL_CONFIG} (a shoal "
+                                 "model); give the folder the weights are in")
+
+
+def read_saved_model(folder: Path) -> tuple[ModelConfig, str]:
+    """shoal_model.json: {"model": ModelConfig fields, "tokenizer": spec}, every field checked. A
+    tokenizer.json copied into the folder is the tokenizer, wherever the run first found it."""
+    path = folder / MODEL_CONFIG
+
+    def damaged(reason: str) -> UserError:
+        return UserError("model_dir", str(folder), f"is damaged ({reason}); train again or pass another run's --out")
+
+    try:
+        meta = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise damaged(f"{MODEL_CONFIG} is not readable JSON: {_first_line(e)}") from None
+    if not (isinstance(meta, dict) and isinstance(meta.get("model"), dict) and isinstance(meta.get("tokenizer"), str)):
+        raise damaged(f'{MODEL_CONFIG} is not {{"model": {{...}}, "tokenizer": "..."}}')
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    if unknown := sorted(set(meta["model"]) - known):
+        raise damaged(f"{MODEL_CONFIG} has unknown model fields {unknown[:3]}")
+    try:
+        model = ModelConfig(**meta["model"]).validate(prefix="model")
+    except UserError as e:
+        raise damaged(f"{MODEL_CONFIG}: {e}") from None
+    copied = folder / TOKENIZER
+    return model, str(copied) if copied.is_file() else meta["tokenizer"]
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+SHAPE_SET_BY_THE_FOLDER = tuple(f.name for f in dataclasses.fields(ModelConfig)
+                                if f.name not in ("max_seq_len", "aux_loss_coef", "note"))
+"""What model.init_from decides (the shape and the math of the weights it holds); a recipe may still
+set the context trained on (max_seq_len) and the load-balancing loss's weight."""
+
+
+def model_of(pretrained: Pretrained, overrides: dict) -> ModelConfig:
+    """The folder's model with the overrides a run may make; any other field given must agree with it."""
+    for name, value in overrides.items():
+        if name in SHAPE_SET_BY_THE_FOLDER and value != getattr(pretrained.model, name):
+            raise UserError(f"model.{name}", value, f"model.init_from={pretrained.folder} has {name}="
+                                                    f"{getattr(pretrained.model, name)!r}: the folder's weights "
+                                                    "decide it; leave it out")
+    return pretrained.model.replace(**overrides).validate()
