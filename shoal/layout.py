@@ -164,9 +164,9 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     if lay.world != world:
         bad("dp_shard", lay.dp_shard, f"dp_replicate*dp_shard*tp*pp = {lay.dp_replicate}*{lay.dp_shard}*{lay.tp}*{lay.pp}"
             f" = {lay.world}, but the world size is {world}; use dp_shard=-1 or one of: {factorizations(world)}")
-    if m.n_heads % lay.tp or m.n_kv_heads % lay.tp:
-        bad("tp", lay.tp, f"must divide n_heads={m.n_heads} and n_kv_heads={m.n_kv_heads}; "
-            f"try {divisors_upto(math.gcd(m.n_heads, m.n_kv_heads), world)}")
+    if not splits_heads(m, lay.tp):
+        bad("tp", lay.tp, f"must divide n_heads={m.n_heads}, and divide n_kv_heads={m.n_kv_heads} or be a multiple "
+            f"of it; try {[t for t in divisors_upto(m.n_heads, world) if splits_heads(m, t)]}")
     if m.ffn_hidden % lay.tp or (m.is_moe and m.expert_hidden % lay.tp):
         bad("tp", lay.tp, f"must divide the MLP hidden size (model.ffn_hidden={m.ffn_hidden})")
     if m.vocab_size % lay.tp:  # shoal's vocabulary-parallel embedding and head
@@ -349,6 +349,12 @@ def factorizations(world: int) -> str:
     options = [f"tp={tp} pp={pp} dp={world // (tp * pp)}"
                for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) if world % (tp * pp) == 0]
     return "; ".join(options[:6])
+
+
+def splits_heads(m, tp: int) -> bool:
+    """tp divides the query heads, and the kv heads either split evenly over the ranks or, with more
+    ranks than kv heads, are replicated: tp/n_kv_heads ranks compute each (parallel/tensor_parallel.py)."""
+    return m.n_heads % tp == 0 and (m.n_kv_heads % tp == 0 or tp % m.n_kv_heads == 0)
 
 
 def divisors_upto(n: int, upto: int) -> list[int]:

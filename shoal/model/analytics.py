@@ -19,6 +19,22 @@ def attention_params(cfg: ModelConfig) -> int:
     return q_and_o + k_and_v + biases + qk_norms
 
 
+def kv_heads_per_rank(cfg: ModelConfig, tp: int) -> int:
+    """The key/value heads one of tp tensor-parallel ranks computes: its share, or one where tp exceeds
+    the kv heads (each then replicated on tp / n_kv_heads ranks, parallel/tensor_parallel.py)."""
+    return max(1, cfg.n_kv_heads // tp)
+
+
+def attention_params_per_rank(cfg: ModelConfig, tp: int) -> float:
+    """One layer's attention parameters on one of tp ranks: q and o split tp ways, k and v too unless
+    replicated (tp > n_kv_heads: every rank keeps them all), the q/k norms' gains on every rank."""
+    E = cfg.head_size
+    q_and_o = 2 * cfg.dim * cfg.n_heads * E + (cfg.n_heads * E if cfg.qkv_bias else 0)
+    k_and_v = 2 * cfg.n_kv_heads * E * (cfg.dim + (1 if cfg.qkv_bias else 0))
+    qk_norms = 2 * E if cfg.qk_norm else 0
+    return q_and_o / tp + k_and_v / (tp if cfg.n_kv_heads >= tp else 1) + qk_norms
+
+
 def mlp_params(cfg: ModelConfig, hidden: int) -> int:
     matrices = 3 if cfg.mlp == "swiglu" else 2
     return matrices * cfg.dim * hidden
@@ -105,7 +121,7 @@ def activation_bytes_per_layer(
     """
     sb = seq_len * micro_batch
     h = cfg.dim
-    kv = cfg.n_kv_heads * cfg.head_size
+    kv = tp * kv_heads_per_rank(cfg, tp) * cfg.head_size  # over the tp group; one head per rank where replicated
     # What autograd really keeps, measured on shoal's block (fp32, `tiny`, issue 13): each eager RMSNorm
     # saves three h-sized tensors (its input, the normalized x before the weight, its output), not two,
     # and SwiGLU four f-sized ones (gate, up, silu(gate), their product), not three. The old counts

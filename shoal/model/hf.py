@@ -28,7 +28,6 @@ from shoal.errors import UserError
 from shoal.model.config import ModelConfig
 from shoal.model.hf_config import (CONFIG, export_family, family_of, hf_config_to_model_config, model_config_to_hf_config,
                                    read_hf_config)
-from shoal.model.rope import rope_tables
 from shoal.model.transformer import Transformer, build_model
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -215,9 +214,8 @@ def load_hf(directory: str | Path, device: str | torch.device = "cpu", dtype: to
     cfg = hf_config_to_model_config(read_hf_config(directory))
     weights = HFWeights(directory, cfg)
     model = build_model(cfg, device="meta").to(dtype).to_empty(device=device)
-    if cfg.tie_embeddings:  # re-tie in case to_empty gave the two names separate storage
-        model.output.weight = model.tok_embeddings.weight
-    model.rope = rope_tables(cfg, device=device)  # a non-persistent buffer: to_empty left it garbage
+    model.tie_weights()
+    model.init_rope()  # a non-persistent buffer: to_empty left it garbage
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied: the output head is listed once, as the embedding
             p.copy_(weights.read(name))

@@ -97,8 +97,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, i) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+        self.tie_weights()
         # Not persistent: derived from the config, and rebuilt by init_weights after meta-device construction.
         self.register_buffer("rope", rope_tables(cfg), persistent=False)
 
@@ -110,6 +109,13 @@ class Transformer(nn.Module):
         if self.norm is not None:
             h_BTD = self.norm(h_BTD)
         return self.output(h_BTD) if self.output is not None else h_BTD
+
+    def tie_weights(self) -> None:
+        """With tied embeddings the head uses the embedding's parameter. Called again after anything
+        that gives each module its own new parameter: to_empty (materializing a meta-device model) and
+        tensor parallelism's styles both replace them one module at a time."""
+        if self.cfg.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
 
     def init_rope(self) -> None:
         """The rotary table, a buffer derived from the config (after building on the meta device + to_empty)."""

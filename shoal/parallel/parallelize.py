@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from shoal.layout import compresses_in_hooks
+from shoal.model.analytics import kv_heads_per_rank
 from shoal.parallel.compression import build_compressor
 from shoal.parallel.compression_fsdp import attach as attach_to_fsdp
 from shoal.model.kernels import attention_backend
@@ -69,7 +70,7 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
             modules[i] = materialize(m, device, train.seed, weights)
     wrapper = "none" if dp == 1 else "ddp" if uses_ddp(dims, lay.zero) else "fsdp"
     m = job.model
-    attention = attention_backend(m.n_heads // dims.tp, m.n_kv_heads // dims.tp, m.head_size, train.seq_len, device,
+    attention = attention_backend(m.n_heads // dims.tp, kv_heads_per_rank(m, dims.tp), m.head_size, train.seq_len, device,
                                   torch.float32 if train.precision == "fp32" else torch.bfloat16)
     pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dp > 1 else 0,
                        wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention)
@@ -91,6 +92,7 @@ def materialize(model: nn.Module, device: torch.device, seed: int, weights=None)
     model would get from `seed` (init_weights draws each parameter by name, so shards and stages
     match one process exactly), or with the pretrained `weights`' (load_pretrained)."""
     model.to_empty(device=device)
+    model.tie_weights()  # to_empty gave the head its own copy; under FSDP, the one FSDP manages is the embedding's
     if weights is None:
         model.init_weights(seed, assign=assign_full_value)
     else:

@@ -6,13 +6,18 @@ one reduce-scatter (with sequence parallelism) or two all-reduces (without). Bet
 tensor holding this rank's slice of the sequence [B, T/tp, D], which is also what pipeline stages
 send each other. The output head is column-parallel over the vocabulary and stays a DTensor, so
 the loss runs under `loss_parallel` and no rank ever holds full-vocabulary logits.
+
+With more ranks than key/value heads (tp > n_kv_heads, which it then divides), the k/v projections
+are replicated instead of split (ReplicatedKVHeads): each rank computes the one kv head its query
+heads read.
 """
 
 from __future__ import annotations
 
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -20,16 +25,52 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+from torch.distributed.tensor.parallel.style import ParallelStyle
 
 
-def block_plan(sequence_parallel: bool, qk_norm: bool = False) -> dict:
+class ReplicatedKVHeads(ParallelStyle):
+    """A k or v projection when tp exceeds the kv heads: its weight (and bias) is replicated, and each
+    rank computes only the head its query heads read, head rank // (tp / n_kv_heads) (tp divides the
+    query heads, and the kv heads divide tp, so a rank's query heads never straddle two kv heads).
+
+    The weight's gradient on a rank covers its head alone, and the input's covers only what its own
+    query heads asked of it: both are partial sums over the tp group, as a column-parallel layer's
+    input gradient is, and are marked Partial so DTensor (or FSDP) sums them. Every rank keeps all
+    kv heads' weights, so checkpoints, clipping and export see the plain weight; FSDP shards it over
+    the data-parallel ranks. (Megatron instead keeps one head per rank and all-reduces its gradient
+    within the ranks sharing it.)"""
+
+    def __init__(self, n_kv_heads: int, head_size: int):
+        super().__init__()
+        self.n_kv_heads, self.head_size = n_kv_heads, head_size
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        tp = device_mesh.size()
+        head = device_mesh.get_local_rank() // (tp // self.n_kv_heads)
+        rows = slice(head * self.head_size, (head + 1) * self.head_size)
+        for name, p in list(module.named_parameters(recurse=False)):
+            replicated = distribute_tensor(p.data, device_mesh, [Replicate()], src_data_rank=None)
+            module.register_parameter(name, nn.Parameter(replicated, requires_grad=p.requires_grad))
+
+        def forward(x: DTensor):
+            x = x.to_local(grad_placements=[Partial()])  # the block's input, replicated by PrepareModuleInput
+            bias = module.bias.to_local(grad_placements=[Partial()])[rows] if module.bias is not None else None
+            return F.linear(x, module.weight.to_local(grad_placements=[Partial()])[rows], bias)
+
+        module.forward = forward
+        return module
+
+
+def block_plan(sequence_parallel: bool, qk_norm: bool = False, kv_heads_per_rank: tuple[int, int] | None = None) -> dict:
+    """The plan of one block; `kv_heads_per_rank`: (n_kv_heads, head_size) where tp exceeds the kv heads."""
     residual = Shard(1) if sequence_parallel else Replicate()
+    kv = ReplicatedKVHeads(*kv_heads_per_rank) if kv_heads_per_rank else None
     plan = {
         # The block input arrives as the local sequence slice; gather it for the attention matmuls.
         "attention": PrepareModuleInput(input_layouts=(residual, None), desired_input_layouts=(Replicate(), None)),
         "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
+        "attention.wk": kv or ColwiseParallel(),
+        "attention.wv": kv or ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=residual),
         "feed_forward": PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),)),
         "feed_forward.w1": ColwiseParallel(),
@@ -58,12 +99,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
         top["norm"] = SequenceParallel(use_local_output=True) if sequence_parallel else None
         top["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, tp_mesh, {k: v for k, v in top.items() if v is not None})
-    if model.cfg.tie_embeddings and model.tok_embeddings is not None and model.output is not None:
-        # Each style swapped in its own new parameter; both are sharded over the vocabulary (Shard(0)),
-        # so the head can take the embedding's again and the two stay one weight with one gradient.
-        model.output.weight = model.tok_embeddings.weight
+    model.tie_weights()  # both styles shard the weight over the vocabulary (Shard(0)): it stays one
+    cfg = model.cfg
+    replicated_kv = (cfg.n_kv_heads, cfg.head_size) if tp_mesh.size() > cfg.n_kv_heads else None
     for block in model.layers.values():
-        plan = block_plan(sequence_parallel, block.attention.q_norm is not None)
+        plan = block_plan(sequence_parallel, block.attention.q_norm is not None, replicated_kv)
         if block.feed_forward.w3 is None:  # GELU MLP: no up projection
             del plan["feed_forward.w3"]
         parallelize_module(block, tp_mesh, plan)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from shoal.model.analytics import kv_heads_per_rank
 from shoal.model.config import ModelConfig
 from shoal.hardware.catalog import GPU
 
@@ -104,7 +105,8 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     core = "bf16" if precision == "fp8" else precision  # attention runs in 16 bits under FP8 too
     T = float(seq_len * micro_batch)  # tokens through the TP group
     h, hd = cfg.dim, cfg.head_size
-    q_dim, kv_dim = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    # kv_dim: the k/v width over the tp group (tp heads' worth where replicated: each rank computes one)
+    q_dim, kv_dim = cfg.n_heads * hd, tp * kv_heads_per_rank(cfg, tp) * hd
     sp = tp if sequence_parallel else 1
     glu = cfg.mlp == "swiglu"
 

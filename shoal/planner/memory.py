@@ -97,7 +97,7 @@ def rank_params(cfg: ModelConfig, tp: int, ep: int, pp: int, virtual: int, stage
     """Parameters of the first or last stage on one GPU: TP splits matrices, EP splits experts."""
     h = cfg.dim
     norms = 2 * h
-    attn = analytics.attention_params(cfg) / tp
+    attn = analytics.attention_params_per_rank(cfg, tp)
     dense_mlp = analytics.mlp_params(cfg, cfg.ffn_hidden) / tp
     expert_mlp = analytics.mlp_params(cfg, cfg.expert_hidden)
     moe_fixed = h * cfg.n_experts + cfg.n_shared_experts * expert_mlp / tp  # router (replicated) + shared

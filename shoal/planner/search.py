@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from shoal.errors import UserError
 from shoal.planner.evaluate import Plan, evaluate
-from shoal.layout import ACTIVATION_CHECKPOINT, INTERLEAVED, Layout, TrainerLimit, problems
+from shoal.layout import ACTIVATION_CHECKPOINT, INTERLEAVED, Layout, TrainerLimit, problems, splits_heads
 from shoal.planner.workload import Cluster, Workload
 from shoal.planner.memory import memory
 from shoal.planner.timing import step_time
@@ -95,7 +95,7 @@ def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: C
     """
     cfg, B = workload.model, workload.global_batch
     rejected = Counter() if rejected is None else rejected
-    tps = [fixed.tp] if fixed.tp else [t for t in _divisors(n_gpus) if cfg.n_heads % t == 0 and cfg.n_kv_heads % t == 0
+    tps = [fixed.tp] if fixed.tp else [t for t in _divisors(n_gpus) if splits_heads(cfg, t)
                                        and cfg.ffn_hidden % t == 0 and (not cfg.is_moe or cfg.expert_hidden % t == 0)
                                        and (max_tp is None or t <= max_tp)]
     recomputes = [fixed.activation_checkpoint] if fixed.activation_checkpoint else list(ACTIVATION_CHECKPOINT)

@@ -35,6 +35,7 @@ a folder holding anything else is refused."""
 CANDIDATES = [
     "dp_shard=N,zero=3", "dp_shard=N,zero=2", "dp_shard=N,zero=1", "dp_replicate=N,dp_shard=1,zero=0",
     "dp_replicate=2,dp_shard=N/2,zero=3", "tp=2,dp_shard=N/2", "tp=2,dp_shard=N/2,sequence_parallel=false",
+    "tp=2,dp_shard=N/2,model.n_kv_heads=1,model.tie_embeddings=true",  # more ranks than kv heads; one weight
     "pp=2,dp_shard=N/2,pp_schedule=1f1b", "pp=2,dp_shard=N/2,pp_schedule=gpipe",
     "pp=2,dp_shard=N/2,pp_schedule=interleaved-1f1b", "pp=2,dp_shard=N/2,pp_schedule=zero-bubble",
     "pp=2,dp_shard=N/2,zero=1",

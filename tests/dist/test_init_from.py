@@ -22,7 +22,7 @@ CASES = {  # name -> (model_type, config changes, the run's layout)
     "llama3.1-tp2": ("llama", {"head_dim": 24, "rope_parameters": {
         "rope_type": "llama3", "rope_theta": 5e4, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16}}, ["parallel.tp=2"]),
-    "qwen2-tied-tp2": ("qwen2", {"tie_word_embeddings": True}, ["parallel.tp=2"]),
+    "qwen2-tied-tp2": ("qwen2", {"tie_word_embeddings": True, "num_key_value_heads": 1}, ["parallel.tp=2"]),  # kv replicated
     "qwen3-pp2": ("qwen3", {"head_dim": 32}, ["parallel.pp=2", "parallel.dp_shard=1"]),
     "mistral-window-zero3": ("mistral", {"sliding_window": 8}, ["parallel.dp_shard=2", "parallel.zero=3"]),
     "mixtral-ep2": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}, ["parallel.ep=2"]),

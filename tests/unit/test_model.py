@@ -59,9 +59,15 @@ def test_forward_is_causal():
 
 
 def test_tied_embeddings_share_storage():
+    from shoal.parallel.parallelize import materialize
+
     model = build_model(get_preset("debug").replace(tie_embeddings=True))
     assert model.output.weight is model.tok_embeddings.weight
     assert sum(p.numel() for p in model.parameters()) == param_counts(model.cfg).total
+    # built on the meta device, as every run builds it: to_empty gives each module its own new
+    # parameter, and the head trained apart from the embedding (a run's 1-process reference diverged)
+    meta = materialize(build_model(model.cfg, device="meta"), torch.device("cpu"), seed=0)
+    assert meta.output.weight is meta.tok_embeddings.weight
 
 
 def test_init_is_seeded():
