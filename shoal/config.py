@@ -469,12 +469,24 @@ tensor parallelism splits it evenly, and the head's matmul keeps aligned shapes.
 
 
 def _follow_the_tokenizer(cfg: JobConfig, layer: dict) -> None:
-    """model.init_from brings its tokenizer.json unless data.tokenizer is given; without it,
-    model.vocab_size follows the tokenizer (rounded up to VOCAB_MULTIPLE) unless it is given. (Written
-    into the config, so job.json and run.json hold what the run used.)"""
+    """model.init_from is the model, and brings its tokenizer; without it, model.vocab_size follows the
+    tokenizer (rounded up to VOCAB_MULTIPLE) unless given. (Written into the config, so job.json and
+    run.json hold what the run used.)
+
+    init_from replaces what an earlier source set (a recipe's preset, shape and tokenizer, under
+    `--set model.init_from=...`); set beside it or after it, a preset is refused, a shape field must
+    agree with the folder and data.tokenizer is the run's tokenizer."""
     from shoal.data.tokenizer import load_tokenizer
 
+    def source(key: str) -> int:  # 0 the defaults, 1 the recipe, 2 the command line
+        return min(layer.get(key, 0), 2)
+
     if cfg.model.init_from:
+        mine = source("model.init_from")
+        for key in [k for k in layer if k.startswith(("model.", "data.tokenizer")) and source(k) < mine]:
+            section, name = key.split(".")
+            setattr(getattr(cfg, section), name, getattr(type(getattr(cfg, section))(), name))
+            del layer[key]
         if "model.preset" in layer:
             raise UserError("model.preset", cfg.model.preset, f"model.init_from={cfg.model.init_from} is the model "
                                                               "(its shape and weights); leave model.preset out")

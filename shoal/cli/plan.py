@@ -35,7 +35,8 @@ def register(sub) -> None:
 
 def _model_flags(p) -> None:
     m = p.add_argument_group("model (a preset, or the shape)")
-    m.add_argument("--model", metavar="PRESET", help="a preset from `shoal presets`; shape flags override its fields")
+    m.add_argument("--model", metavar="PRESET", help="a preset from `shoal presets`, or a model folder (a Hugging Face "
+                                                     "config.json, a shoal model/); shape flags override its fields")
     m.add_argument("--layers", type=int)
     m.add_argument("--hidden", type=int)
     m.add_argument("--heads", type=int)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from shoal import hardware
 from shoal.errors import UserError
@@ -41,8 +42,13 @@ def _positive(name: str, value, allow_none: bool = True):
 
 
 def build_model(args) -> ModelConfig:
-    """--model PRESET with any shape flag over it, or the shape alone; a mistake names the flag typed."""
-    if args.model:
+    """--model PRESET (or a model folder) with any shape flag over it, or the shape alone; a mistake
+    names the flag typed."""
+    if args.model and ("/" in args.model or Path(args.model).expanduser().is_dir()):
+        from shoal.pretrained import open_pretrained  # its config.json (or shoal_model.json); no weights read
+
+        cfg = open_pretrained(args.model, field="model").model
+    elif args.model:
         cfg = get_preset(args.model)
     elif None in (args.layers, args.hidden, args.heads):
         missing = [f"--{n}" for n, v in (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads)) if v is None]

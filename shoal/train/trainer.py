@@ -195,6 +195,8 @@ def run_summary(job: Job, rt: Runtime, pm: ParallelModel, row: dict, eval_loss: 
                "ranks": rt.world_size, "peak memory (GiB, rank 0)": peak_mem / 2**30}
     if plan is not None:
         summary.update(plan.summary_rows(steady.step_time_s, mfu, peak_mem))
+    if job.cfg.model.init_from:
+        summary["started from"] = job.cfg.model.init_from
     return {**summary, "output": str(out)}
 
 

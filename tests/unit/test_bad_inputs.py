@@ -727,6 +727,33 @@ def test_a_run_from_a_folder_takes_its_shape(sets, field, hf_folder, corpus, unc
     assert_one_line(*run_cli(capsys, init_from(corpus, unchanged, hf_folder, *sets)), hint=field)
 
 
+def test_init_from_on_the_command_line_replaces_the_recipes_model(hf_folder, tmp_path):
+    """`shoal train RECIPE --set model.init_from=DIR`: the folder is the model and its tokenizer the
+    run's, whatever model and tokenizer the recipe named; written in the recipe beside it, a preset
+    contradicts it."""
+    from shoal.config import load_config
+    from shoal.errors import UserError
+    from shoal.pretrained import open_pretrained
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[model]\npreset = "tiny"\nn_layers = 2\n[data]\ntokenizer = "byte"\n')
+    cfg = load_config(recipe, [f"model.init_from={hf_folder}", "model.max_seq_len=512"])
+    assert cfg.model_config() == open_pretrained(str(hf_folder)).model.replace(max_seq_len=512)
+    assert cfg.data.tokenizer == str(hf_folder / "tokenizer.json")
+    recipe.write_text(f'[model]\npreset = "tiny"\ninit_from = "{hf_folder}"\n')
+    with pytest.raises(UserError, match="leave model.preset out"):
+        load_config(recipe)
+
+
+def test_the_continued_pretraining_recipe_resolves(hf_folder, corpus):
+    from shoal.config import load_config
+    from shoal.job import resolve
+
+    recipe = Path(__file__).parents[2] / "recipes" / "continue-pretraining.toml"
+    cfg = load_config(recipe, [f"model.init_from={hf_folder}", f"data.path={corpus}", "train.seq_len=256"])
+    assert resolve(cfg, 8).layout.zero == 3 and cfg.data.tokenizer == str(hf_folder / "tokenizer.json")
+
+
 def test_generate_streams_and_bounds(run_dir, capsys):
     """The good path still works: the prompt first, then at most --tokens tokens."""
     code, out, err = run_cli(capsys, ["generate", str(run_dir), "--prompt", "def ", "--tokens", "5",

@@ -171,3 +171,25 @@ def test_emitted_recipe_passes_the_trainers_checks(tmp_path, args):
     job = resolve(cfg, lay["dp"] * lay["tp"] * lay["pp"])
     # The recipe is the plan's layout, field for field.
     assert {k: v for k, v in vars(job.layout).items()} == {k: lay[k] for k in vars(job.layout)}
+
+
+def test_a_model_folder_is_planned_from_its_config(tmp_path):
+    """--model takes a Hugging Face folder (its config.json alone: no weights needed); the emitted
+    recipe trains that shape, every field the family sets (head_dim, q/k norms, rope) included."""
+    import dataclasses
+
+    from shoal.config import load_config
+    from shoal.pretrained import open_pretrained
+
+    (tmp_path / "qwen3").mkdir()
+    (tmp_path / "qwen3" / "config.json").write_text(json.dumps({
+        "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000}))
+    out = plan("--model", str(tmp_path / "qwen3"), *BASE, "--gpus", "64", "--json", "--emit", str(tmp_path / "r.toml"))
+    assert out.returncode == 0, out.stderr
+    check_contract(json.loads(out.stdout), budget=False)
+    planned, folder = load_config(tmp_path / "r.toml").model_config(), open_pretrained(str(tmp_path / "qwen3")).model
+    assert dataclasses.replace(planned, note="") == dataclasses.replace(folder, note="")
+    out = plan("--model", str(tmp_path / "nothing"), *BASE, "--gpus", "64")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "model='" in out.stderr, out.stderr

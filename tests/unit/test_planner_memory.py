@@ -125,6 +125,24 @@ def test_moe_experts_are_split_by_ep():
     assert one.params - eight.params == pytest.approx(2 * expert * (1 - 1 / 8), rel=1e-9)
 
 
+def test_kv_heads_past_tp_are_replicated_weights_and_one_head_of_compute():
+    """Llama 3 70B (8 kv heads) at tp=16: every rank keeps all of wk and wv (2 bytes each in bf16,
+    over 80 layers), which tp=8 splits; each computes one kv head, not half of one."""
+    from shoal.layout import problems
+
+    cfg, wl, cl = PRESETS["llama3-70b"], Workload(PRESETS["llama3-70b"], 8192, 512), Cluster(get_gpu("h100"), 256, 8)
+    kv = 2 * cfg.dim * cfg.n_kv_heads * cfg.head_size
+    sixteen = memory(wl, Layout(dp_shard=16, tp=16, zero=0), cl)
+    eight = memory(wl, Layout(dp_shard=32, tp=8, zero=0), cl)
+    split = (analytics.attention_params(cfg) - kv + analytics.mlp_params(cfg, cfg.ffn_hidden)) * cfg.n_layers
+    split += 2 * cfg.vocab_size * cfg.dim  # the embedding and the head
+    assert eight.params - sixteen.params == pytest.approx(2 * (split / 16 - kv * cfg.n_layers * (1 - 1 / 8)), rel=1e-6)
+    assert analytics.kv_heads_per_rank(cfg, 16) == 1 and analytics.kv_heads_per_rank(cfg, 4) == 2
+    assert not problems(Layout(dp_shard=16, tp=16), cfg, 256, 512, 8192)
+    found = problems(Layout(dp_shard=1, tp=12), cfg.replace(n_heads=48, note=""), 12, 12, 8192)  # 12: not 8's multiple
+    assert any(p.field == "parallel.tp" and "multiple of it; try [1, 2, 4, 8]" in str(p) for p in found), found
+
+
 @pytest.mark.parametrize("zero", [0, 2])
 def test_slow_link_state_is_optimizer_memory(zero):
     """Error feedback: one fp32 residual of the gradient a rank reduces (sharded under ZeRO-2);
