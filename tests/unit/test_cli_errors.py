@@ -14,8 +14,9 @@ CASES = [
     (["train", "--set", "train.stesp=5"], "train.stesp", "did you mean train.steps"),
     (["train", "--set", "train.precision=fp8"], "train.precision", "bf16"),
     (["train", "--nproc", "3", "--set", "parallel.tp=2"], "parallel", "options: "),
-    (["train", "--nproc", "4", "--set", "model.preset=debug", "--set", "parallel.tp=4", "--set", "parallel.dp_shard=1"],
-     "parallel.tp", "n_kv_heads"),
+    (["train", "--nproc", "4", "--set", "model.preset=debug", "--set", "model.dim=96", "--set", "model.n_heads=12",
+      "--set", "model.n_kv_heads=6", "--set", "parallel.tp=4", "--set", "parallel.dp_shard=1"],
+     "parallel.tp", "multiple of it"),  # 4 neither divides 6 kv heads nor is a multiple of them
     (["train", "--nproc", "2", "--set", "model.preset=debug", "--set", "parallel.ep=2"], "parallel.ep", "MoE"),
     (["train", "--nproc", "2", "--set", "parallel.pp=2", "--set", "parallel.pp_schedule=1f2b"], "parallel.pp_schedule", "1f1b"),
     (["train", "--nproc", "2", "--set", "train.global_batch=3", "--set", "train.micro_batch=1"],
