@@ -11,7 +11,7 @@ from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.job import resolve
-from shoal.train.parity import Result, compare, config_for, fitting_layouts
+from shoal.train.parity import Result, compare, config_for, fitting_layouts, in_float64
 
 
 @dataclass
@@ -58,7 +58,8 @@ def verify(nproc: int, layouts: list[str] | None, steps: int, tolerance: float, 
     torch.set_num_threads(int(worker_env(nproc).get("OMP_NUM_THREADS", torch.get_num_threads())))
     for preset in dict.fromkeys(by_layout.values()):  # the single-process references, in this process
         ref_cfg = config_for(f"model={preset},dp_shard=1", 1, steps, global_batch=4 * nproc)
-        train(ref_cfg, folder / f"reference-{preset}", show=False)
+        with in_float64(ref_cfg):  # as the layouts run (shoal/train/parity.py says why)
+            train(ref_cfg, folder / f"reference-{preset}", show=False)
     say(f"reference runs done on 1 process; running {len(layouts)} layouts on {nproc} ranks ...")
     code = launch(["-m", "shoal.train.parity", str(folder), str(nproc), str(steps), json.dumps(layouts)], nproc)
     results = [compare(layout, folder / f"layout{i}", folder / f"reference-{by_layout[layout]}", tolerance)

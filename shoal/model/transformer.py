@@ -18,6 +18,7 @@ from torch import nn
 from shoal.model.config import ModelConfig
 from shoal.model.mlp import FeedForward
 from shoal.model.moe import MoE
+from shoal.model.precision import upcast
 
 
 class RMSNorm(nn.Module):
@@ -28,9 +29,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalize in fp32 for stability under bf16 autocast, as Llama does.
-        x32 = x.float()
+        x32 = upcast(x)
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).type_as(x)
+        return (normed * upcast(self.weight)).type_as(x)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
@@ -47,7 +48,7 @@ def apply_rope(x_BTHE: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     """Rotate the two halves of each head (the Hugging Face Llama layout, so weights load as-is)."""
     T = x_BTHE.shape[1]
     cos, sin = rope[0, :T, None, :], rope[1, :T, None, :]  # [T, 1, E/2]
-    x1, x2 = x_BTHE.float().chunk(2, dim=-1)
+    x1, x2 = upcast(x_BTHE).chunk(2, dim=-1)
     rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     return rotated.type_as(x_BTHE)
 
@@ -160,5 +161,5 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", seed: int 
 
 
 def cross_entropy(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss in nats, computed in fp32."""
-    return F.cross_entropy(logits_BTV.flatten(0, 1).float(), targets_BT.flatten(0, 1))
+    """Mean next-token loss in nats, computed in fp32 (or float64, see precision.py)."""
+    return F.cross_entropy(upcast(logits_BTV.flatten(0, 1)), targets_BT.flatten(0, 1))
