@@ -14,7 +14,7 @@ def register(sub) -> None:
     p.add_argument("--steps", type=positive_int, default=10)
     p.add_argument("--tolerance", type=nonnegative_float, default=1e-4,
                    help="largest difference that passes, for the loss, the gradient norm (relative) and each final "
-                        "weight (fp32; see docs/parallelism.md for why 1e-4)")
+                        "weight (computed in float64; see docs/parallelism.md for why 1e-4)")
     p.add_argument("--out", type=non_empty("--out runs/verify"), help="keep each layout's metrics here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=run)
@@ -44,7 +44,7 @@ def run(args) -> int:
 def render(console, v) -> None:
     from rich.table import Table
 
-    table = Table(title=f"parity vs 1 process ({v.steps} steps, fp32, tolerance {v.tolerance:g}; "
+    table = Table(title=f"parity vs 1 process ({v.steps} steps, float64, tolerance {v.tolerance:g}; "
                         f"grad norm relative, weights at the end)")
     for col in ("layout", "max |loss diff|", "max grad-norm diff", "max weight diff", "final loss", "result"):
         table.add_column(col)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.job import resolve
-from shoal.train.parity import Result, compare, config_for, fitting_layouts, reference_of
+from shoal.train.parity import Result, compare, config_for, fitting_layouts, in_float64, reference_of
 
 
 @dataclass
@@ -60,7 +60,9 @@ def verify(nproc: int, layouts: list[str] | None, steps: int, tolerance: float, 
     # (tiny-moe's losses then differed by 2e-4; with one thread each they match to 1e-6).
     torch.set_num_threads(int(worker_env(nproc).get("OMP_NUM_THREADS", torch.get_num_threads())))
     for ref, name in references.items():  # the single-process references, in this process
-        train(config_for(ref, 1, steps, global_batch=4 * nproc), folder / name, show=False)
+        ref_cfg = config_for(ref, 1, steps, global_batch=4 * nproc)
+        with in_float64(ref_cfg):  # as the layouts run (shoal/train/parity.py says why)
+            train(ref_cfg, folder / name, show=False)
     say(f"reference runs done on 1 process; running {len(layouts)} layouts on {nproc} ranks ...")
     code = launch(["-m", "shoal.train.parity", str(folder), str(nproc), str(steps), json.dumps(layouts)], nproc)
     results = [compare(layout, folder / f"layout{i}", folder / references[by_layout[layout]], tolerance)

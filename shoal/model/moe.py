@@ -14,6 +14,7 @@ from torch import nn
 
 from shoal.model.config import ModelConfig
 from shoal.model.mlp import FeedForward  # shared experts are a plain MLP
+from shoal.model.precision import upcast
 
 
 class AuxLossInjector(torch.autograd.Function):
@@ -72,7 +73,7 @@ class MoE(nn.Module):
     def route(self, x_ND: torch.Tensor):
         """Top-k experts per token, their weights (renormalized to sum to 1, unless the model does not),
         and the load-balancing loss."""
-        probs_NE = F.softmax(self.router(x_ND).float(), dim=-1)
+        probs_NE = F.softmax(upcast(self.router(x_ND)), dim=-1)
         weights_NK, experts_NK = probs_NE.topk(self.top_k, dim=-1)
         if self.renormalize:
             weights_NK = weights_NK / weights_NK.sum(-1, keepdim=True)

@@ -20,6 +20,7 @@ import math
 import torch
 
 from shoal.model.config import ModelConfig
+from shoal.model.precision import upcast
 
 
 def inv_frequencies(cfg: ModelConfig, device=None) -> tuple[torch.Tensor, float]:
@@ -63,6 +64,6 @@ def apply_rope(x_BTHE: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     """Rotate the two halves of each head (the Hugging Face Llama layout, so weights load as-is)."""
     T = x_BTHE.shape[1]
     cos, sin = rope[0, :T, None, :], rope[1, :T, None, :]  # [T, 1, E/2]
-    x1, x2 = x_BTHE.float().chunk(2, dim=-1)
+    x1, x2 = upcast(x_BTHE).chunk(2, dim=-1)
     rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     return rotated.type_as(x_BTHE)

@@ -18,6 +18,7 @@ from torch import nn
 from shoal.model.config import ModelConfig
 from shoal.model.mlp import FeedForward
 from shoal.model.moe import MoE
+from shoal.model.precision import upcast
 from shoal.model.rope import apply_rope, rope_tables
 
 
@@ -29,9 +30,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalize in fp32 for stability under bf16 autocast, as Llama does.
-        x32 = x.float()
+        x32 = upcast(x)
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).type_as(x)
+        return (normed * upcast(self.weight)).type_as(x)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
@@ -173,5 +174,5 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", seed: int 
 
 
 def cross_entropy(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss in nats, computed in fp32."""
-    return F.cross_entropy(logits_BTV.flatten(0, 1).float(), targets_BT.flatten(0, 1))
+    """Mean next-token loss in nats, computed in fp32 (or float64, see precision.py)."""
+    return F.cross_entropy(upcast(logits_BTV.flatten(0, 1)), targets_BT.flatten(0, 1))

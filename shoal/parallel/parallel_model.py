@@ -17,6 +17,7 @@ from torch import nn
 
 from shoal.model.kernels import attention_kernels
 from shoal.model.moe import MoE
+from shoal.model.precision import upcast
 from shoal.model.transformer import cross_entropy
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -168,4 +169,4 @@ def set_aux_loss_scale(modules: list[nn.Module], scale: float) -> None:
 def _scalar(loss: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
-    return (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach().float()
+    return upcast((loss.full_tensor() if isinstance(loss, DTensor) else loss).detach())

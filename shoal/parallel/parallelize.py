@@ -71,7 +71,7 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
     wrapper = "none" if dp == 1 else "ddp" if uses_ddp(dims, lay.zero) else "fsdp"
     m = job.model
     attention = attention_backend(m.n_heads // dims.tp, kv_heads_per_rank(m, dims.tp), m.head_size, train.seq_len, device,
-                                  torch.float32 if train.precision == "fp32" else torch.bfloat16)
+                                  torch.get_default_dtype() if train.precision == "fp32" else torch.bfloat16)
     pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dp > 1 else 0,
                        wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention)
     pm.grad_compressor = compressor

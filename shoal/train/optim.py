@@ -78,11 +78,11 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, rt=None) -> floa
     for g in grads:
         by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
     device = grads[0].device if grads else torch.device("cpu")
-    total_sq = torch.zeros((), device=device)
+    total_sq = torch.zeros((), device=device)  # the default dtype: fp32, float64 under `shoal verify`
     for gs in by_mesh.values():
         norm = torch.nn.utils.get_total_norm(gs, norm_type=2.0, foreach=False)
         norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
-        total_sq += norm.float() ** 2
+        total_sq += norm.to(total_sq.dtype) ** 2
     if rt is not None and rt.dims.pp > 1:
         dist.all_reduce(total_sq, group=rt.mesh["pp"].get_group())
     total = total_sq.sqrt()

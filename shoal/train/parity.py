@@ -9,6 +9,17 @@ at the end, every trained weight does, each within `tolerance`, and nothing is N
 The loss alone is not enough: AdamW is invariant to the scale of the gradient, so summing instead
 of averaging gradients over two ranks leaves the loss within 5e-7 for 10 steps while the gradient
 norm is off by exactly 2x.
+
+Layouts and references compute in float64 (`in_float64`). In fp32 a layout rounds differently from
+one process (gradients summed in another order; an expert multiplies the tokens of all ep ranks in
+one matrix product) and training amplifies that: AdamW's first steps turn a 1e-10 difference in a
+gradient near its eps into a 1e-6 difference in the weight, and a loss spike grows it a
+thousandfold. Over 10 steps on 4 ranks tiny-moe's gradient norm ended 5.6e-5 off on plain FSDP and
+3.4e-4 to 6.6e-4 off under expert parallelism, past the 1e-4 tolerance with no bug anywhere: every
+gradient of the first step within 3.2e-7, no expert choice flipped before the drift (ep x FSDP:
+none in 10 steps), and in float64 the same layouts within 1.2e-13. Float64 leaves the tolerance
+nine orders above rounding, so a layout that exceeds it computes something else. The code is the
+one that trains; only the default dtype differs (docs/parallelism.md has the measurements).
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,10 +58,8 @@ CANDIDATES = [
 
 
 def base_overrides(steps: int, global_batch: int) -> list[str]:
-    # lr 1e-3, not higher: a router choice that is nearly tied flips on a last-bit difference in
-    # gradient summation order, and at 3e-3 tiny-moe then drifted past 1e-4 by step 7 on every
-    # layout, pure FSDP included. At 1e-3 the drift stays below 1e-5 while a real gradient bug
-    # still moves the loss and the gradient norm by far more (tests/dist/test_parity.py injects such bugs).
+    # lr 1e-3 after 2 warmup steps: a 1% learning-rate change then moves the loss by 1.7e-3 within
+    # 3 steps (debug, 2 ranks), 17x the tolerance (tests/dist/test_parity.py injects other bugs).
     return ["model.preset=debug", f"train.steps={steps}", "train.micro_batch=2", f"train.global_batch={global_batch}",
             "train.seq_len=64", "train.lr=1e-3", f"train.warmup_steps={min(2, steps)}", "train.eval_every=0",
             "train.eval_batches=1", "train.sample_tokens=0"]
@@ -86,6 +96,24 @@ def reference_of(layout: str, nproc: int) -> str:
     field the layout sets), on one rank."""
     model = [o for o in layout_overrides(layout, nproc) if o.startswith("model.")]
     return ",".join([*model, "dp_shard=1"])
+
+
+@contextmanager
+def in_float64(cfg: JobConfig):
+    """Build and train an fp32 run in float64: torch's default dtype while it runs, so parameters,
+    activations, optimizer state and collectives all carry float64 (the model's upcasts keep it,
+    shoal/model/precision.py). A bf16 run is left as it is."""
+    import torch
+
+    if cfg.train.precision != "fp32":
+        yield
+        return
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def fitting_layouts(nproc: int, steps: int) -> tuple[list[str], list[tuple[str, str]]]:
@@ -169,7 +197,9 @@ def worker(out: str, layouts: list[str], nproc: int, steps: int) -> None:
     from shoal.train.trainer import train
 
     for i, layout in enumerate(layouts):
-        train(config_for(layout, nproc, steps), Path(out) / f"layout{i}", show=False, keep_process_group=True)
+        cfg = config_for(layout, nproc, steps)
+        with in_float64(cfg):
+            train(cfg, Path(out) / f"layout{i}", show=False, keep_process_group=True)
     from shoal.train.distributed import shutdown
 
     shutdown()

@@ -18,25 +18,38 @@ STEPS = 3
 LAYOUTS = ["dp_shard=4,zero=3", "tp=2,dp_shard=2", "tp=2,pp=2,dp_shard=1"]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The one-process run every 2 x 2 run is compared with (the verify settings, global batch 16)."""
+def _reference(out, float64: bool):
+    """The one-process run every 2 x 2 run is compared with (the verify settings, global batch 16):
+    in float64 for verify's workers (shoal/train/parity.py), in fp32 for `shoal train`."""
+    from contextlib import nullcontext
+
     import torch
 
     from shoal.train.trainer import train
-    from shoal.train.parity import config_for
+    from shoal.train.parity import config_for, in_float64
 
-    out = tmp_path_factory.mktemp("reference")
+    cfg = config_for("dp_shard=1", 1, STEPS, global_batch=16)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers' thread count: sums split the same way
     try:
-        train(config_for("dp_shard=1", 1, STEPS, global_batch=16), out, show=False)
+        with in_float64(cfg) if float64 else nullcontext():
+            train(cfg, out, show=False)
     finally:
         torch.set_num_threads(threads)
     return out
 
 
-def test_verify_layouts_on_two_nodes_match_one_process(cluster, reference, tmp_path):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return _reference(tmp_path_factory.mktemp("reference"), float64=False)
+
+
+@pytest.fixture(scope="module")
+def verify_reference(tmp_path_factory):
+    return _reference(tmp_path_factory.mktemp("verify-reference"), float64=True)
+
+
+def test_verify_layouts_on_two_nodes_match_one_process(cluster, verify_reference, tmp_path):
     from shoal.train.parity import compare
 
     t0 = time.time()
@@ -46,7 +59,7 @@ def test_verify_layouts_on_two_nodes_match_one_process(cluster, reference, tmp_p
     codes = [p.wait(timeout=240) for p in procs]
     logs = "\n".join((tmp_path / f"node{k}.log").read_text()[-3000:] for k in range(2))
     assert codes == [0, 0], logs
-    results = [compare(layout, tmp_path / f"layout{i}", reference, 1e-4) for i, layout in enumerate(LAYOUTS)]
+    results = [compare(layout, tmp_path / f"layout{i}", verify_reference, 1e-4) for i, layout in enumerate(LAYOUTS)]
     print(f"2 nodes x 2 ranks, {len(LAYOUTS)} layouts x {STEPS} steps: {time.time() - t0:.1f} s")
     for r in results:
         print(f"{r.layout:28s} loss {r.loss_diff:.1e} grad {r.grad_diff:.1e} weights {r.weight_diff:.1e}")

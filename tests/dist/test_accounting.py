@@ -13,6 +13,7 @@ N = 2
 P = param_counts(get_preset("debug")).total
 RING = (N - 1) / N
 ACCUMULATION = 2  # verify's runs: global batch 8 = micro-batch 2 x 2 micro-batches x 2 ranks
+B = 8  # bytes an element: verify's runs compute in float64 (shoal/train/parity.py)
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +31,10 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("zero,expected", [
-    ("zero=3", 16 * P / N),              # params, grads and AdamW state all sharded (4 + 4 + 8 bytes)
-    ("zero=2", 16 * P / N),              # FSDP2 re-shards parameters after backward: at rest like zero=3
-    ("zero=1", 4 * P + 4 * P + 8 * P / N),  # ZeRO-1: only the optimizer state sharded
-    ("zero=0", 16 * P),                  # plain replication
+    ("zero=3", 4 * B * P / N),            # params, grads and AdamW's two moments all sharded
+    ("zero=2", 4 * B * P / N),            # FSDP2 re-shards parameters after backward: at rest like zero=3
+    ("zero=1", 2 * B * P + 2 * B * P / N),  # ZeRO-1: only the optimizer state sharded
+    ("zero=0", 4 * B * P),                # plain replication
 ])
 def test_model_state_bytes(runs, zero, expected):
     assert runs[zero]["model_state_bytes"] == pytest.approx(expected, rel=0.05)
@@ -41,13 +42,13 @@ def test_model_state_bytes(runs, zero, expected):
 
 @pytest.mark.parametrize("zero,kind,expected", [
     # ZeRO-3 gathers for forward and again for backward, in every micro-batch
-    ("zero=3", "all_gather", 2 * ACCUMULATION * RING * 4 * P),
-    ("zero=3", "reduce_scatter", RING * 4 * P),    # gradients reduced once per step, not per micro-batch
-    ("zero=2", "all_gather", RING * 4 * P),        # gathered once, kept through every micro-batch
-    ("zero=2", "reduce_scatter", RING * 4 * P),
-    ("zero=1", "all_reduce", 2 * RING * 4 * P),    # DDP's gradient all-reduce
-    ("zero=1", "broadcast", RING * 4 * P),         # each rank broadcasts the parameters it updated
-    ("zero=0", "all_reduce", 2 * RING * 4 * P),
+    ("zero=3", "all_gather", 2 * ACCUMULATION * RING * B * P),
+    ("zero=3", "reduce_scatter", RING * B * P),    # gradients reduced once per step, not per micro-batch
+    ("zero=2", "all_gather", RING * B * P),        # gathered once, kept through every micro-batch
+    ("zero=2", "reduce_scatter", RING * B * P),
+    ("zero=1", "all_reduce", 2 * RING * B * P),    # DDP's gradient all-reduce
+    ("zero=1", "broadcast", RING * B * P),         # each rank broadcasts the parameters it updated
+    ("zero=0", "all_reduce", 2 * RING * B * P),
 ])
 def test_comm_bytes_match_ring_volumes(runs, zero, kind, expected):
     assert runs[zero]["comm_bytes"].get(kind, 0) == pytest.approx(expected, rel=0.05)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from shoal.model.analytics import activation_bytes, flops_per_token, param_counts
 from shoal.model.config import PRESETS, get_preset
@@ -115,6 +116,43 @@ def test_moe_aux_loss_reaches_router():
     (model(x) * 0).sum().backward()
     router = next(m for m in model.modules() if isinstance(m, MoE)).router
     assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
+
+
+def test_float64_is_not_rounded_to_fp32():
+    """`shoal verify` computes in float64 (shoal/train/parity.py). The norms, rotary embeddings, router
+    and loss upcast bf16 to fp32; a float64 input must keep its precision there, or fp32's rounding
+    (1e-8 here) comes back and training amplifies it past verify's tolerance."""
+    from shoal.model.precision import upcast
+    from shoal.model.transformer import RMSNorm, apply_rope, rope_tables
+    from shoal.train.parity import config_for, in_float64
+
+    with in_float64(config_for("train.precision=bf16", 1, 1)):  # bf16 runs as it trains
+        assert torch.get_default_dtype() == torch.float32
+    with in_float64(config_for(None, 1, 1)):
+        model = build_model(get_preset("debug-moe"), seed=0)
+    assert torch.get_default_dtype() == torch.float32 and {p.dtype for p in model.parameters()} == {torch.float64}
+
+    torch.manual_seed(0)
+    x_BTHE = torch.randn(2, 8, 4, 16, dtype=torch.float64)
+    norm = RMSNorm(16, eps=1e-5).double()
+    exact = x_BTHE * torch.rsqrt(x_BTHE.pow(2).mean(-1, keepdim=True) + 1e-5)
+    torch.testing.assert_close(norm(x_BTHE), exact, rtol=0, atol=1e-14)
+    rope = rope_tables(16, 8, 10000.0)
+    cos, sin = rope[0, :, None, :].double(), rope[1, :, None, :].double()
+    x1, x2 = x_BTHE.chunk(2, dim=-1)
+    torch.testing.assert_close(apply_rope(x_BTHE, rope), torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1),
+                               rtol=0, atol=1e-14)
+    logits_BTV, targets_BT = torch.randn(2, 8, 256, dtype=torch.float64), torch.randint(0, 256, (2, 8))
+    assert cross_entropy(logits_BTV, targets_BT).item() == F.cross_entropy(logits_BTV.flatten(0, 1),
+                                                                            targets_BT.flatten()).item()
+    moe = next(m for m in model.modules() if isinstance(m, MoE))
+    h_ND = torch.randn(16, model.cfg.dim, dtype=torch.float64)
+    weights_NK, experts_NK, _, aux = moe.route(h_ND)
+    probs_NE = torch.softmax(moe.router(h_ND), -1)
+    torch.testing.assert_close(weights_NK, probs_NE.gather(1, experts_NK) / probs_NE.gather(1, experts_NK).sum(-1, True),
+                               rtol=0, atol=1e-15)
+    assert aux.dtype == torch.float64
+    assert upcast(torch.ones(1, dtype=torch.bfloat16)).dtype == torch.float32  # bf16 still computes these in fp32
 
 
 @pytest.mark.parametrize("mode", ["selective", "selective-op", "full"])
