@@ -123,7 +123,8 @@ def test_float64_is_not_rounded_to_fp32():
     and loss upcast bf16 to fp32; a float64 input must keep its precision there, or fp32's rounding
     (1e-8 here) comes back and training amplifies it past verify's tolerance."""
     from shoal.model.precision import upcast
-    from shoal.model.transformer import RMSNorm, apply_rope, rope_tables
+    from shoal.model.rope import apply_rope, rope_tables
+    from shoal.model.transformer import RMSNorm
     from shoal.train.parity import config_for, in_float64
 
     with in_float64(config_for("train.precision=bf16", 1, 1)):  # bf16 runs as it trains
@@ -137,7 +138,7 @@ def test_float64_is_not_rounded_to_fp32():
     norm = RMSNorm(16, eps=1e-5).double()
     exact = x_BTHE * torch.rsqrt(x_BTHE.pow(2).mean(-1, keepdim=True) + 1e-5)
     torch.testing.assert_close(norm(x_BTHE), exact, rtol=0, atol=1e-14)
-    rope = rope_tables(16, 8, 10000.0)
+    rope = rope_tables(get_preset("debug").replace(max_seq_len=8))  # head size 16
     cos, sin = rope[0, :, None, :].double(), rope[1, :, None, :].double()
     x1, x2 = x_BTHE.chunk(2, dim=-1)
     torch.testing.assert_close(apply_rope(x_BTHE, rope), torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1),
