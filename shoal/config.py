@@ -18,7 +18,7 @@ from shoal.errors import UserError
 from shoal.files import read_toml
 from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, DILOCO_QUANTIZE, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
-from shoal.pretrained import model_of, open_pretrained
+from shoal.pretrained import model_of, open_pretrained, take_the_folder
 from shoal.rundir.folder import checkpoint_dir_problem
 
 # [model] takes a preset plus any ModelConfig field to override it; None means "the preset's value".
@@ -469,15 +469,12 @@ tensor parallelism splits it evenly, and the head's matmul keeps aligned shapes.
 
 
 def _follow_the_tokenizer(cfg: JobConfig, layer: dict) -> None:
-    """model.init_from is the model, and brings its tokenizer; without it, model.vocab_size follows the
-    tokenizer (rounded up to VOCAB_MULTIPLE) unless given. (Written into the config, so job.json and
-    run.json hold what the run used.)
+    """model.init_from is the model, and brings its tokenizer (pretrained.take_the_folder); without
+    it, model.vocab_size follows the tokenizer (rounded up to VOCAB_MULTIPLE) unless given. (Written
+    into the config, so job.json and run.json hold what the run used.)
 
     init_from replaces what an earlier source set (a recipe's preset, shape and tokenizer, under
-    `--set model.init_from=...`); set beside it or after it, a preset is refused, a shape field must
-    agree with the folder and data.tokenizer is the run's tokenizer."""
-    from shoal.data.tokenizer import load_tokenizer
-
+    `--set model.init_from=...`); what is set beside it or after it, the folder's rules judge."""
     def source(key: str) -> int:  # 0 the defaults, 1 the recipe, 2 the command line
         return min(layer.get(key, 0), 2)
 
@@ -487,19 +484,10 @@ def _follow_the_tokenizer(cfg: JobConfig, layer: dict) -> None:
             section, name = key.split(".")
             setattr(getattr(cfg, section), name, getattr(type(getattr(cfg, section))(), name))
             del layer[key]
-        if "model.preset" in layer:
-            raise UserError("model.preset", cfg.model.preset, f"model.init_from={cfg.model.init_from} is the model "
-                                                              "(its shape and weights); leave model.preset out")
-        pretrained = open_pretrained(cfg.model.init_from)
-        if "data.tokenizer" not in layer:
-            if not pretrained.tokenizer:
-                raise UserError("model.init_from", cfg.model.init_from, "holds no tokenizer.json: give the tokenizer "
-                                "the model was trained with (data.tokenizer=PATH/tokenizer.json), or data.tokenizer=byte")
-            cfg.data.tokenizer = pretrained.tokenizer
-        if (n := load_tokenizer(cfg.data.tokenizer).vocab_size) > pretrained.model.vocab_size:
-            raise UserError("data.tokenizer", cfg.data.tokenizer, f"has {n} tokens but model.init_from's model has "
-                            f"vocab_size={pretrained.model.vocab_size}; give the tokenizer it was trained with")
+        take_the_folder(cfg, given=layer.keys())
     elif cfg.data.tokenizer != "byte" and "model.vocab_size" not in layer:
+        from shoal.data.tokenizer import load_tokenizer
+
         cfg.model.vocab_size = -(-load_tokenizer(cfg.data.tokenizer).vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 

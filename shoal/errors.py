@@ -13,3 +13,9 @@ class UserError(Exception):
     def __init__(self, field: str, value: object, fix: str):
         self.field, self.value, self.fix = field, value, fix
         super().__init__(f"{field}={value!r}: {fix}")
+
+
+def first_line(e: Exception) -> str:
+    """An exception's message cut to its first line (at most 200 characters), for a one-line error."""
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.data.tokenizer_files import TOKENIZER
-from shoal.errors import UserError
+from shoal.errors import UserError, first_line
 from shoal.model.config import ModelConfig
 from shoal.model.hf_config import CONFIG as HF_CONFIG
 from shoal.model.hf_config import hf_config_to_model_config, read_hf_config
@@ -63,7 +63,7 @@ def read_saved_model(folder: Path) -> tuple[ModelConfig, str]:
     try:
         meta = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise damaged(f"{MODEL_CONFIG} is not readable JSON: {_first_line(e)}") from None
+        raise damaged(f"{MODEL_CONFIG} is not readable JSON: {first_line(e)}") from None
     if not (isinstance(meta, dict) and isinstance(meta.get("model"), dict) and isinstance(meta.get("tokenizer"), str)):
         raise damaged(f'{MODEL_CONFIG} is not {{"model": {{...}}, "tokenizer": "..."}}')
     known = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -75,11 +75,6 @@ def read_saved_model(folder: Path) -> tuple[ModelConfig, str]:
         raise damaged(f"{MODEL_CONFIG}: {e}") from None
     copied = folder / TOKENIZER
     return model, str(copied) if copied.is_file() else meta["tokenizer"]
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
 
 
 SHAPE_SET_BY_THE_FOLDER = tuple(f.name for f in dataclasses.fields(ModelConfig)
@@ -96,3 +91,25 @@ def model_of(pretrained: Pretrained, overrides: dict) -> ModelConfig:
                                                     f"{getattr(pretrained.model, name)!r}: the folder's weights "
                                                     "decide it; leave it out")
     return pretrained.model.replace(**overrides).validate()
+
+
+def take_the_folder(cfg, given) -> None:
+    """What model.init_from decides in a job config (`cfg`, a JobConfig), against the keys `given`
+    beside it or after it: a preset is refused (the folder is the model), shape fields must agree
+    (model_of, when the model is resolved), and the tokenizer is the folder's unless data.tokenizer
+    is given, never one with more tokens than the model's vocabulary."""
+    from shoal.data.tokenizer import load_tokenizer
+
+    folder = cfg.model.init_from
+    if "model.preset" in given:
+        raise UserError("model.preset", cfg.model.preset, f"model.init_from={folder} is the model (its shape and "
+                                                          "weights); leave model.preset out")
+    pretrained = open_pretrained(folder)
+    if "data.tokenizer" not in given:
+        if not pretrained.tokenizer:
+            raise UserError("model.init_from", folder, "holds no tokenizer.json: give the tokenizer the model was "
+                            "trained with (data.tokenizer=PATH/tokenizer.json), or data.tokenizer=byte")
+        cfg.data.tokenizer = pretrained.tokenizer
+    if (n := load_tokenizer(cfg.data.tokenizer).vocab_size) > pretrained.model.vocab_size:
+        raise UserError("data.tokenizer", cfg.data.tokenizer, f"has {n} tokens but model.init_from's model has "
+                        f"vocab_size={pretrained.model.vocab_size}; give the tokenizer it was trained with")

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from shoal.errors import UserError
 from shoal.model.hf import HFWeights, Index
 from shoal.model.transformer import build_model
-from shoal.pretrained import Pretrained
+from shoal.pretrained import open_pretrained
 from shoal.rundir.names import MODEL_WEIGHTS
 
 
@@ -62,8 +62,10 @@ class PretrainedWeights:
         return block
 
 
-def open_weights(pretrained: Pretrained, cfg) -> PretrainedWeights:
-    """The folder's weights, for the model `cfg` (the folder's, as the job resolved it)."""
+def open_weights(path: str, cfg) -> PretrainedWeights:
+    """The weights of the folder at `path` (model.init_from), for the model `cfg` (the folder's, as the
+    job resolved it)."""
+    pretrained = open_pretrained(path)
     if pretrained.kind == "shoal":
         return PretrainedWeights(pretrained.folder, ShoalWeights(pretrained.folder, cfg))
     try:

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_model
 
-from shoal.errors import UserError
+from shoal.errors import UserError, first_line
 from shoal.model.config import ModelConfig
 from shoal.model.transformer import Transformer, build_model
 from shoal.data.tokenizer_files import copy_tokenizer
@@ -51,7 +51,7 @@ def load_weights(path: Path, device: str = "cpu") -> tuple[Transformer, ModelCon
         with safe_open(str(directory / WEIGHTS), framework="pt") as f:
             stored = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     except Exception as e:  # safetensors raises its own error types for a truncated or garbled file
-        raise damaged(f"{WEIGHTS} cannot be read: {_first_line(e)}") from None
+        raise damaged(f"{WEIGHTS} cannot be read: {first_line(e)}") from None
     wrong = [n for n, shape in stored.items() if n in expected and expected[n] != shape]
     tied = {"tok_embeddings.weight", "output.weight"} if cfg.tie_embeddings else set()
     missing = [n for n in expected if n not in stored and not (n in tied and tied & stored.keys())]
@@ -62,13 +62,8 @@ def load_weights(path: Path, device: str = "cpu") -> tuple[Transformer, ModelCon
     try:
         load_model(model, str(directory / WEIGHTS), device=str(device))
     except Exception as e:
-        raise damaged(f"{WEIGHTS} cannot be loaded: {_first_line(e)}") from None
+        raise damaged(f"{WEIGHTS} cannot be loaded: {first_line(e)}") from None
     for name, p in model.named_parameters():  # flipped bytes in the data show up as nan/inf, or not at all
         if not torch.isfinite(p).all():
             raise damaged(f"{WEIGHTS} holds nan or inf in {name}")
     return model.eval(), cfg, tokenizer
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__

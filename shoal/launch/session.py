@@ -123,9 +123,8 @@ def prepare(cfg: JobConfig, o: Options):
     # 5b. A pretrained folder's tensors: every name and shape, from the files' headers alone.
     if cfg.model.init_from:
         from shoal.checkpoint.pretrained import open_weights
-        from shoal.pretrained import open_pretrained
 
-        open_weights(open_pretrained(cfg.model.init_from), job.model)
+        open_weights(cfg.model.init_from, job.model)
     # 6. The corpus, tokenized here, once, before any worker starts: data mistakes are one line from
     #    this process, and the workers find the cache. Under torchrun each rank builds its own.
     if not under_torchrun():

@@ -180,11 +180,6 @@ class HFWeights:
             return ("experts", "fused", [fused], which)
         return None
 
-    @property
-    def names(self) -> dict[str, tuple]:
-        """shoal name -> shape, of every tensor the model has."""
-        return dict(self.expected)
-
     def read(self, name: str, index: Index | None = None) -> torch.Tensor:
         """Tensor `name` (shoal's), or only its part `index`, as stored (the caller casts)."""
         index = index or tuple(slice(0, n) for n in self.expected[name])

@@ -129,9 +129,8 @@ def build_parallel_model(job: Job, rt: Runtime) -> ParallelModel:
     weights = None
     if job.cfg.model.init_from:
         from shoal.checkpoint.pretrained import open_weights
-        from shoal.pretrained import open_pretrained
 
-        weights = open_weights(open_pretrained(job.cfg.model.init_from), job.model)
+        weights = open_weights(job.cfg.model.init_from, job.model)
     return parallelize(model, job, rt.mesh, rt.expert_mesh, rt.device, loss_fn=cross_entropy, weights=weights)
 
 
