@@ -150,6 +150,8 @@ class TrainConfig:
     """Evaluate the held-out loss every this many steps (and at the end); 0 only at the end."""
     eval_batches: int = 4
     """Held-out batches (of global_batch sequences) per evaluation."""
+    sample_prompt: str = "def "
+    """The text the end-of-run sample continues."""
     sample_tokens: int = 200
     """Tokens of text generated at the end of a run (0: none)."""
     on_nonfinite: str = "stop"
@@ -162,7 +164,12 @@ class DataConfig:
     """What to train on."""
 
     path: str = "stdlib"
-    """`stdlib` (this Python's standard-library source), a file, a glob, a directory or a .jsonl file."""
+    """`stdlib` (this Python's standard-library source), a folder made by `shoal data prepare`, or raw
+    data: a file, a glob or a directory of text, JSONL, parquet or Arrow files, compressed or not
+    (docs/data.md)."""
+    mix: dict = field(default_factory=dict)
+    """A weighted mixture instead of data.path: a TOML table of data paths and weights, e.g.
+    `[data.mix]` with `"web" = 0.7` and `"code" = 0.3` (weights are relative)."""
     tokenizer: str = "byte"
     """`byte`, or the path of a Hugging Face tokenizers JSON file."""
     text_field: str = "text"
@@ -171,6 +178,10 @@ class DataConfig:
     """Where token shards are cached; empty: $SHOAL_CACHE_DIR/tokens or ~/.cache/shoal/tokens."""
     val_fraction: float = 0.01
     """Share of documents held out for the evaluation loss (chosen by a hash of their names)."""
+    document_mask: bool = False
+    """Attention stays inside each document of a packed sequence and positions restart at each one."""
+    repeat: bool = True
+    """A corpus that has given all its sequences starts another pass; false: the run ends there."""
 
 
 @dataclass
@@ -298,14 +309,12 @@ class JobConfig:
         _check(t.eval_batches > 0, "train.eval_batches", t.eval_batches, "must be a positive integer")
         _check(0 <= t.sample_tokens <= m.max_new_tokens, "train.sample_tokens", t.sample_tokens,
                f"must be from 0 (no sample) to the model's max_seq_len={m.max_new_tokens}")
+        _check(t.sample_prompt != "" or t.sample_tokens == 0, "train.sample_prompt", t.sample_prompt,
+               'the sample continues a text; give one (e.g. "def ") or set train.sample_tokens=0')
         p = self.parallel  # the layout's own rules (degrees, divisibility) live with the layout; these are signs
         for name in ("pp_microbatches", "pp_lighter_edges"):
             _check(getattr(p, name) >= 0, f"parallel.{name}", getattr(p, name), "must be >= 0 (see `shoal config`)")
-        d = self.data
-        for name in ("path", "tokenizer", "text_field"):
-            _check(getattr(d, name).strip() != "", f"data.{name}", getattr(d, name), "may not be empty (see `shoal config`)")
-        _check(_finite(d.val_fraction) and 0 < d.val_fraction < 1, "data.val_fraction", d.val_fraction,
-               "must be in (0, 1), e.g. 0.01: every run ends on an evaluation of the held-out share")
+        _check_data(self.data)
         p = self.parallel
         for problem in slow_link_setting_problems(p.topk_density, p.powersgd_rank, p.diloco_inner_steps,
                                                   p.diloco_overlap_steps):
@@ -333,6 +342,20 @@ class JobConfig:
         return self
 
 
+def _check_data(d: DataConfig) -> None:
+    for name in ("path", "tokenizer", "text_field"):
+        _check(getattr(d, name).strip() != "", f"data.{name}", getattr(d, name), "may not be empty (see `shoal config`)")
+    _check(_finite(d.val_fraction) and 0 < d.val_fraction < 1, "data.val_fraction", d.val_fraction,
+           "must be in (0, 1), e.g. 0.01: every run ends on an evaluation of the held-out share")
+    for path, weight in d.mix.items():
+        _check(path.strip() != "", "data.mix", d.mix, "a data path may not be empty")
+        _check(_finite(weight) and weight > 0, f"data.mix.{path}", weight,
+               "a weight must be a number > 0 (weights are relative: 0.7 and 0.3, or 7 and 3); leave out a "
+               "corpus rather than weighting it 0")
+    _check(not (d.mix and d.path != DataConfig.path), "data.mix", d.mix,
+           f"data.path={d.path!r} is set too; train on one or the other (put it in the mix)")
+
+
 FLOAT32_MAX = 3.4028234663852886e38
 MAX_SEED = 2**32 - 1  # numpy's and torch's seeds both take it; model init multiplies the seed, so no more
 # TOML and --set integers must fit the int64 the tensors and file formats hold them in.
@@ -353,7 +376,8 @@ def _field_kinds(section: str) -> dict[str, type]:
     if section == "model":
         defaults = {f.name: f.default for f in _MODEL_OVERRIDES} | {"preset": "tiny", "init_from": ""}
     else:
-        defaults = {f.name: f.default for f in fields(SECTIONS[section])}
+        defaults = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+                    for f in fields(SECTIONS[section])}
     return {name: type(value) for name, value in defaults.items()}
 
 
@@ -391,6 +415,13 @@ def _underflow_error(name: str, raw: str) -> UserError:
 def _convert(name: str, raw: Any, kind: type) -> Any:
     if isinstance(raw, _Underflow):
         raise _underflow_error(name, raw)
+    if kind is dict and isinstance(raw, str):  # --set data.mix='{"web" = 0.7, "code" = 0.3}'
+        import tomllib
+
+        try:
+            raw = tomllib.loads(f"value = {raw}", parse_float=_toml_float)["value"]
+        except tomllib.TOMLDecodeError:
+            raise UserError(name, raw, 'expected a TOML table, e.g. \'{"web" = 0.7, "code" = 0.3}\'') from None
     if isinstance(raw, str) and kind is not str:
         text = raw.strip().lower()
         if kind is bool:

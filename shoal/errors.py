@@ -14,6 +14,9 @@ class UserError(Exception):
         self.field, self.value, self.fix = field, value, fix
         super().__init__(f"{field}={value!r}: {fix}")
 
+    def __reduce__(self):  # raised in a worker process (shoal data prepare), re-raised in its parent
+        return UserError, (self.field, self.value, self.fix)
+
 
 def first_line(e: Exception) -> str:
     """An exception's message cut to its first line (at most 200 characters), for a one-line error."""

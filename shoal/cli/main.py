@@ -24,6 +24,7 @@ COMMANDS = {
     "doctor": "doctor",
     "run": "run",
     "ckpt": "ckpt",
+    "data": "data",
     "report": "report",
     "k8s": "k8s",
     "slurm": "slurm",

@@ -1,41 +1,65 @@
-"""Deterministic, resumable token batches, sharded by data-parallel rank.
+"""Deterministic, resumable token batches, sharded by data-parallel rank, from one corpus or a
+weighted mixture of several.
 
-The token stream is cut into non-overlapping chunks of seq_len tokens; a training sequence is
-the window of seq_len + 1 tokens starting at a chunk (inputs are its first seq_len tokens,
-targets the last seq_len). Chunks are visited in a seeded random order, reshuffled every epoch.
+Each corpus's token stream is cut into non-overlapping chunks of seq_len tokens; a training
+sequence is the window of seq_len + 1 tokens starting at a chunk (inputs are its first seq_len
+tokens, targets the last seq_len). A corpus's chunks are visited in a seeded random order
+(permutation.py), a new one every epoch.
 
-The global batch of step s is sequences [s*G, (s+1)*G) of that endless shuffled order. It depends
-only on (seed, step) and the corpus -- never on dp_size or micro_batch -- so one process and any
-number of data-parallel ranks train on exactly the same global batch, which is what makes loss
-parity between layouts testable. Rank r takes the r-th contiguous slice of G/dp_size sequences and
-cuts it into micro-batches:
+The global batch of step s is sequences [s*G, (s+1)*G) of that endless order. With a mixture,
+each sequence is first given to a corpus by stride scheduling: the next sequence goes to the corpus
+that is furthest behind its weight (the smallest (drawn + 1) / weight, ties to the first), so after
+any number of sequences each corpus's share is within one sequence of its weight. It depends only
+on (seed, step) and the corpora -- never on dp_size or micro_batch -- so one process and any number
+of data-parallel ranks train on exactly the same global batch, which is what makes loss parity
+between layouts testable. Rank r takes the r-th contiguous slice of G/dp_size sequences and cuts
+it into micro-batches:
 
     global batch (G = 8, dp_size = 2, micro_batch = 2)
     [ s0 s1 s2 s3 | s4 s5 s6 s7 ]
       rank 0        rank 1
      [s0 s1][s2 s3] [s4 s5][s6 s7]   <- micro-batches, in order
 
-The resumable state is one integer, the next step, so a run resumed even on a different number of
-ranks continues with the next global batch instead of repeating one.
+The resumable state is the next step and how many sequences each corpus gave, so a run resumed
+even on a different number of ranks continues with the next global batch instead of repeating one.
+
+With document masks (`documents=eos id`) a batch carries a third tensor: the index of the document
+each position belongs to within its sequence. Every eos opens a document (it is the separator that
+comes before a document's first token, as a BOS would), so each document predicts its own tokens
+and its closing eos from its own context only.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from shoal.data.permutation import permute, round_keys
+from shoal.data.stream import as_stream
 from shoal.errors import UserError
 
-Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), both int64 [micro_batch, seq_len]
+Batch = tuple[torch.Tensor, ...]  # (inputs, targets[, documents]), each int64 [micro_batch, seq_len]
+
+
+@dataclass
+class Part:
+    """One corpus of a mixture."""
+
+    name: str
+    """As the user wrote it (a data.mix key), for messages and metrics."""
+    tokens: object
+    """A TokenStream, or anything as_stream takes (a numpy array)."""
+    weight: float = 1.0
 
 
 class TokenLoader:
-    """Training batches from one token array (TokenCache.train)."""
+    """Training batches from a token stream (one corpus) or a list of Parts (a mixture)."""
 
     def __init__(
         self,
-        tokens: np.ndarray,
+        tokens,
         seq_len: int,
         global_batch: int,
         micro_batch: int,
@@ -44,66 +68,124 @@ class TokenLoader:
         seed: int = 0,
         *,
         source: str = "corpus",
+        documents: int | None = None,
+        repeat: bool = True,
     ):
-        """`source` only names the data in error messages (pass data.path)."""
+        """`source` names a single corpus in messages (pass data.path); `documents` is the eos id
+        when batches carry document indices (data.document_mask); `repeat=False` ends the data when a
+        corpus has given every chunk once (see exhausted)."""
         _check_positive("train.seq_len", seq_len)
         _check_positive("train.micro_batch", micro_batch)
         _check_multiple("train.global_batch", global_batch, micro_batch * dp_size,
                         f"micro_batch*dp_size = {micro_batch}*{dp_size}")
         assert 0 <= dp_rank < dp_size, (dp_rank, dp_size)
-        self.tokens, self.seq_len, self.seed = tokens, seq_len, seed
+        parts = tokens if isinstance(tokens, list) else [Part(source, tokens)]
+        self.parts = [Part(p.name, as_stream(p.tokens), p.weight) for p in parts]
+        self.seq_len, self.seed, self.documents, self.repeat = seq_len, seed, documents, repeat
         self.global_batch, self.micro_batch = global_batch, micro_batch
         self.dp_rank, self.dp_size = dp_rank, dp_size
-        self.n_chunks = _n_windows(tokens, seq_len, source, "corpus")
+        self.n_chunks = [_n_windows(p.tokens, seq_len, p.name, "corpus") for p in self.parts]
+        total = sum(p.weight for p in self.parts)
+        self.weights = [p.weight / total for p in self.parts]
         self.step = 0
-        self._perms: dict[int, np.ndarray] = {}
+        self.drawn = [0] * len(self.parts)
+        """Sequences each corpus has given so far."""
 
     @property
     def epoch(self) -> float:
-        """How many passes over the corpus the steps so far have made (for logging)."""
-        return self.step * self.global_batch / self.n_chunks
+        """Passes over the corpus the steps so far have made; with a mixture, the most of any corpus."""
+        return max(d / n for d, n in zip(self.drawn, self.n_chunks))
+
+    def exhausted(self) -> str | None:
+        """With repeat=False, which corpus the next step would start a second pass over, or None."""
+        if self.repeat:
+            return None
+        picks, ordinals, _ = self._plan()
+        over = [self.parts[i].name for i in set(picks.tolist()) if ordinals[picks == i].max() >= self.n_chunks[i]]
+        return over[0] if over else None
 
     def next_step(self) -> list[Batch]:
         """This rank's micro-batches of the next global batch; advances the step."""
+        picks, ordinals, drawn = self._plan()
         per_rank = self.global_batch // self.dp_size
-        first = self.step * self.global_batch + self.dp_rank * per_rank
-        chunks = self._chunks(np.arange(first, first + per_rank, dtype=np.int64))
-        self.step += 1
-        return _micro_batches(self.tokens, chunks * self.seq_len, self.seq_len, self.micro_batch)
+        mine = slice(self.dp_rank * per_rank, (self.dp_rank + 1) * per_rank)
+        windows = self._windows(picks[mine], ordinals[mine])
+        self.step, self.drawn = self.step + 1, drawn
+        return _micro_batches(windows, self.micro_batch, self.documents)
 
-    def _chunks(self, k: np.ndarray) -> np.ndarray:
-        """Chunk index of the k-th sequence of the endless shuffled order."""
-        epochs, pos = np.divmod(k, self.n_chunks)
-        out = np.empty_like(k)
+    def tokens_drawn(self) -> dict[str, int]:
+        """Training tokens each corpus has given so far (for the metrics of a mixture)."""
+        return {p.name: d * self.seq_len for p, d in zip(self.parts, self.drawn)}
+
+    def _plan(self) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """The next global batch: which corpus each sequence comes from, its ordinal in that corpus's
+        endless order, and the counts after it."""
+        picks, drawn = pick_sources(self.weights, self.drawn, self.global_batch)
+        ordinals = np.empty(self.global_batch, dtype=np.int64)
+        for i in range(len(self.parts)):
+            sel = picks == i
+            ordinals[sel] = self.drawn[i] + np.arange(int(sel.sum()))
+        return picks, ordinals, drawn
+
+    def _windows(self, picks: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
+        windows = np.empty((len(picks), self.seq_len + 1), dtype=np.int64)
+        for i in np.unique(picks):
+            sel = picks == i
+            chunks = self._chunks(int(i), ordinals[sel])
+            windows[sel] = self.parts[i].tokens.windows(chunks * self.seq_len, self.seq_len + 1)
+        return windows
+
+    def _chunks(self, part: int, ordinals: np.ndarray) -> np.ndarray:
+        """Chunk index of each ordinal in the part's endless shuffled order."""
+        n = self.n_chunks[part]
+        epochs, pos = np.divmod(ordinals, n)
+        out = np.empty_like(ordinals)
         for e in np.unique(epochs):  # one or two epochs per step, unless the corpus is tiny
-            mask = epochs == e
-            out[mask] = self._perm(int(e))[pos[mask]]
+            sel = epochs == e
+            out[sel] = permute(pos[sel], n, round_keys(self.seed, int(e), part))
         return out
 
-    def _perm(self, epoch: int) -> np.ndarray:
-        if epoch not in self._perms:
-            # Keep only recent epochs: steps move forward, so older permutations are never needed again.
-            self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
-            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.n_chunks)
-        return self._perms[epoch]
+    def state_dict(self) -> dict:
+        # seed, n_chunks and sources are saved only to notice a changed setup on resume.
+        return {"step": self.step, "seed": self.seed, "n_chunks": self.n_chunks, "drawn": list(self.drawn),
+                "sources": [p.name for p in self.parts]}
 
-    def state_dict(self) -> dict[str, int]:
-        # seed and n_chunks are saved only to notice a changed setup on resume.
-        return {"step": self.step, "seed": self.seed, "n_chunks": self.n_chunks}
-
-    def load_state_dict(self, state: dict[str, int]) -> str | None:
+    def load_state_dict(self, state: dict) -> str | None:
         """Take the saved position; returns what changed since it was saved (the caller, which knows
         which rank speaks, reports it), or None."""
         self.step = int(state["step"])
-        if state.get("seed", self.seed) != self.seed or state.get("n_chunks", self.n_chunks) != self.n_chunks:
-            return (f"data loader state was saved with seed={state.get('seed')} and {state.get('n_chunks')} "
+        names = [p.name for p in self.parts]
+        saved_chunks = state.get("n_chunks", self.n_chunks)
+        saved_chunks = saved_chunks if isinstance(saved_chunks, list) else [saved_chunks]
+        if state.get("sources", names) == names and len(state.get("drawn", names)) == len(names):
+            # a state saved before mixtures existed has no counts: its one corpus gave every sequence
+            self.drawn = [int(d) for d in state.get("drawn", [self.step * self.global_batch])]
+        else:  # another mixture than the one saved: take its shares from here on
+            self.drawn = [int(self.step * self.global_batch * w) for w in self.weights]
+            return (f"data loader state was saved for the corpora {state.get('sources')}, now {names}: batches "
+                    "after resume differ from the original run")
+        if state.get("seed", self.seed) != self.seed or saved_chunks != self.n_chunks:
+            return (f"data loader state was saved with seed={state.get('seed')} and {saved_chunks} "
                     f"sequences per epoch, now seed={self.seed} and {self.n_chunks}: the corpus, seq_len or seed "
                     "changed, so batches after resume differ from the original run")
         return None
 
 
+def pick_sources(weights: list[float], drawn: list[int], k: int) -> tuple[np.ndarray, list[int]]:
+    """Stride scheduling: the corpus of each of the next k sequences, and the counts after them."""
+    counts = list(drawn)
+    if len(weights) == 1:
+        return np.zeros(k, dtype=np.int64), [counts[0] + k]
+    picks = np.empty(k, dtype=np.int64)
+    for s in range(k):
+        i = min(range(len(weights)), key=lambda j: ((counts[j] + 1) / weights[j], j))
+        counts[i] += 1
+        picks[s] = i
+    return picks, counts
+
+
 def eval_batches(
-    tokens: np.ndarray,
+    tokens,
     seq_len: int,
     batch: int,
     n_batches: int,
@@ -111,37 +193,52 @@ def eval_batches(
     dp_size: int = 1,
     *,
     source: str = "corpus",
+    documents: int | None = None,
 ) -> list[Batch]:
     """A fixed set of n_batches held-out batches (the same on every call), each of `batch`
-    sequences globally of which this rank gets the r-th slice of batch/dp_size.
+    sequences globally of which this rank gets the r-th slice of batch/dp_size. With a mixture
+    (a list of Parts holding held-out streams), the sequences are shared out by weight as in training.
 
-    Windows are spread evenly over the whole split rather than drawn at random, so the eval loss
-    covers all of it and needs no seed.
+    Each corpus's windows are spread evenly over its whole split rather than drawn at random, so
+    the eval loss covers all of it and needs no seed.
     """
     _check_positive("train.seq_len", seq_len)
     _check_multiple("eval.batch", batch, dp_size, "dp_size")
     assert 0 <= dp_rank < dp_size, (dp_rank, dp_size)
-    n = _n_windows(tokens, seq_len, source, "held-out split")
+    parts = tokens if isinstance(tokens, list) else [Part(source, tokens)]
+    streams = [as_stream(p.tokens) for p in parts]
     total = batch * n_batches
-    # floor(i * n / total) is evenly spaced when there are enough windows; otherwise repeat them.
-    chunks = (np.arange(total, dtype=np.int64) * n) // total if total <= n else np.arange(total, dtype=np.int64) % n
+    picks, counts = pick_sources([p.weight for p in parts], [0] * len(parts), total)
+    starts = np.empty(total, dtype=np.int64)
+    for i, (part, stream) in enumerate(zip(parts, streams)):
+        n, m = _n_windows(stream, seq_len, part.name, "held-out split"), counts[i]
+        # floor(j * n / m) is evenly spaced when there are enough windows; otherwise repeat them.
+        j = np.arange(m, dtype=np.int64)
+        starts[picks == i] = ((j * n) // m if m <= n else j % n) * seq_len
     per_rank = batch // dp_size
     out = []
     for b in range(n_batches):
         first = b * batch + dp_rank * per_rank
-        out += _micro_batches(tokens, chunks[first:first + per_rank] * seq_len, seq_len, per_rank)
+        sel = slice(first, first + per_rank)
+        windows = np.empty((per_rank, seq_len + 1), dtype=np.int64)
+        for i in np.unique(picks[sel]):
+            rows = picks[sel] == i
+            windows[rows] = streams[i].windows(starts[sel][rows], seq_len + 1)
+        out += _micro_batches(windows, per_rank, documents)
     return out
 
 
-def _micro_batches(tokens: np.ndarray, starts: np.ndarray, seq_len: int, micro_batch: int) -> list[Batch]:
-    # One gather for the whole rank's share; fancy indexing also works on a memmap.
-    windows = tokens[starts[:, None] + np.arange(seq_len + 1)]  # [n, seq_len + 1]
-    windows = torch.from_numpy(windows.astype(np.int64))
+def _micro_batches(windows: np.ndarray, micro_batch: int, documents: int | None) -> list[Batch]:
+    windows = torch.from_numpy(windows.astype(np.int64, copy=False))
     # contiguous: a shifted view has gaps, and the model may .view() its input
-    return [(w[:, :-1].contiguous(), w[:, 1:].contiguous()) for w in windows.split(micro_batch)]
+    inputs, targets = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+    if documents is None:
+        return list(zip(inputs.split(micro_batch), targets.split(micro_batch)))
+    docs = torch.cumsum(inputs == documents, dim=1)  # each eos opens the next document
+    return list(zip(inputs.split(micro_batch), targets.split(micro_batch), docs.split(micro_batch)))
 
 
-def _n_windows(tokens: np.ndarray, seq_len: int, source: str, what: str) -> int:
+def _n_windows(tokens, seq_len: int, source: str, what: str) -> int:
     """How many windows of seq_len + 1 tokens start at multiples of seq_len."""
     n = (len(tokens) - 1) // seq_len
     if n < 1:

@@ -130,14 +130,16 @@ def prepare(cfg: JobConfig, o: Options):
     if not under_torchrun():
         from shoal.train.trainer import build_data
 
-        build_data(job)
+        if ran_out := build_data(job).loader.exhausted():
+            raise UserError("data.repeat", False, f"{ran_out} holds fewer sequences of train.seq_len tokens than one "
+                                                  "global batch; set data.repeat=true or use more data")
     if job.cfg.train.compile:
         _check_compiler()
     # 7. The output folder: its checks create nothing until they pass, then the lock (one live run
     #    per folder), then what needs the lock: whether the checkpoints there can be resumed.
     out = _out(o)
     made = missing_parts(out)  # what a refusal below must take away again
-    out = check_out(str(out), _corpus_folder(job.cfg))
+    out = check_out(str(out), _corpus_folders(job.cfg))
     holder = (nodes is None or nodes.node_rank == 0) and claim(out)  # node 0 holds a multi-node run's lock
     try:
         session = Session(job, out, o, nodes)
@@ -215,10 +217,11 @@ def _check_resume(session: Session) -> None:
         check_resume(session.job.cfg, folder if group == 0 else check_out(str(folder)), session.options.resume)
 
 
-def _corpus_folder(cfg: JobConfig) -> str:
+def _corpus_folders(cfg: JobConfig) -> tuple[str, ...]:
+    from shoal.data.corpus import data_paths
     from shoal.data.sources import STDLIB
 
-    return "" if cfg.data.path == STDLIB else cfg.data.path
+    return tuple(p for p in data_paths(cfg.data) if p != STDLIB)
 
 
 def _check_compiler() -> None:

@@ -61,9 +61,13 @@ def rope_tables(cfg: ModelConfig, device=None) -> torch.Tensor:
 
 
 def apply_rope(x_BTHE: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate the two halves of each head (the Hugging Face Llama layout, so weights load as-is)."""
+    """Rotate the two halves of each head (the Hugging Face Llama layout, so weights load as-is).
+    `rope`: the table [2, max_seq_len, E/2] (positions 0..T-1), or one row per position [2, B, T, E/2]."""
     T = x_BTHE.shape[1]
-    cos, sin = rope[0, :T, None, :], rope[1, :T, None, :]  # [T, 1, E/2]
+    if rope.dim() == 4:  # positions that restart per document
+        cos, sin = rope[0, :, :, None, :], rope[1, :, :, None, :]  # [B, T, 1, E/2]
+    else:
+        cos, sin = rope[0, :T, None, :], rope[1, :T, None, :]  # [T, 1, E/2]
     x1, x2 = upcast(x_BTHE).chunk(2, dim=-1)
     rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     return rotated.type_as(x_BTHE)

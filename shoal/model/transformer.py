@@ -50,7 +50,9 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(E, cfg.norm_eps) if cfg.qk_norm else None
         self.window = cfg.sliding_window
 
-    def forward(self, x_BTD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_BTD: torch.Tensor, rope: torch.Tensor, mask_B1TT: torch.Tensor | None = None) -> torch.Tensor:
+        """`mask_B1TT`: which keys each query may see, when documents are masked (document_attention);
+        None: causal, with the sliding window if the model has one."""
         B, T, _ = x_BTD.shape
         # -1, not n_heads: under tensor parallelism each rank holds only its share of the heads.
         q_BTHE = self.wq(x_BTD).view(B, T, -1, self.head_size)
@@ -61,7 +63,8 @@ class Attention(nn.Module):
         q_BTHE, k_BTKE = apply_rope(q_BTHE, rope), apply_rope(k_BTKE, rope)
         out_BHTE = F.scaled_dot_product_attention(
             q_BTHE.transpose(1, 2), k_BTKE.transpose(1, 2), v_BTKE.transpose(1, 2),
-            **causal(T, self.window, x_BTD.device), enable_gqa=q_BTHE.shape[2] != k_BTKE.shape[2],
+            **(causal(T, self.window, x_BTD.device) if mask_B1TT is None else {"attn_mask": mask_B1TT}),
+            enable_gqa=q_BTHE.shape[2] != k_BTKE.shape[2],
         )
         return self.wo(out_BHTE.transpose(1, 2).reshape(B, T, -1))
 
@@ -76,6 +79,25 @@ def causal(T: int, window: int, device) -> dict:
     return {"attn_mask": (offset_TT >= 0) & (offset_TT < window)}
 
 
+def document_attention(documents_BT: torch.Tensor, rope: torch.Tensor, window: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """For packed sequences: (rotary table per position, attention mask) that keep each document to
+    itself. `documents_BT` numbers the document of each position (the loader's third tensor);
+    positions restart at 0 where a document starts, and a query sees the keys of its own document
+    at or before it (within the sliding window, if any). The result is what each document would give
+    run alone (tests/unit/test_model.py checks it)."""
+    B, T = documents_BT.shape
+    i = torch.arange(T, device=documents_BT.device)
+    starts = torch.ones_like(documents_BT, dtype=torch.bool)
+    starts[:, 1:] = documents_BT[:, 1:] != documents_BT[:, :-1]
+    first_BT = torch.where(starts, i, 0).cummax(dim=1).values
+    positions_BT = i - first_BT
+    offset_TT = i[:, None] - i[None, :]
+    allowed_TT = (offset_TT >= 0) & (offset_TT < window) if window else offset_TT >= 0
+    mask_B1TT = (documents_BT[:, None, :, None] == documents_BT[:, None, None, :]) & allowed_TT
+    return rope[:, positions_BT], mask_B1TT
+
+
 class TransformerBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -85,8 +107,8 @@ class TransformerBlock(nn.Module):
         self.is_moe = cfg.is_moe_layer(layer)
         self.feed_forward = MoE(cfg) if self.is_moe else FeedForward(cfg.dim, cfg.ffn_hidden, cfg.mlp)
 
-    def forward(self, x_BTD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h_BTD = x_BTD + self.attention(self.attention_norm(x_BTD), rope)
+    def forward(self, x_BTD: torch.Tensor, rope: torch.Tensor, mask_B1TT: torch.Tensor | None = None) -> torch.Tensor:
+        h_BTD = x_BTD + self.attention(self.attention_norm(x_BTD), rope, mask_B1TT)
         return h_BTD + self.feed_forward(self.ffn_norm(h_BTD))
 
 
@@ -102,14 +124,23 @@ class Transformer(nn.Module):
         # Not persistent: derived from the config, and rebuilt by init_weights after meta-device construction.
         self.register_buffer("rope", rope_tables(cfg), persistent=False)
 
-    def forward(self, tokens_or_h: torch.Tensor) -> torch.Tensor:
-        """Token ids [B, T] -> logits [B, T, V]; on a pipeline stage, hidden states in or out."""
+    def forward(self, tokens_or_h: torch.Tensor, documents_BT: torch.Tensor | None = None):
+        """Token ids [B, T] -> logits [B, T, V]; on a pipeline stage, hidden states in or out.
+
+        documents_BT: the document of each position of packed sequences (data.document_mask); a
+        pipeline stage without the output head then passes it on beside its hidden states, since the
+        next stage needs it too."""
         h_BTD = self.tok_embeddings(tokens_or_h) if self.tok_embeddings is not None else tokens_or_h
+        rope, mask_B1TT = self.rope, None
+        if documents_BT is not None:
+            rope, mask_B1TT = document_attention(documents_BT, self.rope, self.cfg.sliding_window)
         for layer in self.layers.values():
-            h_BTD = layer(h_BTD, self.rope)
+            h_BTD = layer(h_BTD, rope, mask_B1TT)
         if self.norm is not None:
             h_BTD = self.norm(h_BTD)
-        return self.output(h_BTD) if self.output is not None else h_BTD
+        if self.output is not None:
+            return self.output(h_BTD)
+        return h_BTD if documents_BT is None else (h_BTD, documents_BT)
 
     def tie_weights(self) -> None:
         """With tied embeddings the head uses the embedding's parameter. Called again after anything

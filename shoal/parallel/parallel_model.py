@@ -20,7 +20,8 @@ from shoal.model.moe import MoE
 from shoal.model.precision import upcast
 from shoal.model.transformer import cross_entropy
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[torch.Tensor, ...]
+"""(inputs, targets[, documents]): the documents tensor only with data.document_mask (data/loader.py)."""
 
 
 @dataclass
@@ -67,12 +68,12 @@ class ParallelModel:
         Gradients end up averaged over the micro-batches and reduced over data-parallel ranks."""
         with self._compute():
             if self.schedule is not None:  # the schedule divides gradients by the micro-batch count
-                total = self._run_schedule("step", torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))
+                total = self._run_schedule("step", *(torch.cat(parts) for parts in zip(*batches)))
             else:
                 model, total, n = self.modules[0], torch.zeros((), device=self.device), len(batches)
-                for i, (inputs, targets) in enumerate(batches):
+                for i, (inputs, targets, *documents) in enumerate(batches):
                     with self._reduce_gradients(model, last=i == n - 1):
-                        loss = cross_entropy(model(inputs.to(self.device)), targets.to(self.device)) / n
+                        loss = cross_entropy(model(*self._on_device(inputs, *documents)), targets.to(self.device)) / n
                         loss.backward()
                     total += _scalar(loss)
         _sum_partial_gradients(self.parameters())
@@ -85,12 +86,13 @@ class ParallelModel:
             m.eval()
         losses = []
         with self._compute():
-            for inputs, targets in batches:
+            for batch in batches:
                 if self.schedule is not None:
-                    losses.append(self._run_schedule("eval", inputs, targets))
+                    losses.append(self._run_schedule("eval", *batch))
                     continue
-                for x, y in zip(inputs.split(micro_batch), targets.split(micro_batch)):  # bounded memory
-                    losses.append(_scalar(cross_entropy(self.modules[0](x.to(self.device)), y.to(self.device))))
+                for inputs, targets, *documents in zip(*(t.split(micro_batch) for t in batch)):  # bounded memory
+                    logits = self.modules[0](*self._on_device(inputs, *documents))
+                    losses.append(_scalar(cross_entropy(logits, targets.to(self.device))))
         for m in self.modules:
             m.train()
         return torch.stack(losses).mean()
@@ -123,15 +125,21 @@ class ParallelModel:
                 model.set_reshard_after_backward(last)
         return nullcontext()
 
-    def _run_schedule(self, method: str, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """One pipeline step (or forward-only pass) over the local batch; mean loss on the last stage."""
+    def _on_device(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        return [t.to(self.device) for t in tensors]
+
+    def _run_schedule(self, method: str, inputs: torch.Tensor, targets: torch.Tensor,
+                      *documents: torch.Tensor) -> torch.Tensor:
+        """One pipeline step (or forward-only pass) over the local batch; mean loss on the last stage.
+        The first stage takes the documents tensor beside the tokens and each stage passes it on."""
         losses: list = []
         run = getattr(self.schedule, method)
         inputs, targets = inputs.to(self.device), targets.to(self.device)
+        first = self._on_device(inputs, *documents)
         if self.has_first_stage and self.has_last_stage:
-            run(inputs, target=targets, losses=losses)
+            run(*first, target=targets, losses=losses)
         elif self.has_first_stage:
-            run(inputs)
+            run(*first)
         elif self.has_last_stage:
             run(target=targets, losses=losses)
         else:

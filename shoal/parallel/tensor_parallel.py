@@ -67,7 +67,8 @@ def block_plan(sequence_parallel: bool, qk_norm: bool = False, kv_heads_per_rank
     kv = ReplicatedKVHeads(*kv_heads_per_rank) if kv_heads_per_rank else None
     plan = {
         # The block input arrives as the local sequence slice; gather it for the attention matmuls.
-        "attention": PrepareModuleInput(input_layouts=(residual, None), desired_input_layouts=(Replicate(), None)),
+        "attention": PrepareModuleInput(input_layouts=(residual, None, None),  # x, rope, document mask
+                                       desired_input_layouts=(Replicate(), None, None)),
         "attention.wq": ColwiseParallel(),
         "attention.wk": kv or ColwiseParallel(),
         "attention.wv": kv or ColwiseParallel(),

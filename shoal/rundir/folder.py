@@ -45,7 +45,7 @@ def default_out(recipe: str | None) -> Path:
     return out
 
 
-def check_out(out: str, corpus: str = "") -> Path:
+def check_out(out: str, corpora: tuple[str, ...] = ()) -> Path:
     """`--out` mistakes, found before anything is built: empty, a file, under a file, not creatable,
     a folder shoal wrote that is not a run (a checkpoint, a saved model, a checkpoint root), or a
     folder inside the corpus folder `corpus`, whose next run would read this one's metrics as text,
@@ -65,10 +65,11 @@ def check_out(out: str, corpus: str = "") -> Path:
         if (path / name).exists() and not (path / name).is_file():
             raise UserError("--out", out, f"holds {name} as a {'folder' if (path / name).is_dir() else 'special file'}"
                                           f", where a run keeps a file; remove {path / name} or pick another --out")
-    real = os.path.realpath(os.path.expanduser(corpus)) if corpus else ""
-    if real and os.path.isdir(real) and Path(os.path.realpath(out)).is_relative_to(real):
-        raise UserError("--out", out, f"lies inside data.path={corpus}, so the next run would train on this one's "
-                                      "outputs (metrics.jsonl); pick an --out outside the corpus")
+    for corpus in corpora:
+        real = os.path.realpath(os.path.expanduser(corpus))
+        if os.path.isdir(real) and Path(os.path.realpath(out)).is_relative_to(real):
+            raise UserError("--out", out, f"lies inside the corpus {corpus}, so the next run would train on this "
+                                          "one's outputs (metrics.jsonl); pick an --out outside the corpus")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:

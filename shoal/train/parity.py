@@ -92,10 +92,10 @@ def config_for(layout: str | None, nproc: int, steps: int, global_batch: int | N
 
 
 def reference_of(layout: str, nproc: int) -> str:
-    """The one-process run a layout is compared with: the same model (its preset and every model.*
-    field the layout sets), on one rank."""
-    model = [o for o in layout_overrides(layout, nproc) if o.startswith("model.")]
-    return ",".join([*model, "dp_shard=1"])
+    """The one-process run a layout is compared with: the same model and data (its preset and every
+    model.* and data.* field the layout sets, e.g. data.document_mask), on one rank."""
+    same = [o for o in layout_overrides(layout, nproc) if o.startswith(("model.", "data."))]
+    return ",".join([*same, "dp_shard=1"])
 
 
 @contextmanager

@@ -15,8 +15,8 @@ from shoal.checkpoint.checkpointer import Checkpointer
 from shoal.checkpoint.choose import checkpoint_root
 from shoal.checkpoint.final_export import write_final_weights
 from shoal.config import JobConfig
-from shoal.data.loader import TokenLoader, eval_batches
-from shoal.data.shards import load_data
+from shoal.data.corpus import load_data
+from shoal.data.loader import Part, TokenLoader, eval_batches
 from shoal.debug.memory_snapshot import MemorySnapshot
 from shoal.hardware.peak import Peak, job_peak
 from shoal.job import Job, resolve
@@ -71,13 +71,15 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     step = TrainStep(job, rt, pm, optimizer, data.loader, replicas, outputs.guard, start=start,
                      step_flops=step_flops(job), peak_flops=peak.flops, plan=plan)
     started, eval_loss, row = time.perf_counter(), math.nan, {}
-    while step.done < t.steps:
+    # data.repeat=false ends the run where a corpus runs out: every rank sees it after the same step
+    while step.done < t.steps and not data.loader.exhausted():
         if (done := step()) is None:
             continue  # a replica group died mid-step: nobody stepped, the step is redone
-        row = step.row(done)
-        if (t.eval_every and done.step % t.eval_every == 0) or done.step == t.steps:
+        last = done.step == t.steps or data.loader.exhausted() is not None
+        row = step.row(done) | data.metrics()
+        if (t.eval_every and done.step % t.eval_every == 0) or last:
             row["eval_loss"] = eval_loss = evaluate(pm, data, job, rt, outputs.guard, done.step)
-        stopping = done.step < t.steps and preempt.agreed(rt)  # SIGTERM on any rank: all stop after this step
+        stopping = not last and preempt.agreed(rt)  # SIGTERM on any rank: all stop after this step
         outputs.keep(row, pm.parameters(), stopping=stopping)
         if stopping:
             outputs.close()
@@ -93,7 +95,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     if show and rt.is_main:
         print_summary(summary)
         if t.sample_tokens:
-            show_sample(out / MODEL, data.tokenizer, t.sample_tokens, t.seed)
+            show_sample(out / MODEL, data.tokenizer, t.sample_tokens, t.seed, t.sample_prompt)
     if not keep_process_group:
         shutdown()
     return summary
@@ -105,19 +107,27 @@ class Data:
     loader: TokenLoader
     eval_set: list[Batch]
 
+    def metrics(self) -> dict:
+        """With a mixture, the training tokens each corpus has given so far (metrics.jsonl, the report)."""
+        drawn = self.loader.tokens_drawn()
+        return {"tokens_by_source": drawn} if len(drawn) > 1 else {}
+
 
 def build_data(job: Job, dp_rank: int = 0, dp_size: int = 1) -> Data:
-    cfg = job.cfg
-    tokenizer, cache = load_data(cfg.data, job.model.vocab_size)
-    t, src = cfg.train, cfg.data.path
+    cfg, d = job.cfg, job.cfg.data
+    tokenizer, corpora = load_data(d, job.model.vocab_size)
+    t = cfg.train
     # Replica groups each train their share of the whole batch: group g is the g-th block of dp ranks.
     place = replica_place()
     group, groups = (place.group, place.groups) if place else (0, 1)
     batch = t.global_batch * groups
-    loader = TokenLoader(cache.train, t.seq_len, batch, job.layout.micro_batch, group * dp_size + dp_rank,
-                         groups * dp_size, t.seed, source=src)
+    documents = tokenizer.eos_id if d.document_mask else None
+    loader = TokenLoader([Part(c.name, c.train, c.weight) for c in corpora], t.seq_len, batch,
+                         job.layout.micro_batch, group * dp_size + dp_rank, groups * dp_size, t.seed,
+                         documents=documents, repeat=d.repeat)
     # Evaluation batches hold the whole batch's sequences, so every layout evaluates the same text.
-    eval_set = eval_batches(cache.val, t.seq_len, batch, t.eval_batches, dp_rank, dp_size, source=src)
+    eval_set = eval_batches([Part(c.name, c.val, c.weight) for c in corpora], t.seq_len, batch, t.eval_batches,
+                            dp_rank, dp_size, documents=documents)
     return Data(tokenizer, loader, eval_set)
 
 
@@ -186,7 +196,9 @@ def run_summary(job: Job, rt: Runtime, pm: ParallelModel, row: dict, eval_loss: 
     t = job.cfg.train
     which = f"median, without {steady.warmup} warm-up steps" if steady.warmup else "median of all steps"
     peak_mem, mfu = peak_mem_bytes(rt.device), math.nan if steady.mfu is None else steady.mfu  # None: no step here
-    summary = {"steps": t.steps, "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
+    done = row.get("step", t.steps)  # fewer where data.repeat=false ended the run at the end of a corpus
+    summary = {"steps": t.steps if done == t.steps else f"{done} of {t.steps} (a corpus ran out, data.repeat=false)",
+               "final loss": row.get("loss"), "eval loss": eval_loss, "tokens": tokens_seen,
                "time (s)": elapsed, f"tokens/s ({which})": steady.tokens_per_s,
                "step time (s, same steps)": steady.step_time_s,
                f"MFU (model FLOPs, same steps, vs {peak.label})": mfu,
@@ -202,7 +214,7 @@ def run_summary(job: Job, rt: Runtime, pm: ParallelModel, row: dict, eval_loss: 
 SAMPLE_MAX_BYTES = 2e9
 
 
-def show_sample(model_dir: Path, tokenizer, n_tokens: int, seed: int, prompt: str = "def ") -> None:
+def show_sample(model_dir: Path, tokenizer, n_tokens: int, seed: int, prompt: str) -> None:
     """Sample from the weights just written, on rank 0's CPU: a whole model in one process, so only
     for models up to SAMPLE_MAX_BYTES (larger ones would not fit beside training, or take too long)."""
     from shoal.checkpoint.weights import load_weights

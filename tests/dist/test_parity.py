@@ -18,23 +18,29 @@ def _rows(stdout: str) -> dict[str, tuple[float, bool]]:
 
 
 def test_composed_layouts_on_four_ranks(tmp_path):
+    # Packed short documents with document masks: every window holds several, and the pipeline
+    # stages pass the document indices on (an interleaved schedule, with experts, and TP x PP).
+    docs = tmp_path / "short.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"doc {i}: " + "word " * (i % 17)}) + "\n" for i in range(2000)))
+    masked = f"data.path={docs},data.document_mask=true"
     layouts = (
         "tp=2,pp=2;tp=2,dp_shard=2,zero=2;dp_replicate=2,dp_shard=2,zero=3;model=debug-moe,ep=2,dp_shard=4,zero=3;"
         "model=debug-moe,ep=2,dp_shard=2,pp=2,pp_schedule=gpipe;pp=2,dp_shard=2,zero=3,pp_schedule=zero-bubble;"
         "pp=2,dp_shard=2,zero=1,pp_schedule=gpipe;tp=2,dp_shard=2,zero=1;"
         # another rank order: the same groups' arithmetic, other ranks in each (DP, then PP, innermost)
-        "tp=2,dp_shard=2,zero=2,rank_order=dp-tp-pp;pp=2,dp_shard=2,zero=3,pp_schedule=gpipe,rank_order=pp-dp-tp")
-    r = shoal_cli("verify", "--nproc", "4", "--steps", "3", "--layouts", layouts, "--out", str(tmp_path), "--json",
-                  timeout=540)
+        "tp=2,dp_shard=2,zero=2,rank_order=dp-tp-pp;pp=2,dp_shard=2,zero=3,pp_schedule=gpipe,rank_order=pp-dp-tp;"
+        f"tp=2,pp=2,{masked};model=debug-moe,ep=2,dp_shard=2,pp=2,pp_schedule=interleaved-1f1b,{masked}")
+    r = shoal_cli("verify", "--nproc", "4", "--steps", "3", "--layouts", layouts, "--out", str(tmp_path / "runs"),
+                  "--json", timeout=540)
     rows = _rows(r.stdout)
-    assert r.returncode == 0 and len(rows) == 10, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0 and len(rows) == 12, r.stdout[-3000:] + r.stderr[-3000:]
     assert all(passed for _, passed in rows.values()), r.stdout
     # Verify computes in float64: what is left is rounding, ~1e-15 here (fp32 left 1e-7 to 1e-6 and,
     # over 10 steps of tiny-moe on 4 ranks, up to 6.6e-4 for expert parallelism).
     assert all(diff <= 1e-9 for diff, _ in rows.values()), r.stdout
     # four ranks on (here) two cores: MFU is against the cores the job has, not four ranks' worth
-    mfus = [r["mfu"] for run in tmp_path.glob("layout*") for r in read_rows(run)]
-    assert len(mfus) == 10 * 3 and all(0 < m <= 1 for m in mfus), mfus
+    mfus = [r["mfu"] for run in (tmp_path / "runs").glob("layout*") for r in read_rows(run)]
+    assert len(mfus) == 12 * 3 and all(0 < m <= 1 for m in mfus), mfus
 
 
 # A bug injected into the parallel workers only (WORLD_SIZE > 1; the reference runs in the launching

@@ -16,6 +16,7 @@ import struct
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shoal.checkpoint import store
@@ -337,7 +338,7 @@ def _data_case(kind: str, root: Path) -> tuple[list[str], str]:
     if kind == "no_text_files":
         (root / "imgs").mkdir()
         (root / "imgs" / "a.png").write_bytes(b"\x89PNG")
-        return [f"data.path={root / 'imgs'}"], "no text files"
+        return [f"data.path={root / 'imgs'}"], "no text or data files"
     if kind == "glob_nothing":
         return [f"data.path={d}/*.nothing"], "matches nothing"
     if kind == "tiny_corpus":
@@ -399,19 +400,20 @@ def test_bad_data(kind, nproc, tmp_path, corpus, unchanged, capsys):
     assert_one_line(*run_cli(capsys, argv), hint=hint)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage_header", "empty", "directory"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "directory"])
 def test_damaged_token_cache_is_rebuilt(damage, tmp_path, corpus, capsys):
-    """A damaged cache file is named on stderr and tokenized again; the run then trains."""
-    from shoal.data.shards import build_token_cache
-    from shoal.data.tokenizer import ByteTokenizer
+    """A damaged shard of the token cache is named on stderr and its file tokenized again; the run
+    then trains on the same tokens."""
+    from shoal.config import DataConfig
+    from shoal.data.corpus import load_data
 
-    cache = tmp_path / "cache"
-    first = build_token_cache(str(corpus), ByteTokenizer(), cache)
-    path, size = Path(first.path), os.path.getsize(first.path)
-    del first
+    data = DataConfig(path=str(corpus), cache_dir=str(tmp_path / "cache"))
+    (first,) = load_data(data, 256)[1]
+    path = Path(first.dataset.files()[0])
+    tokens = first.train.read(0, len(first.train))
     if damage == "truncate":
-        os.truncate(path, size - 7)
-    elif damage == "garbage_header":
+        os.truncate(path, path.stat().st_size - 7)
+    elif damage == "garbage":
         _overwrite(path, 0, b"NOTSHOAL")
     elif damage == "empty":
         path.write_bytes(b"")
@@ -420,13 +422,12 @@ def test_damaged_token_cache_is_rebuilt(damage, tmp_path, corpus, capsys):
         path.mkdir()
     capsys.readouterr()
     if damage == "directory":  # cannot be replaced: refused in one line naming the cache folder
-        code, out, err = run_cli(capsys, base(corpus, tmp_path / "out") + ["--set", f"data.cache_dir={cache}"])
+        code, out, err = run_cli(capsys, base(corpus, tmp_path / "out") + ["--set", f"data.cache_dir={tmp_path / 'cache'}"])
         assert_one_line(code, out, err, hint="data.cache_dir")
         return
-    rebuilt = build_token_cache(str(corpus), ByteTokenizer(), cache)
-    err = capsys.readouterr().err
-    assert rebuilt.built and f"token cache {path} is damaged" in err
-    assert os.path.getsize(rebuilt.path) == size
+    (rebuilt,) = load_data(data, 256)[1]
+    assert f"shard {path} " in capsys.readouterr().err
+    assert np.array_equal(rebuilt.train.read(0, len(rebuilt.train)), tokens)
 
 
 # ----------------------------------------------------------------------------------------------

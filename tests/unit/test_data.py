@@ -1,4 +1,4 @@
-"""shoal.data: tokenizers, corpus sources, the token cache and the deterministic DP-sharded loader."""
+"""shoal.data: tokenizers, corpus sources and formats, prepared datasets, and the deterministic DP-sharded loader."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.data.loader import TokenLoader, eval_batches
-from shoal.data.shards import build_token_cache, in_val, token_dtype
-from shoal.data.sources import list_documents, read_documents
+from shoal.config import DataConfig
+from shoal.data.corpus import load_data
+from shoal.data.dataset import in_val, open_dataset, token_dtype
+from shoal.data.loader import Part, TokenLoader, eval_batches
+from shoal.data.prepare import prepare
+from shoal.data.readers import read_documents
+from shoal.data.sources import list_documents
 from shoal.data.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 from shoal.errors import UserError
 
@@ -126,7 +130,7 @@ def test_sources_jsonl(tmp_path):
 
     write(path, "\n".join(json.dumps(x) for x in lines) + "\n")
     with pytest.raises(UserError, match=r"data\.jsonl:3 has no such field"):
-        build_token_cache(str(path), BYTE, tmp_path / "cache")
+        build(path, cache=tmp_path / "cache")
 
 
 def test_sources_errors(tmp_path):
@@ -140,55 +144,108 @@ def test_sources_errors(tmp_path):
     with pytest.raises(UserError, match="corpus is empty"):
         list_documents(str(tmp_path / "empty"))
     write(tmp_path / "blank.jsonl", '{"text": ""}\n{"text": ""}\n')  # non-empty files, no text
-    with pytest.raises(UserError, match="corpus is empty"):
-        build_token_cache(str(tmp_path / "blank.jsonl"), BYTE, tmp_path / "cache")
+    with pytest.raises(UserError, match="holds no tokens"):
+        build(tmp_path / "blank.jsonl", cache=tmp_path / "cache")
 
 
-# ---------------------------------------------------------------- token cache
+# ---------------------------------------------------------------- prepared datasets
 
 
-def test_cache_built_once_then_reused(tmp_path, hf_tokenizer_path):
+def build(path, tokenizer="byte", cache=None, val_fraction=0.01, text_field="text"):
+    """What a run trains on for `data.path = path` (prepared into the cache on first use)."""
+    data = DataConfig(path=str(path), tokenizer=tokenizer, cache_dir=str(cache or ""), val_fraction=val_fraction,
+                      text_field=text_field)
+    return load_data(data, 1 << 20)[1][0]
+
+
+def everything(stream) -> np.ndarray:
+    return stream.read(0, len(stream))
+
+
+def test_prepared_once_then_reused_and_edits_redo_one_file(tmp_path, hf_tokenizer_path):
     d = corpus_dir(tmp_path)
-    first = build_token_cache(d, BYTE, tmp_path / "cache")
-    mtime = os.stat(first.path).st_mtime_ns
-    again = build_token_cache(d, BYTE, tmp_path / "cache")
-    assert first.built and not again.built
-    assert again.path == first.path and os.stat(first.path).st_mtime_ns == mtime
-    assert np.array_equal(first.train, again.train) and np.array_equal(first.val, again.val)
-    assert first.train.dtype == np.uint16 and isinstance(first.train, np.memmap)
-    assert sorted(os.listdir(tmp_path / "cache")) == sorted([os.path.basename(first.path), os.path.basename(first.path) + ".lock"])
+    first = prepare([d], "byte", str(tmp_path / "ds"))
+    assert (first.shards_done, first.shards_kept, first.complete) == (40, 0, True)
+    dataset = open_dataset(str(tmp_path / "ds"))
+    assert dataset.dtype == np.uint16 and len(dataset.shards) == 40
+    mtimes = {f: os.stat(f).st_mtime_ns for f in dataset.files()}
+    again = prepare([d], "byte", str(tmp_path / "ds"))
+    assert (again.shards_done, again.shards_kept) == (0, 40)
+    assert all(os.stat(f).st_mtime_ns == m for f, m in mtimes.items())
 
-    # A different tokenizer or an edited file gets its own cache.
-    hf = build_token_cache(d, load_tokenizer(hf_tokenizer_path), tmp_path / "cache")
-    assert hf.built and hf.path != first.path
     write(os.path.join(d, "doc000.txt"), "edited")
-    edited = build_token_cache(d, BYTE, tmp_path / "cache")
-    assert edited.built and edited.path != first.path
+    os.remove(os.path.join(d, "doc001.txt"))
+    edited = prepare([d], "byte", str(tmp_path / "ds"))
+    assert (edited.shards_done, edited.shards_kept) == (1, 38)
+    assert len(os.listdir(tmp_path / "ds" / "shards")) == 39 * 3  # the removed file's shard went too
+    # Another tokenizer is another dataset: refused in place, its own folder in the cache.
+    with pytest.raises(UserError, match="prepared with other settings") as e:
+        prepare([d], hf_tokenizer_path, str(tmp_path / "ds"))
+    assert e.value.field == "--out"
+    byte, hf = build(d, cache=tmp_path / "cache"), build(d, hf_tokenizer_path, cache=tmp_path / "cache")
+    assert byte.dataset.path != hf.dataset.path and len(hf.train) < len(byte.train)
 
 
-@pytest.mark.parametrize("error, fix", [(OSError(28, "No space left on device"), "free space there"),
-                                        (FileNotFoundError(2, "No such file or directory"), "folder was removed")])
-def test_a_failed_cache_write_names_the_cause(tmp_path, monkeypatch, error, fix):
-    """A full disk, or the cache folder deleted while the cache is written (a clean-up of $SHOAL_CACHE_DIR)."""
-    import shoal.data.shards as shards
+def test_workers_and_parts_write_the_same_shards(tmp_path):
+    d = corpus_dir(tmp_path, n=6)
+    prepare([d], "byte", str(tmp_path / "one"), workers=1)
+    prepare([d], "byte", str(tmp_path / "pool"), workers=2)  # spawned processes
+    first = prepare([d], "byte", str(tmp_path / "parts"), part=(1, 2))
+    assert not first.complete and first.shards_done == 3
+    with pytest.raises(UserError, match=r"parts are not all done \(1-of-2.json written\)"):
+        open_dataset(str(tmp_path / "parts"))
+    assert prepare([d], "byte", str(tmp_path / "parts"), part=(0, 2)).complete
+    shards = [open_dataset(str(tmp_path / x)).shards for x in ("one", "pool", "parts")]
+    assert [[r.checksum for r in s] for s in shards[1:]] == [[r.checksum for r in shards[0]]] * 2
+
+
+def test_a_failed_cache_write_names_the_cause(tmp_path, monkeypatch):
+    """A full disk while the cache is written."""
+    import shoal.data.prepare as prepare_module
 
     def fail(*args):
-        raise error
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(shards, "_build", fail)
-    with pytest.raises(UserError, match="writing the token cache failed") as e:
-        build_token_cache(corpus_dir(tmp_path), BYTE, tmp_path / "cache")
-    assert fix in str(e.value) and ("free space" in str(e.value)) == (fix == "free space there")
+    monkeypatch.setattr(prepare_module, "tokenize_file", fail)
+    with pytest.raises(UserError, match="writing the token cache failed .No space left on device.; free space") as e:
+        build(corpus_dir(tmp_path), cache=tmp_path / "cache")
+    assert e.value.field == "data.cache_dir"
+
+
+def test_damaged_or_foreign_datasets_are_refused(tmp_path, hf_tokenizer_path):
+    d = corpus_dir(tmp_path, n=4)
+    out = str(tmp_path / "ds")
+    prepare([d], "byte", out)
+    tokens = open_dataset(out).files()[1]
+    with open(tokens, "r+b") as f:  # one byte changed, size kept
+        f.seek(3)
+        f.write(b"\x07")
+    with pytest.raises(UserError, match="changed after preparation") as e:
+        open_dataset(out)
+    assert e.value.field == "data.path" and tokens in str(e.value)
+    os.truncate(tokens, 10)
+    with pytest.raises(UserError, match="cut or overwritten"):
+        build(out)
+    assert prepare([d], "byte", out).shards_done == 1  # preparing again redoes only that shard
+    with pytest.raises(UserError, match=r"is not the tokenizer .* was prepared with \(byte\)") as e:
+        build(out, hf_tokenizer_path)
+    assert e.value.field == "data.tokenizer"
+    with pytest.raises(UserError, match="prepared holding out 0.01") as e:
+        build(out, val_fraction=0.05)
+    with pytest.raises(UserError, match="holds something other than a prepared dataset"):
+        prepare([d], "byte", d)
+    with pytest.raises(UserError, match="not a prepared dataset"):
+        open_dataset(d)
 
 
 def test_val_split_is_by_document(tmp_path):
     d = corpus_dir(tmp_path, n=200)
-    cache = build_token_cache(d, BYTE, tmp_path / "cache", val_fraction=0.1)
-    train, val = documents_of(cache.train), documents_of(cache.val)
-    everything = sorted(open(os.path.join(d, f)).read() for f in os.listdir(d))
-    assert sorted(train + val) == everything  # every document exactly once
+    corpus = build(d, cache=tmp_path / "cache", val_fraction=0.1)
+    train, val = documents_of(everything(corpus.train)), documents_of(everything(corpus.val))
+    texts = sorted(open(os.path.join(d, f)).read() for f in os.listdir(d))
+    assert sorted(train + val) == texts  # every document exactly once
     assert not set(train) & set(val)
-    assert 0 < len(val) < len(train) and (cache.n_train_docs, cache.n_val_docs) == (len(train), len(val))
+    assert 0 < len(val) < len(train) and (corpus.train_docs, corpus.val_docs) == (len(train), len(val))
     # held-out documents are the ones whose name hashes into the val bucket
     held = {f"document {int(f[3:6])} " for f in os.listdir(d) if in_val(f, 0.1)}
     assert {v.split("lorem")[0] for v in val} == held
@@ -198,30 +255,28 @@ def test_val_split_never_empty(tmp_path):
     # Two documents, neither of which hashes into a 1% bucket: the tail document is held out.
     write(tmp_path / "two" / "a.txt", "alpha " * 50)
     write(tmp_path / "two" / "b.txt", "beta " * 50)
-    cache = build_token_cache(str(tmp_path / "two"), BYTE, tmp_path / "cache")
-    assert documents_of(cache.val) == ["beta " * 50] and documents_of(cache.train) == ["alpha " * 50]
+    corpus = build(tmp_path / "two", cache=tmp_path / "cache")
+    assert documents_of(everything(corpus.val)) == ["beta " * 50]
+    assert documents_of(everything(corpus.train)) == ["alpha " * 50]
     # One document: the split falls inside it, still with no token on both sides.
     single = write(tmp_path / "one.txt", "".join(f"line {i}\n" for i in range(1000)))
-    cache = build_token_cache(single, BYTE, tmp_path / "cache")
-    assert 0 < len(cache.val) < len(cache.train)
-    stream = np.concatenate([cache.train, cache.val])
+    corpus = build(single, cache=tmp_path / "cache")
+    assert 0 < len(corpus.val) < len(corpus.train)
+    stream = np.concatenate([everything(corpus.train), everything(corpus.val)])
     assert BYTE.decode(stream) == open(single).read() and stream[-1] == 0
-    no_val = build_token_cache(single, BYTE, tmp_path / "cache", val_fraction=0.0)
-    assert len(no_val.val) == 0
 
 
-def test_concurrent_builders_share_one_file(tmp_path):
+def test_concurrent_runs_prepare_once(tmp_path):
     d = corpus_dir(tmp_path)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(build_token_cache(d, BYTE, tmp_path / "cache")))
+    threads = [threading.Thread(target=lambda: results.append(build(d, cache=tmp_path / "cache")))
                for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(r.built for r in results) == [False, False, True]
-    assert len({r.path for r in results}) == 1
-    assert not [f for f in os.listdir(tmp_path / "cache") if f.endswith(".tmp")]
+    assert len(results) == 3 and len({r.dataset.path for r in results}) == 1
+    assert not [f for _, _, fs in os.walk(tmp_path / "cache") for f in fs if f.endswith(".tmp")]
 
 
 def test_token_dtype():
@@ -231,13 +286,70 @@ def test_token_dtype():
 
 def test_stdlib_corpus(tmp_path, monkeypatch):
     monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
-    cache = build_token_cache("stdlib", BYTE)
-    assert cache.path.startswith(str(tmp_path / "tokens"))
-    assert len(cache.train) > 1_000_000 and len(cache.val) > 1000
-    assert "import" in BYTE.decode(cache.val[:100_000])
+    corpus = build("stdlib")
+    assert corpus.dataset.path.startswith(str(tmp_path / "tokens"))
+    assert len(corpus.train) > 1_000_000 and len(corpus.val) > 1000
+    assert "import" in BYTE.decode(everything(corpus.val))
     names = [s.name for s in list_documents("stdlib")]
     assert names == sorted(names) and "os.py" in names
     assert not any(part in ("test", "tests", "site-packages") for n in names for part in n.split(os.sep))
+
+
+# ---------------------------------------------------------------- formats
+
+
+def test_compressed_and_columnar_inputs_read_alike(tmp_path):
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    rows = [{"text": f"row {i} " + "words " * i, "id": i} for i in range(1, 30)]
+    lines = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(lines))
+    (tmp_path / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
+    (tmp_path / "c.json").write_text(json.dumps(rows))
+    table = pa.table({"text": [r["text"] for r in rows], "id": [r["id"] for r in rows]})
+    pq.write_table(table, tmp_path / "d.parquet", row_group_size=7)
+    with pa.ipc.new_stream(str(tmp_path / "e.arrow"), table.schema) as w:  # as datasets.save_to_disk writes
+        for batch in table.to_batches(max_chunksize=10):
+            w.write_batch(batch)
+    (tmp_path / "f.txt.gz").write_bytes(gzip.compress(b"one plain document"))
+    sources = list_documents(str(tmp_path))
+    assert [(s.name, s.kind, s.compression) for s in sources] == [
+        ("a.jsonl.gz", "jsonl", "gzip"), ("b.jsonl.zst", "jsonl", "zstd"), ("d.parquet", "parquet", ""),
+        ("e.arrow", "arrow", ""), ("f.txt.gz", "text", "gzip")]  # .json is not walked (folders' metadata)
+    texts = [r["text"] for r in rows]
+    for s in sources[:4] + list_documents(str(tmp_path / "c.json")):
+        docs = list(read_documents(s))
+        assert [t for _, t in docs] == texts, s.name
+        assert docs[0][0] == f"{s.name}:{0 if s.name == 'c.json' else 1}"
+    assert list(read_documents(sources[4])) == [("f.txt.gz", "one plain document")]
+
+
+def test_damaged_inputs_are_named(tmp_path):
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    whole = gzip.compress(b'{"text": "x"}\n' * 5000)
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "fake.jsonl.gz").write_bytes(b"not gzip at all")
+    pq.write_table(pa.table({"body": ["a", "b"]}), tmp_path / "other.parquet")
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 garbage")
+    for name, match in [("fake.jsonl.gz", "is not a readable gzip jsonl file"),
+                        ("bad.parquet", "is not a readable parquet file")]:
+        with pytest.raises(UserError, match=match) as e:
+            list_documents(str(tmp_path / name))
+        assert e.value.value == str(tmp_path / name)
+    with pytest.raises(UserError, match=r"has no such column \(it has \['body'\]\)") as e:
+        list_documents(str(tmp_path / "other.parquet"))
+    assert e.value.field == "data.text_field"
+    (cut,) = list_documents(str(tmp_path / "cut.jsonl.gz"))  # the start reads; the damage is further in
+    with pytest.raises(UserError, match="is not a readable gzip jsonl file"):
+        prepare([cut.path], "byte", str(tmp_path / "ds"))
 
 
 # ---------------------------------------------------------------- loader
@@ -306,7 +418,7 @@ def test_resume_continues_with_the_next_batch():
     for _ in range(2):
         state.next_step()
     resumed.load_state_dict(state.state_dict())
-    assert all(isinstance(v, int) for v in state.state_dict().values())
+    assert json.loads(json.dumps(state.state_dict())) == state.state_dict()  # plain values, for train_state.json
     nxt = global_inputs(resumed)
     assert torch.equal(nxt, seen[2]) and not torch.equal(nxt, seen[1])
     # Resuming on a different number of ranks continues with the same global batch.
@@ -338,3 +450,76 @@ def test_eval_batches_fixed_and_sharded():
     with pytest.raises(UserError) as e:
         eval_batches(val, 16, batch=3, n_batches=1, dp_size=2)
     assert e.value.field == "eval.batch"
+
+
+def test_streams_read_across_shards_as_one_array():
+    from shoal.data.stream import Region, TokenStream
+
+    tokens = stream(5000)
+    files = []
+    for i, (a, b) in enumerate([(0, 1000), (1000, 1001), (1001, 5000)]):
+        path = f"{os.environ.get('TMPDIR', '/tmp')}/shoal-stream-{os.getpid()}-{i}"
+        np.concatenate([np.full(7, 9, np.uint16), tokens[a:b]]).tofile(path)  # 7 tokens before the region
+        files.append((path, b - a))
+    joined = TokenStream([Region(f, 7, n) for f, n in files], np.uint16)
+    try:
+        starts = np.array([0, 990, 995, 1000, 4983])
+        assert np.array_equal(joined.windows(starts, 17), tokens[starts[:, None] + np.arange(17)])
+        assert np.array_equal(joined.slice(998, 1003).read(0, 5), tokens[998:1003])
+        a, b = (TokenLoader(t, 16, 8, 4, seed=1) for t in (joined, tokens))
+        assert torch.equal(global_inputs(a), global_inputs(b))
+    finally:
+        for f, _ in files:
+            os.remove(f)
+
+
+def test_shuffled_order_is_a_permutation_in_constant_memory():
+    from shoal.data.permutation import permute, round_keys
+
+    for n in (1, 2, 3, 7, 1000, 4097):
+        assert sorted(permute(np.arange(n), n, round_keys(0, 0)).tolist()) == list(range(n))
+    assert not np.array_equal(permute(np.arange(50), 50, round_keys(0, 0)), permute(np.arange(50), 50, round_keys(0, 1)))
+    big = permute(np.arange(1000), 10**12, round_keys(5, 0))  # no array of 10**12 entries is made
+    assert len(set(big.tolist())) == 1000 and big.max() < 10**12
+
+
+def test_mixture_shares_follow_the_weights_and_resume():
+    a, b = stream(20_000), (stream(20_000) + 300).astype(np.uint16)  # b's tokens are all > 251
+    parts = [Part("a", a, 0.7), Part("b", b, 0.3)]
+    loader = TokenLoader(parts, 16, global_batch=10, micro_batch=5, seed=2)
+    for steps in (1, 3, 20):
+        while loader.step < steps:
+            x = global_inputs(loader)
+        share = loader.drawn[0] / sum(loader.drawn)
+        assert abs(share - 0.7) <= 1 / sum(loader.drawn)  # within one sequence at every step
+    assert loader.tokens_drawn() == {"a": loader.drawn[0] * 16, "b": loader.drawn[1] * 16}
+    from_b = (x[:, 0] > 251).sum().item()
+    assert from_b == 3  # this step's rows come from their corpus
+    resumed = TokenLoader(parts, 16, 10, 5, seed=2, dp_rank=1, dp_size=2)
+    assert resumed.load_state_dict(loader.state_dict()) is None
+    assert torch.equal(global_inputs(resumed), global_inputs(loader)[5:])
+    other = TokenLoader([Part("a", a, 0.5), Part("c", b, 0.5)], 16, 10, 5)
+    assert "saved for the corpora ['a', 'b']" in other.load_state_dict(loader.state_dict())
+    # eval shares the held-out sequences by weight too
+    rows = torch.cat([x for x, _ in eval_batches(parts, 16, batch=10, n_batches=2)])
+    assert (rows[:, 0] > 251).sum().item() == 6
+
+
+def test_repeat_false_ends_at_the_first_exhausted_corpus():
+    parts = [Part("big", stream(16 * 100 + 1), 1), Part("small", stream(16 * 10 + 1), 1)]
+    loader = TokenLoader(parts, 16, global_batch=4, micro_batch=4, repeat=False)
+    steps = 0
+    while not loader.exhausted():
+        loader.next_step()
+        steps += 1
+    assert steps == 5 and loader.drawn == [10, 10] and loader.exhausted() == "small"
+    assert TokenLoader(parts, 16, 4, 4).exhausted() is None  # repeat=True: never
+
+
+def test_document_indices_restart_at_each_eos():
+    tokens = np.array([5, 6, 0, 7, 8, 9, 0, 0, 4, 3] * 4, dtype=np.uint16)
+    (x, y, docs), = TokenLoader(tokens, 9, 1, 1, documents=0).next_step()
+    expected = torch.cumsum(x == 0, dim=1)
+    assert torch.equal(docs, expected) and docs.dtype == torch.long
+    (_, _, eval_docs), = eval_batches(tokens, 9, 1, 1, documents=0)
+    assert eval_docs.shape == (1, 9)

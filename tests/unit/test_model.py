@@ -216,3 +216,25 @@ def test_a_stage_materialized_from_meta_gets_the_whole_models_values():
     for name, p in stage.named_parameters():
         assert torch.equal(p, whole[name]), name
     assert not torch.equal(dict(build_model(cfg, seed=4).named_parameters())["output.weight"], whole["output.weight"])
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_packed_documents_lose_what_they_lose_alone(window):
+    """With document masks, the loss summed over a packed sequence is the sum of each document's loss
+    run on its own: attention never crosses an eos, and positions restart at each one."""
+    cfg = get_preset("tiny").replace(n_layers=2, sliding_window=window)
+    model = build_model(cfg).double()
+    eos = 0
+    docs = [[eos, 5, 9, 3], [eos, 7, 7, 2, 8, 1, 4, 6], [eos, 3], [eos, 9, 9, 9, 5, 2]]
+    packed = torch.tensor([sum(docs, [])])
+    inputs, targets = packed[:, :-1], packed[:, 1:]
+    documents = torch.cumsum(inputs == eos, dim=1)  # what the loader gives (shoal/data/loader.py)
+    logits = model(inputs, documents)
+    total = F.cross_entropy(logits[0], targets[0], reduction="sum")
+    # each document alone predicts its tokens and the eos that opens the next (the last has none here)
+    alone = 0.0
+    for i, doc in enumerate(docs):
+        ids = torch.tensor([doc + ([eos] if i < len(docs) - 1 else [])])
+        alone = alone + F.cross_entropy(model(ids[:, :-1])[0], ids[0, 1:], reduction="sum")
+    assert torch.allclose(total, alone, rtol=1e-12)
+    assert not torch.allclose(F.cross_entropy(model(inputs)[0], targets[0], reduction="sum"), alone, rtol=1e-3)

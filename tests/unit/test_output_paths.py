@@ -141,7 +141,7 @@ TRAIN_CASES = [  # (extra argv, what the line must name); --out is a fresh {tmp}
     [["--resume", "/nonexistent"], "--resume"], [["--resume", "{tmp}/afile"], "--resume"],
     [["--resume", "{tmp}/adir"], "--resume"],
     [["--out", "{run}/model"], "a saved model"], [["--out", "{run}/checkpoints"], "a checkpoint root"],
-    [["--set", "data.path={tmp}"], "lies inside data.path"],  # its metrics.jsonl would be the next run's text
+    [["--set", "data.path={tmp}"], "lies inside the corpus"],  # its metrics.jsonl would be the next run's text
     [["--out", "{tmp}/" + "x" * 300], "more than the"], [["--set", "checkpoint.dir={tmp}/" + "x" * 300], "more than the"],
     *([[["--set", "checkpoint.dir=/proc/shoal-ckpt"], "cannot be created"]] if os.path.isdir("/proc/self") else []),
     # checkpoints among the run's own outputs, or in a folder of something else shoal wrote: they were saved there
@@ -189,10 +189,10 @@ def test_a_tilde_is_the_home_folder(where, monkeypatch):
     """checkpoint.dir and data.cache_dir as in a recipe (no shell to expand ~): not a folder named ~."""
     from shoal.checkpoint.choose import checkpoint_root
     from shoal.config import load_config
-    from shoal.data.shards import build_token_cache
-    from shoal.data.tokenizer import ByteTokenizer
+    from shoal.config import DataConfig
+    from shoal.data.corpus import load_data
 
     monkeypatch.setenv("HOME", str(where["tmp"]))
     assert checkpoint_root(load_config(None, ["checkpoint.dir=~/ckpts"]), Path("out")) == where["tmp"] / "ckpts"
-    build_token_cache(str(where["tmp"] / "corpus.txt"), ByteTokenizer(), "~/cache")
+    load_data(DataConfig(path=str(where["tmp"] / "corpus.txt"), cache_dir="~/cache"), 256)
     assert (where["tmp"] / "cache").is_dir() and not Path("~").exists()

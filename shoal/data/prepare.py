@@ -1,0 +1,314 @@
+"""Tokenize a corpus into a prepared dataset (dataset.py), file by file, on every core.
+
+Each input file becomes one shard, tokenized by one worker process; the `tokenizers` library's
+own threads split the cores left over when there are fewer files than workers. What is already
+done is kept: a shard whose input file has the same size and modification time, and whose own
+files still match its checksum, is not tokenized again, so an interrupted run resumes and an
+edited corpus redoes only the files that changed.
+
+`--shard I/N` splits the files between N machines sharing the folder: part I takes every N-th
+file, writes its shards and parts/I-of-N.json, and whichever part finishes last writes the
+manifest over all of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+from shoal.data import dataset as ds
+from shoal.data.readers import Source, read_documents
+from shoal.data.sources import list_documents
+from shoal.errors import UserError
+
+# Documents go to the tokenizer in batches this big: encode_batch parallelises over a batch.
+BATCH_DOCS, BATCH_CHARS = 1024, 16 << 20
+# Below this much input, tokenizing in this process beats starting worker processes (workers=0).
+IN_PROCESS_BYTES = 32 << 20
+PREPARE_STATE = "prepare.json"
+
+
+@dataclass
+class Prepared:
+    path: str
+    shards_done: int
+    """Shards tokenized by this call (the others were already done)."""
+    shards_kept: int
+    complete: bool
+    """False for a part of a --shard split whose other parts are not finished yet."""
+    seconds: float
+    input_bytes: int
+
+
+def prepare(inputs: list[str], tokenizer_spec: str, out: str, *, text_field: str = "text",
+            val_fraction: float = 0.01, workers: int = 0, part: tuple[int, int] = (0, 1),
+            show: bool = True, field: str = "data.path", out_field: str = "--out") -> Prepared:
+    """Tokenize `inputs` (data paths, see sources.py) into the dataset folder `out`. `field` and
+    `out_field` are what messages call the inputs and the folder."""
+    from shoal.data.tokenizer import load_tokenizer
+
+    t0 = time.perf_counter()
+    if not 0 < val_fraction < 1:
+        raise UserError("--val-fraction", val_fraction, "must be in (0, 1), e.g. 0.01 holds out 1% of documents")
+    tokenizer = load_tokenizer(tokenizer_spec)
+    settings = ds.Settings(tokenizer=tokenizer.identity, vocab_size=tokenizer.vocab_size, eos_id=tokenizer.eos_id,
+                           dtype=ds.token_dtype(tokenizer.vocab_size).str, text_field=text_field,
+                           val_fraction=val_fraction)
+    sources = list_documents(inputs, text_field, field)
+    directory = _claim(out, settings, out_field)
+    index, count = part
+    mine = sources[index::count]
+    for s in mine:  # a folder where a shard's file belongs cannot be replaced: no retry helps
+        if any(os.path.isdir(p) for p in ds.shard_paths(directory, ds.shard_key(s.name))):
+            raise UserError(out_field, out, f"{ds.shard_paths(directory, ds.shard_key(s.name))[0]} (or its .docs or "
+                                            ".json) is a folder where a shard's file belongs; remove it")
+    kept = {s.name: r for s in mine if (r := _reusable(directory, s, settings)) is not None}
+    todo = [s for s in mine if s.name not in kept]
+    records = dict(kept)
+    if todo:
+        for record in _tokenize_all(todo, tokenizer_spec, directory, settings, workers, show):
+            records[record.source] = record
+    ordered = [records[s.name] for s in mine]
+    if count == 1:
+        _remove_stale(directory, {r.key for r in ordered})
+        _publish(directory, settings, ordered, tokenizer_spec)
+        complete = True
+    else:
+        ds.write_json(os.path.join(directory, ds.PARTS, f"{index}-of-{count}.json"),
+                      {"files": len(sources), "shards": [asdict(r) for r in ordered]})
+        complete = _merge_parts(directory, settings, count, len(sources), tokenizer_spec)
+    return Prepared(directory, len(todo), len(kept), complete, time.perf_counter() - t0,
+                    sum(s.size for s in todo))
+
+
+def _claim(out: str, settings: ds.Settings, out_field: str) -> str:
+    """Create or reopen the dataset folder. A folder that holds something else, or a dataset made
+    with other settings, is refused: redoing it would destroy what is there."""
+    directory = os.path.abspath(os.path.expanduser(out))
+    state = os.path.join(directory, PREPARE_STATE)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UserError(out_field, out, "is a file; give a folder for the dataset")
+    if os.path.isdir(directory) and os.listdir(directory) and not os.path.exists(state):
+        raise UserError(out_field, out, "is a folder that holds something other than a prepared dataset; "
+                                      "give a new or empty folder")
+    try:
+        os.makedirs(os.path.join(directory, ds.SHARDS), exist_ok=True)
+        os.makedirs(os.path.join(directory, ds.PARTS), exist_ok=True)
+    except OSError as e:
+        raise UserError(out_field, out, f"cannot be created ({e.strerror}); give a writable folder") from None
+    wanted = asdict(settings)
+    if os.path.exists(state):
+        with open(state) as f:
+            had = json.load(f)
+        if had != wanted:
+            changed = ", ".join(f"{k} {had.get(k)!r} -> {v!r}" for k, v in wanted.items() if had.get(k) != v)
+            raise UserError(out_field, out, f"holds a dataset prepared with other settings ({changed}); give "
+                                          "another folder, or remove this one to prepare it again")
+    else:
+        ds.write_json(state, wanted)
+    return directory
+
+
+def _reusable(directory: str, source: Source, settings: ds.Settings) -> ds.ShardRecord | None:
+    """The shard already made from this unchanged file, if it is intact."""
+    key = ds.shard_key(source.name)
+    record = ds.read_record(directory, key)
+    if record is None or (record.source, record.source_size, record.source_mtime_ns) != (
+            source.name, source.size, source.mtime_ns):
+        return None
+    problem = ds.shard_problem(directory, record, np.dtype(settings.dtype).itemsize)
+    if problem:  # a crash mid-copy, a full disk, a hand edit: tokenized again
+        print(f"shoal: shard {ds.shard_paths(directory, key)[0]} {problem}; tokenizing {source.path} again",
+              file=sys.stderr, flush=True)
+    return None if problem else record
+
+
+def _tokenize_all(todo: list[Source], tokenizer_spec: str, directory: str, settings: ds.Settings,
+                  workers: int, show: bool) -> Iterator[ds.ShardRecord]:
+    total = sum(s.size for s in todo)
+    if not workers:  # automatic: every core, unless starting processes would cost more than it saves
+        workers = 1 if total < IN_PROCESS_BYTES else os.cpu_count() or 1
+    workers = min(workers, len(todo))
+    progress = _Progress(total, len(todo), workers, show)
+    try:
+        if workers == 1:
+            for s in todo:
+                yield tokenize_file(s, tokenizer_spec, directory, settings)
+                progress.advance(s.size)
+            return
+        # spawn: workers start clean (no torch, no threads copied from this process) and each loads
+        # the tokenizer itself; biggest files first, so one large file does not finish last alone.
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_threads,
+                                 initargs=(threads,)) as pool:
+            pending = {pool.submit(tokenize_file, s, tokenizer_spec, directory, settings): s
+                       for s in sorted(todo, key=lambda s: -s.size)}
+            try:
+                while pending:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        source = pending.pop(future)
+                        yield future.result()  # a worker's UserError is raised here, naming its file
+                        progress.advance(source.size)
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+    finally:
+        progress.close()
+
+
+def _worker_threads(threads: int) -> None:
+    # Read by the tokenizers library (Rust's rayon) when it first encodes a batch in this process.
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+
+
+def tokenize_file(source: Source, tokenizer_spec: str, directory: str, settings: ds.Settings) -> ds.ShardRecord:
+    """One input file -> its shard (tokens, document ends, record), written under temporary names and
+    renamed into place, the record last."""
+    from shoal.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_spec)
+    dtype = np.dtype(settings.dtype)
+    limit = np.iinfo(dtype).max
+    key = ds.shard_key(source.name)
+    tokens_path, docs_path, record_path = ds.shard_paths(directory, key)
+    tmp = f".{os.getpid()}.tmp"
+    eos = np.array([settings.eos_id], dtype=dtype)
+    val_pieces: list[np.ndarray] = []
+    ends = {False: [], True: []}  # held out -> document lengths
+    train_tokens = 0
+    try:
+        with open(tokens_path + tmp, "wb") as out:
+            for batch in _doc_batches(source):
+                train_pieces = []
+                for (name, _), ids in zip(batch, tokenizer.encode_many([text for _, text in batch])):
+                    if len(ids) == 0:
+                        continue
+                    if int(ids.max()) > limit:  # never store an id modulo the dtype
+                        raise UserError("data.tokenizer", tokenizer_spec, f"gives id {int(ids.max())}, more than "
+                                        f"the {dtype} tokens hold; its vocabulary size is wrong")
+                    held_out = ds.in_val(name, settings.val_fraction)
+                    (val_pieces if held_out else train_pieces).extend((ids.astype(dtype, copy=False), eos))
+                    ends[held_out].append(len(ids) + 1)
+                if train_pieces:
+                    chunk = np.concatenate(train_pieces)
+                    out.write(chunk.tobytes())
+                    train_tokens += len(chunk)
+            for piece in val_pieces:
+                out.write(piece.tobytes())
+        lengths = np.array(ends[False] + ends[True], dtype=ds.DOC_DTYPE)
+        np.cumsum(lengths, out=lengths)
+        with open(docs_path + tmp, "wb") as f:
+            f.write(lengths.tobytes())
+        checksum = ds.file_checksum(tokens_path + tmp, docs_path + tmp)
+        os.replace(tokens_path + tmp, tokens_path)
+        os.replace(docs_path + tmp, docs_path)
+    finally:
+        for p in (tokens_path + tmp, docs_path + tmp):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(p)
+    val_tokens = int(sum(ends[True]))
+    record = ds.ShardRecord(key=key, source=source.name, source_size=source.size, source_mtime_ns=source.mtime_ns,
+                            train_tokens=train_tokens, val_tokens=val_tokens, train_docs=len(ends[False]),
+                            val_docs=len(ends[True]), checksum=checksum,
+                            tokens_mtime_ns=os.stat(tokens_path).st_mtime_ns)
+    ds.write_json(record_path, asdict(record))
+    return record
+
+
+def _doc_batches(source: Source) -> Iterator[list[tuple[str, str]]]:
+    batch: list[tuple[str, str]] = []
+    chars = 0
+    for name, text in read_documents(source):
+        if not text:
+            continue
+        batch.append((name, text))
+        chars += len(text)
+        if len(batch) >= BATCH_DOCS or chars >= BATCH_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def _publish(directory: str, settings: ds.Settings, records: list[ds.ShardRecord], tokenizer_spec: str) -> None:
+    from shoal.data.tokenizer_files import copy_tokenizer
+
+    recorded = copy_tokenizer(tokenizer_spec, Path(directory))
+    ds.write_manifest(directory, settings, records, None if recorded == "byte" else recorded)
+
+
+def _merge_parts(directory: str, settings: ds.Settings, count: int, files: int, tokenizer_spec: str) -> bool:
+    """Write the manifest once all `count` parts are written for the same corpus; False until then."""
+    records = []
+    for i in range(count):
+        try:
+            with open(os.path.join(directory, ds.PARTS, f"{i}-of-{count}.json")) as f:
+                part = json.load(f)
+        except FileNotFoundError:
+            return False
+        if part["files"] != files:
+            raise UserError("--shard", f"{i}/{count}", f"part {i} saw {part['files']} input files where this part "
+                                                       f"sees {files}: the parts were given different inputs")
+        records += [ds.ShardRecord(**r) for r in part["shards"]]
+    records.sort(key=lambda r: r.source)
+    _publish(directory, settings, records, tokenizer_spec)
+    return True
+
+
+def _remove_stale(directory: str, keys: set[str]) -> None:
+    """Shards of files no longer in the corpus."""
+    for name in os.listdir(os.path.join(directory, ds.SHARDS)):
+        key = name.rsplit(".", 1)[0]
+        if key not in keys:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(directory, ds.SHARDS, name))
+
+
+class _Progress:
+    """Input MB done, MB/s and time left: a rich bar on a terminal, a line every 10 s otherwise."""
+
+    def __init__(self, total_bytes: int, files: int, workers: int, show: bool):
+        self.total, self.done, self.t0, self.last = total_bytes, 0, time.perf_counter(), time.perf_counter()
+        self.bar = None
+        self.show = show and total_bytes >= IN_PROCESS_BYTES  # small corpora finish before a bar helps
+        if not self.show:
+            return
+        print(f"shoal: tokenizing {files} files ({total_bytes / 1e6:,.1f} MB) with {workers} worker"
+              f"{'s' if workers > 1 else ''}", file=sys.stderr, flush=True)
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TimeRemainingColumn,
+                                       TransferSpeedColumn)
+
+            self.bar = Progress(BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                                console=Console(stderr=True))
+            self.task = self.bar.add_task("tokenize", total=total_bytes)
+            self.bar.start()
+
+    def advance(self, nbytes: int) -> None:
+        self.done += nbytes
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done)
+        elif self.show and (time.perf_counter() - self.last > 10 or self.done == self.total):
+            self.last = now = time.perf_counter()
+            rate = self.done / max(now - self.t0, 1e-9)
+            left = (self.total - self.done) / max(rate, 1e-9)
+            print(f"shoal: {self.done / 1e6:,.0f}/{self.total / 1e6:,.0f} MB, {rate / 1e6:.1f} MB/s, "
+                  f"{left:.0f} s left", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
