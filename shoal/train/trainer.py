@@ -208,6 +208,8 @@ def run_summary(job: Job, rt: Runtime, pm: ParallelModel, row: dict, eval_loss: 
         summary.update(plan.summary_rows(steady.step_time_s, mfu, peak_mem))
     if job.cfg.model.init_from:
         summary["started from"] = job.cfg.model.init_from
+    if drawn := row.get("tokens_by_source"):  # a mixture: each corpus's share of the training tokens
+        summary["tokens by source"] = ", ".join(f"{k} {v / max(1, sum(drawn.values())):.1%}" for k, v in drawn.items())
     return {**summary, "output": str(out)}
 
 
