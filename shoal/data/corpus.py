@@ -47,6 +47,9 @@ class Corpus:
     train_docs: int
     val_docs: int
     dataset: ds.Dataset
+    train_mask: TokenStream | None = None
+    """The loss mask beside train (1: a target of the loss), where fine-tuning examples need one."""
+    val_mask: TokenStream | None = None
 
 
 def default_cache_dir() -> str:
@@ -80,8 +83,16 @@ def open_corpus(path: str, weight: float, tokenizer: Tokenizer, data, field: str
         check_prepared(dataset, path, tokenizer, data)
     else:
         dataset = _cached(path, tokenizer, data, field)
-    train, val, train_docs, val_docs = splits(dataset)
-    return Corpus(path, weight, train, val, train_docs, val_docs, dataset)
+    (train, val, train_docs, val_docs), masks = splits(dataset), (None, None)
+    if any(dataset.mask_files()):  # cut exactly as the tokens are
+        masks = tuple(_masks(dataset, s) for s in (train, val))
+    return Corpus(path, weight, train, val, train_docs, val_docs, dataset, *masks)
+
+
+def _masks(dataset: ds.Dataset, tokens: TokenStream) -> TokenStream:
+    """The loss mask of a split: the same regions of the shards' mask files (ones where a shard has none)."""
+    by_file = dict(zip(dataset.files(), dataset.mask_files()))
+    return TokenStream([Region(by_file[r.file], r.start, r.length) for r in tokens.regions], np.uint8)
 
 
 def check_prepared(dataset: ds.Dataset, path: str, tokenizer: Tokenizer, data) -> None:

@@ -6,6 +6,8 @@
     DIR/shards/KEY.tokens        one input file's tokens: its train documents, then its held-out
                                  ones, each followed by eos; little-endian uint16 or uint32
     DIR/shards/KEY.docs          uint64 end offset (in tokens) of each of those documents, in order
+    DIR/shards/KEY.mask          only where the file has fine-tuning examples: uint8 per token, 0 where
+                                 the token is not a target of the loss (a prompt)
     DIR/shards/KEY.json          the shard's record (written last: a shard without it is unfinished)
     DIR/parts/I-of-N.json        with `--shard I/N`, what each machine's part contributed
 
@@ -37,7 +39,7 @@ FORMAT = "shoal-token-dataset"
 VERSION = 1
 MANIFEST = "shoal_dataset.json"
 SHARDS, PARTS = "shards", "parts"
-TOKENS, DOCS, RECORD = ".tokens", ".docs", ".json"
+TOKENS, DOCS, RECORD, MASK = ".tokens", ".docs", ".json", ".mask"
 DOC_DTYPE = np.dtype("<u8")
 # In the fallback split (see split_tail), held-out text never takes more than this of the corpus.
 MAX_VAL_SHARE = 0.5
@@ -60,6 +62,9 @@ class ShardRecord:
     """BLAKE2b of KEY.tokens followed by KEY.docs."""
     tokens_mtime_ns: int
     """KEY.tokens' modification time when it was written: a later one means it must be re-hashed."""
+    loss_mask: bool = False
+    """KEY.mask exists: one uint8 per token, 0 where the token is not a target of the loss (the
+    prompt of a fine-tuning example); the checksum then covers it after KEY.docs."""
 
     @property
     def tokens(self) -> int:
@@ -114,6 +119,10 @@ def shard_paths(directory: str, key: str) -> tuple[str, str, str]:
     return base + TOKENS, base + DOCS, base + RECORD
 
 
+def mask_path(directory: str, key: str) -> str:
+    return os.path.join(directory, SHARDS, key + MASK)
+
+
 def read_record(directory: str, key: str) -> ShardRecord | None:
     """The shard's record, or None when the shard is missing or unfinished."""
     try:
@@ -152,7 +161,10 @@ def shard_problem(directory: str, record: ShardRecord, itemsize: int) -> str | N
         return f"is missing ({e.filename}: {e.strerror})"
     if (st.st_size, docs_size) != (record.tokens * itemsize, record.docs * DOC_DTYPE.itemsize):
         return f"is {st.st_size} bytes where its record says {record.tokens * itemsize}: cut or overwritten"
-    if st.st_mtime_ns != record.tokens_mtime_ns and file_checksum(tokens, docs) != record.checksum:
+    mask = [mask_path(directory, record.key)] if record.loss_mask else []
+    if mask and (not os.path.isfile(mask[0]) or os.path.getsize(mask[0]) != record.tokens):
+        return "has a loss mask that is missing or cut"
+    if st.st_mtime_ns != record.tokens_mtime_ns and file_checksum(tokens, docs, *mask) != record.checksum:
         return "changed after preparation (its checksum differs)"
     return None
 
@@ -178,8 +190,9 @@ class Dataset:
     def files(self) -> list[str]:
         return [shard_paths(self.path, r.key)[0] for r in self.shards]
 
-    def docs_files(self) -> list[str]:
-        return [shard_paths(self.path, r.key)[1] for r in self.shards]
+    def mask_files(self) -> list[str]:
+        """Each shard's loss mask file, or "" where every token is trained."""
+        return [mask_path(self.path, r.key) if r.loss_mask else "" for r in self.shards]
 
 
 def open_dataset(path: str, field: str = "data.path") -> Dataset:

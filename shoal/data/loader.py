@@ -38,6 +38,7 @@ import torch
 
 from shoal.data.permutation import permute, round_keys
 from shoal.data.stream import as_stream
+from shoal.model.transformer import IGNORE
 from shoal.errors import UserError
 
 Batch = tuple[torch.Tensor, ...]  # (inputs, targets[, documents]), each int64 [micro_batch, seq_len]
@@ -52,6 +53,8 @@ class Part:
     tokens: object
     """A TokenStream, or anything as_stream takes (a numpy array)."""
     weight: float = 1.0
+    mask: object | None = None
+    """The loss mask beside `tokens` (0 where a token is not a target: a fine-tuning prompt), or None."""
 
 
 class TokenLoader:
@@ -80,7 +83,7 @@ class TokenLoader:
                         f"micro_batch*dp_size = {micro_batch}*{dp_size}")
         assert 0 <= dp_rank < dp_size, (dp_rank, dp_size)
         parts = tokens if isinstance(tokens, list) else [Part(source, tokens)]
-        self.parts = [Part(p.name, as_stream(p.tokens), p.weight) for p in parts]
+        self.parts = [Part(p.name, as_stream(p.tokens), p.weight, p.mask) for p in parts]
         self.seq_len, self.seed, self.documents, self.repeat = seq_len, seed, documents, repeat
         self.global_batch, self.micro_batch = global_batch, micro_batch
         self.dp_rank, self.dp_size = dp_rank, dp_size
@@ -132,7 +135,7 @@ class TokenLoader:
         for i in np.unique(picks):
             sel = picks == i
             chunks = self._chunks(int(i), ordinals[sel])
-            windows[sel] = self.parts[i].tokens.windows(chunks * self.seq_len, self.seq_len + 1)
+            windows[sel] = _gather(self.parts[i], chunks * self.seq_len, self.seq_len + 1)
         return windows
 
     def _chunks(self, part: int, ordinals: np.ndarray) -> np.ndarray:
@@ -223,15 +226,30 @@ def eval_batches(
         windows = np.empty((per_rank, seq_len + 1), dtype=np.int64)
         for i in np.unique(picks[sel]):
             rows = picks[sel] == i
-            windows[rows] = streams[i].windows(starts[sel][rows], seq_len + 1)
+            windows[rows] = _gather(parts[i], starts[sel][rows], seq_len + 1, streams[i])
         out += _micro_batches(windows, per_rank, documents)
     return out
+
+
+
+
+def _gather(part: Part, starts: np.ndarray, n: int, tokens=None) -> np.ndarray:
+    """Windows of the part's tokens, [len(starts), n] int64. Where the loss mask is 0 the token is
+    stored as -1 - id: _micro_batches gives the id back as an input and IGNORE as a target."""
+    windows = (part.tokens if tokens is None else tokens).windows(starts, n).astype(np.int64)
+    if part.mask is not None:
+        masked = as_stream(part.mask).windows(starts, n) == 0
+        windows[masked] = -1 - windows[masked]
+    return windows
 
 
 def _micro_batches(windows: np.ndarray, micro_batch: int, documents: int | None) -> list[Batch]:
     windows = torch.from_numpy(windows.astype(np.int64, copy=False))
     # contiguous: a shifted view has gaps, and the model may .view() its input
     inputs, targets = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+    if (masked := windows < 0).any():  # fine-tuning prompts (see _gather): inputs, never targets
+        inputs = torch.where(masked[:, :-1], -1 - inputs, inputs)
+        targets[masked[:, 1:]] = IGNORE
     if documents is None:
         return list(zip(inputs.split(micro_batch), targets.split(micro_batch)))
     docs = torch.cumsum(inputs == documents, dim=1)  # each eos opens the next document

@@ -3,6 +3,8 @@
     text      the whole file is one document, named by the file
     jsonl     one per line: `obj[text_field]`, named file:line
     json      a .json holding one array instead of lines: one per element, named file:index
+              (a JSON record without the text field but with "prompt" and "completion", or with
+              "messages", is a fine-tuning example: see Example and Chat)
     parquet   one per row of the text column (pyarrow, batch by batch), named file:row
     arrow     the same for Arrow IPC files, stream or file format (what `datasets.save_to_disk` writes)
 
@@ -83,8 +85,9 @@ def sniff(source: Source, field: str = "data.path") -> None:
                                              "UTF-8 text, or narrow the data path")
 
 
-def read_documents(source: Source, field: str = "data.path") -> Iterator[tuple[str, str]]:
-    """(document name, text) for each document in the file, in order."""
+def read_documents(source: Source, field: str = "data.path") -> Iterator[tuple[str, str | Example | Chat]]:
+    """(document name, text) for each document in the file, in order; a JSONL record may give a
+    fine-tuning Example or Chat instead of text."""
     with _reading(source, field):
         if source.kind in ("parquet", "arrow"):
             yield from _rows(source, field)
@@ -212,16 +215,48 @@ def _array(source: Source, raw: bytes, field: str) -> Iterator[tuple[str, str]]:
         yield f"{source.name}:{i}", _field(obj, source, f"{source.path}[{i}]")
 
 
-def _field(obj: object, source: Source, where: str) -> str:
+@dataclass(frozen=True)
+class Example:
+    """A fine-tuning example: text segments, each trained on (its tokens are targets of the loss) or not.
+    A record {"prompt": ..., "completion": ...} is one; chat.py renders {"messages": [...]} into one."""
+
+    segments: tuple[tuple[str, bool], ...]
+
+
+@dataclass(frozen=True)
+class Chat:
+    """A record {"messages": [{"role": ..., "content": ...}, ...]}, for the tokenizer's chat template."""
+
+    messages: tuple[dict, ...]
+
+
+def _field(obj: object, source: Source, where: str) -> str | Example | Chat:
+    """A JSON record's document: its text field, or a fine-tuning example (prompt and completion, or
+    chat messages) when it has those instead."""
+    if isinstance(obj, dict) and source.text_field not in obj:
+        if isinstance(obj.get("prompt"), str) and isinstance(obj.get("completion"), str):
+            return Example(((_clean(obj["prompt"]), False), (_clean(obj["completion"]), True)))
+        if "messages" in obj:
+            return Chat(_messages(obj["messages"], where))
     if not isinstance(obj, dict) or source.text_field not in obj:
         keys = sorted(obj)[:8] if isinstance(obj, dict) else type(obj).__name__
         raise UserError("data.text_field", source.text_field,
-                        f"{where} has no such field (it has {keys}); set data.text_field")
+                        f"{where} has no such field (it has {keys}); set data.text_field, or give fine-tuning "
+                        "records as prompt and completion, or as messages")
     text = obj[source.text_field]
     if not isinstance(text, str):
         raise UserError("data.text_field", source.text_field,
                         f"{where}: the field is a {type(text).__name__}, not a string")
     return _clean(text)
+
+
+def _messages(messages: object, where: str) -> tuple[dict, ...]:
+    ok = isinstance(messages, list) and messages and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+    if not ok:
+        raise UserError("data.path", where, 'messages must be a list of {"role": ..., "content": ...} with string '
+                                            "values; fix the record")
+    return tuple({"role": m["role"], "content": _clean(m["content"])} for m in messages)
 
 
 def _clean(text: str) -> str:

@@ -23,6 +23,7 @@ MAX_OPEN_FILES = 64
 @dataclass(frozen=True)
 class Region:
     file: str
+    """"" for a region of ones that no file holds (the loss mask of a shard where every token is trained)."""
     start: int
     """First token of the region in the file."""
     length: int
@@ -50,8 +51,11 @@ class TokenStream:
             region, skip = self.regions[i], start + done - int(self.offsets[i])
             take = min(n - done, region.length - skip)
             size = self.dtype.itemsize
-            raw = os.pread(self._fd(region.file), take * size, (region.start + skip) * size)
-            out[done:done + take] = np.frombuffer(raw, dtype=self.dtype)
+            if region.file:
+                raw = os.pread(self._fd(region.file), take * size, (region.start + skip) * size)
+                out[done:done + take] = np.frombuffer(raw, dtype=self.dtype)
+            else:
+                out[done:done + take] = 1
             done += take
             i += 1
         return out

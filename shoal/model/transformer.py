@@ -204,6 +204,15 @@ def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", seed: int 
     return model
 
 
+IGNORE = -100
+"""A target the loss skips (F.cross_entropy's ignore_index): fine-tuning prompts (shoal/data/loader.py)."""
+
+
 def cross_entropy(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss in nats, computed in fp32 (or float64, see precision.py)."""
-    return F.cross_entropy(upcast(logits_BTV.flatten(0, 1)), targets_BT.flatten(0, 1))
+    """Mean next-token loss in nats over the targets that count, computed in fp32 (or float64, see
+    precision.py). A micro-batch with none (a window inside a long prompt) adds 0 and no gradient,
+    where the mean over nothing would be NaN and stop the run."""
+    targets = targets_BT.flatten(0, 1)
+    if not (targets != IGNORE).any():
+        return logits_BTV.sum() * 0.0
+    return F.cross_entropy(upcast(logits_BTV.flatten(0, 1)), targets, ignore_index=IGNORE)

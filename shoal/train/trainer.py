@@ -122,11 +122,11 @@ def build_data(job: Job, dp_rank: int = 0, dp_size: int = 1) -> Data:
     group, groups = (place.group, place.groups) if place else (0, 1)
     batch = t.global_batch * groups
     documents = tokenizer.eos_id if d.document_mask else None
-    loader = TokenLoader([Part(c.name, c.train, c.weight) for c in corpora], t.seq_len, batch,
+    loader = TokenLoader([Part(c.name, c.train, c.weight, c.train_mask) for c in corpora], t.seq_len, batch,
                          job.layout.micro_batch, group * dp_size + dp_rank, groups * dp_size, t.seed,
                          documents=documents, repeat=d.repeat)
     # Evaluation batches hold the whole batch's sequences, so every layout evaluates the same text.
-    eval_set = eval_batches([Part(c.name, c.val, c.weight) for c in corpora], t.seq_len, batch, t.eval_batches,
+    eval_set = eval_batches([Part(c.name, c.val, c.weight, c.val_mask) for c in corpora], t.seq_len, batch, t.eval_batches,
                             dp_rank, dp_size, documents=documents)
     return Data(tokenizer, loader, eval_set)
 

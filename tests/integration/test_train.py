@@ -85,3 +85,27 @@ def test_moe_trains_and_shows_in_metrics(tmp_path):
                   "--set", "train.global_batch=4", "--set", "train.seq_len=32", "--out", str(tmp_path), "--quiet")
     assert r.returncode == 0, r.stderr
     assert rows(tmp_path)[-1]["loss"] < rows(tmp_path)[0]["loss"]
+
+
+def test_a_mixture_of_fine_tuning_and_text_with_document_masks(tmp_path):
+    """A prepared prompt/completion corpus and raw text at 3:1, packed with document masks, ending where
+    the small corpus runs out (data.repeat=false): shares, the summary and the early end."""
+    import json
+
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text("".join(json.dumps({"prompt": f"Q{i}: what is {i} squared?\nA:", "completion": f" {i * i}."}) + "\n"
+                           for i in range(400)))
+    prepared = shoal_cli("data", "prepare", str(sft), "--out", str(tmp_path / "sft"), "--workers", "2")
+    assert prepared.returncode == 0 and "in 400 documents" in prepared.stdout, prepared.stdout + prepared.stderr
+    assert "the loss is on completions" in prepared.stdout
+    text = tmp_path / "text.jsonl"  # raw: prepared into the cache by the run
+    text.write_text("".join(json.dumps({"text": f"Line {i} of plain text. " * 3}) + "\n" for i in range(300)))
+    (tmp_path / "mix.toml").write_text(f'[data.mix]\n"{tmp_path / "sft"}" = 3\n"{text}" = 1\n')
+    r = shoal_cli("train", str(tmp_path / "mix.toml"), "--set", "model.preset=debug", "--set", "train.steps=50",
+                  "--set", "train.global_batch=8", "--set", "train.seq_len=64", "--set", "train.sample_tokens=0",
+                  "--set", "data.document_mask=true", "--set", "data.repeat=false", "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = rows(tmp_path / "run")
+    drawn = table[-1]["tokens_by_source"]
+    assert sum(drawn.values()) == table[-1]["tokens"] and drawn[str(tmp_path / "sft")] == 3 * drawn[str(text)]
+    assert len(table) < 50 and "of 50 (a corpus ran out" in r.stdout and "tokens by source" in r.stdout

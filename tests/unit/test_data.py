@@ -523,3 +523,73 @@ def test_document_indices_restart_at_each_eos():
     assert torch.equal(docs, expected) and docs.dtype == torch.long
     (_, _, eval_docs), = eval_batches(tokens, 9, 1, 1, documents=0)
     assert eval_docs.shape == (1, 9)
+
+
+# ---------------------------------------------------------------- fine-tuning examples
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_prompt_completion_trains_on_the_completion_only(tmp_path):
+    records = [{"prompt": "Q: 2+2?\nA:", "completion": " 4"}, {"text": "plain text trains everywhere"},
+               {"prompt": "Q: name?\nA:", "completion": " shoal"}]
+    write(tmp_path / "sft.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    prepare([str(tmp_path / "sft.jsonl")], "byte", str(tmp_path / "ds"), val_fraction=0.001)
+    corpus = build(tmp_path / "ds", val_fraction=0.001)
+    expected_ids, expected_mask = [], []
+    for r in records:
+        prompt, completion = r.get("prompt", ""), r.get("completion", r.get("text"))
+        expected_ids += [*prompt.encode(), *completion.encode(), 0]
+        expected_mask += [0] * len(prompt) + [1] * (len(completion) + 1)  # the closing eos is trained
+    tokens = np.concatenate([everything(corpus.train), everything(corpus.val)])  # the last example is held out
+    mask = np.concatenate([everything(corpus.train_mask), everything(corpus.val_mask)])
+    assert tokens.tolist() == expected_ids and mask.tolist() == expected_mask
+    tokens, mask = everything(corpus.train), everything(corpus.train_mask)
+    # the loader keeps every token as an input and only the trained ones as targets
+    n = len(tokens) - 1
+    (x, y), = TokenLoader([Part("sft", corpus.train, 1, corpus.train_mask)], n, 1, 1).next_step()
+    assert torch.equal(x[0], torch.from_numpy(tokens[:-1].astype(np.int64)))
+    assert torch.equal(y[0] != -100, torch.from_numpy(mask[1:] == 1))
+    # a micro-batch with no target left adds nothing (not NaN)
+    from shoal.model.transformer import cross_entropy
+
+    logits = torch.randn(1, 3, 256, requires_grad=True)
+    loss = cross_entropy(logits, torch.full((1, 3), -100))
+    loss.backward()
+    assert loss.item() == 0 and logits.grad.abs().sum() == 0
+
+
+def test_chat_messages_are_masked_through_the_template():
+    from shoal.data.chat import render
+
+    chat = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"},
+            {"role": "assistant", "content": "Bye."})
+    segments = render((CHATML, {}), chat, "chat.jsonl:1")
+    assert [t for t, trained in segments if trained] == ["Hello.<|im_end|>\n", "Bye.<|im_end|>\n"]
+    assert "".join(t for t, _ in segments) == "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in chat)
+    with pytest.raises(UserError, match="need the tokenizer's chat template"):
+        render(None, chat, "chat.jsonl:1")
+    with pytest.raises(UserError, match="no assistant message"):
+        render((CHATML, {}), chat[:2], "chat.jsonl:1")
+    unstable = "{% for m in messages %}{{ m.content }}{% endfor %}{{ messages | length }}"
+    with pytest.raises(UserError, match="renders a conversation's start differently"):
+        render((unstable, {}), chat, "chat.jsonl:1")
+
+
+def test_chat_records_prepare_with_the_tokenizers_template(tmp_path, hf_tokenizer_path):
+    import shutil
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    shutil.copy(hf_tokenizer_path, folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+    chat = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
+    write(tmp_path / "chat.jsonl", json.dumps(chat) + "\n")
+    prepare([str(tmp_path / "chat.jsonl")], str(folder / "tokenizer.json"), str(tmp_path / "ds"))
+    (record,) = open_dataset(str(tmp_path / "ds")).shards
+    assert record.loss_mask and 0 < np.fromfile(tmp_path / "ds" / "shards" / f"{record.key}.mask", np.uint8).sum() < record.tokens
+    with pytest.raises(UserError, match="need the tokenizer's chat template") as e:
+        prepare([str(tmp_path / "chat.jsonl")], hf_tokenizer_path, str(tmp_path / "ds2"))
+    assert "chat.jsonl:1" in str(e.value)
