@@ -501,7 +501,7 @@ tensor parallelism splits it evenly, and the head's matmul keeps aligned shapes.
 
 def _follow_the_tokenizer(cfg: JobConfig, layer: dict) -> None:
     """model.init_from is the model, and brings its tokenizer (pretrained.take_the_folder); without
-    it, model.vocab_size follows the tokenizer (rounded up to VOCAB_MULTIPLE) unless given. (Written
+    it, a prepared data.path brings its tokenizer (_take_the_prepared) and model.vocab_size follows the tokenizer (rounded up to VOCAB_MULTIPLE) unless given. (Written
     into the config, so job.json and run.json hold what the run used.)
 
     init_from replaces what an earlier source set (a recipe's preset, shape and tokenizer, under
@@ -509,6 +509,8 @@ def _follow_the_tokenizer(cfg: JobConfig, layer: dict) -> None:
     def source(key: str) -> int:  # 0 the defaults, 1 the recipe, 2 the command line
         return min(layer.get(key, 0), 2)
 
+    if not cfg.model.init_from:
+        _take_the_prepared(cfg, given=layer.keys())
     if cfg.model.init_from:
         mine = source("model.init_from")
         for key in [k for k in layer if k.startswith(("model.", "data.tokenizer")) and source(k) < mine]:
@@ -520,6 +522,19 @@ def _follow_the_tokenizer(cfg: JobConfig, layer: dict) -> None:
         from shoal.data.tokenizer import load_tokenizer
 
         cfg.model.vocab_size = -(-load_tokenizer(cfg.data.tokenizer).vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def _take_the_prepared(cfg: JobConfig, given) -> None:
+    """Prepared datasets (`shoal data prepare`) bring the tokenizer and held-out share they were made
+    with, unless data.tokenizer or data.val_fraction is given (corpus.check_prepared refuses a
+    mismatch, and corpora that disagree)."""
+    from shoal.data.corpus import data_paths
+    from shoal.data.dataset import prepared_settings
+
+    made = [m for p in data_paths(cfg.data) if (m := prepared_settings(p)) is not None]
+    for key, value in (("tokenizer", {m[0] for m in made}), ("val_fraction", {m[1] for m in made})):
+        if f"data.{key}" not in given and len(value) == 1:
+            setattr(cfg.data, key, value.pop())
 
 
 def config_from_sections(sections: dict, overrides: list[str] = ()) -> JobConfig:

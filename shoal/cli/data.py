@@ -70,6 +70,5 @@ def describe(args) -> int:
     if examples := sum(r.loss_mask for r in d.shards):
         print(f"{examples} of the files hold fine-tuning examples: the loss is on completions and replies only")
     print(f"tokenizer {d.tokenizer_file or 'byte'} ({s.vocab_size:,} tokens, eos id {s.eos_id}), stored as {d.dtype}; "
-          f"train on it with --set data.path={d.path}"
-          + (f" --set data.tokenizer={d.path}/{d.tokenizer_file}" if d.tokenizer_file else ""))
+          f"train on it with --set data.path={d.path} (the run takes its tokenizer)")
     return 0

@@ -72,6 +72,9 @@ def load_data(data, model_vocab_size: int) -> tuple[Tokenizer, list[Corpus]]:
         raise UserError("data.tokenizer", data.tokenizer,
                         f"has {tokenizer.vocab_size} tokens but model.vocab_size={model_vocab_size}; "
                         f"--set model.vocab_size={tokenizer.vocab_size}")
+    if data.document_mask and not getattr(tokenizer, "has_eos", True):
+        raise UserError("data.document_mask", True, f"{data.tokenizer} has no end-of-text token to find where "
+                                                    "documents begin; use a tokenizer with one (</s>, <|endoftext|>)")
     field = "data.mix" if data.mix else "data.path"
     corpora = [open_corpus(path, weight, tokenizer, data, field) for path, weight in data_paths(data).items()]
     return tokenizer, corpora

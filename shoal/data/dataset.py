@@ -169,6 +169,19 @@ def shard_problem(directory: str, record: ShardRecord, itemsize: int) -> str | N
     return None
 
 
+def prepared_settings(path: str) -> tuple[str, float] | None:
+    """(data.tokenizer, data.val_fraction) a prepared dataset was made with, from its manifest alone;
+    None for a path that is not one (or whose manifest cannot be read: open_dataset says why)."""
+    try:
+        with open(os.path.join(os.path.expanduser(path), MANIFEST)) as f:
+            raw = json.load(f)
+        tokenizer = raw.get("tokenizer_file")
+        return (os.path.join(os.path.abspath(os.path.expanduser(path)), tokenizer) if tokenizer else "byte",
+                float(raw["val_fraction"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def is_dataset(path: str) -> bool:
     return os.path.isfile(os.path.join(os.path.expanduser(path), MANIFEST))
 

@@ -56,7 +56,7 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, *, text_field: str
             show: bool = True, field: str = "data.path", out_field: str = "--out") -> Prepared:
     """Tokenize `inputs` (data paths, see sources.py) into the dataset folder `out`. `field` and
     `out_field` are what messages call the inputs and the folder."""
-    from shoal.data.tokenizer import load_tokenizer
+    from shoal.data.tokenizer import EOS_CANDIDATES, load_tokenizer
 
     t0 = time.perf_counter()
     if not 0 < val_fraction < 1:
@@ -76,6 +76,9 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, *, text_field: str
     kept = {s.name: r for s in mine if (r := _reusable(directory, s, settings)) is not None}
     todo = [s for s in mine if s.name not in kept]
     records = dict(kept)
+    if todo and not getattr(tokenizer, "has_eos", True):  # said when tokenizing, not on every reuse
+        print(f"shoal: warning: {tokenizer_spec} defines no end-of-text token ({', '.join(EOS_CANDIDATES)}), so id 0 "
+              f"({tokenizer.token_of(0)!r}, an ordinary token of it) separates documents", file=sys.stderr, flush=True)
     if todo:
         for record in _tokenize_all(todo, tokenizer_spec, directory, settings, workers, show):
             records[record.source] = record

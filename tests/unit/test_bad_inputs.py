@@ -135,6 +135,10 @@ FIELD_CASES = [
     ("data.val_fraction", "-0.1"), ("data.val_fraction", "1"), ("data.val_fraction", "0"), ("data.val_fraction", "nan"),
     ("data.path", ""), ("data.path", "/no/such/corpus"), ("data.path", "/no/such/dir/*.txt"),
     ("data.tokenizer", ""), ("data.tokenizer", "/no/such/tokenizer.json"), ("data.text_field", " "),
+    ("data.mix", '{{"a" = -0.3, "b" = 1}}'), ("data.mix", '{{"a" = 0, "b" = 0}}'), ("data.mix", "a=0.7"),
+    ("data.mix", '{{"a" = "heavy"}}'), ("data.mix", '{{"" = 1}}'), ("data.mix", '{{"a" = nan}}'),
+    ("data.mix", '{{"/no/such/corpus" = 1}}'), ("data.document_mask", "sometimes"), ("data.repeat", "2"),
+    ("train.sample_prompt", ""),
     ("checkpoint.every", "-1"), ("checkpoint.keep", "0"), ("checkpoint.dir", "../escape"),
     ("checkpoint.async", "maybe"), ("checkpoint.async", "2"),
     ("debug.hang_timeout_s", "-1"), ("debug.hang_timeout_s", "nan"), ("debug.hang_timeout_s", "inf"),
@@ -177,6 +181,9 @@ COMBO_CASES = [
     (["model.preset=debug-moe", "model.n_dense_layers=4"], "model.n_dense_layers"),
     (["train.seq_len=200", "model.max_seq_len=100"], "train.seq_len"),
     (["model.preset=debug", "train.sample_tokens=300"], "train.sample_tokens"),
+    (["data.path=/tmp", 'data.mix={"/tmp" = 1}'], "data.mix"),
+    (["data.repeat=false", "train.global_batch=100000", "train.micro_batch=1", "train.seq_len=64",
+      "model.preset=debug"], "data.repeat"),  # fewer sequences than one global batch
     (["parallel.diloco_inner_steps=5"], "parallel.diloco_inner_steps"),  # one process: no dp_replicate groups
     (["parallel.diloco_inner_steps=4", "parallel.diloco_fragments=5"], "parallel.diloco_fragments"),
     (["parallel.diloco_overlap_steps=1"], "parallel.diloco_overlap_steps"),  # DiLoCo off

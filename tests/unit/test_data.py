@@ -589,6 +589,10 @@ def test_chat_records_prepare_with_the_tokenizers_template(tmp_path, hf_tokenize
     write(tmp_path / "chat.jsonl", json.dumps(chat) + "\n")
     prepare([str(tmp_path / "chat.jsonl")], str(folder / "tokenizer.json"), str(tmp_path / "ds"))
     (record,) = open_dataset(str(tmp_path / "ds")).shards
+    from shoal.config import load_config
+
+    taken = load_config(None, [f"data.path={tmp_path / 'ds'}"]).data  # the dataset brings its tokenizer
+    assert taken.tokenizer == str(tmp_path / "ds" / "tokenizer.json") and taken.val_fraction == 0.01
     assert record.loss_mask and 0 < np.fromfile(tmp_path / "ds" / "shards" / f"{record.key}.mask", np.uint8).sum() < record.tokens
     with pytest.raises(UserError, match="need the tokenizer's chat template") as e:
         prepare([str(tmp_path / "chat.jsonl")], hf_tokenizer_path, str(tmp_path / "ds2"))
