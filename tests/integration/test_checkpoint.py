@@ -57,7 +57,8 @@ def test_retention_and_layout_on_disk(saved):
     assert files == [".metadata", "__0_0.distcp", "manifest.json", "train_state.json"]
     manifest = json.loads((saved / "checkpoints" / "step_00000006" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["step"] == 6 and set(manifest["files"]) == set(files) - {"manifest.json"}
-    assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in manifest["files"].values())
+    assert manifest["hash"] == "xxh3_128"
+    assert all(len(f["xxh3_128"]) == 32 and f["bytes"] > 0 for f in manifest["files"].values())
 
 
 def test_resume_auto_is_bitwise_identical(saved, tmp_path, capsys):
@@ -146,7 +147,7 @@ def test_paths_cannot_leave_the_checkpoint(saved, tmp_path):
     shutil.copytree(saved / "checkpoints" / "step_00000008", ckpt)
     # A manifest naming a file outside its directory is damage, not an instruction.
     manifest = json.loads((ckpt / "manifest.json").read_text())
-    manifest["files"]["../../etc/passwd"] = {"bytes": 1, "sha256": "0" * 64}
+    manifest["files"]["../../etc/passwd"] = {"bytes": 1, manifest["hash"]: "0" * 32}
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
     assert any("outside the checkpoint" in p for p in store.problems(ckpt))
     # So is a DCP index pointing its reads elsewhere.
