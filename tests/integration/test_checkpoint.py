@@ -32,11 +32,15 @@ def weights(out):
     return (out / "model" / "model.safetensors").read_bytes()
 
 
+METRICS = ["metrics.tensorboard=true", "metrics.wandb=offline"]
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """An uninterrupted run that checkpoints at steps 3, 6 and 8 (keep=2 leaves 6 and 8)."""
+    """An uninterrupted run that checkpoints at steps 3, 6 and 8 (keep=2 leaves 6 and 8), its
+    metrics also in TensorBoard and an offline W&B run."""
     out = tmp_path_factory.mktemp("saved")
-    run(out, "checkpoint.keep=2")
+    run(out, "checkpoint.keep=2", *METRICS)
     return out
 
 
@@ -67,11 +71,53 @@ def test_resume_auto_is_bitwise_identical(saved, tmp_path, capsys):
     partial = out / "checkpoints" / ".partial-step_00000007"
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(b"half a shard")
-    run(out)  # --resume auto: continues from step 6, truncates metrics.jsonl to it, appends steps 7-8
+    run(out, *METRICS)  # --resume auto: continues from step 6, truncates metrics.jsonl to it, appends steps 7-8
     assert "resuming from step 6" in capsys.readouterr().err
     assert not partial.exists()
     assert losses(out) == losses(saved)  # bitwise, every step
     assert weights(out) == weights(saved)
+    # TensorBoard's own reader and the W&B run files hold the rows of metrics.jsonl, each step once
+    # (the redone steps 7-8 replace the first attempt's), in the same W&B run.
+    rows = {r["step"]: r for r in read_rows(out)}
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s"):
+        want = [(s, pytest.approx(rows[s][key], rel=1e-6)) for s in sorted(rows)]
+        assert tensorboard_series(out, key) == want, key
+        assert wandb_series(out, key) == want, key
+    assert len({p.name.rsplit("-", 1)[1] for p in (out / "wandb").glob("offline-run-*")}) == 1
+
+
+def tensorboard_series(out, key):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(key)]
+
+
+def wandb_series(out, key):
+    """(step, value) of `key` in the W&B run files, the later attempt's value where a step was redone.
+    A .wandb file is a LevelDB-style log of W&B's protobuf records (7-byte header, 32 KiB blocks)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    found = {}
+    for path in sorted((out / "wandb").glob("offline-run-*/run-*.wandb")):  # named by start time: in order
+        data, pos, chunks = path.read_bytes(), 7, b""
+        while pos + 7 <= len(data):
+            if 32768 - pos % 32768 < 7:  # a block's tail too short for a record header is padding
+                pos += 32768 - pos % 32768
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            chunks, pos = chunks + data[pos + 7:pos + 7 + length], pos + 7 + length
+            if kind in (1, 4):  # a whole record, or the last piece of one
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(chunks)
+                chunks = b""
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                if record.HasField("history") and key in items:
+                    found[items["_step"]] = items[key]
+    return sorted(found.items())
 
 
 def test_async_save_writes_the_same_checkpoint(saved, tmp_path):

@@ -140,6 +140,9 @@ FIELD_CASES = [
     ("debug.hang_timeout_s", "0.01"), ("debug.hang_timeout_s", "1e-300"),  # a healthy job was reported hung
     ("debug.hang_timeout_s", "1e300"),  # overflowed the store's timeout on every worker (with --nproc 2)
     ("debug.check_collectives", "perhaps"),
+    ("debug.profile_steps", "4-3"), ("debug.profile_steps", "0-2"), ("debug.profile_steps", "three"),
+    ("debug.profile_steps", "3-"), ("debug.profile_steps", "1-100000"), ("debug.profile_ranks", "0,x"),
+    ("debug.profile_ranks", ""), ("metrics.wandb", "yes"), ("metrics.wandb_project", " "), ("metrics.tensorboard", "2"),
     ("model.preset", "llama9"), ("model.preset", ""),
     ("model.dim", "0"), ("model.dim", "-64"), ("model.dim", "63"), ("model.dim", "68"), ("model.dim", "6.4e1"),
     ("model.n_heads", "0"), ("model.n_heads", "3"),
