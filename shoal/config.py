@@ -242,10 +242,28 @@ def metrics_backend_problems(m: MetricsConfig) -> list[UserError]:
     import importlib.util
 
     wanted = {"tensorboard": m.tensorboard, "wandb": bool(m.wandb)}
-    return [UserError(f"metrics.{name}", getattr(m, name), f"needs the {module} package: pip install "
-                                                            f"'shoal[{extra}]' (or pip install {module})")
-            for name, (module, extra) in METRICS_BACKENDS.items()
-            if wanted[name] and importlib.util.find_spec(module) is None]
+    found = [UserError(f"metrics.{name}", getattr(m, name), f"needs the {module} package: pip install "
+                                                             f"'shoal[{extra}]' (or pip install {module})")
+             for name, (module, extra) in METRICS_BACKENDS.items()
+             if wanted[name] and importlib.util.find_spec(module) is None]
+    if m.wandb == "online" and not _wandb_logged_in():  # W&B would stop rank 0 mid-start with a traceback
+        found.append(UserError("metrics.wandb", m.wandb, "needs a W&B login: run `wandb login` or set WANDB_API_KEY, "
+                                                         "or use metrics.wandb=offline (no account needed)"))
+    return found
+
+
+def _wandb_logged_in() -> bool:
+    """Whether W&B has an API key: WANDB_API_KEY, or the netrc entry `wandb login` writes."""
+    import netrc
+    import os
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0].split(":")[0]
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 MIN_HANG_TIMEOUT_S = 1.0

@@ -15,6 +15,7 @@ import os
 import uuid
 from pathlib import Path
 
+from shoal.errors import UserError, first_line
 from shoal.rundir.names import TENSORBOARD, WANDB, WANDB_RUN_ID
 
 
@@ -90,10 +91,20 @@ class WandbBackend:
 
 def open_backends(metrics_cfg, out: Path, start: int, config: dict) -> list:
     """The backends [metrics] asks for (none by default). Rank 0 only; the libraries were checked
-    to be installed before any process started (config.metrics_backend_problems)."""
+    to be installed before any process started (config.metrics_backend_problems). One that cannot
+    start (an unwritable folder, W&B refusing the login) stops the run with one line naming it."""
     backends: list = []
-    if metrics_cfg.tensorboard:
-        backends.append(TensorBoardBackend(out, start))
-    if metrics_cfg.wandb:
-        backends.append(WandbBackend(out, metrics_cfg.wandb, metrics_cfg.wandb_project, config))
+    wanted = [("metrics.tensorboard", metrics_cfg.tensorboard, lambda: TensorBoardBackend(out, start)),
+              ("metrics.wandb", metrics_cfg.wandb, lambda: WandbBackend(out, metrics_cfg.wandb,
+                                                                        metrics_cfg.wandb_project, config))]
+    for field, value, start_backend in wanted:
+        if not value:
+            continue
+        try:
+            backends.append(start_backend())
+        except Exception as e:  # the libraries' own errors, of many types
+            for backend in backends:
+                backend.close()
+            raise UserError(field, value, f"could not start ({type(e).__name__}: {first_line(e)}); "
+                                          f"fix that, or turn {field} off") from None
     return backends

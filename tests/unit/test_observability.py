@@ -89,3 +89,16 @@ def test_a_missing_metrics_library_is_one_line_naming_the_field_and_pip(field, m
     with pytest.raises(UserError) as e:
         load_config(None, [field])
     assert e.value.field == field.split("=")[0] and f"pip install 'shoal[{module}]'" in e.value.fix
+
+
+def test_wandb_online_without_a_login_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    from shoal.config import load_config
+    from shoal.errors import UserError
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    (tmp_path / "netrc").write_text("machine example.org login x password y\n")
+    with pytest.raises(UserError, match="wandb login"):
+        load_config(None, ["metrics.wandb=online"])
+    (tmp_path / "netrc").write_text("machine api.wandb.ai login user password key\n")
+    assert load_config(None, ["metrics.wandb=online"]).metrics.wandb == "online"
