@@ -29,7 +29,8 @@ from shoal.checkpoint import state as ckpt_state
 from shoal.checkpoint import store
 from shoal.checkpoint.choose import check_not_finished, checkpoint_root, choose_checkpoint, restart_count
 from shoal.checkpoint.hashing_writer import hashing_writer
-from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
+from shoal.checkpoint.mapped_read import MappedReader
+from shoal.checkpoint.safe_read import TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
 from shoal.config import JobConfig
 from shoal.data.tokenizer_files import TOKENIZER_FILES, copy_tokenizer
 from shoal.errors import UserError
@@ -89,7 +90,7 @@ class Checkpointer:
             saved = {k: v for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size")}
             targets = ckpt_state.load_targets(self.pm.modules, self.optimizer, self.rt.rank, saved,
                                                 self.pm.grad_compressor, self.pm.diloco)
-            dcp.load(targets, storage_reader=SafeReader(path), planner=TensorsOnlyLoadPlanner(),
+            dcp.load(targets, storage_reader=MappedReader(path), planner=TensorsOnlyLoadPlanner(),
                      process_group=self.pg, no_dist=self.rt.world_size == 1)
         except UnsafeCheckpoint as e:
             raise UserError("--resume", str(path), f"refused: {e}") from None

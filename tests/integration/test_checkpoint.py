@@ -132,6 +132,26 @@ def test_async_save_writes_the_same_checkpoint(saved, tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_mapped_reader_loads_what_dcp_own_reader_loads(saved):
+    """The fast path (each tensor a view of the mapped file, copied once) against DCP's FileSystemReader."""
+    import torch.distributed.checkpoint as dcp
+
+    from shoal.checkpoint.mapped_read import MappedReader
+    from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, read_metadata
+
+    ckpt = saved / "checkpoints" / "step_00000008"
+    saved_tensors = {k: v for k, v in read_metadata(ckpt).state_dict_metadata.items() if hasattr(v, "size")}
+
+    def load(reader):
+        targets = {k: torch.full(v.size, float("nan")).to(v.properties.dtype) for k, v in saved_tensors.items()}
+        dcp.load(targets, storage_reader=reader, planner=TensorsOnlyLoadPlanner(), no_dist=True)
+        return targets
+
+    mapped, reference = load(MappedReader(ckpt)), load(SafeReader(ckpt))
+    assert len(mapped) > 20 and any(t.ndim == 0 for t in mapped.values())  # weights, AdamW moments and steps
+    assert all(torch.equal(mapped[k], reference[k]) for k in reference)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip-a-byte", "no-manifest"])
 def test_damaged_newest_checkpoint_is_reported_and_the_previous_one_used(saved, tmp_path, capsys, damage):
     from shoal.checkpoint.choose import choose_checkpoint
