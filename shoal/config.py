@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -213,6 +214,67 @@ class DebugConfig:
     """CUDA only: record every allocation (torch.cuda.memory._record_memory_history) and write
     <out>/memory_snapshot_rank<N>.pickle at the end, for https://pytorch.org/memory_viz; ignored
     with a warning on CPU."""
+    profile_steps: str = ""
+    """Record a torch.profiler trace of these optimizer steps, `A-B` or `A` (e.g. `3-4`), into
+    <out>/profile/rank<N>.trace.json (Chrome/Perfetto JSON; https://ui.perfetto.dev); `shoal report`
+    summarizes it. Empty: no profiling."""
+    profile_ranks: str = "0"
+    """Which ranks record a trace: `all`, or rank numbers separated by commas (`0,3`). Default rank 0:
+    one trace is what one usually reads, and every traced rank slows its steps."""
+    profile_memory: bool = False
+    """Also record tensor allocations in the trace (torch.profiler's profile_memory)."""
+    profile_stacks: bool = False
+    """Also record each op's Python stack (with_stack; larger traces, slower steps)."""
+
+
+@dataclass
+class MetricsConfig:
+    """Where each step's metrics go besides <out>/metrics.jsonl (always written; the source of truth).
+    Written by rank 0; per-rank numbers (memory) as one series per rank. A resumed run continues
+    the same TensorBoard folder and the same W&B run."""
+
+    tensorboard: bool = False
+    """Write TensorBoard event files to <out>/tensorboard (`tensorboard --logdir <out>`); needs
+    `pip install 'shoal[tensorboard]'`."""
+    wandb: str = ""
+    """Weights & Biases: `offline` (files under <out>/wandb, no account or network; `wandb sync` uploads
+    them later), `online`, or empty for none; the run id is kept in <out>/wandb/shoal_run_id so a
+    resumed run continues it. Needs `pip install 'shoal[wandb]'`."""
+    wandb_project: str = "shoal"
+    """The W&B project the run belongs to."""
+
+
+METRICS_BACKENDS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
+"""metrics field -> (module it imports, shoal's pip extra)."""
+
+
+def metrics_backend_problems(m: MetricsConfig) -> list[UserError]:
+    """A metrics backend asked for whose library is not installed: caught before any process starts."""
+    import importlib.util
+
+    wanted = {"tensorboard": m.tensorboard, "wandb": bool(m.wandb)}
+    found = [UserError(f"metrics.{name}", getattr(m, name), f"needs the {module} package: pip install "
+                                                             f"'shoal[{extra}]' (or pip install {module})")
+             for name, (module, extra) in METRICS_BACKENDS.items()
+             if wanted[name] and importlib.util.find_spec(module) is None]
+    if m.wandb == "online" and not _wandb_logged_in():  # W&B would stop rank 0 mid-start with a traceback
+        found.append(UserError("metrics.wandb", m.wandb, "needs a W&B login: run `wandb login` or set WANDB_API_KEY, "
+                                                         "or use metrics.wandb=offline (no account needed)"))
+    return found
+
+
+def _wandb_logged_in() -> bool:
+    """Whether W&B has an API key: WANDB_API_KEY, or the netrc entry `wandb login` writes."""
+    import netrc
+    import os
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0].split(":")[0]
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 MIN_HANG_TIMEOUT_S = 1.0
@@ -221,6 +283,34 @@ a first step) holds progress longer, so below a second a healthy job is reported
 MAX_HANG_TIMEOUT_S = 7 * 24 * 3600.0
 """The longest: a week without progress is no watchdog at all (0 says so), and far larger values
 overflowed the store's timeout in every worker (1e300: OverflowError, a traceback per rank)."""
+
+
+_DIGITS = re.compile("[0-9]{1,18}")
+
+
+def profile_steps_problem(text: str) -> str | None:
+    """Why `text` cannot be debug.profile_steps, or None."""
+    if text.strip() == "" or profile_step_range(text) is not None:
+        return None
+    return "use a step or a range of optimizer steps `A-B` with 1 <= A <= B, e.g. 3-4 (or empty for none)"
+
+
+def profile_step_range(text: str) -> tuple[int, int] | None:
+    """debug.profile_steps as (first, last) step, both inclusive; None when it is empty or malformed."""
+    first, _, last = text.strip().partition("-")
+    last = last if _ else first
+    if not (_DIGITS.fullmatch(first.strip()) and _DIGITS.fullmatch(last.strip())):
+        return None
+    a, b = int(first), int(last)
+    return (a, b) if 1 <= a <= b else None
+
+
+def profile_ranks(text: str) -> set[int] | None:
+    """debug.profile_ranks as a set of ranks (None for `all` or a malformed list)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(_DIGITS.fullmatch(p) for p in parts):
+        return None
+    return {int(p) for p in parts}
 
 
 def hang_timeout_problem(seconds: object) -> str | None:
@@ -240,6 +330,7 @@ SECTIONS = {
     "data": DataConfig,
     "checkpoint": CheckpointConfig,
     "debug": DebugConfig,
+    "metrics": MetricsConfig,
 }
 ALIASES = {("checkpoint", "async"): "async_save"}
 
@@ -252,6 +343,7 @@ class JobConfig:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def model_config(self) -> ModelConfig:
         overrides = {f.name: getattr(self.model, f.name) for f in _MODEL_OVERRIDES if getattr(self.model, f.name) is not None}
@@ -339,6 +431,7 @@ class JobConfig:
             _check(not (problem := checkpoint_dir_problem(Path(c.dir))), "checkpoint.dir", c.dir, problem or "")
         h = self.debug.hang_timeout_s
         _check(hang_timeout_problem(h) is None, "debug.hang_timeout_s", h, hang_timeout_problem(h) or "")
+        _check_observability(self.debug, self.metrics, t.steps)
         return self
 
 
@@ -354,6 +447,22 @@ def _check_data(d: DataConfig) -> None:
                "corpus rather than weighting it 0")
     _check(not (d.mix and d.path != DataConfig.path), "data.mix", d.mix,
            f"data.path={d.path!r} is set too; train on one or the other (put it in the mix)")
+
+
+def _check_observability(debug: DebugConfig, metrics: MetricsConfig, steps: int) -> None:
+    """debug.profile_* and [metrics]: well formed, within the run, and their libraries installed."""
+    _check(profile_steps_problem(debug.profile_steps) is None, "debug.profile_steps", debug.profile_steps,
+           profile_steps_problem(debug.profile_steps) or "")
+    if (asked := profile_step_range(debug.profile_steps)) is not None:
+        _check(asked[1] <= steps, "debug.profile_steps", debug.profile_steps,
+               f"ends after the run's last step (train.steps={steps}); profile steps within it, e.g. 3-4")
+    _check(debug.profile_ranks.strip() == "all" or profile_ranks(debug.profile_ranks) is not None,
+           "debug.profile_ranks", debug.profile_ranks, "use `all` or rank numbers separated by commas, e.g. 0 or 0,3")
+    _check(metrics.wandb in ("", "offline", "online"), "metrics.wandb", metrics.wandb,
+           "use `offline` (no account or network needed), `online`, or leave it empty for none")
+    _check(metrics.wandb_project.strip() != "", "metrics.wandb_project", metrics.wandb_project, "may not be empty, e.g. shoal")
+    for problem in metrics_backend_problems(metrics):
+        raise problem
 
 
 FLOAT32_MAX = 3.4028234663852886e38

@@ -37,9 +37,10 @@ def _attempts(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
 
 
 def training_figure(run, stem: Path) -> list[Path]:
-    """Loss and eval loss; tokens/s and MFU; over steps, with evaluations, checkpoints and restarts marked."""
+    """Loss and eval loss; tokens/s and MFU; learning rate; gradient norm; over steps, with
+    evaluations, checkpoints and restarts marked."""
     plt = pyplot()
-    fig, (ax_loss, ax_tps) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, ((ax_loss, ax_tps), (ax_lr, ax_norm)) = plt.subplots(2, 2, figsize=(11, 7.2))
     ax_loss.plot(*_attempts(run.rows, "loss"), ".-", ms=3, color="#4c72b0", label="train loss")
     ev = [r for r in run.rows if "eval_loss" in r]
     if ev:
@@ -61,7 +62,18 @@ def training_figure(run, stem: Path) -> list[Path]:
     h1, l1 = ax_tps.get_legend_handles_labels()
     h2, l2 = ax_mfu.get_legend_handles_labels()
     ax_tps.legend(h1 + h2, l1 + l2, fontsize=7, loc="lower right")
-    for ax in (ax_loss, ax_tps):
+    for ax, key, color, title, label in ((ax_lr, "lr", "#8172b2", "learning rate", "learning rate"),
+                                         (ax_norm, "grad_norm", "#dd8452", "gradient norm",
+                                          "gradient L2 norm (before clipping)")):
+        rows = [r for r in run.rows if r.get(key) is not None]
+        ax.plot(*_attempts(rows, key), ".-", ms=3, color=color)
+        _marks(ax, run, label=False)
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.set_title(title)
+        if not rows:
+            ax.text(0.5, 0.5, f"no {key} in metrics.jsonl", ha="center", va="center", transform=ax.transAxes)
+    for ax in (ax_loss, ax_tps, ax_lr, ax_norm):
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return save(fig, stem)

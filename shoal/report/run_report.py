@@ -13,7 +13,8 @@ from shoal.report.html import Figure, Section, render
 from shoal.rundir.names import REPORT
 from shoal.rundir.run import Run, load_run
 
-SECTION_IDS = ("summary", "training", "rank-grid", "pipeline", "memory", "communication", "stragglers", "prediction")
+SECTION_IDS = ("summary", "training", "rank-grid", "pipeline", "memory", "communication", "stragglers", "prediction",
+               "profile")
 NEEDS = ("config.train.global_batch", "config.train.seq_len", "config.model", "layout", "world")
 """The run.json fields this page reads, beyond what load_run reads itself (it checks all their kinds)."""
 
@@ -38,7 +39,8 @@ def build_report(run_dir: Path, out: Path | None = None, allow_partial: bool = F
     out.mkdir(parents=True, exist_ok=True)
     try:
         sections = [summary_section(run), training_section(run, out), grid_section(run, out),
-                    pipeline_section(run, out), *measured_sections(run, out, measured, found)]
+                    pipeline_section(run, out), *measured_sections(run, out, measured, found),
+                    profile_section(run_dir)]
         assert [s.id for s in sections] == list(SECTION_IDS)
         page = out / "index.html"
         page.write_text(render(f"shoal run report: {run_dir.resolve().name}", sections))
@@ -64,6 +66,7 @@ def summary_section(run: Run) -> Section:
         s.table += [("ranks", f"{run.info['world']} ({run.info.get('local_world', run.info['world'])} per node, "
                               f"{run.info.get('device_name', run.info.get('device'))})"),
                     ("layout", lay.short()), ("model", run.info["config"]["model"].get("preset", "?"))]
+        s.table += setup_rows(run.info, lay)
     if run.rows:
         m = steady_measurement(run)
         last = run.rows[-1]
@@ -86,10 +89,11 @@ def training_section(run: Run, out: Path) -> Section:
         s.notes.append("no steps written yet")
         return s
     png = training_figure(run, out / "training")[0]
-    s.figures.append(Figure(png, "Two charts over training steps: train and eval loss on the left; tokens per "
-                                 "second and MFU on the right; vertical lines mark evaluations, checkpoints and restarts.",
-                            "Loss and eval loss (left); tokens/s and MFU (right). Dotted purple: evaluation; dashed "
-                            "green: checkpoint; solid red: restart."))
+    s.figures.append(Figure(png, "Four charts over training steps: train and eval loss top left; tokens per second "
+                                 "and MFU top right; the learning rate bottom left; the gradient norm bottom right; "
+                                 "vertical lines mark evaluations, checkpoints and restarts.",
+                            "Loss and eval loss, tokens/s and MFU (top); learning rate and gradient norm (bottom). "
+                            "Dotted purple: evaluation; dashed green: checkpoint; solid red: restart."))
     return s
 
 
@@ -247,9 +251,48 @@ def comm_paragraph(run: Run) -> str:
     return f"Rank 0 sends per steady step, by parallel dimension: {parts}."
 
 
+def setup_rows(info: dict, lay) -> list[tuple[str, str]]:
+    """What the run trained on and how: data, tokenizer, vocabulary, sequence length, batch, learning rate."""
+    cfg = info["config"]
+    t, d, vocab = cfg["train"], cfg.get("data", {}), info.get("model", {}).get("vocab_size")
+    seq, batch = t["seq_len"], t["global_batch"]
+    return [("data", str(d.get("path", "?"))), ("tokenizer", str(d.get("tokenizer", "?"))),
+            ("vocabulary", f"{vocab:,} ids (model.vocab_size)" if isinstance(vocab, int) else "?"),
+            ("sequence length", f"{seq} tokens"),
+            ("batch", f"{batch} sequences = {batch * seq:,} tokens per step (micro-batch {lay.micro_batch} per rank)"),
+            ("learning rate", f"{t.get('lr')} peak ({t.get('optimizer', 'adamw')}), {t.get('warmup_steps')} warm-up "
+                              f"steps, cosine to {t.get('min_lr_ratio')}x")]
+
+
+def profile_section(run_dir: Path) -> Section:
+    """debug.profile_steps' summaries (shoal/rundir/profile_summary.py): time split and top ops per traced rank."""
+    from shoal.rundir.profile_summary import read_summaries
+
+    s = Section("profile", "Profile (torch.profiler)")
+    found = read_summaries(run_dir)
+    if not found:
+        s.paragraphs.append("No profile: set debug.profile_steps (e.g. 3-4) and debug.profile_ranks to record "
+                            "torch.profiler traces of a few steps.")
+        return s
+    steps = found[0]["steps"]
+    s.paragraphs.append(f"Steps {', '.join(map(str, steps))} traced on rank{'s' if len(found) > 1 else ''} "
+                        f"{', '.join(str(f['rank']) for f in found)}; time split from {found[0]['busy_source']} "
+                        "(communication: collective ops and their waits; idle: no op running). Open the traces "
+                        "in https://ui.perfetto.dev: " + ", ".join(f"profile/{f['trace']}" for f in found) + ".")
+    for f in found:
+        total = f["step_us"] or 1.0
+        s.table.append((f"rank {f['rank']}", f"{f['step_us'] / 1e3:.1f} ms over {len(f['steps'])} steps: compute "
+                                              f"{f['compute_us'] / total:.0%}, communication {f['comm_us'] / total:.0%}, "
+                                              f"idle {f['idle_us'] / total:.0%}"))
+    for f in found[:1]:
+        top = ", ".join(f"{op['name']} {op['self_us'] / 1e3:.1f} ms ({op['calls']}x)" for op in f["top_ops"][:10])
+        s.paragraphs.append(f"Top ops on rank {f['rank']} by self time: {top}.")
+    return s
+
+
 def _plan_command(run: Run) -> str:
     lay, t = _layout(run), run.info["config"]["train"]
-    cmd = (f"shoal plan --model {run.info['config']['model'].get('preset')} --seq-len {t['seq_len']} "
+    cmd = (f"shoal plan {_plan_model_flags(run.info)} --seq-len {t['seq_len']} "
            f"--global-batch {t['global_batch']} --gpus {run.info['world']} --tp {lay.tp} --pp {lay.pp} --dp {lay.dp} "
            f"--zero {lay.zero} --micro-batch {lay.micro_batch} --activation-checkpoint {lay.activation_checkpoint}")
     if lay.pp > 1:
@@ -257,3 +300,25 @@ def _plan_command(run: Run) -> str:
     if lay.ep > 1:
         cmd += f" --ep {lay.ep}"
     return cmd + (" --gpu local" if run.info.get("device") == "cpu" else "")
+
+
+def _plan_model_flags(info: dict) -> str:
+    """--model and a shape flag for every field where the model the run trained differs from it: the
+    overrides, and what the data set (a tokenizer's vocabulary), so the planner sees the same model."""
+    import shlex
+
+    from shoal.model.config import get_preset
+    from shoal.planner.request import SHAPE_FLAGS
+
+    section = info["config"]["model"]
+    base = section.get("init_from") or section.get("preset")
+    if section.get("init_from"):
+        from shoal.pretrained import open_pretrained
+
+        preset = open_pretrained(base, field="model.init_from").model
+    else:
+        preset = get_preset(base)
+    trained = info.get("model", {})
+    flags = [f"--{flag.replace('_', '-')} {trained[name]}" for name, flag in SHAPE_FLAGS.items()
+             if name in trained and trained[name] != getattr(preset, name)]
+    return " ".join([f"--model {shlex.quote(str(base))}", *flags])

@@ -5,7 +5,9 @@ reader and writer for each file (no torch; all of it runs before anything is bui
       .lock                     held while the run lives, naming its pid and host (lock.py)
       job.json                  the job as last prepared: config, world, layout (shoal/job.py)
       run.json                  config, layout, machines, each start, the prediction (run_info.py)
-      metrics.jsonl             one row per step (metrics.py)
+      metrics.jsonl             one row per step (metrics.py), the source of truth; also, when asked,
+      tensorboard/, wandb/      TensorBoard event files and a W&B run (shoal/train/metric_backends.py)
+      profile/rank<N>.trace.json  torch.profiler traces of debug.profile_steps (shoal/train/profiling.py)
       model/                    the final weights (shoal/checkpoint/weights.py)
       checkpoints/step_N/       the default checkpoint root (shoal/checkpoint/store.py)
       report/                   `shoal report`'s page

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.files import PROBE_PREFIX, check_output_dir
-from shoal.rundir.names import JOB, LOCK, METRICS, MODEL, REPORT, RUN_INFO, what_shoal_wrote
+from shoal.rundir.names import JOB, LOCK, METRICS, MODEL, PROFILE, REPORT, RUN_INFO, TENSORBOARD, WANDB, what_shoal_wrote
 
 OWN_FILES = (LOCK, JOB, METRICS, RUN_INFO)
 """The files a run keeps at the top of its --out."""
@@ -17,8 +17,9 @@ BEFORE_RUN_INFO = (LOCK, JOB + "*", "slurm-*.out", "replica-*", PROBE_PREFIX + "
 """What a fresh --out may hold besides nothing: what a start that died before writing run.json
 leaves (its lock and job, replica groups, a shared-folder probe, Ray's storage, a hang report), shoal
 slurm's log (sbatch opens it first), a fresh filesystem's lost+found."""
-OWN_FOLDERS = (MODEL, REPORT)
-"""The folders the run (its final weights) and `shoal report` (its default --out) write into its --out."""
+OWN_FOLDERS = (MODEL, REPORT, TENSORBOARD, WANDB, PROFILE)
+"""The folders the run (its final weights, metrics backends, profiler traces) and `shoal report` (its
+default --out) write into its --out."""
 
 
 def checkpoint_dir_problem(inside_out: Path) -> str | None:

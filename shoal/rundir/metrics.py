@@ -37,11 +37,12 @@ caches and (on GPU) pick kernels, so they are slower than every step after them.
 
 
 class MetricsLog:
-    """Appends one row per step to <out>/metrics.jsonl (only where `enabled`: rank 0); every rank
-    keeps the speed of the steps it logged, for the run summary's `steady()`."""
+    """Appends one row per step to <out>/metrics.jsonl (only where `enabled`: rank 0), and hands it
+    to the `backends` (TensorBoard, W&B: shoal/train/metric_backends.py); every rank keeps the speed
+    of the steps it logged, for the run summary's `steady()`."""
 
-    def __init__(self, out: Path, enabled: bool = True, append: bool = False):
-        self.path = out / METRICS
+    def __init__(self, out: Path, enabled: bool = True, append: bool = False, backends: list = ()):
+        self.path, self._backends = out / METRICS, list(backends)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
         self._fd = os.open(self.path, flags, 0o644) if enabled else None
         self._speed: list[tuple] = []  # (step, step_time_s, tokens_per_s, mfu): what steady() reads, not whole rows
@@ -56,12 +57,19 @@ class MetricsLog:
                 line = line[os.write(self._fd, line):]
             if sync:
                 os.fsync(self._fd)
+        for backend in self._backends:
+            backend.write(row)
+            if sync:  # as far as the checkpoint, like the file
+                backend.flush()
 
     def steady(self, start: int) -> "Steady":
         """The speed of the steps this process logged, the first WARMUP_STEPS after `start` left out."""
         return steady([dict(zip(_SPEED, speed)) for speed in self._speed], starts=(start,))
 
     def close(self) -> None:
+        for backend in self._backends:
+            backend.close()
+        self._backends = []
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

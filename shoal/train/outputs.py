@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shoal.rundir.metrics import MetricsLog
+from shoal.train.metric_backends import open_backends
 from shoal.train.nonfinite import NonFiniteGuard
 from shoal.train.progress import Progress
 
@@ -19,7 +20,8 @@ class Outputs:
     def __init__(self, job, rt, out: Path, ckpt, start: int, *, show: bool, append: bool):
         t = job.cfg.train
         self.rt, self.ckpt, self.async_save = rt, ckpt, job.cfg.checkpoint.async_save
-        self.log = MetricsLog(out, enabled=rt.is_main, append=append)
+        backends = open_backends(job.cfg.metrics, out, start, job.cfg.to_dict()) if rt.is_main else []
+        self.log = MetricsLog(out, enabled=rt.is_main, append=append, backends=backends)
         self.progress = Progress(t.steps, start, enabled=show and rt.is_main)
         self.guard = NonFiniteGuard(t.on_nonfinite, before_stop=self.close, report=rt.is_main)
 

@@ -35,6 +35,7 @@ from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mar
 from shoal.train.memory import peak_mem_bytes, reset_peak_mem
 from shoal.train.optim import build_optimizer
 from shoal.train.outputs import Outputs
+from shoal.train.profiling import StepProfiler
 from shoal.train.progress import print_summary
 from shoal.train.replicas import join_replicas
 from shoal.train.step import TrainStep
@@ -70,9 +71,11 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     outputs = Outputs(job, rt, out, ckpt, start, show=show, append=start > 0 or replicas.rejoining)
     step = TrainStep(job, rt, pm, optimizer, data.loader, replicas, outputs.guard, start=start,
                      step_flops=step_flops(job), peak_flops=peak.flops, plan=plan)
+    profiler = StepProfiler(cfg.debug, rt.rank, out, rt.device)  # debug.profile_steps, on the ranks asked
     started, eval_loss, row = time.perf_counter(), math.nan, {}
     # data.repeat=false ends the run where a corpus runs out: every rank sees it after the same step
     while step.done < t.steps and not data.loader.exhausted():
+        profiler.at(step.done + 1)
         if (done := step()) is None:
             continue  # a replica group died mid-step: nobody stepped, the step is redone
         last = done.step == t.steps or data.loader.exhausted() is not None
@@ -84,6 +87,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
         if stopping:
             outputs.close()
             raise preempt.stopped(rt, done.step, ckpt.path_of(done.step))
+    profiler.close()
     replicas.close()
     outputs.close()  # waits for a save still being written in the background
     snapshot.dump()

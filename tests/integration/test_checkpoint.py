@@ -32,11 +32,15 @@ def weights(out):
     return (out / "model" / "model.safetensors").read_bytes()
 
 
+METRICS = ["metrics.tensorboard=true", "metrics.wandb=offline"]
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """An uninterrupted run that checkpoints at steps 3, 6 and 8 (keep=2 leaves 6 and 8)."""
+    """An uninterrupted run that checkpoints at steps 3, 6 and 8 (keep=2 leaves 6 and 8), its
+    metrics also in TensorBoard and an offline W&B run."""
     out = tmp_path_factory.mktemp("saved")
-    run(out, "checkpoint.keep=2")
+    run(out, "checkpoint.keep=2", *METRICS)
     return out
 
 
@@ -57,7 +61,8 @@ def test_retention_and_layout_on_disk(saved):
     assert files == [".metadata", "__0_0.distcp", "manifest.json", "train_state.json"]
     manifest = json.loads((saved / "checkpoints" / "step_00000006" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["step"] == 6 and set(manifest["files"]) == set(files) - {"manifest.json"}
-    assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in manifest["files"].values())
+    assert manifest["hash"] == "xxh3_128"
+    assert all(len(f["xxh3_128"]) == 32 and f["bytes"] > 0 for f in manifest["files"].values())
 
 
 def test_resume_auto_is_bitwise_identical(saved, tmp_path, capsys):
@@ -66,11 +71,53 @@ def test_resume_auto_is_bitwise_identical(saved, tmp_path, capsys):
     partial = out / "checkpoints" / ".partial-step_00000007"
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(b"half a shard")
-    run(out)  # --resume auto: continues from step 6, truncates metrics.jsonl to it, appends steps 7-8
+    run(out, *METRICS)  # --resume auto: continues from step 6, truncates metrics.jsonl to it, appends steps 7-8
     assert "resuming from step 6" in capsys.readouterr().err
     assert not partial.exists()
     assert losses(out) == losses(saved)  # bitwise, every step
     assert weights(out) == weights(saved)
+    # TensorBoard's own reader and the W&B run files hold the rows of metrics.jsonl, each step once
+    # (the redone steps 7-8 replace the first attempt's), in the same W&B run.
+    rows = {r["step"]: r for r in read_rows(out)}
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s"):
+        want = [(s, pytest.approx(rows[s][key], rel=1e-6)) for s in sorted(rows)]
+        assert tensorboard_series(out, key) == want, key
+        assert wandb_series(out, key) == want, key
+    assert len({p.name.rsplit("-", 1)[1] for p in (out / "wandb").glob("offline-run-*")}) == 1
+
+
+def tensorboard_series(out, key):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(key)]
+
+
+def wandb_series(out, key):
+    """(step, value) of `key` in the W&B run files, the later attempt's value where a step was redone.
+    A .wandb file is a LevelDB-style log of W&B's protobuf records (7-byte header, 32 KiB blocks)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    found = {}
+    for path in sorted((out / "wandb").glob("offline-run-*/run-*.wandb")):  # named by start time: in order
+        data, pos, chunks = path.read_bytes(), 7, b""
+        while pos + 7 <= len(data):
+            if 32768 - pos % 32768 < 7:  # a block's tail too short for a record header is padding
+                pos += 32768 - pos % 32768
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            chunks, pos = chunks + data[pos + 7:pos + 7 + length], pos + 7 + length
+            if kind in (1, 4):  # a whole record, or the last piece of one
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(chunks)
+                chunks = b""
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                if record.HasField("history") and key in items:
+                    found[items["_step"]] = items[key]
+    return sorted(found.items())
 
 
 def test_async_save_writes_the_same_checkpoint(saved, tmp_path):
@@ -83,6 +130,26 @@ def test_async_save_writes_the_same_checkpoint(saved, tmp_path):
         a, _ = load_full_state(saved / "checkpoints" / step)
         b, _ = load_full_state(out / "checkpoints" / step)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_mapped_reader_loads_what_dcp_own_reader_loads(saved):
+    """The fast path (each tensor a view of the mapped file, copied once) against DCP's FileSystemReader."""
+    import torch.distributed.checkpoint as dcp
+
+    from shoal.checkpoint.mapped_read import MappedReader
+    from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, read_metadata
+
+    ckpt = saved / "checkpoints" / "step_00000008"
+    saved_tensors = {k: v for k, v in read_metadata(ckpt).state_dict_metadata.items() if hasattr(v, "size")}
+
+    def load(reader):
+        targets = {k: torch.full(v.size, float("nan")).to(v.properties.dtype) for k, v in saved_tensors.items()}
+        dcp.load(targets, storage_reader=reader, planner=TensorsOnlyLoadPlanner(), no_dist=True)
+        return targets
+
+    mapped, reference = load(MappedReader(ckpt)), load(SafeReader(ckpt))
+    assert len(mapped) > 20 and any(t.ndim == 0 for t in mapped.values())  # weights, AdamW moments and steps
+    assert all(torch.equal(mapped[k], reference[k]) for k in reference)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip-a-byte", "no-manifest"])
@@ -146,7 +213,7 @@ def test_paths_cannot_leave_the_checkpoint(saved, tmp_path):
     shutil.copytree(saved / "checkpoints" / "step_00000008", ckpt)
     # A manifest naming a file outside its directory is damage, not an instruction.
     manifest = json.loads((ckpt / "manifest.json").read_text())
-    manifest["files"]["../../etc/passwd"] = {"bytes": 1, "sha256": "0" * 64}
+    manifest["files"]["../../etc/passwd"] = {"bytes": 1, manifest["hash"]: "0" * 32}
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
     assert any("outside the checkpoint" in p for p in store.problems(ckpt))
     # So is a DCP index pointing its reads elsewhere.

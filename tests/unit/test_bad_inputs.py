@@ -145,6 +145,9 @@ FIELD_CASES = [
     ("debug.hang_timeout_s", "0.01"), ("debug.hang_timeout_s", "1e-300"),  # a healthy job was reported hung
     ("debug.hang_timeout_s", "1e300"),  # overflowed the store's timeout on every worker (with --nproc 2)
     ("debug.check_collectives", "perhaps"),
+    ("debug.profile_steps", "4-3"), ("debug.profile_steps", "0-2"), ("debug.profile_steps", "three"),
+    ("debug.profile_steps", "3-"), ("debug.profile_steps", "1-100000"), ("debug.profile_ranks", "0,x"),
+    ("debug.profile_ranks", ""), ("metrics.wandb", "yes"), ("metrics.wandb_project", " "), ("metrics.tensorboard", "2"),
     ("model.preset", "llama9"), ("model.preset", ""),
     ("model.dim", "0"), ("model.dim", "-64"), ("model.dim", "63"), ("model.dim", "68"), ("model.dim", "6.4e1"),
     ("model.n_heads", "0"), ("model.n_heads", "3"),
@@ -817,7 +820,8 @@ CKPT_DAMAGE = {
     "manifest_files_str": _manifest_edit(lambda m: {**m, "files": {k: "x" for k in m["files"]}}),
     "manifest_bytes_str": _manifest_edit(lambda m: {**m, "files": {k: {**v, "bytes": str(v["bytes"])}
                                                                    for k, v in m["files"].items()}}),
-    "manifest_sha_int": _manifest_edit(lambda m: {**m, "files": {k: {**v, "sha256": 1} for k, v in m["files"].items()}}),
+    "manifest_hash_int": _manifest_edit(lambda m: {**m, "files": {k: {**v, m["hash"]: 1} for k, v in m["files"].items()}}),
+    "manifest_hash_unknown": _manifest_edit(lambda m: {**m, "hash": "md5"}),
     "manifest_complete_str": _manifest_edit(lambda m: {**m, "complete": "true"}),
     "manifest_not_utf8": lambda c: (c / store.MANIFEST).write_bytes(b"\xff\xfe\x00"),
     "manifest_is_dir": lambda c: ((c / store.MANIFEST).unlink(), (c / store.MANIFEST).mkdir()),
@@ -861,6 +865,22 @@ def test_damaged_checkpoint_is_skipped(damaged_run, corpus, capsys):
     argv = base(corpus, damaged_run) + ["--resume", str(root / "step_00000002")]
     assert_one_line(*run_cli(capsys, argv), hint="--resume")
     assert snapshot(damaged_run) == before
+
+
+def test_checkpoints_hashed_with_sha256_still_verify(run_dir, tmp_path):
+    """Manifests written before XXH3 name no algorithm and hold SHA-256s: still read, still checked."""
+    ckpt = tmp_path / "step_00000002"
+    shutil.copytree(run_dir / "checkpoints" / ckpt.name, ckpt)
+    manifest = json.loads((ckpt / store.MANIFEST).read_text())
+    del manifest["hash"]
+    manifest["files"] = {name: store.digest(ckpt / name, "sha256") for name in manifest["files"]}
+    (ckpt / store.MANIFEST).write_text(json.dumps(manifest))
+    assert store.problems(ckpt) == []
+    with open(ckpt / "__0_0.distcp", "r+b") as f:  # one flipped bit, size unchanged
+        byte = f.read(1)[0]
+        f.seek(0)
+        f.write(bytes([byte ^ 1]))
+    assert [p for p in store.problems(ckpt) if "sha256" in p and "__0_0.distcp" in p]
 
 
 def test_resume_with_another_seq_len_warns_in_one_line(run_dir, tmp_path, corpus, capsys):
