@@ -133,7 +133,7 @@ def load_data(data, model_vocab_size: int) -> tuple[Tokenizer, "TokenCache"]:
     tokenizer = load_tokenizer(data.tokenizer)
     if tokenizer.vocab_size > model_vocab_size:
         raise UserError("data.tokenizer", data.tokenizer,
-                        f"has {tokenizer.vocab_size} tokens but model.vocab_size={model_vocab_size}; "
+                        f"has token ids up to {tokenizer.vocab_size - 1} but model.vocab_size={model_vocab_size}; "
                         f"--set model.vocab_size={tokenizer.vocab_size}")
     cache = build_token_cache(data.path, tokenizer, data.cache_dir or None, text_field=data.text_field,
                               val_fraction=data.val_fraction)
@@ -144,6 +144,7 @@ def cache_key(sources: list[Source], tokenizer: Tokenizer, val_fraction: float) 
     spec = {
         "format": FORMAT_VERSION,
         "tokenizer": tokenizer.identity,
+        "dtype": token_dtype(tokenizer.vocab_size).str,  # a vocabulary past 65,536 ids needs uint32
         "val_fraction": val_fraction,
         "sources": [[s.path, s.size, s.mtime_ns, s.text_field] for s in sources],
     }
