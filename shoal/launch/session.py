@@ -161,7 +161,9 @@ def prepare(cfg: JobConfig, o: Options):
 def start(session: Session) -> int:
     """Run the prepared job; returns its exit code (shoal/worker/exit_codes.py)."""
     from shoal.train.process import train_here
+    from shoal.worker.streams import forgive_closed_output
 
+    forgive_closed_output()  # the launcher's lines too: a closed stdout never stops a run
     o, job, out = session.options, session.job, session.out
     if o.launcher == "ray":
         from shoal.launch.ray import launch

@@ -999,6 +999,23 @@ def test_output_piped_into_a_reader_that_stopped(argv):
     assert r.returncode == 1 and r.stderr == "", r.stderr
 
 
+def test_a_run_keeps_training_when_its_output_reader_stops():
+    """`shoal train ... | head -c 200`: a BrokenPipeError from a progress line stopped the run (a
+    traceback on rank 0; exit 1 in one process). A training process's streams forgive a closed reader."""
+    from shoal.worker.streams import _Forgiving
+
+    read, write = os.pipe()
+    os.close(read)
+    stream = _Forgiving(os.fdopen(write, "w", buffering=1))
+    try:
+        for _ in range(3):  # the first line finds the reader gone; later ones go to /dev/null
+            assert stream.write("step 1/20  loss 5.5\n") == 20
+        stream.flush()
+        assert os.path.samefile(f"/proc/self/fd/{write}", os.devnull)
+    finally:
+        stream.close()
+
+
 def test_a_world_of_more_ranks_than_any_cluster_is_named_before_the_batch_rules(tmp_path, capsys):
     """--nodes 99999999999999999999 was refused by the batch rule, whose fix named a global batch of 8e20."""
     argv = ["slurm", "recipes/debug.toml", "--nodes", "99999999999999999999", "--gpus-per-node", "8",
