@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 
 from shoal.checkpoint import state as ckpt_state
 from shoal.checkpoint import store
-from shoal.checkpoint.choose import check_not_finished, checkpoint_root, choose_checkpoint, restart_count
+from shoal.checkpoint.choose import check_not_finished, checkpoint_root, choose_checkpoint, claim_root, restart_count
 from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
 from shoal.config import JobConfig
 from shoal.data.tokenizer_files import TOKENIZER_FILES, copy_tokenizer
@@ -54,6 +54,8 @@ class Checkpointer:
         self._stager = _host_stager() if self._pool else None
         if rt.is_main:
             store.remove_partials(self.root)  # before any rank can start a save: new_group below waits for all
+            if self.every:
+                claim_root(self.root, self.out)  # these checkpoints are this run's (choose.check_resume)
         # Checkpoint collectives get their own gloo group: a background save must not interleave with
         # training's collectives, and gloo moves the small plan objects on any device.
         # (Also without checkpoint.every: a SIGTERM still saves, see shoal/train/preempt.py.)

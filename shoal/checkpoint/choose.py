@@ -10,8 +10,8 @@ from shoal.errors import UserError
 from shoal.files import check_output_dir
 from shoal.rundir.folder import checkpoint_dir_problem
 from shoal.rundir.metrics import has_rows
-from shoal.rundir.names import (CHECKPOINTS, HF_EXPORT, MANIFEST, METRICS, MODEL, MODEL_WEIGHTS, list_checkpoints,
-                                what_shoal_wrote)
+from shoal.rundir.names import (CHECKPOINT_OWNER, CHECKPOINTS, HF_EXPORT, MANIFEST, METRICS, MODEL, MODEL_WEIGHTS,
+                                list_checkpoints, what_shoal_wrote)
 
 
 def checkpoint_root(cfg, out: Path) -> Path:
@@ -75,6 +75,7 @@ def check_resume(cfg, out: Path, resume: str) -> None:
     root = checkpoint_root(cfg, out)
     check_output_dir("checkpoint.dir", str(root))  # found here, not by the first save minutes into the run
     _check_own_folder(cfg.checkpoint.dir, root, out)
+    _check_owner(cfg.checkpoint.dir, root, out)
     if resume == "never":
         _refuse_existing(root)
     if resume not in ("auto", "never") and not Path(resume).is_dir():
@@ -98,6 +99,46 @@ def _check_own_folder(configured: str, root: Path, out: Path) -> None:
     if (kind := what_shoal_wrote(root)) not in (None, "a checkpoint root"):
         raise UserError("checkpoint.dir", configured, f"holds {kind}, and checkpoints saved there would mix with it; "
                                                       "give a folder of its own")
+
+
+def _check_owner(configured: str, root: Path, out: Path) -> None:
+    """A checkpoint root belongs to one run: another run resuming from it would continue the first
+    run's training, and its checkpoint.keep would delete the first run's checkpoints."""
+    owner = owner_of(root)
+    if owner is not None and owner.is_dir() and not _same_folder(owner, out):
+        raise UserError("checkpoint.dir", configured or str(root), f"holds the checkpoints of the run in {owner}, "
+                        "which this run would resume and then delete (checkpoint.keep); give this run a checkpoint.dir "
+                        f"of its own, or continue that run with --out {owner}")
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def owner_of(root: Path) -> Path | None:
+    """The run folder that owns a checkpoint root (`claim_root`), or None: none has claimed it (older
+    roots, a fresh one). A root inside its run records the way up to it, so the run folder can move."""
+    try:
+        mark = (Path(root) / CHECKPOINT_OWNER).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return Path(os.path.normpath(Path(root) / mark)) if mark else None
+
+
+def claim_root(root: Path, out: Path) -> None:
+    """Mark a checkpoint root as the run's in `out` (rank 0, as checkpointing starts): a fresh root,
+    or one whose owner is gone. An unmarked root that already holds checkpoints is left unmarked:
+    whose they are is unknown, and claiming them would refuse their own run."""
+    root, owner = Path(root), owner_of(root)
+    if (owner is not None and owner.is_dir()) or (owner is None and list_checkpoints(root)):
+        return
+    here, run = os.path.abspath(root), os.path.abspath(out)
+    mark = os.path.relpath(run, here) if Path(here).is_relative_to(run) else run
+    root.mkdir(parents=True, exist_ok=True)
+    (root / CHECKPOINT_OWNER).write_text(mark + "\n")
 
 
 def check_not_finished(step: int, steps: int, path: Path, root: Path, out: Path) -> None:

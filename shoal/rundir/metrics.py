@@ -56,6 +56,15 @@ class MetricsLog:
                 line = line[os.write(self._fd, line):]
             if sync:
                 os.fsync(self._fd)
+        if os.fstat(self._fd).st_nlink == 0:  # writes to a deleted file succeed: nobody would ever read them
+            raise self._deleted(row.get("step"))
+
+    def _deleted(self, step) -> UserError:
+        """The run folder (or its metrics file) was deleted under the running run: stop, rather than
+        recreate checkpoints/ and model/ in a folder with no metrics, run.json or lock."""
+        return UserError("--out", str(self.path.parent), f"its {METRICS} was deleted (with the folder?) while the run "
+                         f"was writing into it; stopped after step {step}, writing nothing more; start again with "
+                         "a new --out")
 
     def steady(self, start: int) -> "Steady":
         """The speed of the steps this process logged, the first WARMUP_STEPS after `start` left out."""

@@ -196,3 +196,48 @@ def test_a_tilde_is_the_home_folder(where, monkeypatch):
     assert checkpoint_root(load_config(None, ["checkpoint.dir=~/ckpts"]), Path("out")) == where["tmp"] / "ckpts"
     build_token_cache(str(where["tmp"] / "corpus.txt"), ByteTokenizer(), "~/cache")
     assert (where["tmp"] / "cache").is_dir() and not Path("~").exists()
+
+
+def test_a_checkpoint_folder_belongs_to_one_run(where, capsys):
+    """A second run whose checkpoint.dir was the first run's resumed from its checkpoints and let its
+    checkpoint.keep delete them; it is refused, naming the first run (which, moved, keeps them)."""
+    import shutil
+
+    from shoal.checkpoint.choose import check_resume, owner_of
+    from shoal.config import load_config
+
+    line = refused(capsys, TRAIN + ["--out", "{tmp}/second", "--set", "checkpoint.dir={run}/checkpoints"], where,
+                   "holds the checkpoints of the run in")
+    assert str(where["run"]) in line
+    moved = shutil.copytree(where["run"], where["tmp"] / "moved", symlinks=True)
+    assert owner_of(moved / "checkpoints") == moved
+    check_resume(load_config(None, ["train.steps=3"]), moved, "auto")
+
+
+@pytest.mark.parametrize("name", [".lock", "model/shoal_model.json", "checkpoints"])
+def test_a_link_out_of_the_run_folder_is_never_written_through(name, where, capsys):
+    """Resuming a run whose .lock or model/shoal_model.json was a link overwrote the link's target."""
+    import shutil
+
+    copy = shutil.copytree(where["run"], where["tmp"] / "copy", symlinks=True)
+    target = where["tmp"] / ("adir" if name == "checkpoints" else "afile")
+    shutil.rmtree(copy / name) if (copy / name).is_dir() else (copy / name).unlink()
+    (copy / name).symlink_to(target)
+    refused(capsys, TRAIN + ["--out", str(copy), "--set", "train.steps=3"], where, f"holds {name}, a symbolic link")
+
+
+def test_a_run_folder_deleted_mid_run_stops_the_run(tmp_path):
+    """Deleted under a running run, the folder was recreated (checkpoints/, model/) and the run exited
+    0 with no metrics, run.json or lock: the next row's write notices, and the run stops."""
+    import shutil
+
+    from shoal.errors import UserError
+    from shoal.rundir.metrics import MetricsLog
+
+    (tmp_path / "run").mkdir()
+    log = MetricsLog(tmp_path / "run")
+    log.write({"step": 1, "loss": 5.0})
+    shutil.rmtree(tmp_path / "run")
+    with pytest.raises(UserError, match="metrics.jsonl was deleted .* stopped after step 2"):
+        log.write({"step": 2, "loss": 4.0})
+    assert not (tmp_path / "run").exists()
