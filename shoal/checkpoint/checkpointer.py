@@ -91,7 +91,7 @@ class Checkpointer:
         except UnsafeCheckpoint as e:
             raise UserError("--resume", str(path), f"refused: {e}") from None
         ckpt_state.apply(self.pm.modules, self.optimizer, targets, self.pm.grad_compressor, self.pm.diloco)
-        changed = self.loader.load_state_dict(train_state["data"])
+        changed = self.loader.load_state_dict(train_state["data"]) or self._other_tokens(train_state)
         if changed and self.rt.is_main:  # one line, once (a warnings.warn printed its source line on every rank)
             store.warn(f"warning: {changed}")
         step = int(train_state["step"])
@@ -121,6 +121,22 @@ class Checkpointer:
         if answer[0] == "crash":
             raise RuntimeError(f"choosing a checkpoint failed on rank 0: {answer[1]}")
         return Path(answer[1]) if answer[1] is not None else None
+
+    def _tokens(self) -> str:
+        """The token cache the run trains on, by its file's name: a hash of the corpus files (path,
+        size, time), the tokenizer's content and the split (shoal/data/shards.py), so it tells a
+        changed corpus or tokenizer even where the sequence count stays the same."""
+        return os.path.basename(getattr(self.loader.tokens, "filename", None) or "")
+
+    def _other_tokens(self, train_state: dict) -> str | None:
+        saved, now = train_state.get("tokens"), self._tokens()
+        if not saved or not now or saved == now:  # checkpoints from before it was recorded say nothing
+            return None
+        data = train_state.get("config", {}).get("data", {})
+        was = ", ".join(f"{k}={data[k]}" for k in ("path", "tokenizer") if k in data)
+        return (f"the checkpoint was trained on other tokens ({was}: {saved}, now {now}): the corpus or the "
+                "tokenizer changed, so batches after resume differ from the original run (another tokenizer's ids "
+                "mean other text to the model)")
 
     def _report_resume(self, path: Path, step: int, train_state: dict) -> None:
         reached = last_logged_step(self.out)
@@ -175,7 +191,7 @@ class Checkpointer:
             self._stager.close()
 
     def _train_state(self, step: int, loss: float | None) -> dict:
-        return {"step": step, "loss": loss, "data": self.loader.state_dict(),
+        return {"step": step, "loss": loss, "data": self.loader.state_dict(), "tokens": self._tokens(),
                 "model": _model_fields(self.cfg), "layout": layout_info(self.cfg, self.rt),
                 "config": self.cfg.to_dict(), "torch": torch.__version__, "time": time.time()}
 

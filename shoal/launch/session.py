@@ -146,6 +146,7 @@ def prepare(cfg: JobConfig, o: Options):
             print(f"shoal: writing to {out} (choose with --out)", file=sys.stderr, flush=True)
         # 8. job.json, last: what the workers read instead of a command line.
         if speaks_for_the_run():
+            warn_ignored(cfg)  # after every refusal: a refused run's one line stays one line
             session.job_files = [job.save(replica_dir(out, g) / JOB, out=replica_dir(out, g), resume=o.resume,
                                           show=not o.quiet) for g in range(max(1, o.replica_groups))]
         yield session
@@ -260,6 +261,17 @@ def _node_plan(o: Options) -> NodePlan | None:
         raise UserError("--out", "(not given)", "with --nnodes every node must write the same directory, on a "
                                                 "filesystem they share: pass --out DIR")
     return plan_node(o.nnodes, o.node_rank, o.master, o.ifname, o.rdzv_timeout, o.rdzv)
+
+
+def warn_ignored(cfg: JobConfig) -> None:
+    """The settings the layout leaves without effect, one warning line each (the job runs without them)."""
+    import dataclasses
+
+    from shoal.config import ParallelConfig
+    from shoal.layout import ignored_settings
+
+    for line in ignored_settings(dataclasses.asdict(cfg.parallel), dataclasses.asdict(ParallelConfig())):
+        print(f"shoal: warning: {line}", file=sys.stderr, flush=True)
 
 
 def _warn_placement(job: Job, per_node: int) -> None:

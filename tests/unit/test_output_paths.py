@@ -241,3 +241,35 @@ def test_a_run_folder_deleted_mid_run_stops_the_run(tmp_path):
     with pytest.raises(UserError, match="metrics.jsonl was deleted .* stopped after step 2"):
         log.write({"step": 2, "loss": 4.0})
     assert not (tmp_path / "run").exists()
+
+
+def test_resuming_onto_another_corpus_of_the_same_size_is_warned(where, capsys):
+    """The loader compares only the sequence count, so another corpus (or tokenizer) of the same size
+    resumed in silence, although docs/checkpointing.md says it is warned about."""
+    import shutil
+
+    copy = shutil.copytree(where["run"], where["tmp"] / "copy", symlinks=True)
+    shutil.copyfile(where["tmp"] / "corpus.txt", where["tmp"] / "other.txt")  # same tokens, another corpus
+    argv = [a.format(**where) for a in TRAIN] + ["--out", str(copy), "--set", "train.steps=3",
+                                                 "--set", f"data.path={where['tmp'] / 'other.txt'}"]
+    assert main(argv) == 0
+    assert "warning: the checkpoint was trained on other tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,line,n", [
+    [["train", "--print-mesh", "--set", "parallel.topk_density=0.3"],
+     "parallel.topk_density=0.3 has no effect: it acts only with parallel.grad_compression=topk (here none)", 1],
+    [["train", "--print-mesh", "--set", "parallel.diloco_outer_lr=0.5", "--set", "parallel.pp_lighter_edges=1"],
+     "parallel.diloco_outer_lr=0.5 has no effect: it acts only with parallel.diloco_inner_steps > 0", 2],
+    [["train", "--print-mesh", "--set", "parallel.pp_schedule=1f1b"], None, 0],  # the default: nothing to say
+    [[*PLAN, "--powersgd-rank", "8", "--top", "1"],
+     "--powersgd-rank=8 has no effect: it acts only with --grad-compression=powersgd", 1],
+    [[*PLAN, "--pp", "1", "--pp-schedule", "gpipe", "--top", "1"], "--pp-schedule=gpipe has no effect", 1],
+    [[*PLAN, "--pp-schedule", "gpipe", "--top", "1"], None, 0],  # pp searched: the schedule may act
+])
+def test_a_setting_that_its_layout_ignores_is_warned_about(argv, line, n, where, capsys):
+    """A setting with no effect in the layout given (DiLoCo's without DiLoCo, a compression method's
+    without it, a pipeline's without pp) was accepted in silence: one warning line each."""
+    assert main(argv) == 0
+    warnings = [w for w in capsys.readouterr().err.splitlines() if "warning:" in w]
+    assert len(warnings) == n and (line is None or line in warnings[0]), warnings
