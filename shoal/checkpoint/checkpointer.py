@@ -143,7 +143,7 @@ class Checkpointer:
         truncate_metrics(self.out, step)
         before = train_state.get("layout", {})
         now = layout_info(self.cfg, self.rt)
-        resharded = "" if before == now else f", resharded from {_layout_text(before)} to {_layout_text(now)}"
+        resharded = "" if before == now else f", resharded from {layout_text(before)} to {layout_text(now)}"
         if restart_count():
             store.warn(f"elastic restart {restart_count()} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: "
                        f"resuming from step {step} ({path}){resharded}; the failed attempt had reached step "
@@ -287,11 +287,15 @@ def _steps(n: int) -> str:
     return f"{n} step is" if n == 1 else f"{n} steps are"
 
 
-def _layout_text(layout: dict) -> str:
-    if not layout:
+def layout_text(layout: dict, zero: bool = False) -> str:
+    """A checkpoint's layout (layout_info) in words: "1 rank", "4 ranks (dp_shard=2 x tp=2)"; `zero`
+    adds the ZeRO stage where data parallelism could shard."""
+    if not layout or not isinstance(layout, dict):  # none recorded, or a damaged train_state.json
         return "?"
     parts = [f"{k}={layout[k]}" for k in ("dp_replicate", "dp_shard", "tp", "pp", "ep") if layout.get(k, 1) != 1]
-    n = layout.get("world_size")
+    if zero and layout.get("zero") is not None and layout.get("dp_shard", 1) * layout.get("dp_replicate", 1) > 1:
+        parts.append(f"zero={layout['zero']}")
+    n = layout.get("world_size", "?")
     return f"{n} rank{'s' if n != 1 else ''}" + (f" ({' x '.join(parts)})" if parts else "")
 
 

@@ -150,7 +150,7 @@ def plan_this_run(job: Job, rt: Runtime, out: Path, start: int, *, say=None) -> 
     if not rt.is_main:
         return peak, None
     if rt.device.type == "cpu" and say and not local_profile_path().exists():
-        say(f"measuring this machine once for the planner's prediction (a few seconds; cached in {local_profile_path()})")
+        say(f"measuring this machine once for the planner's prediction (about 10 s; cached in {local_profile_path()})")
     local_world, name = local_world_size(job.world), device_name(rt.device)
     plan = predict_job(job, rt.device.type, name, local_world).with_mfu(step_flops(job), peak.flops)
     write_run_info(job, out, start, local_world=local_world, device=rt.device.type, device_name=name, prediction=plan)

@@ -999,6 +999,13 @@ def test_output_piped_into_a_reader_that_stopped(argv):
     assert r.returncode == 1 and r.stderr == "", r.stderr
 
 
+@pytest.mark.parametrize("layout,hint", [("dp_shard=N/4", "needs 4 ranks"), ("dp_shard=N/0", "N/0 is no number"),
+                                         ("tp=2,dp_shard=N/3", "needs 3 ranks")])
+def test_a_verify_layout_of_more_ranks_than_given_is_named(layout, hint, capsys):
+    """N/4 on 2 ranks read as dp_shard=0 ("must be a positive integer"); N/3 was left unread."""
+    assert_one_line(*run_cli(capsys, ["verify", "--nproc", "2", "--layouts", layout]), hint=hint)
+
+
 def test_a_run_keeps_training_when_its_output_reader_stops():
     """`shoal train ... | head -c 200`: a BrokenPipeError from a progress line stopped the run (a
     traceback on rank 0; exit 1 in one process). A training process's streams forgive a closed reader."""

@@ -273,3 +273,19 @@ def test_a_setting_that_its_layout_ignores_is_warned_about(argv, line, n, where,
     assert main(argv) == 0
     warnings = [w for w in capsys.readouterr().err.splitlines() if "warning:" in w]
     assert len(warnings) == n and (line is None or line in warnings[0]), warnings
+
+
+def test_a_one_rank_checkpoint_layout_is_said_in_words(where, capsys):
+    """`shoal ckpt inspect` printed a 1-rank checkpoint's layout as `1:`."""
+    assert main(["ckpt", "inspect", str(where["run"]), "--no-checksums"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "MB" in line]
+    assert rows and all(" 1 rank " in row and " 1: " not in row for row in rows), rows
+
+
+def test_a_run_that_kept_no_checkpoints_says_where_its_weights_are(where, capsys):
+    """`shoal ckpt inspect` of such a run said it was no `shoal train --out` directory."""
+    import shutil
+
+    copy = shutil.copytree(where["run"], where["tmp"] / "copy", symlinks=True, ignore=shutil.ignore_patterns("checkpoints"))
+    code = main(["ckpt", "inspect", str(copy)])
+    assert code == 2 and f"its final weights are in {copy / 'model'}" in capsys.readouterr().err
