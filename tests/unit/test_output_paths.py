@@ -238,9 +238,14 @@ def test_a_run_folder_deleted_mid_run_stops_the_run(tmp_path):
     log = MetricsLog(tmp_path / "run")
     log.write({"step": 1, "loss": 5.0})
     shutil.rmtree(tmp_path / "run")
-    with pytest.raises(UserError, match="metrics.jsonl was deleted .* stopped after step 2"):
+    with pytest.raises(UserError, match="was deleted, moved or replaced .* stopped after step 2"):
         log.write({"step": 2, "loss": 4.0})
     assert not (tmp_path / "run").exists()
+    (tmp_path / "run").mkdir()  # moved: the metrics go on in the new place, checkpoints would go to the old
+    log = MetricsLog(tmp_path / "run")
+    (tmp_path / "run").rename(tmp_path / "moved")
+    with pytest.raises(UserError, match="was deleted, moved or replaced"):
+        log.write({"step": 1, "loss": 5.0})
 
 
 def test_resuming_onto_another_corpus_of_the_same_size_is_warned(where, capsys):
