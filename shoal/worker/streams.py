@@ -2,10 +2,10 @@
 
 `shoal train ... | head -c 200` closes the pipe after 200 bytes: the next progress line raised
 BrokenPipeError, a traceback on rank 0 mid-run (with --nproc), or exit 1 with nothing said (in one
-process). A process that trains (train_here, a launcher) makes its stdout and stderr forgiving: the
-first write that finds the reader gone points the stream at /dev/null (what Python's docs advise
-for SIGPIPE), and training goes on. Commands whose output is the point (`shoal presets | head`)
-keep stopping quietly instead (shoal/cli/main.py).
+process); `> /dev/full` raised ENOSPC. A process that trains (train_here, a launcher) makes its
+stdout and stderr forgiving: the first write that fails points the stream at /dev/null (what
+Python's docs advise for SIGPIPE), and training goes on. Commands whose output is the point
+(`shoal presets | head`) keep stopping quietly instead (shoal/cli/main.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import sys
 
-_GONE = (BrokenPipeError, ConnectionResetError)
-"""A closed pipe or socket at the other end; other OSErrors (a full disk under a redirect) are not ours to hide."""
+_QUIET = (BrokenPipeError, ConnectionResetError)
+"""A reader that went away on purpose (`| head`): nothing to say. Any other failure to write (`> /dev/full`,
+a full disk under a redirect) is said once on the other stream, where it still works."""
 
 
 class _Forgiving:
@@ -26,8 +27,8 @@ class _Forgiving:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except _GONE:
-            self._to_devnull()
+        except OSError as e:
+            self._to_devnull(e)
             return len(text)
 
     def writelines(self, lines) -> None:
@@ -37,12 +38,14 @@ class _Forgiving:
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except _GONE:
-            self._to_devnull()
+        except OSError as e:
+            self._to_devnull(e)
 
-    def _to_devnull(self) -> None:
+    def _to_devnull(self, error: OSError) -> None:
         """The stream's descriptor now leads to /dev/null, so what is still buffered (and the
-        interpreter's flush at exit) goes nowhere instead of failing again."""
+        interpreter's flush at exit) goes nowhere instead of failing again; then, unless the reader
+        left on purpose, one line on the other stream (pointed away first: if that one fails too,
+        its own line lands in /dev/null here, not back in this stream)."""
         try:
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, self._stream.fileno())
@@ -50,6 +53,10 @@ class _Forgiving:
             self._stream.flush()
         except (OSError, ValueError):
             pass
+        if not isinstance(error, _QUIET):
+            name, other = ("stdout", sys.stderr) if self is sys.stdout else ("stderr", sys.stdout)
+            print(f"shoal: cannot write to {name} ({error.strerror}); training goes on without its progress "
+                  "lines (metrics.jsonl has every step)", file=other, flush=True)
 
     def __getattr__(self, name: str):  # isatty, fileno, encoding, ...: the stream's own
         return getattr(self._stream, name)

@@ -1021,6 +1021,9 @@ def test_a_run_keeps_training_when_its_output_reader_stops():
         assert os.path.samefile(f"/proc/self/fd/{write}", os.devnull)
     finally:
         stream.close()
+    full = _Forgiving(open("/dev/full", "w", buffering=1))  # `> /dev/full`: ENOSPC, said once on the other stream
+    assert full.write("step 1/20\n") == 10
+    full.close()
 
 
 def test_a_world_of_more_ranks_than_any_cluster_is_named_before_the_batch_rules(tmp_path, capsys):
