@@ -129,9 +129,10 @@ def owner_of(root: Path) -> Path | None:
 
 
 def claim_root(root: Path, out: Path) -> None:
-    """Mark a checkpoint root as the run's in `out` (rank 0, as checkpointing starts): a fresh root,
-    or one whose owner is gone. An unmarked root that already holds checkpoints is left unmarked:
+    """Mark a checkpoint root as the run's in `out` (rank 0, as checkpointing starts; another run's
+    root is refused): a fresh root, or one whose owner is gone. An unmarked root that already holds checkpoints is left unmarked:
     whose they are is unknown, and claiming them would refuse their own run."""
+    _check_owner("", root, out)  # another run that started at the same time claimed it first
     root, owner = Path(root), owner_of(root)
     if (owner is not None and owner.is_dir()) or (owner is None and list_checkpoints(root)):
         return
