@@ -282,6 +282,7 @@ ENABLED_BY = {
        for name in ("outer_lr", "outer_momentum", "fragments", "quantize", "overlap_steps")},
     **{f"pp_{name}": ("pp", "> 1") for name in ("schedule", "microbatches", "virtual_stages", "lighter_edges")},
     "sequence_parallel": ("tp", "> 1"),
+    "checkpoint.async_save": ("checkpoint.every", "> 0"),  # not the layout's, but the same kind of switch
 }
 
 

@@ -267,10 +267,12 @@ def warn_ignored(cfg: JobConfig) -> None:
     """The settings the layout leaves without effect, one warning line each (the job runs without them)."""
     import dataclasses
 
-    from shoal.config import ParallelConfig
     from shoal.layout import ignored_settings
 
-    for line in ignored_settings(dataclasses.asdict(cfg.parallel), dataclasses.asdict(ParallelConfig())):
+    def fields(c: JobConfig) -> dict:  # layout.ENABLED_BY's names: parallel's bare, the others dotted
+        return dataclasses.asdict(c.parallel) | {f"checkpoint.{k}": v for k, v in dataclasses.asdict(c.checkpoint).items()}
+
+    for line in ignored_settings(fields(cfg), fields(JobConfig())):
         print(f"shoal: warning: {line}", file=sys.stderr, flush=True)
 
 

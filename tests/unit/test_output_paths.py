@@ -270,6 +270,7 @@ def test_resuming_onto_another_corpus_of_the_same_size_is_warned(where, capsys):
     [["train", "--print-mesh", "--set", "parallel.diloco_outer_lr=0.5", "--set", "parallel.pp_lighter_edges=1"],
      "parallel.diloco_outer_lr=0.5 has no effect: it acts only with parallel.diloco_inner_steps > 0", 2],
     [["train", "--print-mesh", "--set", "parallel.pp_schedule=1f1b"], None, 0],  # the default: nothing to say
+    [["train", "--print-mesh", "--set", "checkpoint.async=true"], "it acts only with checkpoint.every > 0", 1],
     [[*PLAN, "--powersgd-rank", "8", "--top", "1"],
      "--powersgd-rank=8 has no effect: it acts only with --grad-compression=powersgd", 1],
     [[*PLAN, "--pp", "1", "--pp-schedule", "gpipe", "--top", "1"], "--pp-schedule=gpipe has no effect", 1],
