@@ -138,8 +138,11 @@ def claim_root(root: Path, out: Path) -> None:
         return
     here, run = os.path.abspath(root), os.path.abspath(out)
     mark = os.path.relpath(run, here) if Path(here).is_relative_to(run) else run
-    root.mkdir(parents=True, exist_ok=True)
-    (root / CHECKPOINT_OWNER).write_text(mark + "\n")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / CHECKPOINT_OWNER).write_text(mark + "\n")
+    except OSError:  # a read-only or full disk: the first save says so in its own line (rundir/disk.py)
+        pass
 
 
 def check_not_finished(step: int, steps: int, path: Path, root: Path, out: Path) -> None:
