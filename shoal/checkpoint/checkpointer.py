@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 
 from shoal.checkpoint import state as ckpt_state
 from shoal.checkpoint import store
-from shoal.checkpoint.choose import check_not_finished, checkpoint_root, choose_checkpoint, claim_root, restart_count
+from shoal.checkpoint.choose import check_not_finished, checkpoint_root, choose_checkpoint, restart_count, run_mark
 from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
 from shoal.config import JobConfig
 from shoal.data.tokenizer_files import TOKENIZER_FILES, copy_tokenizer
@@ -54,8 +54,6 @@ class Checkpointer:
         self._stager = _host_stager() if self._pool else None
         if rt.is_main:
             store.remove_partials(self.root)  # before any rank can start a save: new_group below waits for all
-            if self.every:
-                claim_root(self.root, self.out)  # these checkpoints are this run's (choose.check_resume)
         # Checkpoint collectives get their own gloo group: a background save must not interleave with
         # training's collectives, and gloo moves the small plan objects on any device.
         # (Also without checkpoint.every: a SIGTERM still saves, see shoal/train/preempt.py.)
@@ -192,6 +190,7 @@ class Checkpointer:
 
     def _train_state(self, step: int, loss: float | None) -> dict:
         return {"step": step, "loss": loss, "data": self.loader.state_dict(), "tokens": self._tokens(),
+                "run": run_mark(self.root, self.out),
                 "model": _model_fields(self.cfg), "layout": layout_info(self.cfg, self.rt),
                 "config": self.cfg.to_dict(), "torch": torch.__version__, "time": time.time()}
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from shoal.checkpoint import store
+from shoal.checkpoint.store import TRAIN_STATE
 from shoal.errors import UserError
 from shoal.files import check_output_dir
 from shoal.rundir.folder import checkpoint_dir_problem
 from shoal.rundir.metrics import has_rows
-from shoal.rundir.names import (CHECKPOINT_OWNER, CHECKPOINTS, HF_EXPORT, MANIFEST, METRICS, MODEL, MODEL_WEIGHTS,
-                                list_checkpoints, what_shoal_wrote)
+from shoal.rundir.names import (CHECKPOINTS, HF_EXPORT, MANIFEST, METRICS, MODEL, MODEL_WEIGHTS, list_checkpoints,
+                                what_shoal_wrote)
 
 
 def checkpoint_root(cfg, out: Path) -> Path:
@@ -119,30 +121,21 @@ def _same_folder(a: Path, b: Path) -> bool:
 
 
 def owner_of(root: Path) -> Path | None:
-    """The run folder that owns a checkpoint root (`claim_root`), or None: none has claimed it (older
-    roots, a fresh one). A root inside its run records the way up to it, so the run folder can move."""
+    """The run folder whose checkpoints a root holds: the one its newest checkpoint records
+    (run_mark), or None (an empty root, checkpoints from before they recorded it)."""
+    found = list_checkpoints(Path(root))
     try:
-        mark = (Path(root) / CHECKPOINT_OWNER).read_text().strip()
-    except (OSError, UnicodeDecodeError):
+        mark = json.loads((found[-1][1] / TRAIN_STATE).read_text()).get("run") if found else None
+    except (OSError, ValueError, AttributeError):
         return None
-    return Path(os.path.normpath(Path(root) / mark)) if mark else None
+    return Path(os.path.normpath(Path(root) / mark)) if isinstance(mark, str) and mark else None
 
 
-def claim_root(root: Path, out: Path) -> None:
-    """Mark a checkpoint root as the run's in `out` (rank 0, as checkpointing starts; another run's
-    root is refused): a fresh root, or one whose owner is gone. An unmarked root that already holds checkpoints is left unmarked:
-    whose they are is unknown, and claiming them would refuse their own run."""
-    _check_owner("", root, out)  # another run that started at the same time claimed it first
-    root, owner = Path(root), owner_of(root)
-    if (owner is not None and owner.is_dir()) or (owner is None and list_checkpoints(root)):
-        return
+def run_mark(root: Path, out: Path) -> str:
+    """What a checkpoint records of its run (train_state.json's "run"), relative to the checkpoint
+    root: the way up where the root lies in the run folder (so the folder can move), else its path."""
     here, run = os.path.abspath(root), os.path.abspath(out)
-    mark = os.path.relpath(run, here) if Path(here).is_relative_to(run) else run
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        (root / CHECKPOINT_OWNER).write_text(mark + "\n")
-    except OSError:  # a read-only or full disk: the first save says so in its own line (rundir/disk.py)
-        pass
+    return os.path.relpath(run, here) if Path(here).is_relative_to(run) else run
 
 
 def check_not_finished(step: int, steps: int, path: Path, root: Path, out: Path) -> None:

@@ -15,8 +15,6 @@ REPORT = "report"
 
 MODEL_WEIGHTS, MODEL_CONFIG = "model.safetensors", "shoal_model.json"
 """The files of a saved model (a run's model/, shoal/checkpoint/weights.py)."""
-CHECKPOINT_OWNER = ".run"
-"""In a checkpoint root: the run folder whose checkpoints these are (shoal/checkpoint/choose.py)."""
 MANIFEST = "manifest.json"
 """Written last into a checkpoint: the mark of a committed one (shoal/checkpoint/store.py)."""
 EXPORT_MARK = "shoal_checkpoint.json"
