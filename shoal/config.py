@@ -629,8 +629,14 @@ def _follow_the_tokenizer(cfg: JobConfig, layer: dict) -> None:
         take_the_folder(cfg, given=layer.keys())
     elif cfg.data.tokenizer != "byte" and "model.vocab_size" not in layer:
         from shoal.data.tokenizer import load_tokenizer
+        from shoal.model.config import SIZE_LIMITS
 
-        cfg.model.vocab_size = -(-load_tokenizer(cfg.data.tokenizer).vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+        ids = load_tokenizer(cfg.data.tokenizer).vocab_size
+        if ids > SIZE_LIMITS["vocab_size"]:  # said of the tokenizer: model.vocab_size was never written
+            raise UserError("data.tokenizer", cfg.data.tokenizer, f"its largest token id is {ids - 1:,}, past the "
+                            f"{SIZE_LIMITS['vocab_size']:,} rows a model's embedding may have; renumber its "
+                            "vocabulary from 0")
+        cfg.model.vocab_size = -(-ids // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
 def _take_the_prepared(cfg: JobConfig, given) -> None:

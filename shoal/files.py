@@ -104,6 +104,8 @@ def check_output_dir(flag: str, path: str, *, shown: str | None = None, own: tup
         raise UserError(flag, shown, f"{what} ({e.strerror}); pick a folder you can write to") from None
     if own is not None and existing == p:
         _check_only_own(flag, shown, p, own)
+    if existing == p:
+        _check_no_link_out(flag, shown, p)
 
 
 PROBE_PREFIX = ".shoal-probe-"
@@ -149,6 +151,31 @@ def _check_only_own(flag: str, shown: str, folder: str, own: tuple) -> None:
     if foreign:
         raise UserError(flag, shown, f"is a folder with other files in it ({', '.join(foreign[:3])}"
                                      f"{', ...' if len(foreign) > 3 else ''}); give a new or empty folder")
+
+
+LINK_DEPTH, LINK_ENTRIES = 4, 100_000
+"""How deep into an output folder links are looked for (a run's replica-K/checkpoints/step_N/file),
+and in how many entries at most (a checkpoint.dir on a shared disk may hold much else)."""
+
+
+def _check_no_link_out(flag: str, shown: str, folder: str) -> None:
+    """A symbolic link in an output folder that leads out of it (a run's .lock, model/shoal_model.json,
+    checkpoints/): writing through it would overwrite or fill whatever it points at, so the command
+    writes through no link out of the folder it was given, and refuses one found there."""
+    real, seen = os.path.realpath(folder), 0
+    for parent, dirs, files in os.walk(folder):
+        if parent[len(folder):].count(os.sep) >= LINK_DEPTH:
+            dirs[:] = []
+        seen += len(dirs) + len(files)
+        if seen > LINK_ENTRIES:
+            return
+        for name in dirs + files:
+            path = os.path.join(parent, name)
+            target = os.path.realpath(path)
+            if os.path.islink(path) and os.path.commonpath([target, real]) != real:
+                raise UserError(flag, shown, f"holds {os.path.relpath(path, folder)}, a symbolic link to {target}, "
+                                             "outside it; shoal writes through no link out of the folder it writes "
+                                             "into: remove the link")
 
 
 def _check_name_lengths(flag: str, shown: str, existing: str, below: str) -> None:

@@ -272,6 +272,36 @@ def slow_link_setting_problems(topk_density: float, powersgd_rank: int, diloco_i
     return out
 
 
+ENABLED_BY = {
+    # A setting that acts only when another one turns it on: (that one, what turns it on: a value,
+    # or "> n"). Off, the setting changes nothing, so a value other than its default is a mistake
+    # the user would not otherwise see: `ignored_settings` says so for `shoal train` and `shoal plan`.
+    "topk_density": ("grad_compression", "topk"), "topk_warmup": ("grad_compression", "topk"),
+    "powersgd_rank": ("grad_compression", "powersgd"), "powersgd_warmup": ("grad_compression", "powersgd"),
+    **{f"diloco_{name}": ("diloco_inner_steps", "> 0")
+       for name in ("outer_lr", "outer_momentum", "fragments", "quantize", "overlap_steps")},
+    **{f"pp_{name}": ("pp", "> 1") for name in ("schedule", "microbatches", "virtual_stages", "lighter_edges")},
+    "sequence_parallel": ("tp", "> 1"),
+    "checkpoint.async_save": ("checkpoint.every", "> 0"),  # not the layout's, but the same kind of switch
+}
+
+
+def ignored_settings(given: dict, defaults: dict, name=config_name) -> list[str]:
+    """One line for each setting in `given` (field -> value) that differs from its default while what
+    turns it on (ENABLED_BY) is off. A switch missing from `given` or None (the planner searches
+    it) judges nothing. `name` spells a field as the caller's user writes it."""
+    lines = []
+    for field, (switch, on) in ENABLED_BY.items():
+        value, state = given.get(field), given.get(switch)
+        if value is None or state is None or value == defaults.get(field):
+            continue
+        if state > int(on[1:]) if on.startswith(">") else state == on:
+            continue
+        lines.append(f"{name(field)}={value} has no effect: it acts only with {name(switch)}"
+                     f"{' ' + on if on.startswith('>') else '=' + on} (here {state}); leave it out or set {name(switch)}")
+    return lines
+
+
 def _pipeline_problems(lay: Layout, m: ModelConfig) -> list[UserError]:
     out = []
     if lay.pp_schedule not in SCHEDULES:

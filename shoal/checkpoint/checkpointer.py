@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 
 from shoal.checkpoint import state as ckpt_state
 from shoal.checkpoint import store
-from shoal.checkpoint.choose import check_not_finished, checkpoint_root, choose_checkpoint, restart_count
+from shoal.checkpoint.choose import check_not_finished, checkpoint_root, choose_checkpoint, restart_count, run_mark
 from shoal.checkpoint.hashing_writer import hashing_writer
 from shoal.checkpoint.mapped_read import MappedReader
 from shoal.checkpoint.safe_read import TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
@@ -95,7 +95,7 @@ class Checkpointer:
         except UnsafeCheckpoint as e:
             raise UserError("--resume", str(path), f"refused: {e}") from None
         ckpt_state.apply(self.pm.modules, self.optimizer, targets, self.pm.grad_compressor, self.pm.diloco)
-        changed = self.loader.load_state_dict(train_state["data"])
+        changed = self.loader.load_state_dict(train_state["data"]) or self._other_tokens(train_state)
         if changed and self.rt.is_main:  # one line, once (a warnings.warn printed its source line on every rank)
             store.warn(f"warning: {changed}")
         step = int(train_state["step"])
@@ -126,12 +126,28 @@ class Checkpointer:
             raise RuntimeError(f"choosing a checkpoint failed on rank 0: {answer[1]}")
         return Path(answer[1]) if answer[1] is not None else None
 
+    def _tokens(self) -> str:
+        """The tokens the run trains on: each corpus's fingerprint (its tokenizer and every shard's
+        checksum, shoal/data/dataset.py), so it tells a changed corpus or tokenizer even where the
+        sequence count stays the same."""
+        return self.loader.identity()
+
+    def _other_tokens(self, train_state: dict) -> str | None:
+        saved, now = train_state.get("tokens"), self._tokens()
+        if not saved or not now or saved == now:  # checkpoints from before it was recorded say nothing
+            return None
+        data = train_state.get("config", {}).get("data", {})
+        was = ", ".join(f"{k}={data[k]}" for k in ("path", "tokenizer") if k in data)
+        return (f"the checkpoint was trained on other tokens ({was}: {saved}, now {now}): the corpus or the "
+                "tokenizer changed, so batches after resume differ from the original run (another tokenizer's ids "
+                "mean other text to the model)")
+
     def _report_resume(self, path: Path, step: int, train_state: dict) -> None:
         reached = last_logged_step(self.out)
         truncate_metrics(self.out, step)
         before = train_state.get("layout", {})
         now = layout_info(self.cfg, self.rt)
-        resharded = "" if before == now else f", resharded from {_layout_text(before)} to {_layout_text(now)}"
+        resharded = "" if before == now else f", resharded from {layout_text(before)} to {layout_text(now)}"
         if restart_count():
             store.warn(f"elastic restart {restart_count()} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: "
                        f"resuming from step {step} ({path}){resharded}; the failed attempt had reached step "
@@ -184,7 +200,8 @@ class Checkpointer:
             self._stager.close()
 
     def _train_state(self, step: int, loss: float | None) -> dict:
-        return {"step": step, "loss": loss, "data": self.loader.state_dict(),
+        return {"step": step, "loss": loss, "data": self.loader.state_dict(), "tokens": self._tokens(),
+                "run": run_mark(self.root, self.out),
                 "model": _model_fields(self.cfg), "layout": layout_info(self.cfg, self.rt),
                 "config": self.cfg.to_dict(), "torch": torch.__version__, "time": time.time()}
 
@@ -281,11 +298,15 @@ def _steps(n: int) -> str:
     return f"{n} step is" if n == 1 else f"{n} steps are"
 
 
-def _layout_text(layout: dict) -> str:
-    if not layout:
+def layout_text(layout: dict, zero: bool = False) -> str:
+    """A checkpoint's layout (layout_info) in words: "1 rank", "4 ranks (dp_shard=2 x tp=2)"; `zero`
+    adds the ZeRO stage where data parallelism could shard."""
+    if not layout or not isinstance(layout, dict):  # none recorded, or a damaged train_state.json
         return "?"
     parts = [f"{k}={layout[k]}" for k in ("dp_replicate", "dp_shard", "tp", "pp", "ep") if layout.get(k, 1) != 1]
-    n = layout.get("world_size")
+    if zero and layout.get("zero") is not None and layout.get("dp_shard", 1) * layout.get("dp_replicate", 1) > 1:
+        parts.append(f"zero={layout['zero']}")
+    n = layout.get("world_size", "?")
     return f"{n} rank{'s' if n != 1 else ''}" + (f" ({' x '.join(parts)})" if parts else "")
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from shoal.checkpoint import store
+from shoal.checkpoint.store import TRAIN_STATE
 from shoal.errors import UserError
 from shoal.files import check_output_dir
 from shoal.rundir.folder import checkpoint_dir_problem
@@ -75,6 +77,7 @@ def check_resume(cfg, out: Path, resume: str) -> None:
     root = checkpoint_root(cfg, out)
     check_output_dir("checkpoint.dir", str(root))  # found here, not by the first save minutes into the run
     _check_own_folder(cfg.checkpoint.dir, root, out)
+    _check_owner(cfg.checkpoint.dir, root, out)
     if resume == "never":
         _refuse_existing(root)
     if resume not in ("auto", "never") and not Path(resume).is_dir():
@@ -98,6 +101,41 @@ def _check_own_folder(configured: str, root: Path, out: Path) -> None:
     if (kind := what_shoal_wrote(root)) not in (None, "a checkpoint root"):
         raise UserError("checkpoint.dir", configured, f"holds {kind}, and checkpoints saved there would mix with it; "
                                                       "give a folder of its own")
+
+
+def _check_owner(configured: str, root: Path, out: Path) -> None:
+    """A checkpoint root belongs to one run: another run resuming from it would continue the first
+    run's training, and its checkpoint.keep would delete the first run's checkpoints."""
+    owner = owner_of(root)
+    if owner is not None and owner.is_dir() and not _same_folder(owner, out):
+        raise UserError("checkpoint.dir", configured or str(root), f"holds the checkpoints of the run in {owner}, "
+                        "which this run would resume and then delete (checkpoint.keep); give this run a checkpoint.dir "
+                        f"of its own, or continue that run with --out {owner}")
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def owner_of(root: Path) -> Path | None:
+    """The run folder whose checkpoints a root holds: the one its newest checkpoint records
+    (run_mark), or None (an empty root, checkpoints from before they recorded it)."""
+    found = list_checkpoints(Path(root))
+    try:
+        mark = json.loads((found[-1][1] / TRAIN_STATE).read_text()).get("run") if found else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(os.path.normpath(Path(root) / mark)) if isinstance(mark, str) and mark else None
+
+
+def run_mark(root: Path, out: Path) -> str:
+    """What a checkpoint records of its run (train_state.json's "run"), relative to the checkpoint
+    root: the way up where the root lies in the run folder (so the folder can move), else its path."""
+    here, run = os.path.abspath(root), os.path.abspath(out)
+    return os.path.relpath(run, here) if Path(here).is_relative_to(run) else run
 
 
 def check_not_finished(step: int, steps: int, path: Path, root: Path, out: Path) -> None:

@@ -15,8 +15,8 @@ import torch
 from shoal.checkpoint import store
 from shoal.errors import UserError
 from shoal.files import check_output_dir
-from shoal.rundir.names import (CHECKPOINTS, EXPORT_MARK, HF_EXPORT, MANIFEST, MODEL, MODEL_CONFIG, list_checkpoints,
-                                what_shoal_wrote)
+from shoal.rundir.names import (CHECKPOINTS, EXPORT_MARK, HF_EXPORT, MANIFEST, MODEL, MODEL_CONFIG, RUN_INFO,
+                                list_checkpoints, what_shoal_wrote)
 from shoal.model.config import ModelConfig
 
 
@@ -25,12 +25,29 @@ def find_checkpoints(path: Path) -> list[Path]:
     path = Path(path)
     if (path / MANIFEST).exists() or (path / store.TRAIN_STATE).exists() or (path / ".metadata").exists():
         return [path]
-    for root in (path, path / CHECKPOINTS):
+    run = what_shoal_wrote(path) == "a run directory"
+    for root in (path, _run_checkpoint_root(path) if run else path / CHECKPOINTS):
         found = [p for _, p in list_checkpoints(root)]
         if found:
             return found
+    if run:  # a run that kept none: say what it has instead
+        model = path / MODEL
+        has = (f"its final weights are in {model} (`shoal ckpt export {path} --hf DIR` converts them)"
+               if (model / MODEL_CONFIG).is_file() else "and no final model/ either (it stopped before its end)")
+        raise UserError("checkpoint", str(path), f"is a run that kept no checkpoints (checkpoint.every=0, or none "
+                                                 f"reached yet); {has}")
     raise UserError("checkpoint", str(path), "is neither a checkpoint directory nor a directory holding step_* "
                                              "checkpoints (pass a `shoal train --out` directory or its checkpoints/)")
+
+
+def _run_checkpoint_root(run: Path) -> Path:
+    """A run's checkpoint root, as its run.json records checkpoint.dir (<run>/checkpoints by default)."""
+    try:
+        configured = json.loads((run / RUN_INFO).read_text())["config"]["checkpoint"]["dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        configured = ""
+    root = Path(configured).expanduser() if isinstance(configured, str) and configured else Path(CHECKPOINTS)
+    return root if root.is_absolute() else run / root
 
 
 def pick_checkpoint(path: Path) -> Path:

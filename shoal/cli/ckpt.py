@@ -34,6 +34,7 @@ def inspect(args) -> int:
     from rich.table import Table
 
     from shoal.cli.console import console as make_console
+    from shoal.checkpoint.checkpointer import layout_text
     from shoal.checkpoint.export import describe, find_checkpoints
 
     infos = [describe(p, checksums=not args.no_checksums) for p in find_checkpoints(Path(args.path))]
@@ -42,12 +43,8 @@ def inspect(args) -> int:
     for col in ("step", "layout", "size", "loss", "saved", "valid"):
         table.add_column(col, justify="right" if col in ("step", "size", "loss") else "left", no_wrap=True)
     for info in infos:
-        layout = info["layout"]
-        parts = [f"{k}={layout[k]}" for k in ("dp_replicate", "dp_shard", "tp", "pp", "ep") if layout.get(k, 1) != 1]
-        if layout.get("zero") is not None and layout.get("dp_shard", 1) * layout.get("dp_replicate", 1) > 1:
-            parts.append(f"zero={layout['zero']}")
         saved = datetime.datetime.fromtimestamp(info["time"]).strftime("%m-%d %H:%M:%S") if info.get("time") else "?"
-        table.add_row(str(info["step"]), f"{layout.get('world_size', '?')}: " + " ".join(parts),
+        table.add_row(str(info["step"]), layout_text(info["layout"], zero=True),
                       f"{info['bytes'] / 1e6:.1f} MB", f"{info['loss']:.4f}" if info["loss"] is not None else "-",
                       saved, "yes" if info["valid"] else "[bold red]NO[/]")
     console = make_console()

@@ -35,8 +35,8 @@ def run(args) -> int:
         raise UserError("--tokens", args.tokens, f"at most the model's max_seq_len={cfg.max_new_tokens} per call")
     tokenizer = load_tokenizer(tokenizer_spec)
     if tokenizer.vocab_size > cfg.vocab_size:
-        raise UserError("model_dir", args.model_dir, f"is damaged (its tokenizer has {tokenizer.vocab_size} tokens, "
-                                                     f"the model {cfg.vocab_size}); train again")
+        raise UserError("model_dir", args.model_dir, f"is damaged (its tokenizer has token ids up to "
+                                                     f"{tokenizer.vocab_size - 1}, the model {cfg.vocab_size}); train again")
     prompt_ids = tokenizer.encode(args.prompt)
     if not prompt_ids:
         raise UserError("--prompt", args.prompt, "encodes to no tokens; give some text to continue")

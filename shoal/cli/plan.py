@@ -177,7 +177,7 @@ def run(args) -> int:
     from shoal.cli.console import print_json
     from shoal.planner.recipe import EMITTED
     from shoal.planner.render import plan_json
-    from shoal.planner.request import answer, build
+    from shoal.planner.request import answer, build, ignored_flags
     from shoal.report.html import OWN_FILES
 
     if args.validate:
@@ -195,6 +195,8 @@ def run(args) -> int:
         raise UserError("precision", "fp8", "shoal train has no FP8 yet, so there is no recipe to emit; "
                                             "plan with --precision bf16 to emit one")
     ans = answer(args, inputs)
+    for line in ignored_flags(args):  # after every refusal: a refused plan's one line stays one line
+        print(f"shoal plan: warning: {line}", file=sys.stderr)
     emitted = None
     if args.emit:
         from shoal.planner.recipe import write_recipe

@@ -35,7 +35,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from shoal.config import load_config
-    from shoal.launch.session import Options, plan_job, prepare, start
+    from shoal.launch.session import Options, plan_job, prepare, start, warn_ignored
 
     cfg = load_config(args.recipe, args.overrides)  # every user mistake in the config surfaces here
     options = Options(out=args.out, recipe=args.recipe, resume=args.resume, quiet=args.quiet, nproc=args.nproc,
@@ -47,6 +47,7 @@ def run(args) -> int:
         from shoal.parallel.mesh import ParallelDims
 
         job, _ = plan_job(cfg, options)
+        warn_ignored(cfg)
         print_groups(ParallelDims.of(job.layout))
         return 0
     with prepare(cfg, options) as session:

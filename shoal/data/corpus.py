@@ -70,7 +70,7 @@ def load_data(data, model_vocab_size: int) -> tuple[Tokenizer, list[Corpus]]:
     tokenizer = load_tokenizer(data.tokenizer)
     if tokenizer.vocab_size > model_vocab_size:
         raise UserError("data.tokenizer", data.tokenizer,
-                        f"has {tokenizer.vocab_size} tokens but model.vocab_size={model_vocab_size}; "
+                        f"has token ids up to {tokenizer.vocab_size - 1} but model.vocab_size={model_vocab_size}; "
                         f"--set model.vocab_size={tokenizer.vocab_size}")
     if data.document_mask and not getattr(tokenizer, "has_eos", True):
         raise UserError("data.document_mask", True, f"{data.tokenizer} has no end-of-text token to find where "

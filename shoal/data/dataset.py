@@ -200,6 +200,11 @@ class Dataset:
     def dtype(self) -> np.dtype:
         return np.dtype(self.settings.dtype)
 
+    def fingerprint(self) -> str:
+        """What its tokens are: the settings and every shard's checksum, hashed."""
+        spec = json.dumps([asdict(self.settings), [r.checksum for r in self.shards]])
+        return hashlib.blake2b(spec.encode(), digest_size=8).hexdigest()
+
     def files(self) -> list[str]:
         return [shard_paths(self.path, r.key)[0] for r in self.shards]
 

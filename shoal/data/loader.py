@@ -55,6 +55,8 @@ class Part:
     weight: float = 1.0
     mask: object | None = None
     """The loss mask beside `tokens` (0 where a token is not a target: a fine-tuning prompt), or None."""
+    identity: str = ""
+    """What the tokens are (Dataset.fingerprint), for noticing other tokens on resume; "" unknown."""
 
 
 class TokenLoader:
@@ -83,7 +85,7 @@ class TokenLoader:
                         f"micro_batch*dp_size = {micro_batch}*{dp_size}")
         assert 0 <= dp_rank < dp_size, (dp_rank, dp_size)
         parts = tokens if isinstance(tokens, list) else [Part(source, tokens)]
-        self.parts = [Part(p.name, as_stream(p.tokens), p.weight, p.mask) for p in parts]
+        self.parts = [Part(p.name, as_stream(p.tokens), p.weight, p.mask, p.identity) for p in parts]
         self.seq_len, self.seed, self.documents, self.repeat = seq_len, seed, documents, repeat
         self.global_batch, self.micro_batch = global_batch, micro_batch
         self.dp_rank, self.dp_size = dp_rank, dp_size
@@ -115,6 +117,10 @@ class TokenLoader:
         windows = self._windows(picks[mine], ordinals[mine])
         self.step, self.drawn = self.step + 1, drawn
         return _micro_batches(windows, self.micro_batch, self.documents)
+
+    def identity(self) -> str:
+        """The corpora's fingerprints ("" when any is unknown)."""
+        return ",".join(p.identity for p in self.parts) if all(p.identity for p in self.parts) else ""
 
     def tokens_drawn(self) -> dict[str, int]:
         """Training tokens each corpus has given so far (for the metrics of a mixture)."""

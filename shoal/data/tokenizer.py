@@ -22,6 +22,7 @@ EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")
 
 class Tokenizer(Protocol):
     vocab_size: int
+    """One more than the largest id it can produce (its token count when no id is skipped)."""
     eos_id: int
     identity: str
 
@@ -71,7 +72,11 @@ class HFTokenizer:
 
         self.path = os.path.abspath(os.path.expanduser(path))
         self._tok = _HF.from_file(self.path)
-        self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
+        # The ids the model must hold, not the number of tokens: a vocabulary may skip ids (a
+        # pruned or hand-edited file), and its largest id must still have a row in the embedding
+        # and fit the token cache's dtype (shards.token_dtype).
+        ids = self._tok.get_vocab(with_added_tokens=True).values()
+        self.vocab_size: int = max(self._tok.get_vocab_size(with_added_tokens=True), max(ids, default=-1) + 1)
         found = [self._tok.token_to_id(t) for t in EOS_CANDIDATES]
         found = [i for i in found if i is not None]
         # Without a special end token we fall back to id 0 as the brief says; it is then an

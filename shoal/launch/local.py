@@ -116,8 +116,9 @@ def _failed(e, report: "_FailureReport", said_why: tuple[int, ...]) -> int:
     rank, failure = root_failure(e)
     if failure.exitcode in said_why:
         return failure.exitcode
-    if failure.pid in report.force_killed:  # the agent's own SIGKILL: not from outside
+    if failure.pid in report.force_killed:  # the launcher's own SIGKILL: not from outside
         print(f"shoal: worker rank {rank} {report.frozen(failure, e.failures)}", file=sys.stderr)
+        return HANG  # a frozen worker is a hang: the launcher gave up waiting on it, as timeout(1) does
     elif -failure.exitcode in (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # it had nothing to say
         print(f"shoal: worker rank {rank} {how_it_ended(failure.exitcode)} (exit code {failure.exitcode}), from "
               f"outside shoal (the kernel's OOM killer, a scheduler, kill); the other workers stopped when they "
@@ -172,6 +173,14 @@ def _pass_on(received: list[tuple[int, float]]):
         raise SignalException("shoal launcher got SIGTERM", sigval=signal.SIGTERM)
 
     return pass_on
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped by a signal (T) or a tracer (t), from /proc/PID/stat."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def _children(pid: int) -> list[int]:
@@ -251,8 +260,8 @@ class _FailureReport(logging.Filter):
         failed attempt's workers, so it was frozen (SIGSTOP, a debugger) or stuck in the kernel."""
         said = (" (the hang report above says where it stopped)"
                 if any(f.exitcode == HANG for f in failures.values()) else "")
-        return (f"(pid {failure.pid}) stopped responding: it did not exit on the launcher's SIGTERM (frozen by "
-                f"SIGSTOP or a debugger, or stuck in the kernel), so the launcher killed it{said}")
+        return (f"(pid {failure.pid}) stopped responding (frozen by SIGSTOP or a debugger, or stuck in the kernel "
+                f"through the launcher's SIGTERM), so the launcher killed it{said}")
 
     def attempt_failed(self, failures: dict) -> None:
         if not self.max_restarts:
@@ -267,13 +276,23 @@ class _FailureReport(logging.Filter):
                else f"(pid {failure.pid}) {how_it_ended(failure.exitcode)}")
         print(f"shoal: worker rank {rank} {how}; {then}", file=sys.stderr, flush=True)
 
+    def kill_frozen(self, pids) -> None:
+        """SIGKILL the workers that are stopped (SIGSTOP, a debugger): the SIGTERM the agent is about
+        to send would wait its whole shutdown timeout (30 s) on each, and they can save nothing."""
+        for pid in pids:
+            if _stopped(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    self.force_killed.add(pid)
+
     @contextlib.contextmanager
     def watching(self):
-        """Hands each failed attempt's failures to attempt_failed: the agent polls its workers
-        through SubprocessContext._poll and keeps the result to itself."""
+        """Hands each failed attempt's failures to attempt_failed, and frozen workers to kill_frozen
+        before the agent stops an attempt: the agent polls its workers through
+        SubprocessContext._poll, keeps the result to itself, and stops them with close()."""
         from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
-        poll = getattr(SubprocessContext, "_poll", None)
+        poll, close = getattr(SubprocessContext, "_poll", None), SubprocessContext.close
         if poll is None:  # a torch without this private method: only the end-of-job line is printed
             yield
             return
@@ -284,8 +303,13 @@ class _FailureReport(logging.Filter):
                 self.attempt_failed(result.failures)
             return result
 
-        SubprocessContext._poll = _poll
+        def _close(context, *args, **kwargs):
+            with contextlib.suppress(Exception):  # pids() of a context that never started
+                self.kill_frozen(context.pids().values())
+            return close(context, *args, **kwargs)
+
+        SubprocessContext._poll, SubprocessContext.close = _poll, _close
         try:
             yield
         finally:
-            SubprocessContext._poll = poll
+            SubprocessContext._poll, SubprocessContext.close = poll, close

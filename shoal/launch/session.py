@@ -148,6 +148,7 @@ def prepare(cfg: JobConfig, o: Options):
             print(f"shoal: writing to {out} (choose with --out)", file=sys.stderr, flush=True)
         # 8. job.json, last: what the workers read instead of a command line.
         if speaks_for_the_run():
+            warn_ignored(cfg)  # after every refusal: a refused run's one line stays one line
             session.job_files = [job.save(replica_dir(out, g) / JOB, out=replica_dir(out, g), resume=o.resume,
                                           show=not o.quiet) for g in range(max(1, o.replica_groups))]
         yield session
@@ -163,7 +164,9 @@ def prepare(cfg: JobConfig, o: Options):
 def start(session: Session) -> int:
     """Run the prepared job; returns its exit code (shoal/worker/exit_codes.py)."""
     from shoal.train.process import train_here
+    from shoal.worker.streams import forgive_closed_output
 
+    forgive_closed_output()  # the launcher's lines too: a closed stdout never stops a run
     o, job, out = session.options, session.job, session.out
     if o.launcher == "ray":
         from shoal.launch.ray import launch
@@ -261,6 +264,19 @@ def _node_plan(o: Options) -> NodePlan | None:
         raise UserError("--out", "(not given)", "with --nnodes every node must write the same directory, on a "
                                                 "filesystem they share: pass --out DIR")
     return plan_node(o.nnodes, o.node_rank, o.master, o.ifname, o.rdzv_timeout, o.rdzv)
+
+
+def warn_ignored(cfg: JobConfig) -> None:
+    """The settings the layout leaves without effect, one warning line each (the job runs without them)."""
+    import dataclasses
+
+    from shoal.layout import ignored_settings
+
+    def fields(c: JobConfig) -> dict:  # layout.ENABLED_BY's names: parallel's bare, the others dotted
+        return dataclasses.asdict(c.parallel) | {f"checkpoint.{k}": v for k, v in dataclasses.asdict(c.checkpoint).items()}
+
+    for line in ignored_settings(fields(cfg), fields(JobConfig())):
+        print(f"shoal: warning: {line}", file=sys.stderr, flush=True)
 
 
 def _warn_placement(job: Job, per_node: int) -> None:

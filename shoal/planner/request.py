@@ -9,13 +9,13 @@ sweep with --scale. A mistake is a UserError naming the flag, before any search.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from shoal import hardware
 from shoal.errors import UserError
 from shoal.hardware import local as local_hardware
-from shoal.layout import Layout, TrainerLimit, problems, slow_link_setting_problems
+from shoal.layout import ENABLED_BY, Layout, TrainerLimit, ignored_settings, problems, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
 from shoal.planner import cost, energy, scaling
 from shoal.planner.evaluate import Plan
@@ -128,6 +128,14 @@ def build(args) -> Inputs:
         _check_pinned(fixed, args.gpus, workload)
     name = args.model or f"custom {cfg.n_layers}L/{cfg.dim}H/{cfg.n_heads}A"
     return Inputs(workload, cluster, fixed, name)
+
+
+def ignored_flags(args) -> list[str]:
+    """The flags that their switch leaves off, so they change nothing in the plan (layout.ENABLED_BY,
+    as `shoal train` says of its settings). A switch not given (None) is searched: it judges nothing."""
+    defaults = {f.name: f.default for f in (*fields(Workload), *fields(Layout))}
+    given = {name: getattr(args, name, None) for name in {*ENABLED_BY, *(switch for switch, _ in ENABLED_BY.values())}}
+    return ignored_settings(given, defaults, name=lambda field: "--" + field.replace("_", "-"))
 
 
 def _slow_link_flags(args) -> None:

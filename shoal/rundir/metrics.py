@@ -45,6 +45,7 @@ class MetricsLog:
         self.path, self._backends = out / METRICS, list(backends)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
         self._fd = os.open(self.path, flags, 0o644) if enabled else None
+        self._folder = _identity(out) if enabled else None  # which folder --out is, to notice it go or move
         self._speed: list[tuple] = []  # (step, step_time_s, tokens_per_s, mfu): what steady() reads, not whole rows
 
     def write(self, row: dict, sync: bool = False) -> None:
@@ -61,6 +62,17 @@ class MetricsLog:
             backend.write(row)
             if sync:  # as far as the checkpoint, like the file
                 backend.flush()
+        # Writes to a deleted file succeed, and nobody would ever read them; a moved folder leaves the
+        # run writing metrics there and checkpoints into a new folder at the old path.
+        if os.fstat(self._fd).st_nlink == 0 or _identity(self.path.parent) != self._folder:
+            raise self._lost(row.get("step"))
+
+    def _lost(self, step) -> UserError:
+        """The run folder (or its metrics file) was deleted, moved or replaced under the running run:
+        stop, rather than recreate checkpoints/ and model/ in a folder with no metrics, run.json or lock."""
+        return UserError("--out", str(self.path.parent), f"was deleted, moved or replaced (or its {METRICS}) while the "
+                         f"run was writing into it; stopped after step {step}, writing nothing more; start again "
+                         "with a new --out")
 
     def steady(self, start: int) -> "Steady":
         """The speed of the steps this process logged, the first WARMUP_STEPS after `start` left out."""
@@ -76,6 +88,15 @@ class MetricsLog:
 
 
 _SPEED = ("step", "step_time_s", "tokens_per_s", "mfu")
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    """(device, inode) of the folder at this path now; None where there is none."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,13 +66,33 @@ def base_overrides(steps: int, global_batch: int) -> list[str]:
             "train.eval_batches=1", "train.sample_tokens=0"]
 
 
+def ranks_problem(layout: str, nproc: int) -> str | None:
+    """Why `layout` cannot run on nproc ranks by its N/k parts alone, or None: N/k is a whole count
+    of at least one rank only on a multiple of k ranks (N/4 on 2 ranks read as dp_shard=0)."""
+    parts = [int(k) for k in re.findall(r"N/(\d+)", layout)]
+    if 0 in parts:
+        return "N/0 is no number of ranks"
+    need = max(parts, default=1)
+    if nproc % need == 0:
+        return None
+    return f"needs {need} ranks" if nproc < need else f"needs a multiple of {need} ranks"
+
+
+def with_ranks(text: str, nproc: int) -> str:
+    """N/k and N in a layout as rank counts (ranks_problem first: k divides nproc)."""
+    return re.sub(r"N/(\d+)", lambda m: str(nproc // int(m.group(1))), text).replace("N", str(nproc))
+
+
 def layout_overrides(layout: str, nproc: int) -> list[str]:
+    if problem := ranks_problem(layout, nproc):
+        raise UserError("--layouts", layout, f"{problem} (N/k splits the --nproc {nproc} ranks k ways); change "
+                                             "--nproc or the layout")
     out, fields = [], set()
     for item in filter(None, (x.strip() for x in layout.split(","))):
         key, eq, value = item.partition("=")
         if not eq:
             raise UserError("--layouts", layout, "write layouts as key=value,... separated by ';'")
-        value = value.replace("N/4", str(nproc // 4)).replace("N/2", str(nproc // 2)).replace("N", str(nproc))
+        value = with_ranks(value, nproc)
         # a bare key is a parallel.* field; section.key reaches any other field
         field = "model.preset" if key.strip() == "model" else key.strip() if "." in key else f"parallel.{key.strip()}"
         if field in fields:  # the last would win silently: which one was meant is a guess
@@ -120,6 +141,9 @@ def fitting_layouts(nproc: int, steps: int) -> tuple[list[str], list[tuple[str, 
     """The default layouts valid on nproc ranks, and the others with the reason they do not fit."""
     keep, skipped, seen = [], [], set()
     for layout in CANDIDATES:
+        if problem := ranks_problem(layout, nproc):
+            skipped.append((layout, problem))
+            continue
         resolved = ",".join(layout_overrides(layout, nproc))
         if resolved in seen:
             continue
@@ -127,8 +151,7 @@ def fitting_layouts(nproc: int, steps: int) -> tuple[list[str], list[tuple[str, 
         try:
             resolve(config_for(layout, nproc, steps), nproc)
         except UserError as e:
-            skipped.append((layout.replace("N/4", str(nproc // 4)).replace("N/2", str(nproc // 2))
-                            .replace("N", str(nproc)), str(e)))
+            skipped.append((with_ranks(layout, nproc), str(e)))
             continue
         keep.append(layout)
     return keep, skipped

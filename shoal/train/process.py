@@ -15,11 +15,13 @@ from shoal.job import Job
 from shoal.train import preempt
 from shoal.train.nonfinite import NonFiniteStep
 from shoal.worker.exit_codes import DONE, NONFINITE, PREEMPTED
+from shoal.worker.streams import forgive_closed_output
 
 
 def train_here(job: Job, out: Path, *, resume: str = "auto", show: bool = True) -> int:
     from shoal.train.trainer import train
 
+    forgive_closed_output()  # `shoal train | head`: progress lines never stop a run
     preempt.install()  # this process exists to train: SIGTERM saves a checkpoint, then exits
     main = os.environ.get("RANK", "0") == "0"
     try:

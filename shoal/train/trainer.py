@@ -126,9 +126,9 @@ def build_data(job: Job, dp_rank: int = 0, dp_size: int = 1) -> Data:
     group, groups = (place.group, place.groups) if place else (0, 1)
     batch = t.global_batch * groups
     documents = tokenizer.eos_id if d.document_mask else None
-    loader = TokenLoader([Part(c.name, c.train, c.weight, c.train_mask) for c in corpora], t.seq_len, batch,
-                         job.layout.micro_batch, group * dp_size + dp_rank, groups * dp_size, t.seed,
-                         documents=documents, repeat=d.repeat)
+    parts = [Part(c.name, c.train, c.weight, c.train_mask, c.dataset.fingerprint()) for c in corpora]
+    loader = TokenLoader(parts, t.seq_len, batch, job.layout.micro_batch, group * dp_size + dp_rank, groups * dp_size,
+                         t.seed, documents=documents, repeat=d.repeat)
     # Evaluation batches hold the whole batch's sequences, so every layout evaluates the same text.
     eval_set = eval_batches([Part(c.name, c.val, c.weight, c.val_mask) for c in corpora], t.seq_len, batch, t.eval_batches,
                             dp_rank, dp_size, documents=documents)
@@ -164,7 +164,7 @@ def plan_this_run(job: Job, rt: Runtime, out: Path, start: int, *, say=None) -> 
     if not rt.is_main:
         return peak, None
     if rt.device.type == "cpu" and say and not local_profile_path().exists():
-        say(f"measuring this machine once for the planner's prediction (a few seconds; cached in {local_profile_path()})")
+        say(f"measuring this machine once for the planner's prediction (about 10 s; cached in {local_profile_path()})")
     local_world, name = local_world_size(job.world), device_name(rt.device)
     plan = predict_job(job, rt.device.type, name, local_world).with_mfu(step_flops(job), peak.flops)
     write_run_info(job, out, start, local_world=local_world, device=rt.device.type, device_name=name, prediction=plan)

@@ -248,7 +248,7 @@ def test_export_hf_gives_the_same_logits(saved, tmp_path):
 def test_ckpt_inspect_shows_step_layout_and_validity(saved, tmp_path):
     r = shoal_cli("ckpt", "inspect", str(saved), env={"COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
-    for needle in ("6", "8", "1:", "yes"):
+    for needle in ("6", "8", "1 rank", "yes"):
         assert needle in r.stdout
     run_dir = interrupted_copy(saved, tmp_path / "run", keep_step=8)
     shard = run_dir / "checkpoints" / "step_00000008" / "__0_0.distcp"

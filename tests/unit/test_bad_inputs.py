@@ -1027,6 +1027,33 @@ def test_output_piped_into_a_reader_that_stopped(argv):
     assert r.returncode == 1 and r.stderr == "", r.stderr
 
 
+@pytest.mark.parametrize("layout,hint", [("dp_shard=N/4", "needs 4 ranks"), ("dp_shard=N/0", "N/0 is no number"),
+                                         ("tp=2,dp_shard=N/3", "needs 3 ranks")])
+def test_a_verify_layout_of_more_ranks_than_given_is_named(layout, hint, capsys):
+    """N/4 on 2 ranks read as dp_shard=0 ("must be a positive integer"); N/3 was left unread."""
+    assert_one_line(*run_cli(capsys, ["verify", "--nproc", "2", "--layouts", layout]), hint=hint)
+
+
+def test_a_run_keeps_training_when_its_output_reader_stops():
+    """`shoal train ... | head -c 200`: a BrokenPipeError from a progress line stopped the run (a
+    traceback on rank 0; exit 1 in one process). A training process's streams forgive a closed reader."""
+    from shoal.worker.streams import _Forgiving
+
+    read, write = os.pipe()
+    os.close(read)
+    stream = _Forgiving(os.fdopen(write, "w", buffering=1))
+    try:
+        for _ in range(3):  # the first line finds the reader gone; later ones go to /dev/null
+            assert stream.write("step 1/20  loss 5.5\n") == 20
+        stream.flush()
+        assert os.path.samefile(f"/proc/self/fd/{write}", os.devnull)
+    finally:
+        stream.close()
+    full = _Forgiving(open("/dev/full", "w", buffering=1))  # `> /dev/full`: ENOSPC, said once on the other stream
+    assert full.write("step 1/20\n") == 10
+    full.close()
+
+
 def test_a_world_of_more_ranks_than_any_cluster_is_named_before_the_batch_rules(tmp_path, capsys):
     """--nodes 99999999999999999999 was refused by the batch rule, whose fix named a global batch of 8e20."""
     argv = ["slurm", "recipes/debug.toml", "--nodes", "99999999999999999999", "--gpus-per-node", "8",

@@ -49,9 +49,40 @@ def test_a_worker_the_agent_had_to_sigkill_is_named_as_frozen_not_killed_from_ou
     assert report.filter(record) is False  # the agent's own line is replaced by the one below
     report.attempt_failed({0: failure(0, HANG_EXIT_CODE, 100), 1: failure(1, -9, 130)})
     assert capsys.readouterr().err.strip() == (
-        "shoal: worker rank 1 (pid 1001) stopped responding: it did not exit on the launcher's SIGTERM (frozen by "
-        "SIGSTOP or a debugger, or stuck in the kernel), so the launcher killed it (the hang report above says "
-        "where it stopped); restarting all 2 workers (restart 1 of 1)")
+        "shoal: worker rank 1 (pid 1001) stopped responding (frozen by SIGSTOP or a debugger, or stuck in the kernel "
+        "through the launcher's SIGTERM), so the launcher killed it (the hang report above says where it stopped); "
+        "restarting all 2 workers (restart 1 of 1)")
+
+
+def test_a_frozen_worker_is_killed_at_once_and_the_run_ends_as_a_hang(capsys):
+    """The agent's SIGTERM would wait 30 s on a SIGSTOPped worker, and the run exited 1 after it: the
+    launcher kills stopped workers before the agent stops an attempt, and a frozen worker ends the run
+    with the hang code (124)."""
+    import signal
+    import subprocess
+    import time
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from shoal.launch.local import _failed
+
+    frozen, running = (subprocess.Popen(["sleep", "60"]) for _ in range(2))
+    try:
+        frozen.send_signal(signal.SIGSTOP)
+        report = _FailureReport(nproc=2, max_restarts=0)
+        for _ in range(100):  # SIGSTOP is delivered asynchronously
+            report.kill_frozen([frozen.pid, running.pid])
+            if report.force_killed:
+                break
+            time.sleep(0.02)
+        assert frozen.wait(timeout=5) == -signal.SIGKILL and running.poll() is None
+        failures = {0: failure(0, HANG_EXIT_CODE, 100), 1: failure(1, -9, 100)}
+        failures[1].pid = frozen.pid
+        assert _failed(ChildFailedError("worker", failures), report, said_why=()) == HANG_EXIT_CODE
+        assert "stopped responding" in capsys.readouterr().err
+    finally:
+        running.kill()
+        frozen.kill()
 
 
 def test_a_worker_the_agent_stopped_with_sigterm_is_not_named_over_the_one_that_failed(capsys):

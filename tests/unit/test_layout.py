@@ -69,7 +69,9 @@ def test_the_default_layouts_on_two_ranks_are_all_there():
     what `shoal verify --nproc 2` runs (the README's quickstart runs it and must pass; not run twice)."""
     from shoal.train.parity import fitting_layouts
 
-    layouts, _ = fitting_layouts(2, 4)
+    layouts, skipped = fitting_layouts(2, 4)
     assert len(layouts) >= 13, layouts
+    # A layout of N/4 ranks on 2 was explained as "parallel.dp_shard=0: must be a positive integer".
+    assert ("tp=2,pp=2,dp_shard=N/4", "needs 4 ranks") in skipped, skipped
     for must in ("zero=1", "zero=0", "tp=2", "pp_schedule=zero-bubble", "pp_schedule=interleaved-1f1b", "ep=2"):
         assert any(must in layout for layout in layouts), (must, layouts)

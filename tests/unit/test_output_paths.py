@@ -196,3 +196,102 @@ def test_a_tilde_is_the_home_folder(where, monkeypatch):
     assert checkpoint_root(load_config(None, ["checkpoint.dir=~/ckpts"]), Path("out")) == where["tmp"] / "ckpts"
     load_data(DataConfig(path=str(where["tmp"] / "corpus.txt"), cache_dir="~/cache"), 256)
     assert (where["tmp"] / "cache").is_dir() and not Path("~").exists()
+
+
+def test_a_checkpoint_folder_belongs_to_one_run(where, capsys):
+    """A second run whose checkpoint.dir was the first run's resumed from its checkpoints and let its
+    checkpoint.keep delete them; it is refused, naming the first run (which, moved, keeps them)."""
+    import shutil
+
+    from shoal.checkpoint.choose import check_resume, owner_of
+    from shoal.config import load_config
+
+    line = refused(capsys, TRAIN + ["--out", "{tmp}/second", "--set", "checkpoint.dir={run}/checkpoints"], where,
+                   "holds the checkpoints of the run in")
+    assert str(where["run"]) in line
+    moved = shutil.copytree(where["run"], where["tmp"] / "moved", symlinks=True)
+    assert owner_of(moved / "checkpoints") == moved
+    check_resume(load_config(None, ["train.steps=3"]), moved, "auto")
+
+
+@pytest.mark.parametrize("name", [".lock", "model/shoal_model.json", "checkpoints"])
+def test_a_link_out_of_the_run_folder_is_never_written_through(name, where, capsys):
+    """Resuming a run whose .lock or model/shoal_model.json was a link overwrote the link's target."""
+    import shutil
+
+    copy = shutil.copytree(where["run"], where["tmp"] / "copy", symlinks=True)
+    target = where["tmp"] / ("adir" if name == "checkpoints" else "afile")
+    shutil.rmtree(copy / name) if (copy / name).is_dir() else (copy / name).unlink()
+    (copy / name).symlink_to(target)
+    refused(capsys, TRAIN + ["--out", str(copy), "--set", "train.steps=3"], where, f"holds {name}, a symbolic link")
+
+
+def test_a_run_folder_deleted_mid_run_stops_the_run(tmp_path):
+    """Deleted under a running run, the folder was recreated (checkpoints/, model/) and the run exited
+    0 with no metrics, run.json or lock: the next row's write notices, and the run stops."""
+    import shutil
+
+    from shoal.errors import UserError
+    from shoal.rundir.metrics import MetricsLog
+
+    (tmp_path / "run").mkdir()
+    log = MetricsLog(tmp_path / "run")
+    log.write({"step": 1, "loss": 5.0})
+    shutil.rmtree(tmp_path / "run")
+    with pytest.raises(UserError, match="was deleted, moved or replaced .* stopped after step 2"):
+        log.write({"step": 2, "loss": 4.0})
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "run").mkdir()  # moved: the metrics go on in the new place, checkpoints would go to the old
+    log = MetricsLog(tmp_path / "run")
+    (tmp_path / "run").rename(tmp_path / "moved")
+    with pytest.raises(UserError, match="was deleted, moved or replaced"):
+        log.write({"step": 1, "loss": 5.0})
+
+
+def test_resuming_onto_another_corpus_of_the_same_size_is_warned(where, capsys):
+    """The loader compares only the sequence count, so another corpus (or tokenizer) of the same size
+    resumed in silence, although docs/checkpointing.md says it is warned about."""
+    import shutil
+
+    copy = shutil.copytree(where["run"], where["tmp"] / "copy", symlinks=True)
+    shutil.copyfile(where["tmp"] / "corpus.txt", where["tmp"] / "other.txt")  # same tokens, another corpus
+    argv = [a.format(**where) for a in TRAIN] + ["--out", str(copy), "--set", "train.steps=3",
+                                                 "--set", f"data.path={where['tmp'] / 'other.txt'}"]
+    assert main(argv) == 0
+    assert "warning: the checkpoint was trained on other tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,line,n", [
+    [["train", "--print-mesh", "--set", "parallel.topk_density=0.3"],
+     "parallel.topk_density=0.3 has no effect: it acts only with parallel.grad_compression=topk (here none)", 1],
+    [["train", "--print-mesh", "--set", "parallel.diloco_outer_lr=0.5", "--set", "parallel.pp_lighter_edges=1"],
+     "parallel.diloco_outer_lr=0.5 has no effect: it acts only with parallel.diloco_inner_steps > 0", 2],
+    [["train", "--print-mesh", "--set", "parallel.pp_schedule=1f1b"], None, 0],  # the default: nothing to say
+    [["train", "--print-mesh", "--set", "checkpoint.async=true"], "it acts only with checkpoint.every > 0", 1],
+    [[*PLAN, "--powersgd-rank", "8", "--top", "1"],
+     "--powersgd-rank=8 has no effect: it acts only with --grad-compression=powersgd", 1],
+    [[*PLAN, "--pp", "1", "--pp-schedule", "gpipe", "--top", "1"], "--pp-schedule=gpipe has no effect", 1],
+    [[*PLAN, "--pp-schedule", "gpipe", "--top", "1"], None, 0],  # pp searched: the schedule may act
+])
+def test_a_setting_that_its_layout_ignores_is_warned_about(argv, line, n, where, capsys):
+    """A setting with no effect in the layout given (DiLoCo's without DiLoCo, a compression method's
+    without it, a pipeline's without pp) was accepted in silence: one warning line each."""
+    assert main(argv) == 0
+    warnings = [w for w in capsys.readouterr().err.splitlines() if "warning:" in w]
+    assert len(warnings) == n and (line is None or line in warnings[0]), warnings
+
+
+def test_a_one_rank_checkpoint_layout_is_said_in_words(where, capsys):
+    """`shoal ckpt inspect` printed a 1-rank checkpoint's layout as `1:`."""
+    assert main(["ckpt", "inspect", str(where["run"]), "--no-checksums"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "MB" in line]
+    assert rows and all(" 1 rank " in row and " 1: " not in row for row in rows), rows
+
+
+def test_a_run_that_kept_no_checkpoints_says_where_its_weights_are(where, capsys):
+    """`shoal ckpt inspect` of such a run said it was no `shoal train --out` directory."""
+    import shutil
+
+    copy = shutil.copytree(where["run"], where["tmp"] / "copy", symlinks=True, ignore=shutil.ignore_patterns("checkpoints"))
+    code = main(["ckpt", "inspect", str(copy)])
+    assert code == 2 and f"its final weights are in {copy / 'model'}" in capsys.readouterr().err
