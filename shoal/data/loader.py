@@ -166,10 +166,11 @@ class TokenLoader:
         names = [p.name for p in self.parts]
         saved_chunks = state.get("n_chunks", self.n_chunks)
         saved_chunks = saved_chunks if isinstance(saved_chunks, list) else [saved_chunks]
-        if state.get("sources", names) == names and len(state.get("drawn", names)) == len(names):
-            # a state saved before mixtures existed has no counts: its one corpus gave every sequence
+        if len(state.get("drawn", names)) == len(names):  # corpora renamed or moved go on from their counts
+            # (the checkpointer compares what the tokens are); a state saved before mixtures existed has
+            # no counts: its one corpus gave every sequence
             self.drawn = [int(d) for d in state.get("drawn", [self.step * self.global_batch])]
-        else:  # another mixture than the one saved: take its shares from here on
+        else:  # another number of corpora than the one saved: take the new shares from here on
             self.drawn = [int(self.step * self.global_batch * w) for w in self.weights]
             return (f"data loader state was saved for the corpora {state.get('sources')}, now {names}: batches "
                     "after resume differ from the original run")

@@ -73,8 +73,7 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
                      step_flops=step_flops(job), peak_flops=peak.flops, plan=plan)
     profiler = StepProfiler(cfg.debug, rt.rank, out, rt.device)  # debug.profile_steps, on the ranks asked
     started, eval_loss, row = time.perf_counter(), math.nan, {}
-    # data.repeat=false ends the run where a corpus runs out: every rank sees it after the same step
-    while step.done < t.steps and not data.loader.exhausted():
+    while step.done < t.steps and not data.loader.exhausted():  # data.repeat=false: where a corpus ends
         profiler.at(step.done + 1)
         if (done := step()) is None:
             continue  # a replica group died mid-step: nobody stepped, the step is redone
