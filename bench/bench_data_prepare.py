@@ -84,12 +84,15 @@ print(json.dumps({"tokens": n, "seconds": time.perf_counter() - t}))
 """
 
 
-def one_core_rate(tokenizer: str, files: list[str]) -> float:
+def one_core_rate(tokenizer: str, files: list[str], processes: int = 1) -> float:
+    """Tokens/s of `processes` baseline processes at once, each on its share of the files: with more
+    than one, what the machine itself gives several single-threaded tokenizers (the ceiling for
+    prepare's workers, below processes x one core where cores share caches or a host)."""
     env = {**os.environ, "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    out = subprocess.run([sys.executable, "-c", ONE_CORE, tokenizer, *files], env=env, capture_output=True,
-                         text=True, check=True)
-    r = json.loads(out.stdout)
-    return r["tokens"] / r["seconds"]
+    runs = [subprocess.Popen([sys.executable, "-c", ONE_CORE, tokenizer, *files[i::processes]], env=env,
+                             stdout=subprocess.PIPE, text=True) for i in range(processes)]
+    results = [json.loads(r.communicate()[0]) for r in runs]
+    return sum(r["tokens"] for r in results) / max(r["seconds"] for r in results)
 
 
 def timed_prepare(files: list[str], tokenizer: str, out: Path, workers: int) -> tuple[float, int]:
@@ -158,8 +161,6 @@ def loader_probe(path: str) -> dict:
 
 
 def masked_speed(steps: int = 6) -> tuple[float, float]:
-    import torch
-
     from shoal.data.loader import TokenLoader
     from shoal.model.config import get_preset
     from shoal.model.transformer import build_model, cross_entropy
@@ -199,6 +200,10 @@ def main() -> None:
         rate = one_core_rate(tokenizer, files)
         print(f"corpus: {len(files)} JSONL files, {mb:.0f} MB; 8k BPE; {cores} cores")
         print(f"tokenizers encode_batch, one core, in memory: {rate / 1e6:.2f} M tokens/s")
+        if cores > 1:
+            together = one_core_rate(tokenizer, files, cores)
+            print(f"the same in {cores} processes at once: {together / 1e6:.2f} M tokens/s = "
+                  f"{together / (cores * rate):.2f} x ({cores} x one-core rate): the machine's own ceiling")
         for workers in sorted({1, cores}):
             seconds, tokens = timed_prepare(files, tokenizer, root / f"w{workers}", workers)
             r = tokens / seconds

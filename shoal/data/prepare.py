@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -164,6 +165,9 @@ def _tokenize_all(todo: list[Source], tokenizer_spec: str, directory: str, setti
                         source = pending.pop(future)
                         yield future.result()  # a worker's UserError is raised here, naming its file
                         progress.advance(source.size)
+            except BrokenProcessPool:  # killed from outside (the OOM killer, a signal): what is done stays
+                raise UserError("--workers", workers, "a tokenizing process died (out of memory, or killed); run "
+                                                      "again with fewer workers: finished files are kept") from None
             except BaseException:
                 for future in pending:
                     future.cancel()
@@ -205,6 +209,11 @@ def tokenize_file(source: Source, tokenizer_spec: str, directory: str, settings:
 def _encoded(batch: list, tokenizer, template, source: Source) -> Iterator[tuple[str, np.ndarray, np.ndarray | None]]:
     """(name, token ids, loss mask or None when every token is trained) of each non-empty document;
     a fine-tuning example's segments are tokenized one by one, so the mask falls on their borders."""
+    if all(isinstance(doc, str) for _, doc in batch):  # pre-training text: no mask, no segments to join
+        for (name, _), ids in zip(batch, tokenizer.encode_many([doc for _, doc in batch])):
+            if len(ids):
+                yield name, ids, None
+        return
     segments = []  # per document: its (text, trained) segments
     for name, doc in batch:
         if isinstance(doc, str):
