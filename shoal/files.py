@@ -77,14 +77,16 @@ def read_toml(field: str, path, give: str, parse_float=float) -> dict:
         raise UserError(field, str(path), f"is not valid TOML ({e}); give {give}") from None
 
 
-def check_output_dir(flag: str, path: str, *, shown: str | None = None, own: tuple | None = None) -> None:
+def check_output_dir(flag: str, path: str, *, shown: str | None = None, own: tuple | None = None,
+                     libraries: tuple[str, ...] = ()) -> None:
     """A folder a command will write into (or a config field naming one): not empty, not a file, not
     under a file, and creatable or writable where it is. Checked before any work, creating nothing:
     the probe is a temporary folder made and removed in the nearest existing ancestor, because
     permission bits do not stop root while a read-only mount or /proc still do. `shown`: the value
     the user gave, when `path` was derived from it (the folder of a file). `own`: the names (glob
     patterns, or (pattern, mark) for a name too common to trust without its mark) the command writes
-    there; given, the folder must be new, empty or hold only those (its earlier output, which it replaces)."""
+    there; given, the folder must be new, empty or hold only those (its earlier output, which it replaces).
+    `libraries`: folders in it that another library writes itself, links and all (W&B's), not looked into."""
     shown = path if shown is None else shown
     if not str(path).strip():
         raise UserError(flag, shown, "is empty; name a folder to write into")
@@ -105,7 +107,7 @@ def check_output_dir(flag: str, path: str, *, shown: str | None = None, own: tup
     if own is not None and existing == p:
         _check_only_own(flag, shown, p, own)
     if existing == p:
-        _check_no_link_out(flag, shown, p)
+        _check_no_link_out(flag, shown, p, libraries)
 
 
 PROBE_PREFIX = ".shoal-probe-"
@@ -158,7 +160,7 @@ LINK_DEPTH, LINK_ENTRIES = 4, 100_000
 and in how many entries at most (a checkpoint.dir on a shared disk may hold much else)."""
 
 
-def _check_no_link_out(flag: str, shown: str, folder: str) -> None:
+def _check_no_link_out(flag: str, shown: str, folder: str, libraries: tuple[str, ...] = ()) -> None:
     """A symbolic link in an output folder that leads out of it (a run's .lock, model/shoal_model.json,
     checkpoints/): writing through it would overwrite or fill whatever it points at, so the command
     writes through no link out of the folder it was given, and refuses one found there."""
@@ -166,6 +168,7 @@ def _check_no_link_out(flag: str, shown: str, folder: str) -> None:
     for parent, dirs, files in os.walk(folder):
         if parent[len(folder):].count(os.sep) >= LINK_DEPTH:
             dirs[:] = []
+        inside = [d for d in dirs if parent != folder or d not in libraries]  # each checked, not walked
         seen += len(dirs) + len(files)
         if seen > LINK_ENTRIES:
             return
@@ -176,6 +179,7 @@ def _check_no_link_out(flag: str, shown: str, folder: str) -> None:
                 raise UserError(flag, shown, f"holds {os.path.relpath(path, folder)}, a symbolic link to {target}, "
                                              "outside it; shoal writes through no link out of the folder it writes "
                                              "into: remove the link")
+        dirs[:] = inside
 
 
 def _check_name_lengths(flag: str, shown: str, existing: str, below: str) -> None:

@@ -58,7 +58,8 @@ def check_out(out: str, corpora: tuple[str, ...] = ()) -> Path:
     path = Path(out)
     kind = what_shoal_wrote(path)
     # a file, under a file, not creatable, a name too long; for a fresh start, a folder of other files
-    check_output_dir("--out", out, own=None if kind else BEFORE_RUN_INFO)
+    # W&B links its run's log files into its own cache: its folder is the library's, not written through
+    check_output_dir("--out", out, own=None if kind else BEFORE_RUN_INFO, libraries=(WANDB,))
     if kind not in (None, "a run directory"):
         raise UserError("--out", out, f"holds {kind}, not a run; pick a new --out (or the run's own folder to "
                                       "continue it)")
