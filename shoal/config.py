@@ -169,14 +169,14 @@ class DataConfig:
     data: a file, a glob or a directory of text, JSONL, parquet or Arrow files, compressed or not
     (docs/data.md)."""
     mix: dict = field(default_factory=dict)
-    """A weighted mixture instead of data.path: a TOML table of data paths and weights, e.g.
-    `[data.mix]` with `"web" = 0.7` and `"code" = 0.3` (weights are relative)."""
+    """A weighted mixture instead of data.path: data paths and relative weights, e.g. `"web" = 0.7`
+    and `"code" = 0.3` in the recipe's data.mix table."""
     tokenizer: str = "byte"
     """`byte`, or the path of a Hugging Face tokenizers JSON file."""
     text_field: str = "text"
-    """The field holding the text in JSONL records."""
+    """The field holding the text in JSONL records, or the column in parquet and Arrow files."""
     cache_dir: str = ""
-    """Where token shards are cached; empty: $SHOAL_CACHE_DIR/tokens or ~/.cache/shoal/tokens."""
+    """Where raw data paths are prepared on first use; empty: $SHOAL_CACHE_DIR/tokens or ~/.cache/shoal/tokens."""
     val_fraction: float = 0.01
     """Share of documents held out for the evaluation loss (chosen by a hash of their names)."""
     document_mask: bool = False

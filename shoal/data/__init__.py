@@ -1,10 +1,17 @@
-"""Data for the trainer: text in, deterministic DP-sharded token batches out.
+"""Data for the trainer: corpora in, deterministic DP-sharded token batches out.
 
-    tokenizer.py  ByteTokenizer (default, no download) and HFTokenizer (a tokenizer.json)
+    tokenizer.py        ByteTokenizer (default, no download) and HFTokenizer (a tokenizer.json)
     tokenizer_files.py  the tokenizer's files, copied into every folder that holds the model
-    sources.py    what a data path means: the stdlib corpus, a file, a glob, a directory, JSONL
-    shards.py     tokenize once into a memory-mapped cache file with a held-out split
-    loader.py     TokenLoader (stateful, resumable, sharded by data-parallel rank) and eval_batches
+    sources.py          what a data path means: the stdlib corpus, files, globs, directories, by format
+    readers.py          documents out of one file: text, JSONL/JSON, parquet, Arrow, compressed or not
+    chat.py             fine-tuning chat messages through the tokenizer's chat template
+    dataset.py          the prepared format on disk: manifest, shards, records, checks
+    prepare.py          `shoal data prepare`: files -> shards, on every core, resumable, in parts
+    stream.py           a split's regions across shard files, read as one array without loading it
+    permutation.py      the shuffled order of chunks, in constant memory
+    corpus.py           what a run trains on: data.path or data.mix, opened or prepared into the cache
+    loader.py           TokenLoader (mixtures, document indices, loss masks; resumable, sharded by
+                        data-parallel rank) and eval_batches
 
 Nothing is re-exported here so that importing one module does not pull in the others (torch).
 """
