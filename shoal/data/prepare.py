@@ -14,6 +14,7 @@ manifest over all of them.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import sys
@@ -81,7 +82,7 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, *, text_field: str
         print(f"shoal: warning: {tokenizer_spec} defines no end-of-text token ({', '.join(EOS_CANDIDATES)}), so id 0 "
               f"({tokenizer.token_of(0)!r}, an ordinary token of it) separates documents", file=sys.stderr, flush=True)
     if todo:
-        for record in _tokenize_all(todo, tokenizer_spec, directory, settings, workers, show):
+        for record in _tokenize_all(todo, tokenizer_spec, directory, settings, workers, show, field):
             records[record.source] = record
     ordered = [records[s.name] for s in mine]
     if count == 1:
@@ -139,7 +140,7 @@ def _reusable(directory: str, source: Source, settings: ds.Settings) -> ds.Shard
 
 
 def _tokenize_all(todo: list[Source], tokenizer_spec: str, directory: str, settings: ds.Settings,
-                  workers: int, show: bool) -> Iterator[ds.ShardRecord]:
+                  workers: int, show: bool, field: str) -> Iterator[ds.ShardRecord]:
     total = sum(s.size for s in todo)
     if not workers:  # automatic: every core, unless starting processes would cost more than it saves
         workers = 1 if total < IN_PROCESS_BYTES else os.cpu_count() or 1
@@ -148,7 +149,7 @@ def _tokenize_all(todo: list[Source], tokenizer_spec: str, directory: str, setti
     try:
         if workers == 1:
             for s in todo:
-                yield tokenize_file(s, tokenizer_spec, directory, settings)
+                yield tokenize_file(s, tokenizer_spec, directory, settings, field)
                 progress.advance(s.size)
             return
         # spawn: workers start clean (no torch, no threads copied from this process) and each loads
@@ -156,7 +157,7 @@ def _tokenize_all(todo: list[Source], tokenizer_spec: str, directory: str, setti
         threads = max(1, (os.cpu_count() or 1) // workers)
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_worker_threads,
                                  initargs=(threads,)) as pool:
-            pending = {pool.submit(tokenize_file, s, tokenizer_spec, directory, settings): s
+            pending = {pool.submit(tokenize_file, s, tokenizer_spec, directory, settings, field): s
                        for s in sorted(todo, key=lambda s: -s.size)}
             try:
                 while pending:
@@ -168,9 +169,14 @@ def _tokenize_all(todo: list[Source], tokenizer_spec: str, directory: str, setti
             except BrokenProcessPool:  # killed from outside (the OOM killer, a signal): what is done stays
                 raise UserError("--workers", workers, "a tokenizing process died (out of memory, or killed); run "
                                                       "again with fewer workers: finished files are kept") from None
-            except BaseException:
+            except BaseException:  # one file's error ends the work now: the others' files could take minutes
                 for future in pending:
                     future.cancel()
+                for pid, process in getattr(pool, "_processes", {}).items():  # public only from Python 3.14 on
+                    process.terminate()
+                    process.join()
+                    for tmp in glob.glob(os.path.join(directory, ds.SHARDS, f"*.{pid}.tmp")):
+                        os.remove(tmp)  # what it was writing (its own clean-up did not run)
                 raise
     finally:
         progress.close()
@@ -182,7 +188,8 @@ def _worker_threads(threads: int) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
 
 
-def tokenize_file(source: Source, tokenizer_spec: str, directory: str, settings: ds.Settings) -> ds.ShardRecord:
+def tokenize_file(source: Source, tokenizer_spec: str, directory: str, settings: ds.Settings,
+                  field: str = "data.path") -> ds.ShardRecord:
     """One input file -> its shard (tokens, document ends, loss mask where fine-tuning examples need one,
     record), written under temporary names and renamed into place, the record last."""
     from shoal.data.tokenizer import load_tokenizer
@@ -192,7 +199,7 @@ def tokenize_file(source: Source, tokenizer_spec: str, directory: str, settings:
     limit = np.iinfo(shard.dtype).max
     template = None if tokenizer_spec == "byte" else chat_template(tokenizer_spec)
     try:
-        for batch in _doc_batches(source):
+        for batch in _doc_batches(source, field):
             for name, ids, mask in _encoded(batch, tokenizer, template, source):
                 if int(ids.max()) > limit:  # never store an id modulo the dtype
                     raise UserError("data.tokenizer", tokenizer_spec, f"gives id {int(ids.max())}, more than the "
@@ -305,10 +312,10 @@ class _ShardWriter:
                 os.remove(tmp)
 
 
-def _doc_batches(source: Source) -> Iterator[list]:
+def _doc_batches(source: Source, field: str) -> Iterator[list]:
     batch: list = []
     chars = 0
-    for name, doc in read_documents(source):
+    for name, doc in read_documents(source, field):
         if not doc:
             continue
         batch.append((name, doc))

@@ -47,6 +47,8 @@ SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages", "node_mo
 STDLIB_SKIP_DIRS = SKIP_DIRS | {"test", "tests", "idle_test"}
 
 STDLIB = "stdlib"
+DATASET_DICT = "dataset_dict.json"
+"""What `datasets.DatasetDict.save_to_disk` writes beside its splits' folders."""
 
 
 def stdlib_root() -> str:
@@ -134,6 +136,10 @@ def _expand(path: str, field: str) -> list[str]:
         raise UserError(field, path, 'no such file or directory (or use "stdlib" for the built-in corpus)')
     files: set[str] = set()
     for m in matches:
+        if os.path.isfile(os.path.join(m, DATASET_DICT)):  # a walk would mix its splits, test into train
+            splits = sorted(d for d in os.listdir(m) if os.path.isdir(os.path.join(m, d)))
+            raise UserError(field, path, f"{m} is a Hugging Face DatasetDict with the splits {', '.join(splits)}; "
+                                         f"give one split's folder, e.g. {os.path.join(path, splits[0] if splits else 'train')}")
         if os.path.isdir(m):
             files.update(_walk(m, allowed=walkable, skip=SKIP_DIRS, field=field))
         elif os.path.isfile(m):

@@ -316,6 +316,11 @@ def test_compressed_and_columnar_inputs_read_alike(tmp_path):
         for batch in table.to_batches(max_chunksize=10):
             w.write_batch(batch)
     (tmp_path / "f.txt.gz").write_bytes(gzip.compress(b"one plain document"))
+    (tmp_path / "dict" / "train").mkdir(parents=True)  # a DatasetDict: one split at a time, never all
+    (tmp_path / "dict" / "dataset_dict.json").write_text('{"splits": ["train", "test"]}')
+    with pytest.raises(UserError, match="is a Hugging Face DatasetDict with the splits train"):
+        list_documents(str(tmp_path / "dict"))
+    os.remove(tmp_path / "dict" / "dataset_dict.json")
     sources = list_documents(str(tmp_path))
     assert [(s.name, s.kind, s.compression) for s in sources] == [
         ("a.jsonl.gz", "jsonl", "gzip"), ("b.jsonl.zst", "jsonl", "zstd"), ("d.parquet", "parquet", ""),
