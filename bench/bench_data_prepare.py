@@ -110,6 +110,7 @@ def write_random_dataset(root: Path, tokens: int, shards: int) -> str:
     from dataclasses import asdict
 
     from shoal.data import dataset as ds
+    from shoal.files import write_json
 
     settings = ds.Settings(tokenizer="byte-utf8", vocab_size=256, eos_id=0, dtype="<u2", text_field="text",
                            val_fraction=0.01)
@@ -131,7 +132,7 @@ def write_random_dataset(root: Path, tokens: int, shards: int) -> str:
         record = ds.ShardRecord(key=key, source=key, source_size=0, source_mtime_ns=0, train_tokens=per - val_tokens,
                                 val_tokens=val_tokens, train_docs=len(ends) - val_docs, val_docs=val_docs,
                                 checksum=ds.file_checksum(tok, docs), tokens_mtime_ns=os.stat(tok).st_mtime_ns)
-        ds.write_json(rec, asdict(record))
+        write_json(rec, asdict(record))
         records.append(record)
     ds.write_manifest(str(root), settings, records, None)
     return str(root)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -21,6 +20,7 @@ from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, DILOCO_QUANT
 from shoal.model.config import ModelConfig, get_preset
 from shoal.pretrained import model_of, open_pretrained, take_the_folder
 from shoal.rundir.folder import checkpoint_dir_problem
+from shoal.rundir.observability import metrics_backend_problems, profile_ranks, profile_step_range, profile_steps_problem
 
 # [model] takes a preset plus any ModelConfig field to override it; None means "the preset's value".
 _MODEL_OVERRIDES = [f for f in fields(ModelConfig) if f.name != "note"]
@@ -244,73 +244,12 @@ class MetricsConfig:
     """The W&B project the run belongs to."""
 
 
-METRICS_BACKENDS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
-"""metrics field -> (module it imports, shoal's pip extra)."""
-
-
-def metrics_backend_problems(m: MetricsConfig) -> list[UserError]:
-    """A metrics backend asked for whose library is not installed: caught before any process starts."""
-    import importlib.util
-
-    wanted = {"tensorboard": m.tensorboard, "wandb": bool(m.wandb)}
-    found = [UserError(f"metrics.{name}", getattr(m, name), f"needs the {module} package: pip install "
-                                                             f"'shoal[{extra}]' (or pip install {module})")
-             for name, (module, extra) in METRICS_BACKENDS.items()
-             if wanted[name] and importlib.util.find_spec(module) is None]
-    if m.wandb == "online" and not _wandb_logged_in():  # W&B would stop rank 0 mid-start with a traceback
-        found.append(UserError("metrics.wandb", m.wandb, "needs a W&B login: run `wandb login` or set WANDB_API_KEY, "
-                                                         "or use metrics.wandb=offline (no account needed)"))
-    return found
-
-
-def _wandb_logged_in() -> bool:
-    """Whether W&B has an API key: WANDB_API_KEY, or the netrc entry `wandb login` writes."""
-    import netrc
-    import os
-
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0].split(":")[0]
-    try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
-
-
 MIN_HANG_TIMEOUT_S = 1.0
 """The shortest hang timeout: the watchdog looks every 0.2 s at best and ordinary work (starting up,
 a first step) holds progress longer, so below a second a healthy job is reported hung (exit 124)."""
 MAX_HANG_TIMEOUT_S = 7 * 24 * 3600.0
 """The longest: a week without progress is no watchdog at all (0 says so), and far larger values
 overflowed the store's timeout in every worker (1e300: OverflowError, a traceback per rank)."""
-
-
-_DIGITS = re.compile("[0-9]{1,18}")
-
-
-def profile_steps_problem(text: str) -> str | None:
-    """Why `text` cannot be debug.profile_steps, or None."""
-    if text.strip() == "" or profile_step_range(text) is not None:
-        return None
-    return "use a step or a range of optimizer steps `A-B` with 1 <= A <= B, e.g. 3-4 (or empty for none)"
-
-
-def profile_step_range(text: str) -> tuple[int, int] | None:
-    """debug.profile_steps as (first, last) step, both inclusive; None when it is empty or malformed."""
-    first, _, last = text.strip().partition("-")
-    last = last if _ else first
-    if not (_DIGITS.fullmatch(first.strip()) and _DIGITS.fullmatch(last.strip())):
-        return None
-    a, b = int(first), int(last)
-    return (a, b) if 1 <= a <= b else None
-
-
-def profile_ranks(text: str) -> set[int] | None:
-    """debug.profile_ranks as a set of ranks (None for `all` or a malformed list)."""
-    parts = [p.strip() for p in text.split(",")]
-    if not all(_DIGITS.fullmatch(p) for p in parts):
-        return None
-    return {int(p) for p in parts}
 
 
 def hang_timeout_problem(seconds: object) -> str | None:
@@ -610,7 +549,7 @@ tensor parallelism splits it evenly, and the head's matmul keeps aligned shapes.
 
 def _follow_the_tokenizer(cfg: JobConfig, layer: dict) -> None:
     """model.init_from is the model, and brings its tokenizer (pretrained.take_the_folder); without
-    it, a prepared data.path brings its tokenizer (_take_the_prepared) and model.vocab_size follows the tokenizer (rounded up to VOCAB_MULTIPLE) unless given. (Written
+    it, a prepared data.path brings its tokenizer (corpus.take_the_prepared) and model.vocab_size follows the tokenizer (rounded up to VOCAB_MULTIPLE) unless given. (Written
     into the config, so job.json and run.json hold what the run used.)
 
     init_from replaces what an earlier source set (a recipe's preset, shape and tokenizer, under
@@ -619,7 +558,9 @@ def _follow_the_tokenizer(cfg: JobConfig, layer: dict) -> None:
         return min(layer.get(key, 0), 2)
 
     if not cfg.model.init_from:
-        _take_the_prepared(cfg, given=layer.keys())
+        from shoal.data.corpus import take_the_prepared
+
+        take_the_prepared(cfg, given=layer.keys())
     if cfg.model.init_from:
         mine = source("model.init_from")
         for key in [k for k in layer if k.startswith(("model.", "data.tokenizer")) and source(k) < mine]:
@@ -637,19 +578,6 @@ def _follow_the_tokenizer(cfg: JobConfig, layer: dict) -> None:
                             f"{SIZE_LIMITS['vocab_size']:,} rows a model's embedding may have; renumber its "
                             "vocabulary from 0")
         cfg.model.vocab_size = -(-ids // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-
-
-def _take_the_prepared(cfg: JobConfig, given) -> None:
-    """Prepared datasets (`shoal data prepare`) bring the tokenizer and held-out share they were made
-    with, unless data.tokenizer or data.val_fraction is given (corpus.check_prepared refuses a
-    mismatch, and corpora that disagree)."""
-    from shoal.data.corpus import data_paths
-    from shoal.data.dataset import prepared_settings
-
-    made = [m for p in data_paths(cfg.data) if (m := prepared_settings(p)) is not None]
-    for key, value in (("tokenizer", {m[0] for m in made}), ("val_fraction", {m[1] for m in made})):
-        if f"data.{key}" not in given and len(value) == 1:
-            setattr(cfg.data, key, value.pop())
 
 
 def config_from_sections(sections: dict, overrides: list[str] = ()) -> JobConfig:

@@ -13,6 +13,7 @@ The ground floor: imports nothing of shoal's but errors.py, and no torch.
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import stat
 import sys
@@ -206,3 +207,16 @@ def missing_parts(path: Path) -> list[Path]:
     """`path` and those of its folders that do not exist yet, deepest first: what a refusal must take
     away again to leave the disk as it found it."""
     return [p for p in (path, *path.parents) if not os.path.lexists(p)]
+
+
+def write_json(path: str | os.PathLike, obj: dict, durable: bool = True) -> None:
+    """Write JSON under a temporary name (this process's: writers may race) and rename it into place,
+    so a reader sees the old file or the new one, never half of one. `durable` also fsyncs it first,
+    so that a power loss cannot leave the name pointing at unwritten data."""
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import xxhash
 
+from shoal.files import write_json
 from shoal.rundir.names import MANIFEST, inside, list_checkpoints, step_of_dir
 
 FORMAT = "shoal-checkpoint/1"
@@ -67,16 +68,6 @@ def digest(path: Path, algorithm: str = HASH) -> dict:
             h.update(view[:n])
             size += n
     return {"bytes": size, algorithm: h.hexdigest()}
-
-
-def write_json(path: Path, obj: dict) -> None:
-    """Write JSON durably under a temporary name, then rename it into place."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -61,6 +61,16 @@ def data_paths(data) -> dict[str, float]:
     return dict(data.mix) if data.mix else {data.path: 1.0}
 
 
+def take_the_prepared(cfg, given) -> None:
+    """Prepared datasets (`shoal data prepare`) bring the tokenizer and held-out share they were made
+    with, unless data.tokenizer or data.val_fraction is given (corpus.check_prepared refuses a
+    mismatch, and corpora that disagree). `cfg`: a JobConfig; `given`: the keys set in it."""
+    made = [m for p in data_paths(cfg.data) if (m := ds.prepared_settings(p)) is not None]
+    for key, value in (("tokenizer", {m[0] for m in made}), ("val_fraction", {m[1] for m in made})):
+        if f"data.{key}" not in given and len(value) == 1:
+            setattr(cfg.data, key, value.pop())
+
+
 def load_data(data, model_vocab_size: int) -> tuple[Tokenizer, list[Corpus]]:
     """The tokenizer and the corpora of a [data] config section (JobConfig.data).
 

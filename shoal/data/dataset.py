@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from shoal.errors import UserError
+from shoal.files import write_json
 
 FORMAT = "shoal-token-dataset"
 VERSION = 1
@@ -132,20 +133,8 @@ def read_record(directory: str, key: str) -> ShardRecord | None:
         return None
 
 
-def write_json(path: str, obj: dict, durable: bool = False) -> None:
-    """Atomically: a reader sees the old file or the new one, never half of one. `durable` also
-    survives a power loss (fsync), for the manifest; a shard's record without it is at worst redone."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_manifest(directory: str, settings: Settings, records: list[ShardRecord], tokenizer_file: str | None) -> None:
-    write_json(os.path.join(directory, MANIFEST), durable=True, obj={
+    write_json(os.path.join(directory, MANIFEST), {
         "format": FORMAT, "version": VERSION, **asdict(settings), "tokenizer_file": tokenizer_file,
         "tokens": sum(r.tokens for r in records), "documents": sum(r.docs for r in records),
         "shards": [asdict(r) for r in records]})

@@ -33,6 +33,7 @@ from shoal.data.chat import chat_template, render
 from shoal.data.readers import Example, Source, read_documents
 from shoal.data.sources import list_documents
 from shoal.errors import UserError
+from shoal.files import write_json
 
 # Documents go to the tokenizer in batches this big: encode_batch parallelises over a batch.
 BATCH_DOCS, BATCH_CHARS = 1024, 16 << 20
@@ -90,7 +91,7 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, *, text_field: str
         _publish(directory, settings, ordered, tokenizer_spec)
         complete = True
     else:
-        ds.write_json(os.path.join(directory, ds.PARTS, f"{index}-of-{count}.json"),
+        write_json(os.path.join(directory, ds.PARTS, f"{index}-of-{count}.json"),
                       {"files": len(sources), "shards": [asdict(r) for r in ordered]})
         complete = _merge_parts(directory, settings, count, len(sources), tokenizer_spec)
     return Prepared(directory, len(todo), len(kept), complete, time.perf_counter() - t0,
@@ -121,7 +122,7 @@ def _claim(out: str, settings: ds.Settings, out_field: str) -> str:
             raise UserError(out_field, out, f"holds a dataset prepared with other settings ({changed}); give "
                                           "another folder, or remove this one to prepare it again")
     else:
-        ds.write_json(state, wanted)
+        write_json(state, wanted)
     return directory
 
 
@@ -300,7 +301,8 @@ class _ShardWriter:
                                 val_tokens=self.written - train_tokens, train_docs=len(self.ends[False]),
                                 val_docs=len(self.ends[True]), checksum=checksum,
                                 tokens_mtime_ns=os.stat(self.paths[0]).st_mtime_ns, loss_mask=self.mask is not None)
-        ds.write_json(self.paths[2], asdict(record))
+        # not fsynced: a record lost to a power cut only means its file is tokenized again
+        write_json(self.paths[2], asdict(record), durable=False)
         return record
 
     def clean(self) -> None:

@@ -91,7 +91,7 @@ class WandbBackend:
 
 def open_backends(metrics_cfg, out: Path, start: int, config: dict) -> list:
     """The backends [metrics] asks for (none by default). Rank 0 only; the libraries were checked
-    to be installed before any process started (config.metrics_backend_problems). One that cannot
+    to be installed before any process started (rundir/observability.metrics_backend_problems). One that cannot
     start (an unwritable folder, W&B refusing the login) stops the run with one line naming it."""
     backends: list = []
     wanted = [("metrics.tensorboard", metrics_cfg.tensorboard, lambda: TensorBoardBackend(out, start)),

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from shoal.config import DebugConfig, profile_ranks, profile_step_range
+from shoal.config import DebugConfig
+from shoal.rundir.observability import profile_ranks, profile_step_range
 from shoal.rundir.profile_summary import trace_path, write_summary
 
 TOP_OPS = 15
