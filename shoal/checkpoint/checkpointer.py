@@ -8,7 +8,9 @@ and a background thread writes, hashes and commits it, talking over its own gloo
 so its collectives never interleave with training's.
 
 Resuming, rank 0 picks the newest intact checkpoint (or the one named by --resume) and tells the
-others; every rank then loads its share by parameter name, whatever layout wrote it.
+others; every rank then loads its share by parameter name, whatever layout wrote it. The tensor
+shards' checksums are checked while they are read (the ranks split the files), and nothing read is
+applied until every rank has found its share intact; a damaged checkpoint falls back as before.
 """
 
 from __future__ import annotations
@@ -70,7 +72,15 @@ class Checkpointer:
 
     def resume(self) -> int:
         """Load the chosen checkpoint, if any; returns the number of steps already done."""
-        path = self._agree(lambda: choose_checkpoint(self.resume_from, self.root))
+        # Rank 0 checks everything but the tensor shards' checksums; the ranks split those, each
+        # hashing its files as it reads them (MappedReader): one pass over the bytes, not two.
+        path = self._agree(lambda: choose_checkpoint(self.resume_from, self.root, data_checksums=False))
+        if path is not None and not self._load(path, verify=True):
+            # Damaged after all: choose again with every checksum, which names the damage and falls
+            # back to the previous checkpoint (or refuses, for an explicit --resume PATH).
+            path = self._agree(lambda: choose_checkpoint(self.resume_from, self.root))
+            if path is not None:
+                self._load(path, verify=False)
         if path is None:
             if restart_count() and self.rt.is_main and replica_place() is None:  # a replica group heals from a peer
                 lost = last_logged_step(self.out)
@@ -79,22 +89,6 @@ class Checkpointer:
                            f"so {_steps(lost)} lost")
             return 0
         train_state = store.read_train_state(path)
-        now = _model_fields(self.cfg)
-        diff = {k: v for k, v in train_state["model"].items() if k in now and now[k] != v}
-        if diff:
-            raise UserError("--resume", str(path), f"was saved for another model ({_few(diff)}); pass --resume never "
-                                                   "and another --out, or the model settings it was saved with")
-        try:
-            metadata = read_metadata(path)
-            check_not_finished(int(train_state["step"]), self.total, path, self.root, self.out)  # before the long load
-            saved = {k: v for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size")}
-            targets = ckpt_state.load_targets(self.pm.modules, self.optimizer, self.rt.rank, saved,
-                                                self.pm.grad_compressor, self.pm.diloco)
-            dcp.load(targets, storage_reader=MappedReader(path), planner=TensorsOnlyLoadPlanner(),
-                     process_group=self.pg, no_dist=self.rt.world_size == 1)
-        except UnsafeCheckpoint as e:
-            raise UserError("--resume", str(path), f"refused: {e}") from None
-        ckpt_state.apply(self.pm.modules, self.optimizer, targets, self.pm.grad_compressor, self.pm.diloco)
         changed = self.loader.load_state_dict(train_state["data"]) or self._other_tokens(train_state)
         if changed and self.rt.is_main:  # one line, once (a warnings.warn printed its source line on every rank)
             store.warn(f"warning: {changed}")
@@ -102,6 +96,49 @@ class Checkpointer:
         if self.rt.is_main:
             self._report_resume(path, step, train_state)
         return step
+
+    def _load(self, path: Path, verify: bool) -> bool:
+        """Read the checkpoint at path into the model and optimizer. verify: hash this rank's share of
+        the tensor shards while reading them, and apply nothing (return False) if any rank found one
+        damaged."""
+        train_state = store.read_train_state(path)
+        now = _model_fields(self.cfg)
+        diff = {k: v for k, v in train_state["model"].items() if k in now and now[k] != v}
+        if diff:
+            raise UserError("--resume", str(path), f"was saved for another model ({_few(diff)}); pass --resume never "
+                                                   "and another --out, or the model settings it was saved with")
+        share, algorithm = store.data_share(path, self.rt.rank, self.rt.world_size) if verify else ([], store.HASH)
+        reader = MappedReader(path, hash_as_read=share, algorithm=algorithm)
+        failure = None
+        try:
+            metadata = read_metadata(path)
+            check_not_finished(int(train_state["step"]), self.total, path, self.root, self.out)  # before the long load
+            saved = {k: v for k, v in metadata.state_dict_metadata.items() if hasattr(v, "size")}
+            targets = ckpt_state.load_targets(self.pm.modules, self.optimizer, self.rt.rank, saved,
+                                              self.pm.grad_compressor, self.pm.diloco)
+            dcp.load(targets, storage_reader=reader, planner=TensorsOnlyLoadPlanner(),
+                     process_group=self.pg, no_dist=self.rt.world_size == 1)
+        except UnsafeCheckpoint as e:
+            raise UserError("--resume", str(path), f"refused: {e}") from None
+        except UserError:
+            raise
+        except Exception as e:  # damaged bytes can fail the read itself: the checksums decide below
+            if not verify:
+                raise
+            failure = e
+        if verify and self._any_rank(bool(store.verify_share(path, self.rt.rank, self.rt.world_size, reader.hashed))):
+            return False
+        if failure is not None:
+            raise failure
+        ckpt_state.apply(self.pm.modules, self.optimizer, targets, self.pm.grad_compressor, self.pm.diloco)
+        return True
+
+    def _any_rank(self, flag: bool) -> bool:
+        if self.rt.world_size == 1:
+            return flag
+        votes = torch.tensor([int(flag)])
+        dist.all_reduce(votes, group=self.pg)
+        return bool(votes.item())
 
     def _agree(self, choose):
         """Rank 0 chooses (reading and verifying files); every rank gets the same answer or error."""

@@ -28,25 +28,29 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def choose_checkpoint(resume: str, root: Path) -> Path | None:
+def choose_checkpoint(resume: str, root: Path, data_checksums: bool = True) -> Path | None:
     """`auto`: the newest intact checkpoint under root (None if there is none); `never`: None;
     anything else: that checkpoint directory, or the newest intact one in that checkpoint root.
 
     After an elastic restart the run always continues from its own newest checkpoint, if it has one.
+    data_checksums=False: the tensor shards' checksums are left to the loader (store.problems).
     """
+    def newest_valid(where: Path) -> Path | None:
+        return store.newest_valid(where, data_checksums=data_checksums)
+
     if resume == "never" and not restart_count():
         _refuse_existing(root)
         return None
     if resume in ("auto", "never"):
-        newest = store.newest_valid(root)
+        newest = newest_valid(root)
         if newest is None and (existing := list_checkpoints(root)):
             _refuse_all_damaged(resume, root, len(existing))
         return newest
-    if restart_count() and (newest := store.newest_valid(root)) is not None:
+    if restart_count() and (newest := newest_valid(root)) is not None:
         return newest
     path = Path(resume)
     if path.is_dir() and not (path / MANIFEST).exists() and list_checkpoints(path):
-        chosen = store.newest_valid(path)
+        chosen = newest_valid(path)
         if chosen is None:
             _refuse_all_damaged(resume, path, len(list_checkpoints(path)))
         return chosen
@@ -55,7 +59,7 @@ def choose_checkpoint(resume: str, root: Path) -> Path | None:
         where = f"{path / 'checkpoints'} (or one step_* in it)" if kind == "a run directory" else "a step_* checkpoint"
         raise UserError("--resume", resume, f"is {kind}, not a checkpoint; pass {where}, or --resume auto with "
                                             "--out set to the run")
-    found = store.problems(path) if path.is_dir() else [f"{path} is not a directory"]
+    found = store.problems(path, data_checksums=data_checksums) if path.is_dir() else [f"{path} is not a directory"]
     if found:
         raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
     step = store.read_train_state(path)["step"]

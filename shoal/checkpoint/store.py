@@ -11,8 +11,10 @@
 A save writes everything under the .partial- name; once every rank's shard is written and hashed
 (as it is written: hashing_writer.py),
 rank 0 writes the manifest and renames the directory (an atomic rename on POSIX file systems).
-Loading checks the manifest, every file's size and checksum, and falls back to the previous
-checkpoint when the newest is damaged.
+Loading checks the manifest and every file's size and checksum, and falls back to the previous
+checkpoint when the newest is damaged. The tensor shards (.distcp) may be hashed while they are
+read instead of before (data_checksums=False here, then verify_share): the checkpointer checks the
+hashes before it applies anything it read.
 
 Paths: shoal only discovers, loads or deletes direct children of the root with these names that
 are real directories (not symlinks) inside the root (shoal/rundir/names.py), and every file a
@@ -24,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +40,8 @@ from shoal.rundir.names import MANIFEST, inside, list_checkpoints, step_of_dir
 FORMAT = "shoal-checkpoint/1"
 TRAIN_STATE = "train_state.json"
 PARTIAL = ".partial-"
+DATA_SUFFIX = ".distcp"
+"""DCP's tensor shards: nearly all of a checkpoint's bytes."""
 
 
 def warn(message: str) -> None:
@@ -161,12 +166,13 @@ def read_train_state(directory: Path) -> dict:
     return state
 
 
-def problems(directory: Path, checksums: bool = True) -> list[str]:
+def problems(directory: Path, checksums: bool = True, data_checksums: bool = True) -> list[str]:
     """What is wrong with a checkpoint directory; empty when it is complete and intact.
 
     Every file it will read is checked: the manifest's shape, each listed file's size and
     checksum, and train_state.json's fields, so that a damaged checkpoint is reported (and
-    skipped by --resume auto) instead of failing the run that loads it.
+    skipped by --resume auto) instead of failing the run that loads it. data_checksums=False leaves
+    the tensor shards' checksums to the loader (verify_share), which hashes them as it reads them.
     """
     if not (directory / MANIFEST).is_file():
         return [f"{directory / MANIFEST} is missing: the save never completed"]
@@ -184,12 +190,9 @@ def problems(directory: Path, checksums: bool = True) -> list[str]:
             found.append(f"{path} is missing")
         elif path.stat().st_size != expect["bytes"]:
             found.append(f"{path} has {path.stat().st_size} bytes, the manifest says {expect['bytes']} (truncated?)")
-        elif checksums:
+        elif checksums and (data_checksums or not name.endswith(DATA_SUFFIX)):
             to_hash.append((path, expect[algorithm]))
-    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # the hashes release the GIL: one file per core
-        for (path, expect), actual in zip(to_hash, pool.map(lambda item: _checksum(item[0], algorithm), to_hash)):
-            if actual != expect:
-                found.append(f"{path} does not match its {algorithm} checksum in the manifest (corrupted)")
+    found += _mismatches(to_hash, algorithm)
     for required in (".metadata", TRAIN_STATE):
         if required not in files:
             found.append(f"{directory}: the manifest lists no {required}")
@@ -201,6 +204,38 @@ def problems(directory: Path, checksums: bool = True) -> list[str]:
     return found
 
 
+def _mismatches(to_hash: list[tuple[Path, str]], algorithm: str) -> list[str]:
+    """The files among (path, expected checksum) whose checksum differs."""
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # the hashes release the GIL: one file per core
+        return [f"{path} does not match its {algorithm} checksum in the manifest (corrupted)"
+                for (path, expect), actual in zip(to_hash, pool.map(lambda item: _checksum(item[0], algorithm), to_hash))
+                if actual != expect]
+
+
+def data_share(directory: Path, rank: int, world: int) -> tuple[list[str], str]:
+    """This rank's share of a checkpoint's tensor shards to verify, and the manifest's hash: every
+    world-th in the order of the ranks that wrote them, so a rank resuming in the layout that saved
+    gets its own file (the one it reads). The manifest was checked by problems()."""
+    manifest = read_manifest(directory)
+    names = sorted((n for n in manifest["files"] if n.endswith(DATA_SUFFIX)), key=_numbers_first)
+    return names[rank::world], manifest["hash"]
+
+
+def _numbers_first(name: str) -> list:
+    """__10_0.distcp after __9_0.distcp."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def verify_share(directory: Path, rank: int, world: int, hashed: dict[str, str]) -> list[str]:
+    """Checksum mismatches among this rank's share of the tensor shards (data_share); `hashed`
+    holds the checksums a reader computed as it read (name -> hex), the rest are hashed here."""
+    manifest, (names, algorithm) = read_manifest(directory), data_share(directory, rank, world)
+    expected = {n: manifest["files"][n][algorithm] for n in names}
+    found = [f"{directory / n} does not match its {algorithm} checksum in the manifest (corrupted)"
+             for n in names if n in hashed and hashed[n] != expected[n]]
+    return found + _mismatches([(directory / n, expected[n]) for n in names if n not in hashed], algorithm)
+
+
 def _checksum(path: Path, algorithm: str) -> str | None:
     try:
         return digest(path, algorithm)[algorithm]
@@ -208,10 +243,10 @@ def _checksum(path: Path, algorithm: str) -> str | None:
         return None
 
 
-def newest_valid(root: Path, checksums: bool = True) -> Path | None:
+def newest_valid(root: Path, checksums: bool = True, data_checksums: bool = True) -> Path | None:
     """The newest intact checkpoint under root; each damaged newer one is reported with its path."""
     for step, path in reversed(list_checkpoints(root)):
-        found = problems(path, checksums)
+        found = problems(path, checksums, data_checksums)
         if not found:
             return path
         warn(f"checkpoint {path} (step {step}) is damaged or incomplete: {'; '.join(found[:3])}"
