@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import socket
 import stat
 import sys
 import tempfile
@@ -209,13 +210,14 @@ def missing_parts(path: Path) -> list[Path]:
     return [p for p in (path, *path.parents) if not os.path.lexists(p)]
 
 
-def write_json(path: str | os.PathLike, obj: dict, durable: bool = True) -> None:
-    """Write JSON under a temporary name (this process's: writers may race) and rename it into place,
-    so a reader sees the old file or the new one, never half of one. `durable` also fsyncs it first,
-    so that a power loss cannot leave the name pointing at unwritten data."""
-    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+def write_json(path: str | os.PathLike, obj: dict, durable: bool = True, default=None) -> None:
+    """Write JSON under a temporary name (this host's and process's: writers may race, on several nodes
+    of a shared folder) and rename it into place, so a reader sees the old file or the new one, never
+    half of one. `durable` also fsyncs it first, so that a power loss cannot leave the name pointing at
+    unwritten data. `default`: as json.dump's, for values JSON has no type for."""
+    tmp = f"{os.fspath(path)}.{socket.gethostname()}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
+        json.dump(obj, f, indent=1, default=default)
         if durable:
             f.flush()
             os.fsync(f.fileno())

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.config import JobConfig, config_from_sections
 from shoal.errors import UserError
+from shoal.files import write_json
 from shoal.layout import MAX_GPUS, Layout, check, factorizations
 from shoal.model.config import ModelConfig
 from shoal.rundir.disk import no_space_left
@@ -42,10 +41,8 @@ class Job:
         record = {"shoal_job": 1, "config": self.cfg.to_dict(), "world": self.world,
                   "layout": dataclasses.asdict(self.layout), "model": dataclasses.asdict(self.model),
                   **{k: str(v) if isinstance(v, Path) else v for k, v in how.items()}}
-        tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
         with no_space_left(path):
-            tmp.write_text(json.dumps(record, indent=1) + "\n")
-            os.replace(tmp, path)
+            write_json(path, record, durable=False)
         return path
 
 

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from shoal.files import write_json
+
 
 def _best_time(fn, repeats: int) -> float:
     fn()  # warm up
@@ -271,9 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = measure()
     profile["seconds"] = time.perf_counter() - t0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(args.out).with_name(Path(args.out).name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(profile, indent=2))
-    os.replace(tmp, args.out)  # a run reading the cache meanwhile sees no profile or a whole one
+    write_json(args.out, profile, durable=False)  # a run reading the cache meanwhile sees no profile or a whole one
     print(json.dumps(profile, indent=2))
     return 0
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
 from shoal.errors import UserError
+from shoal.files import write_json
 from shoal.layout import Layout
 from shoal.rundir.kinds import check_fields, damaged
 from shoal.rundir.names import RUN_INFO
@@ -54,9 +54,7 @@ def write_run_info(job, out: Path, start_step: int, *, local_world: int, device:
     }
     if prediction is not None:
         info[PREDICTION_KEY] = prediction.as_dict()
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(info, indent=1, default=str))
-    os.replace(tmp, path)  # a report reading it mid-write sees the old or the new record, never half
+    write_json(path, info, durable=False, default=str)  # a report reading it mid-write sees the old or the new record
 
 
 def read_json(path: Path, where: str) -> dict:
