@@ -7,6 +7,7 @@
     chat.py             fine-tuning chat messages through the tokenizer's chat template
     dataset.py          the prepared format on disk: manifest, shards, records, checks
     prepare.py          `shoal data prepare`: files -> shards, on every core, resumable, in parts
+    tokenize_file.py    one file -> one shard (tokens, document ends, loss mask, record): a worker's job
     stream.py           a split's regions across shard files, read as one array without loading it
     permutation.py      the shuffled order of chunks, in constant memory
     corpus.py           what a run trains on: data.path or data.mix, opened or prepared into the cache
