@@ -41,7 +41,7 @@ PRECISIONS = ("fp32", "bf16", "bf16-params")  # see TrainConfig.precision
 
 @dataclass
 class ParallelConfig:
-    """How the job is split across ranks. World size = dp_replicate * dp_shard * tp * pp."""
+    """How the job is split across ranks. World size = dp_replicate * dp_shard * tp * pp * cp."""
 
     dp_replicate: int = 1
     """Data-parallel replicas (plain all-reduce across them; HSDP when dp_shard > 1 too)."""
@@ -49,6 +49,9 @@ class ParallelConfig:
     """Data-parallel ranks that shard state (ZeRO/FSDP); -1 takes whatever the world size leaves."""
     tp: int = 1
     """Tensor-parallel degree (innermost by default: neighbouring ranks)."""
+    cp: int = 1
+    """Context-parallel degree: each sequence is cut into 2*cp chunks, rank i keeping chunks i and 2*cp-1-i, and
+    attention sees the other ranks' keys and values (parallel/context_parallel.py); just outside tp in the rank order."""
     pp: int = 1
     """Pipeline stages (outermost by default)."""
     ep: int = 1
