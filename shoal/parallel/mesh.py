@@ -58,6 +58,12 @@ class ParallelDims:
         ranks = np.arange(self.world_size).reshape([size[a] for a in outer_first])
         return ranks.transpose([outer_first.index(a) for a in AXES])
 
+    def shown_grid(self) -> tuple[tuple[str, ...], object]:
+        """(axes, grid) as `shoal mesh` shows them: without the cp axis when cp == 1."""
+        if self.cp > 1:
+            return AXES, self.grid()
+        return tuple(a for a in AXES if a != "cp"), self.grid().squeeze(AXES.index("cp"))
+
     def groups(self) -> dict[str, list[list[int]]]:
         """The rank groups of each kind, as lists of global ranks."""
         import numpy as np
@@ -152,6 +158,7 @@ def split_groups(dims: ParallelDims, per_node: int) -> dict[str, list[list[int]]
 # Groups whose traffic is on the critical path of every layer: across the inter-node link they
 # slow each step (tp: activations each layer; ep: tokens in and out of each MoE layer).
 LATENCY_BOUND = {"tp": "tensor parallelism exchanges activations in every layer",
+                 "cp": "context parallelism gathers keys and values in every layer",
                  "ep": "expert parallelism sends tokens to and from every MoE layer"}
 
 
