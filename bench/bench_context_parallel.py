@@ -8,8 +8,9 @@
 2. Length: each cp in 1, 2, 4 trains each length of --lengths for 2 steps; a rank's memory is what
    the run itself measures (metrics.jsonl's memory_by_rank: parameters, gradients, optimizer state
    and the activations autograd saved on the first step, exact byte counts), the largest over its
-   ranks. The bound is what one rank needs at --fit-len; the table shows the longest length each cp
-   fits in it, and the check: cp=4 trains 4 x the longest one rank fits, within the bound.
+   ranks. The bound is what one rank needs at --fit-len, rounded up to a whole MiB (or --bound-mib);
+   the table shows the longest length each cp fits in it, and the check: cp=4 trains 4 x the longest
+   one rank fits, within the bound. Ranks replicate the model (zero=0), so only activations shrink.
    The peak resident set (RSS, which on CPU also holds Python, torch and transient buffers such as the
    gathered keys and values) is printed beside it.
 All runs of one rank count share one launch of its workers.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -73,7 +75,9 @@ def main() -> None:
     p.add_argument("--model", default="debug")
     p.add_argument("--speed-len", type=int, default=2048)
     p.add_argument("--speed-steps", type=int, default=6)
-    p.add_argument("--fit-len", type=int, default=1024, help="one rank's memory at this length is the bound")
+    p.add_argument("--fit-len", type=int, default=1024,
+                   help="the bound is one rank's memory at this length, rounded up to a MiB (or --bound-mib)")
+    p.add_argument("--bound-mib", type=float, default=0)
     p.add_argument("--lengths", default="512,1024,2048,4096,8192")
     p.add_argument("--out", default="", help="keep the runs here (default: a temporary directory)")
     p.add_argument("--worker", nargs=2, metavar=("OUT", "RUNS_JSON"), help=argparse.SUPPRESS)
@@ -83,7 +87,9 @@ def main() -> None:
     out = Path(a.out or tempfile.mkdtemp(prefix="shoal-bench-cp-"))
     lengths = sorted({int(x) for x in a.lengths.split(",")} | {a.fit_len})
     for cp in (1, 2, 4):
-        runs = [(f"len{n}-cp{cp}", settings(a, n, cp, 2)) for n in lengths if n // (2 * cp) >= 1]
+        # up to twice what cp x one rank's length would need: one length past the bound for each cp
+        runs = [(f"len{n}-cp{cp}", settings(a, n, cp, 2)) for n in lengths if n % (2 * cp) == 0
+                and n <= 2 * cp * a.fit_len]
         if cp < 4:
             runs.append((f"speed-cp{cp}", settings(a, a.speed_len, cp, a.speed_steps)))
         launch(out, cp, runs)
@@ -97,8 +103,9 @@ def main() -> None:
 
     found = {(n, cp): summary(out, f"len{n}-cp{cp}") for n in lengths for cp in (1, 2, 4)
              if (out / f"len{n}-cp{cp}" / "model").exists()}
-    bound = found[a.fit_len, 1]["memory"]
-    print(f"\nmemory bound: {bound / 2**20:.1f} MiB per rank (one rank at {a.fit_len} tokens; parameters, gradients, "
+    bound = a.bound_mib * 2**20 if a.bound_mib else math.ceil(found[a.fit_len, 1]["memory"] / 2**20) * 2**20
+    print(f"\nmemory bound: {bound / 2**20:.0f} MiB per rank (" + ("--bound-mib" if a.bound_mib else
+          f"what one rank needs at {a.fit_len} tokens, rounded up to a MiB") + "; memory = parameters, gradients, "
           "optimizer state and saved activations, as the runs measure them)")
     print(f"{'length':>8}" + "".join(f"{f'cp={cp} MiB':>13}{'RSS':>9}" for cp in (1, 2, 4)))
     for n in lengths:

@@ -154,6 +154,9 @@ class _AttentionOverChunks(torch.autograd.Function):
         kv = cp.gather_kv(k, v, q.shape[1])
         with torch.autocast(q.device.type, enabled=False):  # fp32 (or float64) softmax math, as SDPA's
             out, lse = chunk_forward(upcast(q), kv, cp.rank, cp.cp, documents_BT, window, scale)
+        # Laid out [B, T, H, E] in memory, as SDPA's fused CPU kernel returns it: the layer's
+        # transpose and reshape to [B, T, D] for wo is then a view, not a second saved copy.
+        out = out.transpose(1, 2).contiguous().transpose(1, 2)
         ctx.save_for_backward(q, k, v, out, lse, documents_BT)
         ctx.cp, ctx.window, ctx.scale = cp, window, scale
         return out.to(q.dtype)

@@ -78,7 +78,7 @@ class ParallelModel:
             else:
                 model, total, n = self.modules[0], torch.zeros((), device=self.device), len(batches)
                 for i, (inputs, targets, *documents) in enumerate(batches):
-                    inputs, targets = self._local(inputs), self._local(targets)
+                    inputs, targets = self._local(inputs, targets)
                     with self._reduce_gradients(model, last=i == n - 1):
                         loss = self.loss(model(*self._on_device(inputs, *documents)), targets.to(self.device)) / n
                         loss.backward()
@@ -98,7 +98,7 @@ class ParallelModel:
                     losses.append(self._run_schedule("eval", *batch))
                     continue
                 for inputs, targets, *documents in zip(*(t.split(micro_batch) for t in batch)):  # bounded memory
-                    inputs, targets = self._local(inputs), self._local(targets)
+                    inputs, targets = self._local(inputs, targets)
                     logits = self.modules[0](*self._on_device(inputs, *documents))
                     losses.append(_scalar(self.loss(logits, targets.to(self.device))))
         for m in self.modules:
@@ -133,9 +133,12 @@ class ParallelModel:
                 model.set_reshard_after_backward(last)
         return nullcontext()
 
-    def _local(self, x_BT: torch.Tensor) -> torch.Tensor:
-        """This rank's tokens of whole sequences: all of them, or its chunks under context parallelism."""
-        return x_BT if self.context is None else self.context.split(x_BT)
+    def _local(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's tokens and targets of whole sequences: all of them, or its chunks under context
+        parallelism (the documents tensor stays whole: see parallel/context_parallel.py)."""
+        if self.context is None:
+            return inputs_BT, targets_BT
+        return self.context.split(inputs_BT), self.context.split(targets_BT)
 
     def _on_device(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         return [t.to(self.device) for t in tensors]
@@ -146,7 +149,7 @@ class ParallelModel:
         The first stage takes the documents tensor beside the tokens and each stage passes it on."""
         losses: list = []
         run = getattr(self.schedule, method)
-        inputs, targets = self._local(inputs).to(self.device), self._local(targets).to(self.device)
+        inputs, targets = self._on_device(*self._local(inputs, targets))
         first = self._on_device(inputs, *documents)
         if self.has_first_stage and self.has_last_stage:
             run(*first, target=targets, losses=losses)
