@@ -91,10 +91,10 @@ def main() -> None:
         runs = [(f"len{n}-cp{cp}", settings(a, n, cp, 2)) for n in lengths if n % (2 * cp) == 0
                 and n <= 2 * cp * a.fit_len]
         if cp < 4:
-            runs.append((f"speed-cp{cp}", settings(a, a.speed_len, cp, a.speed_steps)))
+            runs.append((f"speed{a.speed_len}-cp{cp}", settings(a, a.speed_len, cp, a.speed_steps)))
         launch(out, cp, runs)
 
-    one, two = summary(out, "speed-cp1"), summary(out, "speed-cp2")
+    one, two = summary(out, f"speed{a.speed_len}-cp1"), summary(out, f"speed{a.speed_len}-cp2")
     print(f"{a.model} model on CPU (gloo loopback), sequence {a.speed_len}, batch 1")
     print(f"{'':<18}{'tokens/s':>10}{'ratio':>8}{'memory/rank':>14}{'ratio':>8}")
     for label, s in (("1 rank", one), ("cp=2 on 2 ranks", two)):

@@ -1,6 +1,6 @@
-"""Context parallelism's attention math against plain attention over the whole sequence: every cp
-rank run in one process (chunk_forward / chunk_backward are collective-free), in float64, with
-causal, sliding-window and document masks, GQA included. The collectives around them are checked
+"""Context parallelism's attention against plain attention over the whole sequence: the reference
+math and the fused-kernel path, every cp rank run in one process (both are collective-free), in
+float64, with causal, sliding-window and document masks, GQA included. The collectives around them are checked
 by `shoal verify`'s cp layouts (tests/dist/test_parity.py)."""
 
 import math
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from shoal.model.transformer import document_positions
-from shoal.parallel.context_parallel import (chunk_backward, chunk_forward, chunk_owner, local_positions,
-                                             query_chunks, split_sequence)
+from shoal.parallel.context_parallel import (chunk_backward, chunk_forward, chunk_owner, fused_backward,
+                                             fused_forward, local_positions, query_chunks, split_sequence)
 
 
 def reference(q, k, v, documents, window):
@@ -40,21 +40,20 @@ def test_chunks_match_plain_attention(cp, window, docs):
     dq_ref, dk_ref, dv_ref = torch.autograd.grad(out, (q, k, v), dout)
 
     c, scale = T // (2 * cp), 1 / math.sqrt(E)
-    chunk = lambda x, j: x[:, :, j * c:(j + 1) * c]
-    kv = lambda j: (chunk(k, j).detach().repeat_interleave(H // K, 1), chunk(v, j).detach().repeat_interleave(H // K, 1))
-    local = lambda x, r: torch.cat([chunk(x, a) for a in query_chunks(r, cp)], 2)
-    dk, dv = torch.zeros(B, H, T, E, dtype=torch.float64), torch.zeros(B, H, T, E, dtype=torch.float64)
-    for rank in range(cp):
-        q_r = local(q.detach(), rank)
-        o_r, lse_r = chunk_forward(q_r, kv, rank, cp, documents, window, scale)
-        torch.testing.assert_close(o_r, local(out.detach(), rank), rtol=0, atol=1e-12)
-        dq_r, dkv = chunk_backward(q_r, o_r, lse_r, local(dout, rank), kv, rank, cp, documents, window, scale)
-        torch.testing.assert_close(dq_r, local(dq_ref, rank), rtol=0, atol=1e-12)
-        for j, (dk_j, dv_j) in dkv.items():
-            chunk(dk, j).add_(dk_j)
-            chunk(dv, j).add_(dv_j)
-    torch.testing.assert_close(dk.unflatten(1, (K, -1)).sum(2), dk_ref, rtol=0, atol=1e-12)
-    torch.testing.assert_close(dv.unflatten(1, (K, -1)).sum(2), dv_ref, rtol=0, atol=1e-12)
+    local = lambda x, r: torch.cat([x[:, :, a * c:(a + 1) * c] for a in query_chunks(r, cp)], 2)
+    k_all, v_all = (x.detach().repeat_interleave(H // K, 1) for x in (k, v))
+    for forward, backward in ((chunk_forward, chunk_backward), (fused_forward, fused_backward)):
+        dk, dv = torch.zeros_like(k_all), torch.zeros_like(v_all)
+        for rank in range(cp):
+            q_r = local(q.detach(), rank)
+            o_r, lse_r = forward(q_r, k_all, v_all, rank, cp, documents, window, scale)
+            torch.testing.assert_close(o_r, local(out.detach(), rank), rtol=0, atol=1e-12)
+            dq_r, dk_r, dv_r = backward(q_r, k_all, v_all, o_r, lse_r, local(dout, rank), rank, cp, documents, window,
+                                        scale)
+            torch.testing.assert_close(dq_r, local(dq_ref, rank), rtol=0, atol=1e-12)
+            dk, dv = dk + dk_r, dv + dv_r
+        torch.testing.assert_close(dk.unflatten(1, (K, -1)).sum(2), dk_ref, rtol=0, atol=1e-12)
+        torch.testing.assert_close(dv.unflatten(1, (K, -1)).sum(2), dv_ref, rtol=0, atol=1e-12)
 
 
 def test_split_positions_and_balance():
