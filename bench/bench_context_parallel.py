@@ -74,7 +74,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="debug")
     p.add_argument("--speed-len", type=int, default=2048)
-    p.add_argument("--speed-steps", type=int, default=6)
+    p.add_argument("--speed-steps", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--fit-len", type=int, default=1024,
                    help="the bound is one rank's memory at this length, rounded up to a MiB (or --bound-mib)")
     p.add_argument("--bound-mib", type=float, default=0)
@@ -88,14 +89,21 @@ def main() -> None:
     lengths = sorted({int(x) for x in a.lengths.split(",")} | {a.fit_len})
     for cp in (1, 2, 4):
         # up to twice what cp x one rank's length would need: one length past the bound for each cp
-        runs = [(f"len{n}-cp{cp}", settings(a, n, cp, 2)) for n in lengths if n % (2 * cp) == 0
-                and n <= 2 * cp * a.fit_len]
-        if cp < 4:
-            runs.append((f"speed{a.speed_len}-cp{cp}", settings(a, a.speed_len, cp, a.speed_steps)))
-        launch(out, cp, runs)
+        launch(out, cp, [(f"len{n}-cp{cp}", settings(a, n, cp, 2)) for n in lengths if n % (2 * cp) == 0
+                         and n <= 2 * cp * a.fit_len])
+    # Speed: the two alternate, --repeats times (a shared machine's load moves in between); medians.
+    speed = {cp: [f"speed{a.speed_len}-cp{cp}-{i}" for i in range(a.repeats)] for cp in (1, 2)}
+    for i in range(a.repeats):
+        for cp in (1, 2):
+            launch(out, cp, [(speed[cp][i], settings(a, a.speed_len, cp, a.speed_steps))])
 
-    one, two = summary(out, f"speed{a.speed_len}-cp1"), summary(out, f"speed{a.speed_len}-cp2")
-    print(f"{a.model} model on CPU (gloo loopback), sequence {a.speed_len}, batch 1")
+    def median_of(cp: int) -> dict:
+        runs = [summary(out, name) for name in speed[cp]]
+        return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+    one, two = median_of(1), median_of(2)
+    print(f"{a.model} model on CPU (gloo loopback), sequence {a.speed_len}, batch 1, median of {a.repeats} "
+          f"alternating runs")
     print(f"{'':<18}{'tokens/s':>10}{'ratio':>8}{'memory/rank':>14}{'ratio':>8}")
     for label, s in (("1 rank", one), ("cp=2 on 2 ranks", two)):
         print(f"{label:<18}{s['tokens_per_s']:>10,.0f}{s['tokens_per_s'] / one['tokens_per_s']:>7.2f}x"
