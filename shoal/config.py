@@ -339,10 +339,8 @@ class JobConfig:
         _check(not (t.compile and self.parallel.pp > 1 and self.parallel.pp_schedule == "zero-bubble"), "train.compile",
                t.compile, "cannot split a compiled block's backward as pp_schedule=zero-bubble does; use "
                "parallel.pp_schedule=interleaved-1f1b or train.compile=false")
-        # Context parallel attention is a custom autograd function with collectives and per-chunk
-        # masks chosen in Python: not traced or checked under torch.compile yet.
-        _check(not (t.compile and self.parallel.cp > 1), "train.compile", t.compile,
-               "is not supported with context parallelism (parallel.cp > 1) yet; set train.compile=false or cp=1")
+        _check(not (t.compile and self.parallel.cp > 1), "train.compile", t.compile, "is not supported with parallel."
+               "cp > 1 yet (its attention is not traced or verified compiled); set train.compile=false or cp=1")
         _check(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")
         _check(t.eval_batches > 0, "train.eval_batches", t.eval_batches, "must be a positive integer")
         _check(0 <= t.sample_tokens <= m.max_new_tokens, "train.sample_tokens", t.sample_tokens,
