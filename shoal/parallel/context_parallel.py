@@ -7,18 +7,21 @@ c = T / (2*cp) tokens, and cp rank i holds chunks i and 2*cp-1-i, a front and a 
 
     T = 8 tokens, cp = 2:   chunks 0 1 2 3   rank 0 holds 0 and 3, rank 1 holds 1 and 2
 
-Per layer (attention_over_chunks):
+Per layer (_AttentionOverChunks, a custom autograd function):
 - forward: the ranks' keys and values are all-gathered over the cp group (Llama 3 trained its
-  128K stage this way: KV is small beside Q under GQA), and each local query chunk attends to
-  the key chunks it can see, one chunk pair at a time, merged with log-sum-exp (flash-attention's
-  online softmax). No [T, T] score matrix exists, only [c, c] ones; the diagonal pair goes first,
-  so the running log-sum-exp is finite from the start (every query sees itself).
+  128K stage this way: under GQA the keys and values are small beside the queries), and each
+  local query chunk attends to the keys it can see. On CPU that is one or two calls of SDPA's
+  fused flash-style kernel per query chunk (the earlier chunks unmasked and its own chunk causal,
+  or one call with the document/window mask), merged with their log-sum-exps
+  (`fused_forward`). Elsewhere it is the reference, `chunk_forward`: one chunk pair at a time in
+  plain math, merged the same way (flash attention's online softmax); only [c, c] score blocks
+  exist, and the diagonal pair goes first, so the running log-sum-exp is finite from the start.
 - backward: the keys and values are gathered again (nothing of the other ranks' is kept between
-  forward and backward), each pair's probabilities are recomputed from the saved log-sum-exp,
-  and the keys' and values' gradients, summed over every rank's queries, are reduce-scattered
-  back to the ranks that own them.
-`chunk_forward` and `chunk_backward` are the math alone, collective-free, so a test runs every
-rank in one process against plain attention (tests/unit/test_context_parallel.py).
+  forward and backward), each call's (or pair's) probabilities are recomputed from the merged
+  output and log-sum-exp, and the keys' and values' gradients, summed over every rank's queries,
+  are reduce-scattered back to the ranks that own them.
+The four functions are the math alone, collective-free, so a test runs every rank in one process
+against whole-sequence attention (tests/unit/test_context_parallel.py).
 
 What else changes under cp (everything else is the single-device model):
 - rotary positions are the tokens' global positions (this rank's chunks), or with document masks
