@@ -33,6 +33,7 @@ class ParallelDims:
     rank_order: str = DEFAULT_RANK_ORDER
     """tp, dp, pp (and cp, if named) innermost first (shoal/layout.py checks it)."""
     cp: int = 1
+    """Context parallel, last so that positional construction keeps its meaning."""
 
     @property
     def dp(self) -> int:

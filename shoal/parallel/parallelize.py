@@ -34,7 +34,7 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
     # Data parallelism within a replica group only, under DiLoCo: the groups meet in its outer step.
     # Context-parallel ranks hold the same parameters: gradients are reduced over dp x cp.
     dp, dp_axis = (dims.dp_shard, "dp_shard") if lay.diloco_inner_steps else (dims.dp * dims.cp, dp_cp(dims, "dp"))
-    context = loss = None
+    context = None
     if dims.pp > 1:
         n_stages = dims.pp * lay.virtual_stages
         ids, modules = split_model(model, mesh["pp"].get_local_rank(), dims.pp, lay.virtual_stages,
@@ -47,7 +47,7 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
         #     keys and values over cp (the layers' own, whatever tp did to their heads).
         if dims.cp > 1:
             context = apply_context_parallel(m, mesh["cp"], train.seq_len)
-            loss_fn = loss = context.loss
+            loss_fn = context.loss  # the pipeline schedule's, and the step's below
         # 3. Expert parallel: each ep rank keeps n_experts/ep experts; tokens come by all-to-all.
         if dims.ep > 1:
             apply_expert_parallel(m, expert_mesh["ep"])
@@ -81,8 +81,9 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
     attention = attention_backend(m.n_heads // dims.tp, kv_heads_per_rank(m, dims.tp), m.head_size, train.seq_len, device,
                                   torch.get_default_dtype() if train.precision == "fp32" else torch.bfloat16)
     pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dp > 1 else 0,
-                       wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention, context=context,
-                       **({"loss": loss} if loss else {}))
+                       wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention, context=context)
+    if context is not None:
+        pm.loss = context.loss
     pm.grad_compressor = compressor
     if lay.diloco_inner_steps:
         pm.diloco = DiLoCo(modules, mesh["dp_replicate"].get_group(), job.cfg.parallel,
