@@ -158,8 +158,8 @@ def split_groups(dims: ParallelDims, per_node: int) -> dict[str, list[list[int]]
 
 # Groups whose traffic is on the critical path of every layer: across the inter-node link they
 # slow each step (tp: activations each layer; ep: tokens in and out of each MoE layer).
+# (Not cp: its per-layer key/value gathers cross nodes by design at long context, Llama 3's CP 16.)
 LATENCY_BOUND = {"tp": "tensor parallelism exchanges activations in every layer",
-                 "cp": "context parallelism gathers keys and values in every layer",
                  "ep": "expert parallelism sends tokens to and from every MoE layer"}
 
 
