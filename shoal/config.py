@@ -41,7 +41,7 @@ PRECISIONS = ("fp32", "bf16", "bf16-params")  # see TrainConfig.precision
 
 @dataclass
 class ParallelConfig:
-    """How the job is split across ranks. World size = dp_replicate * dp_shard * tp * pp."""
+    """How the job is split across ranks. World size = dp_replicate * dp_shard * tp * pp * cp."""
 
     dp_replicate: int = 1
     """Data-parallel replicas (plain all-reduce across them; HSDP when dp_shard > 1 too)."""
@@ -49,6 +49,9 @@ class ParallelConfig:
     """Data-parallel ranks that shard state (ZeRO/FSDP); -1 takes whatever the world size leaves."""
     tp: int = 1
     """Tensor-parallel degree (innermost by default: neighbouring ranks)."""
+    cp: int = 1
+    """Context-parallel degree: each sequence is cut into 2*cp chunks, rank i keeping chunks i and 2*cp-1-i, and
+    attention sees the other ranks' keys and values (parallel/context_parallel.py); just outside tp in the rank order."""
     pp: int = 1
     """Pipeline stages (outermost by default)."""
     ep: int = 1
@@ -336,6 +339,8 @@ class JobConfig:
         _check(not (t.compile and self.parallel.pp > 1 and self.parallel.pp_schedule == "zero-bubble"), "train.compile",
                t.compile, "cannot split a compiled block's backward as pp_schedule=zero-bubble does; use "
                "parallel.pp_schedule=interleaved-1f1b or train.compile=false")
+        _check(not (t.compile and self.parallel.cp > 1), "train.compile", t.compile, "is not supported with parallel."
+               "cp > 1 yet (its attention is not traced or verified compiled); set train.compile=false or cp=1")
         _check(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")
         _check(t.eval_batches > 0, "train.eval_batches", t.eval_batches, "must be a positive integer")
         _check(0 <= t.sample_tokens <= m.max_new_tokens, "train.sample_tokens", t.sample_tokens,

@@ -63,16 +63,16 @@ def load_job(path: Path) -> tuple[Job, dict]:
 def resolve_layout(cfg: JobConfig, world: int) -> Layout:
     """The config's layout on `world` ranks, with dp_shard=-1 and micro_batch=0 filled in."""
     par, t = cfg.parallel, cfg.train
-    fixed = par.dp_replicate * par.tp * par.pp
+    fixed = par.dp_replicate * par.tp * par.pp * par.cp
     dp_shard = par.dp_shard
     if dp_shard == -1:
         if fixed < 1 or world % fixed:
-            raise UserError("parallel", f"dp_replicate*tp*pp={fixed}",
+            raise UserError("parallel", f"dp_replicate*tp*pp*cp={fixed}",
                             f"does not divide the world size {world}; options: {factorizations(world)}")
         dp_shard = world // fixed
     micro_batch = t.micro_batch or auto_micro_batch(t.global_batch, par.dp_replicate * dp_shard, par.pp,
                                                     par.pp_schedule)
-    return Layout(dp_replicate=par.dp_replicate, dp_shard=dp_shard, tp=par.tp, pp=par.pp, ep=par.ep, zero=par.zero,
+    return Layout(dp_replicate=par.dp_replicate, dp_shard=dp_shard, tp=par.tp, cp=par.cp, pp=par.pp, ep=par.ep, zero=par.zero,
                   micro_batch=micro_batch, pp_schedule=par.pp_schedule, pp_microbatches=par.pp_microbatches,
                   pp_virtual_stages=par.pp_virtual_stages, activation_checkpoint=t.activation_checkpoint,
                   sequence_parallel=par.sequence_parallel, grad_compression=par.grad_compression,

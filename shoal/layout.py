@@ -40,9 +40,19 @@ DILOCO_QUANTIZE = ("none", "bf16", "int8", "fp4")
 256 values, or 4 bits (a sign and a power of two) with the same scales (parallel/compression.py)."""
 RANK_ORDER_DIMS = ("tp", "dp", "pp")
 """The dimensions parallel.rank_order orders, innermost (neighbouring ranks) first. dp stands for
-dp_shard inside dp_replicate, with ep inside dp_shard, so they stay together."""
+dp_shard inside dp_replicate, with ep inside dp_shard, so they stay together. cp may be named too;
+an order that leaves it out has it just outside tp (rank_dims), so recipes written before context
+parallelism keep their meaning."""
 DEFAULT_RANK_ORDER = "tp-dp-pp"
-"""TP on neighbouring ranks (inside a node), PP outermost: Megatron's and torchtitan's order."""
+"""TP on neighbouring ranks (inside a node), then CP, PP outermost: Megatron's and torchtitan's order."""
+
+
+def rank_dims(rank_order: str) -> list[str]:
+    """rank_order's dimensions innermost first, with cp just outside tp when the order does not name it."""
+    dims = rank_order.split("-")
+    if "cp" not in dims and "tp" in dims:
+        dims.insert(dims.index("tp") + 1, "cp")
+    return dims
 
 
 def compresses_in_hooks(method: str) -> bool:
@@ -64,6 +74,7 @@ class Layout:
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+    cp: int = 1
     pp: int = 1
     ep: int = 1
     zero: int = 3
@@ -83,7 +94,7 @@ class Layout:
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     @property
     def virtual_stages(self) -> int:
@@ -94,17 +105,17 @@ class Layout:
     def replicates_with_ddp(self) -> bool:
         """Data parallelism runs on DDP: replication (zero 0, ZeRO-1's gradient half, or nothing to
         shard across) of a model split no other way. Split models replicate or shard through FSDP2."""
-        return replicates_with_ddp(self.dp_shard, self.zero, self.tp, self.pp, self.ep)
+        return replicates_with_ddp(self.dp_shard * self.cp, self.zero, self.tp, self.pp, self.ep)
 
     @property
     def sequence_parallel_on(self) -> bool:
         return self.sequence_parallel and self.tp > 1
 
     def rank_stride(self, dim: str) -> int:
-        """How many ranks apart neighbours of a tp/dp/pp group are: the product of the dimensions
-        inside it in rank_order (with the default order tp is 1, dp is tp, pp is tp*dp)."""
-        sizes = {"tp": self.tp, "dp": self.dp, "pp": self.pp}
-        inner = self.rank_order.split("-")
+        """How many ranks apart neighbours of a tp/cp/dp/pp group are: the product of the dimensions
+        inside it in rank_order (with the default order tp is 1, cp is tp, dp is tp*cp, pp is tp*cp*dp)."""
+        sizes = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp}
+        inner = rank_dims(self.rank_order)
         return math.prod(sizes[d] for d in inner[:inner.index(dim)])
 
     def microbatches(self, global_batch: int) -> int:
@@ -115,6 +126,8 @@ class Layout:
     def short(self) -> str:
         parts = [f"dp{self.dp}" if self.dp_replicate == 1 or self.dp_shard == 1
                  else f"dp{self.dp_replicate}x{self.dp_shard}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
         parts += [f"z{self.zero}", f"mb{self.micro_batch}"]
@@ -151,19 +164,20 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     def limit(field: str, value: object, fix: str) -> None:
         out.append(TrainerLimit(config_name(field), value, fix))
 
-    for name in ("dp_replicate", "dp_shard", "tp", "pp", "ep", "micro_batch", "pp_virtual_stages"):
+    for name in ("dp_replicate", "dp_shard", "tp", "cp", "pp", "ep", "micro_batch", "pp_virtual_stages"):
         if getattr(lay, name) < 1:
             bad(name, getattr(lay, name), "must be a positive integer")
     if out:
         return out
-    if sorted(lay.rank_order.split("-")) != sorted(RANK_ORDER_DIMS):
-        bad("rank_order", lay.rank_order, f"name {', '.join(RANK_ORDER_DIMS)} once each, innermost first, joined "
-            f"by '-', e.g. {DEFAULT_RANK_ORDER} (tp inside a node) or dp-tp-pp")
+    if sorted(rank_dims(lay.rank_order)) != sorted((*RANK_ORDER_DIMS, "cp")):
+        bad("rank_order", lay.rank_order, f"name {', '.join(RANK_ORDER_DIMS)} once each (and cp at most once), "
+            f"innermost first, joined by '-', e.g. {DEFAULT_RANK_ORDER} (tp inside a node) or dp-tp-pp")
         return out
     m = model
     if lay.world != world:
-        bad("dp_shard", lay.dp_shard, f"dp_replicate*dp_shard*tp*pp = {lay.dp_replicate}*{lay.dp_shard}*{lay.tp}*{lay.pp}"
-            f" = {lay.world}, but the world size is {world}; use dp_shard=-1 or one of: {factorizations(world)}")
+        bad("dp_shard", lay.dp_shard, f"dp_replicate*dp_shard*tp*pp*cp = {lay.dp_replicate}*{lay.dp_shard}*{lay.tp}*"
+            f"{lay.pp}*{lay.cp} = {lay.world}, but the world size is {world}; use dp_shard=-1 or one of: "
+            f"{factorizations(world)}")
     if not splits_heads(m, lay.tp):
         bad("tp", lay.tp, f"must divide n_heads={m.n_heads}, and divide n_kv_heads={m.n_kv_heads} or be a multiple "
             f"of it; try {[t for t in divisors_upto(m.n_heads, world) if splits_heads(m, t)]}")
@@ -178,7 +192,7 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
             f"or set parallel.sequence_parallel=false")
     if lay.zero not in ZERO_STAGES:
         bad("zero", lay.zero, "use 0, 1, 2 or 3")
-    elif lay.zero == 1 and lay.dp == 1:
+    elif lay.zero == 1 and lay.dp * lay.cp == 1:
         bad("zero", 1, "ZeRO-1 shards the optimizer over data-parallel ranks but dp=1; use zero=0 "
             "or give data parallelism ranks (parallel.dp_shard)")
     if lay.ep > 1:
@@ -192,6 +206,7 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
                 "the ZeRO-1 group)")
     if lay.activation_checkpoint not in ACTIVATION_CHECKPOINT:
         bad("activation_checkpoint", lay.activation_checkpoint, f"use one of {', '.join(ACTIVATION_CHECKPOINT)}")
+    out += _context_parallel_problems(lay, m, seq_len)
     out += _compression_problems(lay)
     out += _diloco_problems(lay)
     out += _pipeline_problems(lay, m)
@@ -202,6 +217,36 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
 def replicates_with_ddp(dp_shard: int, zero: int, tp: int, pp: int, ep: int) -> bool:
     """See Layout.replicates_with_ddp (parallelize.uses_ddp asks here: one home for the rule)."""
     return (dp_shard == 1 or zero in (0, 1)) and tp == pp == ep == 1
+
+
+def _context_parallel_problems(lay: Layout, m: ModelConfig, seq_len: int) -> list[UserError]:
+    """Context parallelism (parallel/context_parallel.py) cuts each sequence into 2*cp chunks and gives
+    rank i chunks i and 2*cp-1-i (a front and a back one, so causal attention's work is even); its
+    ranks hold the same parameters and reduce gradients with the data-parallel ranks."""
+    cp = lay.cp
+    if cp == 1:
+        return []
+    out: list[UserError] = []
+    if seq_len % (2 * cp):
+        fits = [c for c in divisors_upto(seq_len // 2, seq_len) if c > 1][:6]
+        out.append(UserError("parallel.cp", cp, f"splits train.seq_len={seq_len} into 2*cp={2 * cp} equal chunks (a "
+                             f"front and a back one per rank); use a seq_len divisible by {2 * cp}, or cp in {fits}"))
+    elif lay.sequence_parallel_on and (seq_len // cp) % lay.tp:
+        out.append(UserError("parallel.sequence_parallel", True, f"each cp rank's {seq_len // cp} tokens must divide "
+                             f"by tp={lay.tp}; change train.seq_len or set parallel.sequence_parallel=false"))
+    if m.is_moe:
+        out.append(TrainerLimit("parallel.cp", cp, "context parallelism of MoE models is not supported yet (the "
+                                "load-balancing loss would see each rank's tokens only); use cp=1"))
+    if lay.diloco_inner_steps:
+        out.append(TrainerLimit("parallel.cp", cp, "DiLoCo with context parallelism is not supported yet; "
+                                "use cp=1 or diloco_inner_steps=0"))
+    if compresses_in_hooks(lay.grad_compression):
+        out.append(TrainerLimit("parallel.cp", cp, f"grad_compression={lay.grad_compression} does not yet reduce "
+                                "across cp ranks; use grad_compression=none or bf16, or cp=1"))
+    if lay.dp_replicate > 1 and lay.zero in (2, 3):  # FSDP over dp_shard x cp: HSDP's 2-D mesh is not built
+        out.append(TrainerLimit("parallel.cp", cp, "HSDP (dp_replicate > 1 with zero=2/3) with context "
+                                "parallelism is not supported yet; set dp_replicate=1, zero=0 or 1, or cp=1"))
+    return out
 
 
 def _compression_problems(lay: Layout) -> list[UserError]:

@@ -13,7 +13,7 @@ from shoal.files import check_output_file
 
 
 def register(sub) -> None:
-    p = sub.add_parser("mesh", help="print the rank grid and the TP/PP/DP/EP groups of a layout")
+    p = sub.add_parser("mesh", help="print the rank grid and the TP/CP/PP/DP/EP groups of a layout")
     p.add_argument("recipe", nargs="?", type=non_empty("recipes/debug.toml"))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--nproc", type=nonnegative_int, default=0, help="world size (or give --nnodes and --nproc-per-node)")
@@ -29,14 +29,16 @@ def register(sub) -> None:
 
 def print_groups(dims, per_node: int = 0) -> None:
     """The grid and its groups; with per_node, the rank -> node -> device map and '*' on groups that cross nodes."""
+    from shoal.layout import rank_dims
     from shoal.parallel.mesh import crosses_nodes
 
     per_node = per_node if 0 < per_node < dims.world_size else 0
-    print(f"world {dims.world_size} = pp {dims.pp} x dp_replicate {dims.dp_replicate} x dp_shard {dims.dp_shard} "
-          f"x tp {dims.tp}" + (f"   (ep {dims.ep} inside dp_shard)" if dims.ep > 1 else "")
-          + f"   rank order {dims.rank_order} (innermost first)")
-    print("rank grid [pp][dp_replicate][dp_shard][tp]:")
-    print(dims.grid())
+    axes, grid = dims.shown_grid()
+    print(f"world {dims.world_size} = " + " x ".join(f"{a} {getattr(dims, a)}" for a in axes)
+          + (f"   (ep {dims.ep} inside dp_shard)" if dims.ep > 1 else "")
+          + f"   rank order {'-'.join(rank_dims(dims.rank_order)) if dims.cp > 1 else dims.rank_order} (innermost first)")
+    print(f"rank grid [{']['.join(axes)}]:")
+    print(grid)
     if per_node:
         nodes = dims.world_size // per_node
         print(f"placement: {nodes} nodes x {per_node} ranks, one block of ranks per node")
@@ -128,14 +130,16 @@ def run(args) -> int:
 
 
 def mesh_json(dims, per_node: int, warning: str, svg) -> dict:
-    """The grid as `arange(world)` viewed as [pp][dp_replicate][dp_shard][tp], every group of each kind
-    (global ranks), and with ranks per node the groups that cross a node."""
+    """The grid as `arange(world)` viewed as [pp][dp_replicate][dp_shard][tp] ([pp][dp_replicate][dp_shard]
+    [cp][tp] with context parallelism), every group of each kind (global ranks), and with ranks per
+    node the groups that cross a node."""
     from shoal.parallel.mesh import split_groups
 
     placed = 0 < per_node < dims.world_size
+    axes, grid = dims.shown_grid()
     return {"world": dims.world_size, "rank_order": dims.rank_order,
-            "shape": {"pp": dims.pp, "dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "tp": dims.tp},
-            "ep": dims.ep, "grid": dims.grid().tolist(), "groups": dims.groups(),
+            "shape": {a: getattr(dims, a) for a in axes},
+            "ep": dims.ep, "grid": grid.tolist(), "groups": dims.groups(),
             "per_node": per_node if placed else dims.world_size,
             "crossing_nodes": split_groups(dims, per_node) if placed else {},
             "warning": warning or None, "svg": str(svg) if svg else None}

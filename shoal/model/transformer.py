@@ -61,12 +61,19 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q_BTHE, k_BTKE = self.q_norm(q_BTHE), self.k_norm(k_BTKE)
         q_BTHE, k_BTKE = apply_rope(q_BTHE, rope), apply_rope(k_BTKE, rope)
-        out_BHTE = F.scaled_dot_product_attention(
-            q_BTHE.transpose(1, 2), k_BTKE.transpose(1, 2), v_BTKE.transpose(1, 2),
-            **(causal(T, self.window, x_BTD.device) if mask_B1TT is None else {"attn_mask": mask_B1TT}),
-            enable_gqa=q_BTHE.shape[2] != k_BTKE.shape[2],
-        )
+        out_BHTE = self.attend(q_BTHE.transpose(1, 2), k_BTKE.transpose(1, 2), v_BTKE.transpose(1, 2), mask_B1TT)
         return self.wo(out_BHTE.transpose(1, 2).reshape(B, T, -1))
+
+    def attend(self, q_BHTE: torch.Tensor, k_BKTE: torch.Tensor, v_BKTE: torch.Tensor,
+               mask_B1TT: torch.Tensor | None) -> torch.Tensor:
+        """Scaled dot-product attention over the sequence (GQA: each kv head serves H/K query heads).
+        Context parallelism replaces it on each layer with attention over the keys and values of
+        every rank's part of the sequence (shoal/parallel/context_parallel.py)."""
+        return F.scaled_dot_product_attention(
+            q_BHTE, k_BKTE, v_BKTE,
+            **(causal(q_BHTE.shape[2], self.window, q_BHTE.device) if mask_B1TT is None else {"attn_mask": mask_B1TT}),
+            enable_gqa=q_BHTE.shape[1] != k_BKTE.shape[1],
+        )
 
 
 def causal(T: int, window: int, device) -> dict:
@@ -86,16 +93,19 @@ def document_attention(documents_BT: torch.Tensor, rope: torch.Tensor, window: i
     positions restart at 0 where a document starts, and a query sees the keys of its own document
     at or before it (within the sliding window, if any). The result is what each document would give
     run alone (tests/unit/test_model.py checks it)."""
-    B, T = documents_BT.shape
-    i = torch.arange(T, device=documents_BT.device)
-    starts = torch.ones_like(documents_BT, dtype=torch.bool)
-    starts[:, 1:] = documents_BT[:, 1:] != documents_BT[:, :-1]
-    first_BT = torch.where(starts, i, 0).cummax(dim=1).values
-    positions_BT = i - first_BT
+    i = torch.arange(documents_BT.shape[1], device=documents_BT.device)
     offset_TT = i[:, None] - i[None, :]
     allowed_TT = (offset_TT >= 0) & (offset_TT < window) if window else offset_TT >= 0
     mask_B1TT = (documents_BT[:, None, :, None] == documents_BT[:, None, None, :]) & allowed_TT
-    return rope[:, positions_BT], mask_B1TT
+    return rope[:, document_positions(documents_BT)], mask_B1TT
+
+
+def document_positions(documents_BT: torch.Tensor) -> torch.Tensor:
+    """Each position's offset from the start of its document [B, T] (0 where a document starts)."""
+    i = torch.arange(documents_BT.shape[1], device=documents_BT.device)
+    starts = torch.ones_like(documents_BT, dtype=torch.bool)
+    starts[:, 1:] = documents_BT[:, 1:] != documents_BT[:, :-1]
+    return i - torch.where(starts, i, 0).cummax(dim=1).values
 
 
 class TransformerBlock(nn.Module):
@@ -131,9 +141,7 @@ class Transformer(nn.Module):
         pipeline stage without the output head then passes it on beside its hidden states, since the
         next stage needs it too."""
         h_BTD = self.tok_embeddings(tokens_or_h) if self.tok_embeddings is not None else tokens_or_h
-        rope, mask_B1TT = self.rope, None
-        if documents_BT is not None:
-            rope, mask_B1TT = document_attention(documents_BT, self.rope, self.cfg.sliding_window)
+        rope, mask_B1TT = self.attention_inputs(documents_BT)
         for layer in self.layers.values():
             h_BTD = layer(h_BTD, rope, mask_B1TT)
         if self.norm is not None:
@@ -141,6 +149,14 @@ class Transformer(nn.Module):
         if self.output is not None:
             return self.output(h_BTD)
         return h_BTD if documents_BT is None else (h_BTD, documents_BT)
+
+    def attention_inputs(self, documents_BT: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What every layer takes beside its input: the rotary table (or one row per position) and the
+        mask (None: causal). Context parallelism replaces it on each stage, whose tokens are chunks of
+        a longer sequence (shoal/parallel/context_parallel.py)."""
+        if documents_BT is None:
+            return self.rope, None
+        return document_attention(documents_BT, self.rope, self.cfg.sliding_window)
 
     def tie_weights(self) -> None:
         """With tied embeddings the head uses the embedding's parameter. Called again after anything

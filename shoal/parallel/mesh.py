@@ -1,10 +1,12 @@
 """The rank grid: ParallelDims -> one DeviceMesh with named axes.
 
-By default ranks are laid out as `arange(world).view(pp, dp_replicate, dp_shard, tp)`: tp
-innermost, so a tensor-parallel group is made of neighbouring ranks (one machine), pp outermost.
-`parallel.rank_order` reorders the dimensions (e.g. dp-tp-pp: `arange(world).view(pp, tp,
-dp_replicate, dp_shard)`); the mesh keeps its axes in the order above and only which rank sits at
-each coordinate changes, so nothing downstream of the mesh knows the order. Expert
+By default ranks are laid out as `arange(world).view(pp, dp_replicate, dp_shard, cp, tp)`: tp
+innermost, so a tensor-parallel group is made of neighbouring ranks (one machine), then context
+parallel, pp outermost. `parallel.rank_order` reorders the dimensions (e.g. dp-tp-pp:
+`arange(world).view(pp, cp, tp, dp_replicate, dp_shard)`, cp staying just outside tp unless the
+order names it); the mesh keeps its axes in the order above and only which rank sits at each
+coordinate changes, so nothing downstream of the mesh knows the order. cp ranks hold the same
+parameters: gradients are reduced over dp x cp (the flattened "dp_cp" and "dp_shard_cp" axes). Expert
 parallelism borrows ranks from dp_shard: dp_shard is split into (dp_shard // ep, ep), and the ep
 ranks that share a (pp, dp_replicate, dp_shard // ep, tp) coordinate exchange tokens.
 The rules a layout must follow live in shoal/layout.py; this module only lays out ranks.
@@ -14,7 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shoal.layout import DEFAULT_RANK_ORDER
+from shoal.layout import DEFAULT_RANK_ORDER, rank_dims
+
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+"""The mesh's axes, outermost first (whatever the rank order)."""
 
 
 @dataclass(frozen=True)
@@ -26,32 +31,39 @@ class ParallelDims:
     ep: int
     world_size: int
     rank_order: str = DEFAULT_RANK_ORDER
-    """tp, dp, pp innermost first (shoal/layout.py checks it)."""
+    """tp, dp, pp (and cp, if named) innermost first (shoal/layout.py checks it)."""
+    cp: int = 1
+    """Context parallel, last so that positional construction keeps its meaning."""
 
     @property
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
 
     @property
-    def shape(self) -> tuple[int, int, int, int]:
-        return (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+    def shape(self) -> tuple[int, int, int, int, int]:
+        return (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
 
     @classmethod
     def of(cls, layout) -> "ParallelDims":
         """The grid of a checked shoal.layout.Layout."""
         return cls(layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp, layout.ep, layout.world,
-                   layout.rank_order)
+                   layout.rank_order, layout.cp)
 
     def grid(self):
-        """Global rank at each (pp, dp_replicate, dp_shard, tp) coordinate, as a numpy array."""
+        """Global rank at each (pp, dp_replicate, dp_shard, cp, tp) coordinate, as a numpy array."""
         import numpy as np
 
-        axes = ("pp", "dp_replicate", "dp_shard", "tp")
-        size = dict(zip(axes, self.shape))
+        size = dict(zip(AXES, self.shape))
         # Number the ranks with the order's outermost dimension slowest, then view them on the mesh's axes.
-        outer_first = [a for d in reversed(self.rank_order.split("-")) for a in ORDERED_AXES[d]]
+        outer_first = [a for d in reversed(rank_dims(self.rank_order)) for a in ORDERED_AXES[d]]
         ranks = np.arange(self.world_size).reshape([size[a] for a in outer_first])
-        return ranks.transpose([outer_first.index(a) for a in axes])
+        return ranks.transpose([outer_first.index(a) for a in AXES])
+
+    def shown_grid(self) -> tuple[tuple[str, ...], object]:
+        """(axes, grid) as `shoal mesh` shows them: without the cp axis when cp == 1."""
+        if self.cp > 1:
+            return AXES, self.grid()
+        return tuple(a for a in AXES if a != "cp"), self.grid().squeeze(AXES.index("cp"))
 
     def groups(self) -> dict[str, list[list[int]]]:
         """The rank groups of each kind, as lists of global ranks."""
@@ -60,26 +72,28 @@ class ParallelDims:
         g = self.grid()
 
         def along(axes: tuple[int, ...]) -> list[list[int]]:
-            keep = [a for a in range(4) if a not in axes]
+            keep = [a for a in range(g.ndim) if a not in axes]
             moved = np.transpose(g, keep + list(axes)).reshape(-1, int(np.prod([g.shape[a] for a in axes])))
             return moved.tolist()
 
-        groups = {"tp": along((3,)), "pp": along((0,)), "dp": along((1, 2))}
+        groups = {"tp": along((4,)), "pp": along((0,)), "dp": along((1, 2))}
+        if self.cp > 1:
+            groups["cp"] = along((3,))
         if self.ep > 1:
-            e = g.reshape(self.pp, self.dp_replicate, self.dp_shard // self.ep, self.ep, self.tp)
+            e = g.reshape(self.pp, self.dp_replicate, self.dp_shard // self.ep, self.ep, self.cp, self.tp)
             groups["ep"] = np.moveaxis(e, 3, -1).reshape(-1, self.ep).tolist()
         return groups
 
     def coords(self, rank: int) -> dict[str, int]:
         import numpy as np
 
-        pp, dr, ds, tp = (int(i) for i in np.argwhere(self.grid() == rank)[0])
-        return {"pp": pp, "dp_replicate": dr, "dp_shard": ds, "tp": tp, "dp": dr * self.dp_shard + ds}
+        pp, dr, ds, cp, tp = (int(i) for i in np.argwhere(self.grid() == rank)[0])
+        return {"pp": pp, "dp_replicate": dr, "dp_shard": ds, "cp": cp, "tp": tp, "dp": dr * self.dp_shard + ds}
 
 
 # The mesh axes each rank_order name stands for, outermost first: dp_shard varies fastest inside dp,
 # so HSDP's shard groups are neighbours and its replicas are further apart.
-ORDERED_AXES = {"tp": ("tp",), "dp": ("dp_replicate", "dp_shard"), "pp": ("pp",)}
+ORDERED_AXES = {"tp": ("tp",), "cp": ("cp",), "dp": ("dp_replicate", "dp_shard"), "pp": ("pp",)}
 
 
 class Meshes:
@@ -94,17 +108,23 @@ class Meshes:
 
 
 def build_mesh(dims: ParallelDims, device_type: str) -> tuple[Meshes, Meshes | None]:
-    """The world mesh (pp, dp_replicate, dp_shard, tp) and, with ep > 1, the expert mesh that splits dp_shard.
+    """The world mesh (pp, dp_replicate, dp_shard, cp, tp) and, with ep > 1, the expert mesh that splits dp_shard.
+    With cp > 1 the axes gradients are reduced over are flattened too: dp_cp (dp_replicate, dp_shard,
+    cp) and dp_shard_cp (dp_shard, cp).
 
     DeviceMesh is given the grid itself (init_device_mesh would number ranks in the default order only)."""
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
     grid = torch.as_tensor(dims.grid().copy())  # contiguous: DeviceMesh and reshape need it
-    world = DeviceMesh(device_type, grid, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
-    world = Meshes(world, {"dp": world["dp_replicate", "dp_shard"]._flatten("dp")})
+    world = DeviceMesh(device_type, grid, mesh_dim_names=AXES)
+    flat = {"dp": world["dp_replicate", "dp_shard"]._flatten("dp")}
+    if dims.cp > 1:
+        flat["dp_cp"] = world["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+        flat["dp_shard_cp"] = world["dp_shard", "cp"]._flatten("dp_shard_cp")
+    world = Meshes(world, flat)
     expert = None
-    if dims.ep > 1:
+    if dims.ep > 1:  # layout.py keeps ep and cp apart (cp=1 here)
         expert = DeviceMesh(
             device_type, grid.reshape(dims.pp, dims.dp_replicate, dims.dp_shard // dims.ep, dims.ep, dims.tp),
             mesh_dim_names=("pp", "dp_replicate", "dp_shard_mod_ep", "ep", "tp"))
@@ -138,6 +158,7 @@ def split_groups(dims: ParallelDims, per_node: int) -> dict[str, list[list[int]]
 
 # Groups whose traffic is on the critical path of every layer: across the inter-node link they
 # slow each step (tp: activations each layer; ep: tokens in and out of each MoE layer).
+# (Not cp: its per-layer key/value gathers cross nodes by design at long context, Llama 3's CP 16.)
 LATENCY_BOUND = {"tp": "tensor parallelism exchanges activations in every layer",
                  "ep": "expert parallelism sends tokens to and from every MoE layer"}
 

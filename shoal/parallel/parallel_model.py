@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -49,6 +50,11 @@ class ParallelModel:
     trainer calls it after each inner step; its state goes into checkpoints."""
     attention: str = ""
     """The attention kernel the step runs, e.g. 'flash (cuda)' (shoal/model/kernels.py), for the run summary."""
+    context: object | None = None
+    """With cp > 1, this rank's part of each sequence (parallel/context_parallel.py): batches are split
+    before the model sees them (the documents tensor stays whole) and `loss` is its share."""
+    loss: Callable = cross_entropy
+    """(logits, targets) -> the loss to backpropagate (the pipeline schedule's loss_fn is the same)."""
 
     def parameters(self):
         for m in self.modules:
@@ -72,8 +78,9 @@ class ParallelModel:
             else:
                 model, total, n = self.modules[0], torch.zeros((), device=self.device), len(batches)
                 for i, (inputs, targets, *documents) in enumerate(batches):
+                    inputs, targets = self._local(inputs, targets)
                     with self._reduce_gradients(model, last=i == n - 1):
-                        loss = cross_entropy(model(*self._on_device(inputs, *documents)), targets.to(self.device)) / n
+                        loss = self.loss(model(*self._on_device(inputs, *documents)), targets.to(self.device)) / n
                         loss.backward()
                     total += _scalar(loss)
         _sum_partial_gradients(self.parameters())
@@ -91,8 +98,9 @@ class ParallelModel:
                     losses.append(self._run_schedule("eval", *batch))
                     continue
                 for inputs, targets, *documents in zip(*(t.split(micro_batch) for t in batch)):  # bounded memory
+                    inputs, targets = self._local(inputs, targets)
                     logits = self.modules[0](*self._on_device(inputs, *documents))
-                    losses.append(_scalar(cross_entropy(logits, targets.to(self.device))))
+                    losses.append(_scalar(self.loss(logits, targets.to(self.device))))
         for m in self.modules:
             m.train()
         return torch.stack(losses).mean()
@@ -125,6 +133,13 @@ class ParallelModel:
                 model.set_reshard_after_backward(last)
         return nullcontext()
 
+    def _local(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's tokens and targets of whole sequences: all of them, or its chunks under context
+        parallelism (the documents tensor stays whole: see parallel/context_parallel.py)."""
+        if self.context is None:
+            return inputs_BT, targets_BT
+        return self.context.split(inputs_BT), self.context.split(targets_BT)
+
     def _on_device(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         return [t.to(self.device) for t in tensors]
 
@@ -134,7 +149,7 @@ class ParallelModel:
         The first stage takes the documents tensor beside the tokens and each stage passes it on."""
         losses: list = []
         run = getattr(self.schedule, method)
-        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        inputs, targets = self._on_device(*self._local(inputs, targets))
         first = self._on_device(inputs, *documents)
         if self.has_first_stage and self.has_last_stage:
             run(*first, target=targets, losses=losses)

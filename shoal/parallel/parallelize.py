@@ -12,6 +12,7 @@ from shoal.parallel.compression_fsdp import attach as attach_to_fsdp
 from shoal.model.kernels import attention_backend
 from shoal.parallel.activation_checkpoint import apply_activation_checkpointing
 from shoal.parallel.compile import apply_compile
+from shoal.parallel.context_parallel import apply_context_parallel
 from shoal.parallel.data_parallel import apply_ddp, apply_fsdp
 from shoal.parallel.diloco import DiLoCo
 from shoal.parallel.expert_parallel import apply_expert_parallel
@@ -31,7 +32,9 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
     # 1. Pipeline: keep only this rank's stages. Everything after this works per stage.
     ids, modules, n_stages, compressor = [0], [model], 1, None
     # Data parallelism within a replica group only, under DiLoCo: the groups meet in its outer step.
-    dp, dp_axis = (dims.dp_shard, "dp_shard") if lay.diloco_inner_steps else (dims.dp, "dp")
+    # Context-parallel ranks hold the same parameters: gradients are reduced over dp x cp.
+    dp, dp_axis = (dims.dp_shard, "dp_shard") if lay.diloco_inner_steps else (dims.dp * dims.cp, dp_cp(dims, "dp"))
+    context = None
     if dims.pp > 1:
         n_stages = dims.pp * lay.virtual_stages
         ids, modules = split_model(model, mesh["pp"].get_local_rank(), dims.pp, lay.virtual_stages,
@@ -40,6 +43,11 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
         # 2. Tensor parallel: turns weights into DTensors sharded over tp.
         if dims.tp > 1:
             apply_tensor_parallel(m, mesh["tp"], lay.sequence_parallel)
+        # 2b. Context parallel: each rank holds two chunks of every sequence; attention all-gathers
+        #     keys and values over cp (the layers' own, whatever tp did to their heads).
+        if dims.cp > 1:
+            context = apply_context_parallel(m, mesh["cp"], train.seq_len)
+            loss_fn = context.loss  # the pipeline schedule's, and the step's below
         # 3. Expert parallel: each ep rank keeps n_experts/ep experts; tokens come by all-to-all.
         if dims.ep > 1:
             apply_expert_parallel(m, expert_mesh["ep"])
@@ -73,7 +81,9 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
     attention = attention_backend(m.n_heads // dims.tp, kv_heads_per_rank(m, dims.tp), m.head_size, train.seq_len, device,
                                   torch.get_default_dtype() if train.precision == "fp32" else torch.bfloat16)
     pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dp > 1 else 0,
-                       wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention)
+                       wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention, context=context)
+    if context is not None:
+        pm.loss = context.loss
     pm.grad_compressor = compressor
     if lay.diloco_inner_steps:
         pm.diloco = DiLoCo(modules, mesh["dp_replicate"].get_group(), job.cfg.parallel,
@@ -142,9 +152,15 @@ def assign_full_value(p: torch.Tensor, value: torch.Tensor) -> None:
 
 
 def data_parallel_zero(dims: ParallelDims, zero: int) -> int:
-    """What the model wrapper shards: with nothing to shard across (dp_shard == 1) ZeRO 2/3
+    """What the model wrapper shards: with nothing to shard across (dp_shard * cp == 1) ZeRO 2/3
     degenerate to replication, and ZeRO-1 shards only the optimizer (see optim.py)."""
-    return 0 if dims.dp_shard == 1 or zero == 1 else zero
+    return 0 if dims.dp_shard * dims.cp == 1 or zero == 1 else zero
+
+
+def dp_cp(dims: ParallelDims, axis: str) -> str:
+    """The mesh axis gradients are reduced over: a data-parallel one, flattened with cp when cp > 1
+    (torchtitan's dp_shard_cp: FSDP shards over the context-parallel ranks too)."""
+    return f"{axis}_cp" if dims.cp > 1 else axis
 
 
 def uses_ddp(dims: ParallelDims, zero: int) -> bool:
@@ -154,7 +170,7 @@ def uses_ddp(dims: ParallelDims, zero: int) -> bool:
     pipeline stages (DDP inside a GPipe stage trips an internal assert in its bucket rebuild)."""
     from shoal.layout import replicates_with_ddp
 
-    return replicates_with_ddp(dims.dp_shard, zero, dims.tp, dims.pp, dims.ep)
+    return replicates_with_ddp(dims.dp_shard * dims.cp, zero, dims.tp, dims.pp, dims.ep)
 
 
 def dp_mesh(mesh, dims: ParallelDims, zero: int, diloco: bool = False, grad_compression: str = "none"):
@@ -164,7 +180,7 @@ def dp_mesh(mesh, dims: ParallelDims, zero: int, diloco: bool = False, grad_comp
     if diloco:
         return mesh["dp_shard"]
     if data_parallel_zero(dims, zero) == 0:
-        return mesh["dp"]
-    if dims.dp_replicate > 1 and not compresses_in_hooks(grad_compression):
+        return mesh[dp_cp(dims, "dp")]
+    if dims.dp_replicate > 1 and not compresses_in_hooks(grad_compression):  # not with cp (layout.py)
         return mesh["dp_replicate", "dp_shard"]
-    return mesh["dp_shard"]
+    return mesh[dp_cp(dims, "dp_shard")]

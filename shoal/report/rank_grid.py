@@ -1,6 +1,6 @@
-"""The rank grid: every rank on its node and device, one panel per kind of group (TP, PP, DP, EP).
+"""The rank grid: every rank on its node and device, one panel per kind of group (TP, CP, PP, DP, EP).
 
-Ranks are numbered as shoal/parallel/mesh.py lays them out ([pp][dp_replicate][dp_shard][tp],
+Ranks are numbered as shoal/parallel/mesh.py lays them out ([pp][dp_replicate][dp_shard][cp][tp],
 tp innermost unless parallel.rank_order says otherwise) and placed on nodes in order, `per_node` to a node, as torchrun and Slurm place
 them. Cells of one colour in a panel form one group; a group with ranks on two nodes talks over
 the slower inter-node link, so its cells get a thick red border and the panel title names it.
@@ -12,8 +12,9 @@ from pathlib import Path
 
 from shoal.report.draw import pyplot, save
 
-KINDS = ("tp", "pp", "dp", "ep")
-TITLES = {"tp": "tensor parallel", "pp": "pipeline stages", "dp": "data parallel", "ep": "expert parallel"}
+KINDS = ("tp", "cp", "pp", "dp", "ep")
+TITLES = {"tp": "tensor parallel", "cp": "context parallel", "pp": "pipeline stages", "dp": "data parallel",
+          "ep": "expert parallel"}
 
 
 def grid_geometry(dims, per_node: int) -> dict:
@@ -29,7 +30,7 @@ def grid_geometry(dims, per_node: int) -> dict:
 
 
 def shown_kinds(dims) -> list[str]:
-    sizes = {"tp": dims.tp, "pp": dims.pp, "dp": dims.dp, "ep": dims.ep}
+    sizes = {"tp": dims.tp, "cp": dims.cp, "pp": dims.pp, "dp": dims.dp, "ep": dims.ep}
     return [k for k in KINDS if sizes[k] > 1] or ["dp"]
 
 
@@ -59,8 +60,9 @@ def rank_grid_figure(dims, per_node: int, stem: Path, title: str = "", formats=(
             c = geo["coords"][r]
             ax.text(dev + 0.5, y + 0.6, f"rank {r}", ha="center", va="center", fontsize=8, weight="bold")
             ax.text(dev + 0.5, y + 0.3, f"{kind} group {group_of[r]}", ha="center", va="center", fontsize=6.5)
-            if kind == "dp" and dims.tp * dims.pp > 1:
-                ax.text(dev + 0.5, y + 0.14, f"tp{c['tp']} pp{c['pp']}", ha="center", va="center", fontsize=5.5)
+            if kind == "dp" and dims.tp * dims.pp * dims.cp > 1:
+                where = f"tp{c['tp']} pp{c['pp']}" + (f" cp{c['cp']}" if dims.cp > 1 else "")
+                ax.text(dev + 0.5, y + 0.14, where, ha="center", va="center", fontsize=5.5)
         for node in range(nodes):
             y = nodes - 1 - node
             ax.add_patch(Rectangle((0, y), cols, 0.96, fill=False, edgecolor="#555", linestyle="--", linewidth=0.8))

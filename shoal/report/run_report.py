@@ -109,8 +109,9 @@ def grid_section(run: Run, out: Path) -> Section:
     png = rank_grid_figure(dims, per_node, out / "rank_grid")[0]
     geo = grid_geometry(dims, per_node)
     crossing = [f"{k} {g}" for k, gs in geo["crossing"].items() for g in gs]
-    s.paragraphs.append(f"{dims.world_size} ranks as [pp {dims.pp}][dp_replicate {dims.dp_replicate}]"
-                        f"[dp_shard {dims.dp_shard}][tp {dims.tp}]" + (f", ep {dims.ep} inside dp_shard" if dims.ep > 1 else "")
+    axes, _ = dims.shown_grid()
+    s.paragraphs.append(f"{dims.world_size} ranks as " + "".join(f"[{a} {getattr(dims, a)}]" for a in axes)
+                        + (f", ep {dims.ep} inside dp_shard" if dims.ep > 1 else "")
                         + f", {geo['per_node']} per node. Groups crossing a node: " + (", ".join(crossing) or "none") + ".")
     s.figures.append(Figure(png, f"The {dims.world_size} ranks drawn as boxes on their nodes, once per kind of group, "
                                  "each group in its own colour; groups that span nodes have red borders.",

@@ -38,14 +38,15 @@ class Runtime:
     def global_mean(self, value: torch.Tensor) -> float:
         """Mean of a per-rank quantity known on the ranks that hold the last pipeline stage (0 elsewhere).
 
-        Each (dp, tp) coordinate has one such rank; tp ranks hold equal values, so the sum over the
-        world divided by dp * tp is the mean over data-parallel ranks.
+        Each (dp, cp, tp) coordinate has one such rank; tp ranks hold equal values and cp ranks
+        shares whose mean is their sequences' (parallel/context_parallel.py), so the sum over the
+        world divided by dp * cp * tp is the mean over data-parallel ranks.
         """
         if self.world_size == 1:
             return float(value)
         value = value.detach().clone().double()  # a float64 run (`shoal verify`) logs all its digits
         dist.all_reduce(value)
-        return float(value) / (self.dims.dp * self.dims.tp)
+        return float(value) / (self.dims.dp * self.dims.cp * self.dims.tp)
 
 
 def init_runtime(job) -> Runtime:

@@ -35,10 +35,10 @@ def build_optimizer(model, cfg: TrainConfig, rt=None, zero: int = 0) -> torch.op
     if cfg.optimizer == "sgd":  # no state, so nothing for ZeRO-1 to shard
         return torch.optim.SGD(groups, lr=cfg.lr, foreach=False)
     kwargs = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, **adamw_kernel(params))
-    if zero == 1 and rt is not None and rt.dims.dp > 1:
+    if zero == 1 and rt is not None and rt.dims.dp * rt.dims.cp > 1:  # cp ranks hold the same parameters
         from shoal.parallel.zero1 import ShardedAdamW
 
-        return ShardedAdamW(groups, rt.mesh["dp"].get_group(), **kwargs)
+        return ShardedAdamW(groups, rt.mesh["dp_cp" if rt.dims.cp > 1 else "dp"].get_group(), **kwargs)
     return torch.optim.AdamW(groups, **kwargs)
 
 

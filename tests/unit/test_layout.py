@@ -22,7 +22,7 @@ def test_tp_is_innermost_and_pp_outermost():
     assert g["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]  # neighbours: one machine
     assert g["pp"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert g["dp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert d.coords(6) == {"pp": 1, "dp_replicate": 0, "dp_shard": 1, "tp": 0, "dp": 1}
+    assert d.coords(6) == {"pp": 1, "dp_replicate": 0, "dp_shard": 1, "cp": 0, "tp": 0, "dp": 1}
 
 
 def test_hsdp_and_expert_groups():
@@ -31,6 +31,34 @@ def test_hsdp_and_expert_groups():
     g = d.groups()
     assert g["dp"] == [list(range(8))]
     assert g["ep"] == [[0, 1], [2, 3], [4, 5], [6, 7]]  # ep borrows neighbouring dp_shard ranks
+
+
+def test_cp_sits_between_tp_and_dp():
+    d = dims(16, tp=2, cp=2, pp=2)
+    g = d.groups()
+    assert d.dp_shard == 2 and "cp2" in resolve(load_config(None, ["parallel.cp=2"]), 2).layout.short()
+    assert g["tp"][:2] == [[0, 1], [2, 3]]
+    assert g["cp"][:2] == [[0, 2], [1, 3]]  # just outside tp
+    assert g["dp"][:2] == [[0, 4], [1, 5]]
+    assert g["pp"][0] == [0, 8]
+    assert d.coords(6) == {"pp": 0, "dp_replicate": 0, "dp_shard": 1, "cp": 1, "tp": 0, "dp": 1}
+    # an order that names cp puts it there; one that does not keeps it just outside tp
+    assert dims(4, cp=2, rank_order="cp-tp-dp-pp").groups()["cp"] == [[0, 1], [2, 3]]
+    assert dims(4, cp=2, tp=2, rank_order="dp-tp-pp").groups()["cp"] == [[0, 2], [1, 3]]
+
+
+@pytest.mark.parametrize("par,match", [
+    ({"cp": 3}, r"parallel.cp.*seq_len=.*divisible by 6"),
+    ({"cp": 2, "model.preset": "debug-moe"}, "MoE"),
+    ({"cp": 2, "dp_replicate": 2, "zero": 3}, "HSDP"),
+    ({"cp": 2, "rank_order": "cp-tp-cp-dp-pp"}, "rank_order"),
+])
+def test_bad_cp_settings_are_one_line(par, match):
+    overrides = ["train.seq_len=64", "train.global_batch=8"] + [
+        f"{k}={v}" if "." in k else f"parallel.{k}={v}" for k, v in par.items()]
+    world = 2 * par.get("dp_replicate", 1) * (par["cp"] if par["cp"] == 3 else 1)
+    with pytest.raises(UserError, match=match):
+        resolve(load_config(None, overrides), world)
 
 
 def test_every_rank_in_exactly_one_group_of_each_kind():

@@ -89,7 +89,7 @@ def test_rank_order_changes_which_ranks_form_each_group():
     default, dp_inside = ParallelDims(**tp2dp2), ParallelDims(**tp2dp2, rank_order="dp-tp-pp")
     assert default.groups()["tp"] == [[0, 1], [2, 3]] and dp_inside.groups()["tp"] == [[0, 2], [1, 3]]
     assert dp_inside.groups()["dp"] == [[0, 1], [2, 3]]
-    assert dp_inside.coords(2) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 1, "dp": 0}
+    assert dp_inside.coords(2) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 1, "dp": 0}
     pp_inside = ParallelDims(1, 2, 1, 2, 1, 4, rank_order="pp-tp-dp")
     assert pp_inside.groups()["pp"] == [[0, 1], [2, 3]] and split_groups(pp_inside, 2) == {"dp": [[0, 2], [1, 3]]}
     from shoal.report.rank_grid import grid_geometry  # what `shoal mesh --svg` draws
