@@ -40,7 +40,12 @@ DILOCO_QUANTIZE = ("none", "bf16", "int8", "fp4")
 256 values, or 4 bits (a sign and a power of two) with the same scales (parallel/compression.py)."""
 RANK_ORDER_DIMS = ("tp", "dp", "pp")
 """The dimensions parallel.rank_order orders, innermost (neighbouring ranks) first. dp stands for
-dp_shard inside dp_replicate, with ep inside dp_shard, so they stay together."""
+dp_shard inside dp_replicate, with ep inside dp_shard, so they stay together. cp may be named too;
+an order that leaves it out places it just outside tp (tp, cp, dp, pp: Llama 3's [TP, CP, PP, DP]
+keeps CP inside a node beside TP, §3.3.2)."""
+OFFLOAD = ("none", "optimizer", "params")
+"""parallel.offload: what lives in host memory between uses. optimizer: fp32 master weights and Adam
+moments, the update on the CPU (ZeRO-Offload); params: the 16-bit weights too, fetched per layer."""
 DEFAULT_RANK_ORDER = "tp-dp-pp"
 """TP on neighbouring ranks (inside a node), PP outermost: Megatron's and torchtitan's order."""
 
@@ -64,6 +69,7 @@ class Layout:
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+    cp: int = 1
     pp: int = 1
     ep: int = 1
     zero: int = 3
@@ -76,6 +82,8 @@ class Layout:
     grad_compression: str = "none"
     diloco_inner_steps: int = 0
     rank_order: str = DEFAULT_RANK_ORDER
+    offload: str = "none"
+    activation_offload: bool = False
 
     @property
     def dp(self) -> int:
@@ -83,7 +91,7 @@ class Layout:
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     @property
     def virtual_stages(self) -> int:
@@ -101,10 +109,10 @@ class Layout:
         return self.sequence_parallel and self.tp > 1
 
     def rank_stride(self, dim: str) -> int:
-        """How many ranks apart neighbours of a tp/dp/pp group are: the product of the dimensions
-        inside it in rank_order (with the default order tp is 1, dp is tp, pp is tp*dp)."""
-        sizes = {"tp": self.tp, "dp": self.dp, "pp": self.pp}
-        inner = self.rank_order.split("-")
+        """How many ranks apart neighbours of a tp/cp/dp/pp group are: the product of the dimensions
+        inside it in rank_order (with the default order tp is 1, cp is tp, dp is tp*cp, pp is tp*cp*dp)."""
+        sizes = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp}
+        inner = _order_with_cp(self.rank_order)
         return math.prod(sizes[d] for d in inner[:inner.index(dim)])
 
     def microbatches(self, global_batch: int) -> int:
@@ -115,6 +123,8 @@ class Layout:
     def short(self) -> str:
         parts = [f"dp{self.dp}" if self.dp_replicate == 1 or self.dp_shard == 1
                  else f"dp{self.dp_replicate}x{self.dp_shard}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
         parts += [f"z{self.zero}", f"mb{self.micro_batch}"]
@@ -129,11 +139,24 @@ class Layout:
             parts.append(f"diloco{self.diloco_inner_steps}")
         if self.rank_order != DEFAULT_RANK_ORDER:
             parts.append(f"order {self.rank_order}")
+        if self.offload != "none":
+            parts.append(f"offload-{self.offload}")
+        if self.activation_offload:
+            parts.append("act-offload")
         return " ".join(parts)
 
 
+def _order_with_cp(rank_order: str) -> list[str]:
+    """rank_order's dimensions innermost first, cp just outside tp where the order does not name it."""
+    dims = rank_order.split("-")
+    if "cp" not in dims and "tp" in dims:
+        dims.insert(dims.index("tp") + 1, "cp")
+    return dims
+
+
 # Where each layout field lives in the job config (the trainer's TOML).
-CONFIG_FIELD = {"micro_batch": "train.micro_batch", "activation_checkpoint": "train.activation_checkpoint"}
+CONFIG_FIELD = {"micro_batch": "train.micro_batch", "activation_checkpoint": "train.activation_checkpoint",
+                "activation_offload": "train.activation_offload"}
 
 
 def config_name(field: str) -> str:
@@ -151,19 +174,22 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     def limit(field: str, value: object, fix: str) -> None:
         out.append(TrainerLimit(config_name(field), value, fix))
 
-    for name in ("dp_replicate", "dp_shard", "tp", "pp", "ep", "micro_batch", "pp_virtual_stages"):
+    for name in ("dp_replicate", "dp_shard", "tp", "cp", "pp", "ep", "micro_batch", "pp_virtual_stages"):
         if getattr(lay, name) < 1:
             bad(name, getattr(lay, name), "must be a positive integer")
     if out:
         return out
-    if sorted(lay.rank_order.split("-")) != sorted(RANK_ORDER_DIMS):
+    if sorted(d for d in lay.rank_order.split("-") if d != "cp") != sorted(RANK_ORDER_DIMS) \
+            or lay.rank_order.split("-").count("cp") > 1:
         bad("rank_order", lay.rank_order, f"name {', '.join(RANK_ORDER_DIMS)} once each, innermost first, joined "
             f"by '-', e.g. {DEFAULT_RANK_ORDER} (tp inside a node) or dp-tp-pp")
         return out
     m = model
     if lay.world != world:
-        bad("dp_shard", lay.dp_shard, f"dp_replicate*dp_shard*tp*pp = {lay.dp_replicate}*{lay.dp_shard}*{lay.tp}*{lay.pp}"
-            f" = {lay.world}, but the world size is {world}; use dp_shard=-1 or one of: {factorizations(world)}")
+        cp = "*cp" if lay.cp > 1 else ""
+        bad("dp_shard", lay.dp_shard, f"dp_replicate*dp_shard*tp{cp}*pp = {lay.dp_replicate}*{lay.dp_shard}*{lay.tp}"
+            f"{f'*{lay.cp}' if cp else ''}*{lay.pp} = {lay.world}, but the world size is {world}; use dp_shard=-1 or "
+            f"one of: {factorizations(world)}")
     if not splits_heads(m, lay.tp):
         bad("tp", lay.tp, f"must divide n_heads={m.n_heads}, and divide n_kv_heads={m.n_kv_heads} or be a multiple "
             f"of it; try {[t for t in divisors_upto(m.n_heads, world) if splits_heads(m, t)]}")
@@ -173,8 +199,8 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
         limit("tp", lay.tp, f"must divide model.vocab_size={m.vocab_size}")
     if lay.tp > 1 and m.is_moe:
         limit("tp", lay.tp, "tensor parallelism of MoE layers is not supported yet; use parallel.ep")
-    if lay.sequence_parallel_on and seq_len % lay.tp:
-        bad("sequence_parallel", True, f"train.seq_len={seq_len} must be divisible by tp={lay.tp}; "
+    if lay.sequence_parallel_on and seq_len % (lay.tp * lay.cp):
+        bad("sequence_parallel", True, f"train.seq_len={seq_len} must be divisible by tp*cp={lay.tp * lay.cp}; "
             f"or set parallel.sequence_parallel=false")
     if lay.zero not in ZERO_STAGES:
         bad("zero", lay.zero, "use 0, 1, 2 or 3")
@@ -192,6 +218,7 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
                 "the ZeRO-1 group)")
     if lay.activation_checkpoint not in ACTIVATION_CHECKPOINT:
         bad("activation_checkpoint", lay.activation_checkpoint, f"use one of {', '.join(ACTIVATION_CHECKPOINT)}")
+    out += _context_and_offload_problems(lay, seq_len)
     out += _compression_problems(lay)
     out += _diloco_problems(lay)
     out += _pipeline_problems(lay, m)
@@ -202,6 +229,29 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
 def replicates_with_ddp(dp_shard: int, zero: int, tp: int, pp: int, ep: int) -> bool:
     """See Layout.replicates_with_ddp (parallelize.uses_ddp asks here: one home for the rule)."""
     return (dp_shard == 1 or zero in (0, 1)) and tp == pp == ep == 1
+
+
+def _context_and_offload_problems(lay: Layout, seq_len: int) -> list[UserError]:
+    """Context parallelism splits each sequence into 2·cp chunks, rank i keeping chunks i and 2cp-1-i so
+    that causal attention work balances (Llama 3 §3.3.2; Transformer Engine's load-balanced ring). The
+    trainer side of cp and of offloading lands separately: until then they are trainer limits."""
+    out: list[UserError] = []
+    if lay.cp > 1 and seq_len % (2 * lay.cp):
+        out.append(UserError("parallel.cp", lay.cp, f"train.seq_len={seq_len} must be divisible by 2*cp={2 * lay.cp} "
+                             f"(each rank keeps two balanced chunks); try cp in "
+                             f"{[c for c in divisors_upto(seq_len // 2, 64) if (seq_len // 2) % c == 0][:8]}"))
+    elif lay.cp > 1:
+        out.append(TrainerLimit("parallel.cp", lay.cp, "shoal train has no context parallelism in this build; "
+                                "the planner still plans it (set cp=1 to emit a runnable recipe)"))
+    if lay.offload not in OFFLOAD:
+        out.append(UserError("parallel.offload", lay.offload, f"use one of {', '.join(OFFLOAD)}"))
+    elif lay.offload != "none":
+        out.append(TrainerLimit("parallel.offload", lay.offload, "shoal train has no offloading in this build; "
+                                "set offload=none to emit a runnable recipe"))
+    if lay.activation_offload:
+        out.append(TrainerLimit("train.activation_offload", True, "shoal train has no activation offloading in "
+                                "this build; set it false to emit a runnable recipe"))
+    return out
 
 
 def _compression_problems(lay: Layout) -> list[UserError]:
@@ -314,7 +364,17 @@ def _pipeline_problems(lay: Layout, m: ModelConfig) -> list[UserError]:
                              f"only {' and '.join(INTERLEAVED)} have virtual stages; set parallel.pp_schedule "
                              f"or pp_virtual_stages=1"))
     stages = lay.pp * lay.virtual_stages
-    if lay.pp > 1 and stages > m.n_layers:
+    if lay.pp > 1 and lay.virtual_stages > 1 and m.n_layers < stages <= max_pipeline_stages(m.n_layers):
+        # Megatron's --account-for-embedding/loss-in-pipeline-split counts the embedding and the head as
+        # one layer each, so the first and the last stage may hold only them (Llama 3 405B: 126 layers
+        # in 16x8 stages, "one Transformer layer less" on the first and last, §3.3.2).
+        fix = (f"lower parallel.pp_virtual_stages to at most {m.n_layers // lay.pp}" if m.n_layers // lay.pp >= 2
+               else "use pp_schedule=1f1b")
+        out.append(TrainerLimit("parallel.pp_virtual_stages", lay.pp_virtual_stages,
+                                f"{stages} pipeline stages (pp*virtual stages) for n_layers={m.n_layers} leave the "
+                                f"first and last stage only the embedding and the head, which shoal train's split "
+                                f"does not make; {fix}"))
+    elif lay.pp > 1 and stages > m.n_layers:
         if lay.virtual_stages == 1:
             fix = f"use at most pp={m.n_layers}"
         elif m.n_layers // lay.pp >= 2:  # interleaving: lower the stages per rank first, pp stays
@@ -364,6 +424,12 @@ def _batch_problems(lay: Layout, global_batch: int) -> list[UserError]:
         return [TrainerLimit(field, value, f"{lay.pp_schedule} needs a multiple of pp={lay.pp} micro-batches per "
                              f"step, this gives {n}")]
     return []
+
+
+def max_pipeline_stages(n_layers: int) -> int:
+    """The most pipeline stages (pp x virtual stages) a model of n_layers can be planned with: one a layer,
+    and the first and last stage holding only the embedding and the head (a trainer limit beyond n_layers)."""
+    return n_layers + 2
 
 
 def check(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq_len: int) -> Layout:

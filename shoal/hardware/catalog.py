@@ -112,6 +112,9 @@ class GPU:
     power_watts: float = 0.0
     """Board power at full training load (the TDP: training holds GPUs at their power limit, see the
     matmul_efficiency note), watts; with the job's PUE it gives the energy of a run (energy.py)."""
+    host_bandwidth: float = 25e9
+    """Host<->device copy bandwidth, one direction, bytes/s, for offloading: a PCIe Gen4 x16 link moves
+    ~25 GB/s of its 31.5 GB/s (A100 hosts); Gen5 x16 (H100/H200/B200 hosts) ~50 GB/s of 63 GB/s."""
     power_limit_watts: float = 0.0
     """A power cap below the TDP (nvidia-smi -pl), watts; 0: none. Under a cap the sustained clock, and
     with it every kernel's rate, drops as (limit / power_watts) ** POWER_CLOCK_EXPONENT (see
@@ -224,21 +227,21 @@ CATALOG: dict[str, GPU] = {
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
         peak_fp8_flops=1979e12, power_watts=700, usd_per_gpu_hour=2.99,
-        note="HGX H100: NVLink4 900 GB/s bidirectional, one 400 Gb/s NDR InfiniBand/RoCE NIC per GPU"),
+        note="HGX H100: NVLink4 900 GB/s bidirectional, one 400 Gb/s NDR InfiniBand/RoCE NIC per GPU", host_bandwidth=50e9),
     "h200": GPU(
         name="h200", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.35,
         hbm_bytes=143771 * 2**20, hbm_bandwidth=4.8e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
         peak_fp8_flops=1979e12, power_watts=700, usd_per_gpu_hour=3.50,
-        note="HGX H200: H100 compute with 141 GB HBM3e; 400 Gb/s per GPU between nodes"),
+        note="HGX H200: H100 compute with 141 GB HBM3e; 400 Gb/s per GPU between nodes", host_bandwidth=50e9),
     "b200": GPU(
         name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.35,
         hbm_bytes=180 * GiB, hbm_bandwidth=8.0e12, hbm_efficiency=0.85,
         gpus_per_node=8, intra_node_bandwidth=900e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
         peak_fp8_flops=4500e12, power_watts=1000, usd_per_gpu_hour=5.99,
-        note="HGX B200: NVLink5 1.8 TB/s bidirectional, 400 Gb/s per GPU between nodes; ~180 GiB usable"),
+        note="HGX B200: NVLink5 1.8 TB/s bidirectional, 400 Gb/s per GPU between nodes; ~180 GiB usable", host_bandwidth=50e9),
     "mi300x": GPU(
         name="mi300x", peak_bf16_flops=1307e12, matmul_efficiency=0.60, attention_efficiency=0.35,
         hbm_bytes=192 * GiB, hbm_bandwidth=5.3e12, hbm_efficiency=0.8,

@@ -14,7 +14,8 @@ from shoal.planner.timing import StepTime, step_time
 
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
 """MemoryBreakdown's parts, which add up to its total."""
-TIME_PARTS = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "fsdp_comm", "bubble", "dp_comm", "optimizer", "tail")
+TIME_PARTS = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "fsdp_comm", "bubble", "dp_comm", "optimizer", "tail",
+              "cp_comm", "offload")
 """StepTime's parts, which add up to its step."""
 
 

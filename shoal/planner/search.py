@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 
 from shoal.errors import UserError
 from shoal.planner.evaluate import Plan, evaluate
-from shoal.layout import ACTIVATION_CHECKPOINT, INTERLEAVED, Layout, TrainerLimit, problems, splits_heads
+from shoal.layout import (ACTIVATION_CHECKPOINT, INTERLEAVED, Layout, TrainerLimit, max_pipeline_stages, problems,
+                          splits_heads)
 from shoal.planner.workload import Cluster, Workload
 from shoal.planner.memory import memory
 from shoal.planner.timing import step_time
@@ -138,10 +139,10 @@ def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed):
         if name not in INTERLEAVED:
             yield name, (fixed.pp_virtual_stages or 1)
             continue
-        if m and m % pp:
-            continue  # interleaving needs a multiple of pp micro-batches
+        # Micro-batches that are not a multiple of pp are left to the layout rules (a trainer limit, still
+        # planned), so that a search and a pinned plan of the same layout agree.
         vs = ([fixed.pp_virtual_stages] if fixed.pp_virtual_stages
-              else [v for v in VIRTUAL_STAGES if pp * v <= n_layers])
+              else [v for v in VIRTUAL_STAGES if pp * v <= max_pipeline_stages(n_layers)])
         for v in vs:
             yield name, v
 
@@ -235,7 +236,7 @@ def evaluate_pinned(workload: Workload, layout: Layout, cluster: Cluster, *, int
         return evaluate(workload, layout, cluster)
     plans = []
     for v in VIRTUAL_STAGES:
-        if layout.pp * v <= workload.model.n_layers:
+        if layout.pp * v <= max_pipeline_stages(workload.model.n_layers):
             try:
                 plans.append(evaluate(workload, replace(layout, pp_virtual_stages=v), cluster))
             except UserError:
