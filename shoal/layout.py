@@ -204,7 +204,7 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
             f"or set parallel.sequence_parallel=false")
     if lay.zero not in ZERO_STAGES:
         bad("zero", lay.zero, "use 0, 1, 2 or 3")
-    elif lay.zero == 1 and lay.dp == 1:
+    elif lay.zero == 1 and lay.dp * lay.cp == 1:  # context-parallel ranks share the weights: ZeRO shards over them
         bad("zero", 1, "ZeRO-1 shards the optimizer over data-parallel ranks but dp=1; use zero=0 "
             "or give data parallelism ranks (parallel.dp_shard)")
     if lay.ep > 1:

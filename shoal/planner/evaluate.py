@@ -120,6 +120,7 @@ class Plan:
             "memory_capacity_gib": mem.capacity / GiB,
             "memory_breakdown_gib": {k: getattr(mem, k) / GiB for k in MEMORY_PARTS},
             "memory_peak_stage": mem.stage,
+            "host_memory_gib": mem.host / GiB,
             "step_time_s": t.step,
             "time_breakdown_s": {k: getattr(t, k) for k in TIME_PARTS},
             "bubble_fraction": t.bubble_fraction,

@@ -1,7 +1,7 @@
 """Enumerate every valid layout for a model on N GPUs, keep the ones that fit, rank them.
 
 A dimension the user fixed stays fixed; the others range over what divides: tp over divisors of
-the head counts, pp up to the layer count, dp = N / (tp * pp) dividing the global batch, ep over
+the head counts, pp up to the layer count, dp = N / (tp * cp * pp) (cp only for long sequences) dividing the global batch, ep over
 divisors of dp and of the expert count, every ZeRO stage, power-of-two micro-batch sizes dividing
 the per-rank batch, each recompute mode and schedule, interleaving factors from a short list; ep
 over powers of two dividing dp and the expert count. Memory is checked
@@ -43,6 +43,9 @@ class Fixed:
     pp_schedule: str | None = None
     pp_virtual_stages: int | None = None
     sequence_parallel: bool | None = None
+    cp: int | None = None
+    offload: str | None = None
+    activation_offload: bool | None = None
 
     @property
     def complete(self) -> bool:
@@ -104,12 +107,8 @@ def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: C
         if n_gpus % tp:
             rejected["tp"] += 1
             continue
-        pps = [fixed.pp] if fixed.pp else [p for p in _divisors(n_gpus // tp) if p <= cfg.n_layers]
-        for pp in pps:
-            if n_gpus % (tp * pp):
-                rejected["pp"] += 1
-                continue
-            dp = n_gpus // (tp * pp)
+        for cp, pp in _cp_and_pp(workload, n_gpus, tp, fixed, rejected):
+            dp = n_gpus // (tp * cp * pp)
             if fixed.dp and dp != fixed.dp:
                 continue
             eps = [fixed.ep] if fixed.ep else ([e for e in _powers_of_two(dp) if cfg.n_experts % e == 0] if cfg.is_moe else [1])
@@ -125,9 +124,34 @@ def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: C
                         for zero in zeros:
                             for rc in recomputes:
                                 for sp in sps:
-                                    yield Layout(dp_shard=dp, tp=tp, pp=pp, ep=ep, zero=zero, micro_batch=mb,
+                                    yield Layout(dp_shard=dp, tp=tp, cp=cp, pp=pp, ep=ep, zero=zero, micro_batch=mb,
                                                  pp_schedule=sched, pp_virtual_stages=v, activation_checkpoint=rc,
-                                                 sequence_parallel=sp)
+                                                 sequence_parallel=sp, offload=fixed.offload or "none",
+                                                 activation_offload=bool(fixed.activation_offload))
+
+
+CP_FROM_SEQ_LEN = 32768
+"""Context parallelism is searched from this sequence length up (pinned with --cp at any): below it the
+activations of one sequence fit beside the weights, and cp only adds a K/V ring. Llama 3 trained 8K
+sequences with CP 1 and turned CP 16 on for its 128K stage (Table 4)."""
+CP_SIZES = (2, 4, 8, 16, 32)
+
+
+def _cp_and_pp(workload: Workload, n_gpus: int, tp: int, fixed: Fixed, rejected: Counter):
+    """The (cp, pp) pairs to try beside this tp: pinned ones, else cp (long sequences only) and every pp."""
+    if fixed.cp:
+        cps = [fixed.cp]
+    elif workload.seq_len < CP_FROM_SEQ_LEN:
+        cps = [1]
+    else:
+        cps = [1] + [c for c in CP_SIZES if (n_gpus // tp) % c == 0 and workload.seq_len % (2 * c) == 0]
+    for cp in cps:
+        pps = [fixed.pp] if fixed.pp else [p for p in _divisors(n_gpus // (tp * cp)) if p <= workload.model.n_layers]
+        for pp in pps:
+            if n_gpus % (tp * cp * pp):
+                rejected["pp"] += 1
+                continue
+            yield cp, pp
 
 
 def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed):
@@ -200,7 +224,7 @@ def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, ke
             continue
         result.evaluated += 1
         lay = layout
-        key = (lay.dp, lay.tp, lay.pp, lay.ep, lay.zero, lay.micro_batch, lay.pp_schedule, lay.pp_virtual_stages,
+        key = (lay.dp, lay.tp, lay.cp, lay.pp, lay.ep, lay.zero, lay.micro_batch, lay.pp_schedule, lay.pp_virtual_stages,
                lay.sequence_parallel)
         if key in fit_without_more_recompute:
             # The same layout already fits with less recomputation, which is never slower.
