@@ -200,8 +200,10 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     if lay.tp > 1 and m.is_moe:
         limit("tp", lay.tp, "tensor parallelism of MoE layers is not supported yet; use parallel.ep")
     if lay.sequence_parallel_on and seq_len % (lay.tp * lay.cp):
-        bad("sequence_parallel", True, f"train.seq_len={seq_len} must be divisible by tp*cp={lay.tp * lay.cp}; "
-            f"or set parallel.sequence_parallel=false")
+        # Sound (GSPMD pads, or shards the hidden dimension instead: PaLM's 12-way model axis on 2048 tokens);
+        # shoal's DTensor plan shards whole sequence slices.
+        limit("sequence_parallel", True, f"train.seq_len={seq_len} must be divisible by tp*cp={lay.tp * lay.cp}; "
+              f"or set parallel.sequence_parallel=false")
     if lay.zero not in ZERO_STAGES:
         bad("zero", lay.zero, "use 0, 1, 2 or 3")
     elif lay.zero == 1 and lay.dp * lay.cp == 1:  # context-parallel ranks share the weights: ZeRO shards over them

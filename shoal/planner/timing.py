@@ -193,7 +193,7 @@ class _Kernels:
             e = getattr(moe, field) if moe else 0.0
             return (1 - self.moe_share) * d + self.moe_share * e
 
-        self.fwd, self.bwd, self.attn_fwd = avg("fwd"), avg("bwd"), avg("attn_fwd")
+        self.fwd, self.bwd, self.attn_fwd, self.gemm_fwd = avg("fwd"), avg("bwd"), avg("attn_fwd"), avg("gemm_fwd")
         self.recompute = {"none": 0.0, "selective": avg("selective_fwd"), "selective-op": avg("op_fwd"),
                           "full": self.fwd}[lay.activation_checkpoint]
         self.head = head_time(cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, self.prec, lay.cp)
@@ -212,7 +212,10 @@ def _tp_comm(k: _Kernels) -> tuple[float, float]:
         tp_fwd = 2 * (coll.all_reduce(k.act, lay.tp, k.g_tp, k.net) + gpu.tp_redistribute_latency)
     else:
         tp_fwd = 0.0
-    return tp_fwd, tp_fwd + (tp_fwd if lay.activation_checkpoint == "full" else 0.0)
+    tp_bwd = tp_fwd + (tp_fwd if lay.activation_checkpoint == "full" else 0.0)
+    if gpu.tp_overlap:  # collective matmul: each collective beside the matmul it feeds (catalog.tp_overlap)
+        return _overlap(tp_fwd, k.gemm_fwd, gpu.overlap_cost), _overlap(tp_bwd, 2 * k.gemm_fwd, gpu.overlap_cost)
+    return tp_fwd, tp_bwd
 
 
 def _ep_comm(k: _Kernels) -> tuple[float, float]:
