@@ -90,12 +90,15 @@ def _powers_of_two(n: int) -> list[int]:
 
 
 def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: Counter | None = None,
-                      max_tp: int | None = None):
+                      max_tp: int | None = None, uneven_interleave: bool = True):
     """Every layout that divides (no memory check), honouring the fixed dimensions.
 
     Recompute modes come innermost and lightest first, which `search` relies on to skip dominated
     ones. Unless pinned, tp stays within max_tp (a node): tensor parallelism over the inter-node
-    network is never competitive, and pinning --tp still evaluates it.
+    network is never competitive, and pinning --tp still evaluates it. Without uneven_interleave,
+    interleaved schedules whose micro-batches are not a multiple of pp (a trainer limit) are left out
+    early and counted as rejected by the trainer (the search's first pass: cheaper than asking the
+    layout rules about each).
     """
     cfg, B = workload.model, workload.global_batch
     rejected = Counter() if rejected is None else rejected
@@ -119,7 +122,7 @@ def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: C
             sps = [fixed.sequence_parallel] if fixed.sequence_parallel is not None else [tp > 1]
             for mb in mbs:
                 m = B // (dp * mb) if B % (dp * mb) == 0 else 0
-                for sched, v in _schedules(cfg.n_layers, pp, m, fixed):
+                for sched, v in _schedules(cfg.n_layers, pp, m, fixed, None if uneven_interleave else rejected):
                     for ep in eps:
                         for zero in zeros:
                             for rc in recomputes:
@@ -154,7 +157,7 @@ def _cp_and_pp(workload: Workload, n_gpus: int, tp: int, fixed: Fixed, rejected:
             yield cp, pp
 
 
-def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed):
+def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed, skip_uneven: Counter | None = None):
     if pp == 1:
         yield (fixed.pp_schedule or "1f1b"), (fixed.pp_virtual_stages or 1)
         return
@@ -163,8 +166,11 @@ def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed):
         if name not in INTERLEAVED:
             yield name, (fixed.pp_virtual_stages or 1)
             continue
-        # Micro-batches that are not a multiple of pp are left to the layout rules (a trainer limit, still
-        # planned), so that a search and a pinned plan of the same layout agree.
+        # Micro-batches that are not a multiple of pp are a trainer limit (layout.py), still planned when nothing
+        # shoal train runs fits, so that a search and a pinned plan of the same layout agree.
+        if skip_uneven is not None and m and m % pp:
+            skip_uneven["trainer"] += 1
+            continue
         vs = ([fixed.pp_virtual_stages] if fixed.pp_virtual_stages
               else [v for v in VIRTUAL_STAGES if pp * v <= max_pipeline_stages(n_layers)])
         for v in vs:
@@ -209,7 +215,8 @@ def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, ke
     first_invalid = first_limit = None
     fitting, missing = [], []
     fit_without_more_recompute = set()
-    for layout in candidate_layouts(workload, cluster.n_gpus, fixed, result.rejected, max_tp=cluster.gpus_per_node):
+    for layout in candidate_layouts(workload, cluster.n_gpus, fixed, result.rejected, max_tp=cluster.gpus_per_node,
+                                    uneven_interleave=not trainer_only):
         # The trainer's own rules (shoal/layout.py): a layout kept here is one shoal train accepts.
         found = problems(layout, workload.model, cluster.n_gpus, workload.global_batch, workload.seq_len)
         bad = next((p for p in found if not isinstance(p, TrainerLimit)), None)

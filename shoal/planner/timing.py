@@ -242,7 +242,7 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
 def ranks_per_token(n_experts: int, top_k: int, ep: int) -> float:
     """Expected number of the ep ranks (n_experts/ep experts each) a token's top_k experts fall on, routing
     taken as uniform: ep·(1 - C(E - E/ep, k) / C(E, k)). A token goes once to each (deduplicated
-    dispatch); e.g. 256 experts top-8 on 64 ranks: 7.55 copies, not 8."""
+    dispatch); e.g. 256 experts top-8 on 64 ranks: 7.68 copies, not 8."""
     if ep <= 1:
         return 1.0
     local = n_experts / ep
