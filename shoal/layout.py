@@ -212,9 +212,13 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     if lay.ep > 1:
         if not m.is_moe:
             bad("ep", lay.ep, "expert parallelism needs an MoE model (model.n_experts > 0); use ep=1")
-        elif lay.dp_shard % lay.ep or m.n_experts % lay.ep:
+        elif m.n_experts % lay.ep or (lay.dp_shard * lay.tp * lay.cp) % lay.ep:
             bad("ep", lay.ep, f"must divide dp_shard={lay.dp_shard} (ep borrows data-parallel ranks) and "
                 f"n_experts={m.n_experts}; try {divisors_upto(math.gcd(lay.dp_shard, m.n_experts), world)}")
+        elif lay.dp_shard % lay.ep:  # sound: Megatron-Core's MoE parallel folding spans tp and cp ranks too
+            limit("ep", lay.ep, f"an expert group wider than dp_shard={lay.dp_shard} folds over tp/cp ranks "
+                  f"(Megatron-Core's MoE parallel folding), which shoal train does not; use ep in "
+                  f"{divisors_upto(math.gcd(lay.dp_shard, m.n_experts), world)}")
         if lay.zero == 1:
             limit("zero", 1, "expert parallelism runs with zero=0, 2 or 3 (expert parameters differ across "
                 "the ZeRO-1 group)")

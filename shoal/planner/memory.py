@@ -17,7 +17,7 @@ from functools import lru_cache
 from shoal.layout import INTERLEAVED, Layout
 from shoal.model import analytics
 from shoal.model.config import ModelConfig
-from shoal.planner.workload import Cluster, Workload, moe_layer_count
+from shoal.planner.workload import Cluster, Workload, expert_grid, moe_layer_count
 from shoal.planner.slow_links import extra_state_bytes
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
@@ -96,15 +96,17 @@ class RankParams:
 
 
 @lru_cache(maxsize=16384)
-def rank_params(cfg: ModelConfig, tp: int, ep: int, pp: int, virtual: int, stage: str) -> RankParams:
-    """Parameters of the first or last stage on one GPU: TP splits matrices, EP splits experts."""
+def rank_params(cfg: ModelConfig, tp: int, ep: int, pp: int, virtual: int, stage: str,
+                expert_tp: int | None = None) -> RankParams:
+    """Parameters of the first or last stage on one GPU: TP splits matrices, EP (and the expert TP, tp
+    unless folded: workload.expert_grid) splits experts."""
     h = cfg.dim
     norms = 2 * h
     attn = analytics.attention_params_per_rank(cfg, tp)
     dense_mlp = analytics.mlp_params(cfg, cfg.ffn_hidden) / tp
     expert_mlp = analytics.mlp_params(cfg, cfg.expert_hidden)
     moe_fixed = h * cfg.n_experts + cfg.n_shared_experts * expert_mlp / tp  # router (replicated) + shared
-    routed = cfg.n_experts * expert_mlp / (ep * tp)
+    routed = cfg.n_experts * expert_mlp / (ep * (tp if expert_tp is None else expert_tp))
     moe_share = moe_layer_count(cfg) / cfg.n_layers
     layers = sum(rank_stage_layers(cfg.n_layers, pp, virtual, "first" if stage == "first" else "last"))
     per_layer_dense = norms + attn + (1 - moe_share) * dense_mlp + moe_share * moe_fixed
@@ -238,10 +240,11 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
     for stage, n_held, logits in (("first", first_n, embed_first), ("last", last_n, logits_last)):
         if lay.pp == 1:
             stage, logits = "only", embed_first + logits_last
-        params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last" if stage == "only" else stage)
+        etp, edp = expert_grid(lay)
+        params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last" if stage == "only" else stage, etp)
         shard = lay.dp * lay.cp  # context-parallel ranks hold the same weights: ZeRO shards over them too
         w, g, o = model_state_bytes(params.dense, shard, lay.zero, workload.precision)
-        we, ge, oe = model_state_bytes(params.expert, max(1, shard // lay.ep), lay.zero, workload.precision)
+        we, ge, oe = model_state_bytes(params.expert, edp, lay.zero, workload.precision)
         psi = params.dense + params.expert
         o += extra_state_bytes(workload, psi, psi / (shard if lay.zero >= 2 else 1))
         activations = act_layer * n_held + working

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from shoal.planner import collectives as coll
 from shoal.planner.compute import head_time, layer_time
 from shoal.layout import Layout
-from shoal.planner.workload import Cluster, Workload, group_ranks_per_node, layers_per_rank, moe_layer_count
+from shoal.planner.workload import Cluster, Workload, expert_grid, group_ranks_per_node, layers_per_rank, moe_layer_count
 from shoal.hardware.catalog import GPU
 from shoal.hardware.local import is_local
 from shoal.planner.memory import DDP_BUCKET_BYTES, rank_params
@@ -224,7 +224,8 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
     lay, cfg = k.lay, k.cfg
     if not (k.n_moe and lay.ep > 1):
         return 0.0, 0.0
-    g_ep = group_ranks_per_node(lay.ep, lay.rank_stride("dp"), k.G)
+    folded = expert_grid(lay)[0] != lay.tp  # the expert group spans tp ranks too (neighbours)
+    g_ep = group_ranks_per_node(lay.ep, 1 if folded else lay.rank_stride("dp"), k.G)
     copies = ranks_per_token(cfg.n_experts, cfg.top_k, lay.ep)
     # DeepSeek-V3 dispatches in FP8 and combines in BF16 (§3.3.2; DeepEP's low-precision dispatch).
     dispatch_elem = 1 if k.prec == "fp8" else k.elem
@@ -285,7 +286,7 @@ def _offload_per_layer(k: _Kernels) -> tuple[float, float]:
     pcie, hide = k.gpu.host_bandwidth, k.gpu.overlap_cost
     fwd_bytes = bwd_bytes = 0.0
     if lay.offload == "params":
-        layer = rank_params(k.cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last").layer
+        layer = rank_params(k.cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last", expert_grid(lay)[0]).layer
         fwd_bytes += layer * k.elem
         bwd_bytes += layer * k.elem + layer * GRAD_REDUCE_BYTES
     if lay.activation_offload:
@@ -313,14 +314,14 @@ class _DataParallel:
     def __init__(self, k: _Kernels):
         lay, cfg, w = k.lay, k.cfg, k.workload
         self.k = k
-        self.params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last")
+        etp, self.edp = expert_grid(lay)
+        self.params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last", etp)
         # Gradients are reduced over the data-parallel ranks and the context-parallel ones (which hold the same
         # weights): torchtitan's dp_shard_cp mesh, Megatron's data-parallel-with-context-parallel group.
         self.n = lay.dp * lay.cp
         inner = lay.rank_stride("cp") if lay.cp > 1 else lay.rank_stride("dp")
-        self.edp = max(1, self.n // lay.ep)
         self.g_dp = group_ranks_per_node(self.n, inner, k.G)
-        self.g_edp = group_ranks_per_node(self.edp, inner * lay.ep, k.G)
+        self.g_edp = group_ranks_per_node(self.edp, inner * lay.ep if etp == lay.tp else lay.ep, k.G)
         self.grad = (k.elem if k.prec == "fp32" else GRAD_REDUCE_BYTES) * grad_wire_factor(
             w.grad_compression, lay.dp, cfg, w.topk_density, w.powersgd_rank)
         # Once-per-step reductions go in buckets, each its own collective paying its latency: plain DDP's

@@ -116,6 +116,17 @@ def group_ranks_per_node(size: int, stride: int, gpus_per_node: int) -> int:
     return max(1, min(size, gpus_per_node // stride))
 
 
+def expert_grid(lay) -> tuple[int, int]:
+    """(expert tensor-parallel size, expert data-parallel size) of a layout. ep inside dp_shard (shoal's
+    layout): the experts are split tp ways like the dense layers and replicated over dp*cp/ep ranks. ep
+    wider than dp_shard is Megatron-Core's MoE parallel folding (Liu et al. 2025, "MoE Parallel Folding"):
+    the expert grid re-partitions the tp*cp*dp ranks, here with whole experts per rank (expert TP 1, as
+    Megatron-Bridge's DeepSeek-V3 recipes run TP 2 with EP 64 on 32-way data parallelism)."""
+    if lay.ep <= 1 or lay.dp_shard % lay.ep == 0:
+        return lay.tp, max(1, lay.dp * lay.cp // max(1, lay.ep))
+    return 1, max(1, lay.dp * lay.cp * lay.tp // lay.ep)
+
+
 def layers_per_rank(n_layers: int, pp: int, virtual: int) -> int:
     """Layers on the busiest pipeline rank: stages take ceil(L / (pp * v)) layers each."""
     return math.ceil(n_layers / (pp * virtual)) * virtual

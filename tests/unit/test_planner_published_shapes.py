@@ -137,3 +137,15 @@ def test_xla_overlaps_tensor_parallel_collectives_on_tpus():
     wl, lay = Workload(PRESETS["llama3-70b"], 2048, 128), Layout(dp_shard=16, tp=8, zero=3, micro_batch=1)
     exposed = step_time(wl, lay, Cluster(dataclasses.replace(tpu, tp_overlap=0.0), 128, 64)).tp_comm
     assert step_time(wl, lay, Cluster(tpu, 128, 64)).tp_comm < 0.5 * exposed
+
+
+def test_expert_groups_wider_than_data_parallel_fold_over_tp():
+    # Megatron-Bridge's DeepSeek-V3 on 1,024 H100: TP2 PP16 EP64 with 32-way data parallelism (MoE parallel
+    # folding): sound and planned (a trainer limit for shoal train), whole experts per rank.
+    lay = Layout(dp_shard=32, tp=2, pp=16, ep=64, zero=1, micro_batch=1, pp_schedule="1f1b")
+    wl, cl = Workload(PRESETS["deepseek-v3"], 4096, 8192), Cluster(H100, 1024, 8)
+    found = problems(lay, wl.model, 1024, 8192, 4096)
+    assert found and all(type(p).__name__ == "TrainerLimit" for p in found), found
+    plan = evaluate(wl, lay, cl)
+    assert plan.fits and plan.time.ep_comm > 0
+    assert problems(dataclasses.replace(lay, ep=3), wl.model, 1024, 8192, 4096)  # 256 experts: still refused
