@@ -149,3 +149,11 @@ def test_expert_groups_wider_than_data_parallel_fold_over_tp():
     plan = evaluate(wl, lay, cl)
     assert plan.fits and plan.time.ep_comm > 0
     assert problems(dataclasses.replace(lay, ep=3), wl.model, 1024, 8192, 4096)  # 256 experts: still refused
+
+
+def test_deepseek_v3_published_layout_fits_with_light_recompute():
+    # DeepSeek-V3 §3.2-3.3: PP16 x EP64 on 2,048 H800, ZeRO-1, FP8 GEMMs (their inputs cached in FP8),
+    # RMSNorm and element-wise work recomputed; 4K sequences, batch 15,360.
+    lay = Layout(dp_shard=128, pp=16, ep=64, zero=1, micro_batch=1, pp_schedule="1f1b", activation_checkpoint="selective")
+    wl = Workload(PRESETS["deepseek-v3"], 4096, 15360, precision="fp8")
+    assert evaluate(wl, lay, Cluster(hardware.get_gpu("h800"), 2048, 8)).fits
