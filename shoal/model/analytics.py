@@ -99,6 +99,19 @@ def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str, at
     return extra
 
 
+SAVED_EAGER = (3, 4)
+"""(h-sized tensors per RMSNorm, f-sized tensors per SwiGLU) autograd keeps in shoal's eager block, measured
+(fp32, `tiny`, issue 13): the norm's input, its normalized x before the weight and its output; gate, up,
+silu(gate) and their product. The older counts (two, three) came out 1.32x low against the measurement."""
+SAVED_FUSED = (2, 3)
+"""The same where the layer's element-wise ops are fused kernels (Transformer Engine / Megatron-Core,
+torch.compile, XLA), as the published runs the planner is judged on ran: a fused RMSNorm saves its input
+(and one fp32 rstd per token), its output being the next matmul's input, Korthikanti's 4sbh for the two
+LNs' inputs plus the two matmul inputs (Table 2's 34sbh less its 2sbh of dropout masks); a fused SwiGLU
+(TE's swiglu, Megatron's bias_swiglu_impl, inductor's min-cut partition) keeps its 2f input and the f
+product w2 reads."""
+
+
 def activation_bytes_per_layer(
     cfg: ModelConfig,
     seq_len: int,
@@ -124,20 +137,8 @@ def activation_bytes_per_layer(
     sb = seq_len * micro_batch
     h = cfg.dim
     kv = tp * kv_heads_per_rank(cfg, tp) * cfg.head_size  # over the tp group; one head per rank where replicated
-    # What autograd really keeps, measured on shoal's block (fp32, `tiny`, issue 13): each eager RMSNorm
-    # saves three h-sized tensors (its input, the normalized x before the weight, its output), not two,
-    # and SwiGLU four f-sized ones (gate, up, silu(gate), their product), not three. The old counts
-    # came out 1.32x low against the measurement; these reproduce it.
-    outside_tp = 6 * h  # the two norms' saved tensors, before attention and before the MLP
-    # fused: the layer's element-wise ops are fused kernels (Transformer Engine / Megatron-Core, torch.compile,
-    # XLA), as the published runs the planner is judged on ran. A fused RMSNorm saves its input (and one fp32
-    # rstd per token), its output being the next matmul's input: 2h per norm, Korthikanti's 4sbh for the two
-    # LNs' inputs plus the two matmul inputs (Table 2's 34sbh less its 2sbh of dropout masks). A fused SwiGLU
-    # (TE's swiglu, Megatron's bias_swiglu_impl, inductor's min-cut partition) keeps its 2f input and the f
-    # product w2 reads; only eager autograd also keeps silu(gate).
-    glu_saved = 3 if fused else 4
-    if fused:
-        outside_tp = 4 * h
+    norm_saved, glu_saved = SAVED_FUSED if fused else SAVED_EAGER
+    outside_tp = 2 * norm_saved * h  # the two norms' saved tensors, before attention and before the MLP
     if recompute == "full":
         return sb * h * bytes_per_element / (tp if sequence_parallel else 1)
     # Saved matmul inputs apart (`gemm`): an FP8 run keeps them as the FP8 casts its GEMMs read (Transformer
