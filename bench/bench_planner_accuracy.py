@@ -7,7 +7,8 @@ Each run of bench/published_runs.toml goes through the planner with its publishe
 (the same evaluate_pinned() that `shoal plan` calls when every dimension is given; where the source
 does not publish the micro-batch or the recompute, the same search `shoal plan` runs over them). The compared number
 is tokens/s per GPU, so the relative error is the MFU error whatever FLOP formula the source used.
-Prints per-run and per-family error and the mean absolute error, all runs and held-out apart.
+Prints per-run and per-family error and the mean absolute error, all runs and held-out apart, and each
+issue's added runs (their `part`) apart.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ def model(name: str, shapes: dict, seq: int) -> ModelConfig:
     if name in PRESETS:
         return PRESETS[name]
     s = shapes[name]
+    moe = dict(n_experts=s["experts"], top_k=s["top_k"], expert_ffn_hidden=s["expert_ffn"]) if "experts" in s else {}
     return ModelConfig(vocab_size=s["vocab"], dim=s["hidden"], n_layers=s["layers"], n_heads=s["heads"],
-                       n_kv_heads=s.get("kv_heads", s["heads"]), ffn_hidden=s["ffn"], mlp=s["mlp"],
-                       max_seq_len=max(seq, 2048)).validate()
+                       n_kv_heads=s.get("kv_heads", s["heads"]), head_dim=s.get("head_dim", 0),
+                       qk_norm=s.get("qk_norm", False), qkv_bias=s.get("qkv_bias", False), ffn_hidden=s["ffn"],
+                       mlp=s["mlp"], max_seq_len=max(seq, 2048), **moe).validate()
 
 
 def published_tokens_per_gpu_s(run: dict, cfg: ModelConfig) -> float:
@@ -61,10 +64,12 @@ def predict(run: dict, cfg: ModelConfig):
     cluster = Cluster(gpu, run["gpus"], gpu.gpus_per_node)
     if "micro_batch" not in lay or "recompute" not in lay:
         # The source leaves them out: search them, as `shoal plan` does with only these dimensions pinned.
-        fixed = Fixed(dp=lay["dp"], tp=lay["tp"], pp=lay["pp"], zero=lay.get("zero"), sequence_parallel=lay.get("sp"),
+        fixed = Fixed(dp=lay["dp"], tp=lay["tp"], pp=lay["pp"], ep=lay.get("ep", 1), cp=lay.get("cp", 1),
+                      zero=lay.get("zero"), sequence_parallel=lay.get("sp"), micro_batch=lay.get("micro_batch"),
                       pp_schedule=lay.get("schedule"), pp_virtual_stages=lay.get("virtual"))
         return search(wl, cluster, fixed).best
-    layout = Layout(dp_shard=lay["dp"], tp=lay["tp"], pp=lay["pp"], zero=lay["zero"], micro_batch=lay["micro_batch"],
+    layout = Layout(dp_shard=lay["dp"], tp=lay["tp"], pp=lay["pp"], ep=lay.get("ep", 1), cp=lay.get("cp", 1),
+                    zero=lay["zero"], micro_batch=lay["micro_batch"],
                     activation_checkpoint=lay["recompute"], pp_schedule=lay.get("schedule", "1f1b"),
                     pp_virtual_stages=lay.get("virtual", 1), sequence_parallel=lay.get("sp", False))
     # The same call as `shoal plan` with every dimension pinned (an unpublished interleaving factor is searched).
@@ -94,8 +99,13 @@ def main(argv: list[str]) -> int:
         errs = [e for r, e in rows if r["family"] == fam]
         print(f"{fam:28} n={len(errs):2}  mean {statistics.mean(errs):+6.1%}  mean |error| "
               f"{statistics.mean(abs(e) for e in errs):5.1%}  worst {max(errs, key=abs):+6.1%}")
-    for label, subset in (("all runs", rows), ("held out", [x for x in rows if x[0].get("heldout")]),
-                          ("tuned-on", [x for x in rows if not x[0].get("heldout")])):
+    parts = (("all runs", rows), ("held out", [x for x in rows if x[0].get("heldout")]),
+             ("tuned-on", [x for x in rows if not x[0].get("heldout")]))
+    # The runs each issue added, apart (part = "issue31"), and their held-out share.
+    for part in sorted({r.get("part") for r, _ in rows} - {None}):
+        parts += ((part, [x for x in rows if x[0].get("part") == part]),
+                  (f"{part} held", [x for x in rows if x[0].get("part") == part and x[0].get("heldout")]))
+    for label, subset in parts:
         if subset:
             errs = [abs(e) for _, e in subset]
             print(f"{label:10} n={len(errs):2}  MFU mean absolute error {statistics.mean(errs):.1%}, worst {max(errs):.1%}, "

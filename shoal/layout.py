@@ -43,6 +43,9 @@ RANK_ORDER_DIMS = ("tp", "dp", "pp")
 dp_shard inside dp_replicate, with ep inside dp_shard, so they stay together. cp may be named too;
 an order that leaves it out has it just outside tp (rank_dims), so recipes written before context
 parallelism keep their meaning."""
+OFFLOAD = ("none", "optimizer", "params")
+"""parallel.offload: what lives in host memory between uses. optimizer: fp32 master weights and Adam
+moments, the update on the CPU (ZeRO-Offload); params: the 16-bit weights too, fetched per layer."""
 DEFAULT_RANK_ORDER = "tp-dp-pp"
 """TP on neighbouring ranks (inside a node), then CP, PP outermost: Megatron's and torchtitan's order."""
 
@@ -87,6 +90,8 @@ class Layout:
     grad_compression: str = "none"
     diloco_inner_steps: int = 0
     rank_order: str = DEFAULT_RANK_ORDER
+    offload: str = "none"
+    activation_offload: bool = False
 
     @property
     def dp(self) -> int:
@@ -142,11 +147,16 @@ class Layout:
             parts.append(f"diloco{self.diloco_inner_steps}")
         if self.rank_order != DEFAULT_RANK_ORDER:
             parts.append(f"order {self.rank_order}")
+        if self.offload != "none":
+            parts.append(f"offload-{self.offload}")
+        if self.activation_offload:
+            parts.append("act-offload")
         return " ".join(parts)
 
 
 # Where each layout field lives in the job config (the trainer's TOML).
-CONFIG_FIELD = {"micro_batch": "train.micro_batch", "activation_checkpoint": "train.activation_checkpoint"}
+CONFIG_FIELD = {"micro_batch": "train.micro_batch", "activation_checkpoint": "train.activation_checkpoint",
+                "activation_offload": "train.activation_offload"}
 
 
 def config_name(field: str) -> str:
@@ -187,9 +197,11 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
         limit("tp", lay.tp, f"must divide model.vocab_size={m.vocab_size}")
     if lay.tp > 1 and m.is_moe:
         limit("tp", lay.tp, "tensor parallelism of MoE layers is not supported yet; use parallel.ep")
-    if lay.sequence_parallel_on and seq_len % lay.tp:
-        bad("sequence_parallel", True, f"train.seq_len={seq_len} must be divisible by tp={lay.tp}; "
-            f"or set parallel.sequence_parallel=false")
+    if lay.sequence_parallel_on and seq_len % (lay.tp * lay.cp):
+        # Sound (GSPMD pads, or shards the hidden dimension instead: PaLM's 12-way model axis on 2048 tokens);
+        # shoal's DTensor plan shards whole sequence slices.
+        limit("sequence_parallel", True, f"train.seq_len={seq_len} must be divisible by tp*cp={lay.tp * lay.cp}; "
+              f"or set parallel.sequence_parallel=false")
     if lay.zero not in ZERO_STAGES:
         bad("zero", lay.zero, "use 0, 1, 2 or 3")
     elif lay.zero == 1 and lay.dp * lay.cp == 1:
@@ -198,15 +210,20 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     if lay.ep > 1:
         if not m.is_moe:
             bad("ep", lay.ep, "expert parallelism needs an MoE model (model.n_experts > 0); use ep=1")
-        elif lay.dp_shard % lay.ep or m.n_experts % lay.ep:
+        elif m.n_experts % lay.ep or (lay.dp_shard * lay.tp * lay.cp) % lay.ep:
             bad("ep", lay.ep, f"must divide dp_shard={lay.dp_shard} (ep borrows data-parallel ranks) and "
                 f"n_experts={m.n_experts}; try {divisors_upto(math.gcd(lay.dp_shard, m.n_experts), world)}")
+        elif lay.dp_shard % lay.ep:  # sound: Megatron-Core's MoE parallel folding spans tp and cp ranks too
+            limit("ep", lay.ep, f"an expert group wider than dp_shard={lay.dp_shard} folds over tp/cp ranks "
+                  f"(Megatron-Core's MoE parallel folding), which shoal train does not; use ep in "
+                  f"{divisors_upto(math.gcd(lay.dp_shard, m.n_experts), world)}")
         if lay.zero == 1:
             limit("zero", 1, "expert parallelism runs with zero=0, 2 or 3 (expert parameters differ across "
                 "the ZeRO-1 group)")
     if lay.activation_checkpoint not in ACTIVATION_CHECKPOINT:
         bad("activation_checkpoint", lay.activation_checkpoint, f"use one of {', '.join(ACTIVATION_CHECKPOINT)}")
     out += _context_parallel_problems(lay, m, seq_len)
+    out += _offload_problems(lay)
     out += _compression_problems(lay)
     out += _diloco_problems(lay)
     out += _pipeline_problems(lay, m)
@@ -231,9 +248,6 @@ def _context_parallel_problems(lay: Layout, m: ModelConfig, seq_len: int) -> lis
         fits = [c for c in divisors_upto(seq_len // 2, seq_len) if c > 1][:6]
         out.append(UserError("parallel.cp", cp, f"splits train.seq_len={seq_len} into 2*cp={2 * cp} equal chunks (a "
                              f"front and a back one per rank); use a seq_len divisible by {2 * cp}, or cp in {fits}"))
-    elif lay.sequence_parallel_on and (seq_len // cp) % lay.tp:
-        out.append(UserError("parallel.sequence_parallel", True, f"each cp rank's {seq_len // cp} tokens must divide "
-                             f"by tp={lay.tp}; change train.seq_len or set parallel.sequence_parallel=false"))
     if m.is_moe:
         out.append(TrainerLimit("parallel.cp", cp, "context parallelism of MoE models is not supported yet (the "
                                 "load-balancing loss would see each rank's tokens only); use cp=1"))
@@ -246,6 +260,20 @@ def _context_parallel_problems(lay: Layout, m: ModelConfig, seq_len: int) -> lis
     if lay.dp_replicate > 1 and lay.zero in (2, 3):  # FSDP over dp_shard x cp: HSDP's 2-D mesh is not built
         out.append(TrainerLimit("parallel.cp", cp, "HSDP (dp_replicate > 1 with zero=2/3) with context "
                                 "parallelism is not supported yet; set dp_replicate=1, zero=0 or 1, or cp=1"))
+    return out
+
+
+def _offload_problems(lay: Layout) -> list[UserError]:
+    """parallel.offload and train.activation_offload: what lives in host memory between uses."""
+    out: list[UserError] = []
+    if lay.offload not in OFFLOAD:
+        out.append(UserError("parallel.offload", lay.offload, f"use one of {', '.join(OFFLOAD)}"))
+    elif lay.offload != "none":
+        out.append(TrainerLimit("parallel.offload", lay.offload, "shoal train has no offloading in this build; "
+                                "set offload=none to emit a runnable recipe"))
+    if lay.activation_offload:
+        out.append(TrainerLimit("train.activation_offload", True, "shoal train has no activation offloading in "
+                                "this build; set it false to emit a runnable recipe"))
     return out
 
 
@@ -359,7 +387,17 @@ def _pipeline_problems(lay: Layout, m: ModelConfig) -> list[UserError]:
                              f"only {' and '.join(INTERLEAVED)} have virtual stages; set parallel.pp_schedule "
                              f"or pp_virtual_stages=1"))
     stages = lay.pp * lay.virtual_stages
-    if lay.pp > 1 and stages > m.n_layers:
+    if lay.pp > 1 and lay.virtual_stages > 1 and m.n_layers < stages <= max_pipeline_stages(m.n_layers):
+        # Megatron's --account-for-embedding/loss-in-pipeline-split counts the embedding and the head as
+        # one layer each, so the first and the last stage may hold only them (Llama 3 405B: 126 layers
+        # in 16x8 stages, "one Transformer layer less" on the first and last, §3.3.2).
+        fix = (f"lower parallel.pp_virtual_stages to at most {m.n_layers // lay.pp}" if m.n_layers // lay.pp >= 2
+               else "use pp_schedule=1f1b")
+        out.append(TrainerLimit("parallel.pp_virtual_stages", lay.pp_virtual_stages,
+                                f"{stages} pipeline stages (pp*virtual stages) for n_layers={m.n_layers} leave the "
+                                f"first and last stage only the embedding and the head, which shoal train's split "
+                                f"does not make; {fix}"))
+    elif lay.pp > 1 and stages > m.n_layers:
         if lay.virtual_stages == 1:
             fix = f"use at most pp={m.n_layers}"
         elif m.n_layers // lay.pp >= 2:  # interleaving: lower the stages per rank first, pp stays
@@ -409,6 +447,12 @@ def _batch_problems(lay: Layout, global_batch: int) -> list[UserError]:
         return [TrainerLimit(field, value, f"{lay.pp_schedule} needs a multiple of pp={lay.pp} micro-batches per "
                              f"step, this gives {n}")]
     return []
+
+
+def max_pipeline_stages(n_layers: int) -> int:
+    """The most pipeline stages (pp x virtual stages) a model of n_layers can be planned with: one a layer,
+    and the first and last stage holding only the embedding and the head (a trainer limit beyond n_layers)."""
+    return n_layers + 2
 
 
 def check(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq_len: int) -> Layout:

@@ -12,8 +12,8 @@ import sys
 from shoal.cli.argtypes import non_empty, nonnegative_float, positive_float
 from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
-from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, SCHEDULES
-from shoal.planner.workload import PRECISIONS
+from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
+from shoal.planner.workload import KERNELS, PRECISIONS
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -59,7 +59,12 @@ def _workload_flags(p) -> None:
     w.add_argument("--gpus-per-node", type=int)
     w.add_argument("--precision", choices=PRECISIONS,
                    help="default bf16 (mixed precision); fp32 with --gpu local, as CPUs train in fp32; fp8: GEMMs "
-                        "in FP8 (Transformer Engine), the rest as bf16; MFU stays against the BF16 peak")
+                        "in FP8 (Transformer Engine), the rest as bf16; fp16: as bf16 plus a loss scaler; MFU stays "
+                        "against the BF16 peak")
+    w.add_argument("--kernels", choices=KERNELS,
+                   help="fused (default on GPUs: norms and activations as fused kernels, as Megatron/TE, "
+                        "torch.compile and XLA run them; an emitted recipe sets train.compile) or eager (one PyTorch "
+                        "op per kernel: shoal train without train.compile; the default with --gpu local)")
     w.add_argument("--attention", choices=("flash", "unfused"), default="flash",
                    help="unfused: S×S scores in memory, as Megatron-LM before flash attention (default flash)")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
@@ -73,6 +78,7 @@ def _layout_flags(p) -> None:
     lay = p.add_argument_group("layout (a flag fixes that dimension; the rest are searched)")
     lay.add_argument("--tp", type=int)
     lay.add_argument("--pp", type=int)
+    lay.add_argument("--cp", type=int, help="context parallelism (parallel.cp): each sequence split over cp ranks")
     lay.add_argument("--dp", type=int)
     lay.add_argument("--ep", type=int)
     lay.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
@@ -83,6 +89,10 @@ def _layout_flags(p) -> None:
     lay.add_argument("--pp-virtual-stages", "--pp-virtual", dest="pp_virtual_stages", type=int,
                      help="stages per pipeline rank (interleaved schedules)")
     lay.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
+    lay.add_argument("--offload", choices=OFFLOAD, help="parallel.offload: optimizer state (and with params the "
+                     "weights) in host memory (default none)")
+    lay.add_argument("--activation-offload", action=argparse.BooleanOptionalAction, default=None,
+                     help="train.activation_offload: saved activations in host memory between forward and backward")
 
 
 def _slow_link_flags(p) -> None:

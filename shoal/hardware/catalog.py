@@ -112,6 +112,15 @@ class GPU:
     power_watts: float = 0.0
     """Board power at full training load (the TDP: training holds GPUs at their power limit, see the
     matmul_efficiency note), watts; with the job's PUE it gives the energy of a run (energy.py)."""
+    tp_overlap: float = 0.0
+    """1: tensor-parallel collectives run beside the layer's matmuls, as XLA decomposes them into partial
+    matmuls and collective-permutes (collective matmul: Wang et al., "Overlap Communication with Dependent
+    Computation via Decomposition in Large Deep Learning Models", ASPLOS 2023), which MaxText turns on
+    (--xla_tpu_enable_async_collective_fusion, --xla_tpu_overlap_compute_collective_tc in its v5p configs);
+    0: they wait on the matmul that needs their result (NCCL under eager PyTorch)."""
+    host_bandwidth: float = 25e9
+    """Host<->device copy bandwidth, one direction, bytes/s, for offloading: a PCIe Gen4 x16 link moves
+    ~25 GB/s of its 31.5 GB/s (A100 hosts); Gen5 x16 (H100/H200/B200 hosts) ~50 GB/s of 63 GB/s."""
     power_limit_watts: float = 0.0
     """A power cap below the TDP (nvidia-smi -pl), watts; 0: none. Under a cap the sustained clock, and
     with it every kernel's rate, drops as (limit / power_watts) ** POWER_CLOCK_EXPONENT (see
@@ -224,21 +233,21 @@ CATALOG: dict[str, GPU] = {
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
         peak_fp8_flops=1979e12, power_watts=700, usd_per_gpu_hour=2.99,
-        note="HGX H100: NVLink4 900 GB/s bidirectional, one 400 Gb/s NDR InfiniBand/RoCE NIC per GPU"),
+        note="HGX H100: NVLink4 900 GB/s bidirectional, one 400 Gb/s NDR InfiniBand/RoCE NIC per GPU", host_bandwidth=50e9),
     "h200": GPU(
         name="h200", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.35,
         hbm_bytes=143771 * 2**20, hbm_bandwidth=4.8e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
         peak_fp8_flops=1979e12, power_watts=700, usd_per_gpu_hour=3.50,
-        note="HGX H200: H100 compute with 141 GB HBM3e; 400 Gb/s per GPU between nodes"),
+        note="HGX H200: H100 compute with 141 GB HBM3e; 400 Gb/s per GPU between nodes", host_bandwidth=50e9),
     "b200": GPU(
         name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.35,
         hbm_bytes=180 * GiB, hbm_bandwidth=8.0e12, hbm_efficiency=0.85,
         gpus_per_node=8, intra_node_bandwidth=900e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
         peak_fp8_flops=4500e12, power_watts=1000, usd_per_gpu_hour=5.99,
-        note="HGX B200: NVLink5 1.8 TB/s bidirectional, 400 Gb/s per GPU between nodes; ~180 GiB usable"),
+        note="HGX B200: NVLink5 1.8 TB/s bidirectional, 400 Gb/s per GPU between nodes; ~180 GiB usable", host_bandwidth=50e9),
     "mi300x": GPU(
         name="mi300x", peak_bf16_flops=1307e12, matmul_efficiency=0.60, attention_efficiency=0.35,
         hbm_bytes=192 * GiB, hbm_bandwidth=5.3e12, hbm_efficiency=0.8,
@@ -267,14 +276,14 @@ CATALOG: dict[str, GPU] = {
         inter_node_bandwidth=100e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
         power_watts=450, usd_per_gpu_hour=4.20,
         note="TPU-v5p-like, approximate: a 4x4x4 ICI cube (4800 Gb/s ICI per chip) taken as one 'node'; "
-             "traffic between cubes given a third of the per-chip ICI bandwidth"),
+             "traffic between cubes given a third of the per-chip ICI bandwidth", tp_overlap=1.0),
     "tpu-v4": GPU(
         name="tpu-v4", peak_bf16_flops=275e12, matmul_efficiency=0.75, attention_efficiency=0.5,
         hbm_bytes=32 * GiB, hbm_bandwidth=1.2e12, hbm_efficiency=0.85,
         gpus_per_node=64, intra_node_bandwidth=150e9, intra_node_efficiency=0.7, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
         power_watts=200, usd_per_gpu_hour=3.22,
-        note="TPU-v4-like, approximate: 64-chip ICI cubes as 'nodes'"),
+        note="TPU-v4-like, approximate: 64-chip ICI cubes as 'nodes'", tp_overlap=1.0),
 }
 
 # Variants of two entries, from the datasheets: A100 SXM 40GB has HBM2 at 1,555 GB/s (the 80GB's 2,039;
@@ -326,7 +335,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(GPU)}
 
 _ZERO_ALLOWED = {"reserved_bytes", "peak_fp32_flops", "peak_fp8_flops", "kernel_gap", "kernel_gap_one_process",
                  "tp_kernel_overhead", "tp_redistribute_latency", "tp_redistribute_per_byte", "power_watts",
-                 "power_limit_watts", "nodes_per_leaf", "overlap_cost",
+                 "power_limit_watts", "nodes_per_leaf", "overlap_cost", "tp_overlap",
                  "allocator_slack", "usd_per_gpu_hour"}
 """Fields where 0 means "none" or "not set" (see each field's docstring); every other number is > 0."""
 

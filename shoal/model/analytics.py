@@ -99,6 +99,19 @@ def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str, at
     return extra
 
 
+SAVED_EAGER = (3, 4)
+"""(h-sized tensors per RMSNorm, f-sized tensors per SwiGLU) autograd keeps in shoal's eager block, measured
+(fp32, `tiny`, issue 13): the norm's input, its normalized x before the weight and its output; gate, up,
+silu(gate) and their product. The older counts (two, three) came out 1.32x low against the measurement."""
+SAVED_FUSED = (2, 3)
+"""The same where the layer's element-wise ops are fused kernels (Transformer Engine / Megatron-Core,
+torch.compile, XLA), as the published runs the planner is judged on ran: a fused RMSNorm saves its input
+(and one fp32 rstd per token), its output being the next matmul's input, Korthikanti's 4sbh for the two
+LNs' inputs plus the two matmul inputs (Table 2's 34sbh less its 2sbh of dropout masks); a fused SwiGLU
+(TE's swiglu, Megatron's bias_swiglu_impl, inductor's min-cut partition) keeps its 2f input and the f
+product w2 reads."""
+
+
 def activation_bytes_per_layer(
     cfg: ModelConfig,
     seq_len: int,
@@ -109,6 +122,8 @@ def activation_bytes_per_layer(
     sequence_parallel: bool = False,
     recompute: str = "none",
     bytes_per_element: int = 2,
+    fused: bool = False,
+    gemm_input_bytes: int | None = None,
 ) -> float:
     """Bytes one transformer layer keeps for backward, per micro-batch, on one rank.
 
@@ -122,37 +137,51 @@ def activation_bytes_per_layer(
     sb = seq_len * micro_batch
     h = cfg.dim
     kv = tp * kv_heads_per_rank(cfg, tp) * cfg.head_size  # over the tp group; one head per rank where replicated
-    # What autograd really keeps, measured on shoal's block (fp32, `tiny`, issue 13): each eager RMSNorm
-    # saves three h-sized tensors (its input, the normalized x before the weight, its output), not two,
-    # and SwiGLU four f-sized ones (gate, up, silu(gate), their product), not three. The old counts
-    # came out 1.32x low against the measurement; these reproduce it.
-    outside_tp = 6 * h  # the two norms' saved tensors, before attention and before the MLP
+    norm_saved, glu_saved = SAVED_FUSED if fused else SAVED_EAGER
+    outside_tp = 2 * norm_saved * h  # the two norms' saved tensors, before attention and before the MLP
     if recompute == "full":
         return sb * h * bytes_per_element / (tp if sequence_parallel else 1)
+    # Saved matmul inputs apart (`gemm`): an FP8 run keeps them as the FP8 casts its GEMMs read (Transformer
+    # Engine's Linear saves its FP8 input for the weight gradient; DeepSeek-V3 §3.3.2 caches them in FP8).
+    # They are each norm's output, the attention output, the MLP's activation output and each routed copy's
+    # expert input; q, k, v, the attention kernel's and the norms' inputs stay 16-bit.
     q = cfg.n_heads * cfg.head_size
-    inside_tp = q + 2 * kv + q  # q, k, v for attention, attention output into the out projection
+    gemm_out, other_out = 2 * h, outside_tp - 2 * h
+    gemm_in, other_in = q, q + 2 * kv  # attention output; q, k, v for attention
     if cfg.qk_norm:  # each q/k RMSNorm keeps three tensors of its size, as the block's norms do
-        inside_tp += 3 * (q + kv)
+        other_in += 3 * (q + kv)
+    glu = cfg.mlp == "swiglu"
+    act_in = (glu_saved - 1 if glu else 1)  # kept before the activation output: gate and up (+ silu), or GeLU's input
     if cfg.is_moe_layer(layer):
         f = cfg.expert_hidden
-        per_expert_token = h + (4 * f if cfg.mlp == "swiglu" else 2 * f) + h  # input, hidden, output
-        inside_tp += cfg.top_k * per_expert_token + cfg.n_shared_experts * (4 * f if cfg.mlp == "swiglu" else 2 * f)
-        inside_tp += cfg.n_experts * 2  # router logits in fp32, counted as 2 elements of 16 bits
+        copies = cfg.top_k + cfg.n_shared_experts
+        gemm_in += cfg.top_k * h + copies * f  # each copy's expert input, each expert's activation output
+        other_in += copies * act_in * f + cfg.top_k * h  # activation inputs; the output the combine weighs
+        other_in += cfg.n_experts * 2  # router logits in fp32, counted as 2 elements of 16 bits
+        mlp_out = copies * f
     else:
-        inside_tp += 4 * cfg.ffn_hidden if cfg.mlp == "swiglu" else 2 * cfg.ffn_hidden
+        f = cfg.ffn_hidden
+        gemm_in += f
+        other_in += act_in * f
+        mlp_out = f
+    if recompute in ("selective", "selective-op"):
+        # Element-wise work is recomputed, matmul outputs are kept (layout.py's meaning): each norm keeps only
+        # its input (its output and eager's normalized x go), and the MLP's activation output goes.
+        gemm_out, other_out = 0, other_out - (2 * h if not fused else 0)
+        gemm_in -= mlp_out
+        if cfg.qk_norm:
+            other_in -= 2 * (q + kv)
+    if recompute == "selective-op":
+        # Every second matmul's output is recomputed too: k, and the SwiGLU up projection (w3); the
+        # other two (wo, or w2 with GeLU) produce tensors this count leaves out. MoE: k only.
+        other_in -= kv + (cfg.ffn_hidden if glu and not cfg.is_moe_layer(layer) else 0)
     # Sequence parallelism as Megatron runs it (Korthikanti §4.2.2): the column-parallel matmuls keep
     # their input's sequence slice and gather it again in backward. shoal's DTensor plan (as torchtitan's)
     # keeps the gathered input instead, 2h(1 - 1/tp) more per token (21.8 MiB a `tiny` layer at tp 2, not
     # 19.75); not counted, so that the published Megatron layouts the planner is checked on fit as they did.
-    elements = sb * (outside_tp / (tp if sequence_parallel else 1) + inside_tp / tp)
-    if recompute in ("selective", "selective-op"):
-        # Norm outputs (and the normalized x) and activation-function results are recomputed, matmul
-        # inputs are kept: each norm keeps only its input.
-        elements -= sb * 4 * h / (tp if sequence_parallel else 1) + (sb * 2 * (q + kv) / tp if cfg.qk_norm else 0)
-    if recompute == "selective-op":
-        # Every second matmul's output is recomputed too: k, and the SwiGLU up projection (w3); the
-        # other two (wo, or w2 with GeLU) produce tensors this count leaves out. MoE: k only.
-        elements -= sb * (kv + (cfg.ffn_hidden if cfg.mlp == "swiglu" and not cfg.is_moe_layer(layer) else 0)) / tp
+    g = (bytes_per_element if gemm_input_bytes is None else gemm_input_bytes) / bytes_per_element
+    sp = tp if sequence_parallel else 1
+    elements = sb * ((other_out + g * gemm_out) / sp + (other_in + g * gemm_in) / tp)
     return elements * bytes_per_element
 
 

@@ -8,9 +8,14 @@ So the bus bandwidth a nccl-tests run reports on a tier is exactly the busbw use
 When a group spans nodes (g members per node, k = n/g nodes) the collective is hierarchical, as
 NCCL does it: reduce-scatter inside the node over NVLink, then the inter-node part on 1/g of the
 data — all g GPUs of a node drive their own NICs at once — then all-gather inside the node.
-Latency: ring steps inside a node. Across nodes all_reduce uses NCCL's tree (2·log2 k steps), which
-keeps it usable on thousands of nodes; all_gather and reduce_scatter have only the ring (k-1 steps),
-which is what makes giant ZeRO-3 groups latency-bound.
+Latency, as NCCL's own cost model counts it (src/graph/tuning.cc, ncclTopoTuneModel, NVIDIA/nccl at
+01afd20): a ring over n ranks on k nodes takes n-1 steps (all_reduce 2(n-1)), k-1 of them across nodes
+(all_reduce 2(k-1)) and the other n-k over NVLink — so ring latency grows with the ranks, not the nodes,
+and a multi-node all_reduce ring of a large buffer pays 1.9x it ("plateau effect of ring"). all_reduce
+may instead run NCCL's tree: 2·((g-1) + log2 k) steps, each a 256 kB chunk's latency (28 us on NVLink
+and 50 us on the network against the ring's 3.4 and 9.6, Simple protocol), at 0.9 of the ring's
+bandwidth; NCCL picks the faster, and so does all_reduce() here. all_gather and reduce_scatter have only
+the ring, which is what makes giant ZeRO-3 groups latency-bound.
 
 Beyond a leaf (or rail) group of nodes the traffic climbs to the spine: with oversubscription x
 (downlinks : uplinks), a group wider than the leaf gets 1/x of its inter-node bandwidth and two more
@@ -56,25 +61,38 @@ class Network:
         return self.inter_latency
 
 
-def _intra_steps(g: int) -> int:
-    return max(1, g - 1)
+RING_PLATEAU = 1.9
+"""NCCL multiplies a multi-node ring all_reduce's latency by 1.9 once the buffer is past nRanks/16 x 64 KiB
+(tuning.cc, ncclTopoGetAlgoTime: "Plateau effect of ring"); gradient buckets always are."""
+TREE_STEP_INTRA, TREE_STEP_INTER = 28 / 3.4, 50 / 9.6
+"""A tree step against a ring step, inside a node and across nodes: NCCL's hwLat for Simple, Tree
+28 us vs Ring 3.4 us on NVLink and 50 vs 9.6 on the network (tuning.cc); our latencies are ring steps."""
+TREE_BANDWIDTH = 0.9
+"""NCCL's tree runs at 0.9 of the bus bandwidth the ring gets (tuning.cc: busBw*.9)."""
 
 
 def _inter_steps(k: int) -> int:
     return max(1, math.ceil(math.log2(k)))
 
 
+def _ring_latency(n: int, k: int, net: Network, rounds: int) -> float:
+    """NCCL's ring: rounds x (n-1) steps, rounds x (k-1) of them across nodes, the rest on NVLink."""
+    return rounds * ((n - k) * net.intra_latency + (k - 1) * net.inter_hop_latency(k))
+
+
 def all_reduce(nbytes: float, n: int, per_node: int, net: Network) -> float:
-    """Time for an all_reduce of a `nbytes` buffer on every rank."""
+    """Time for an all_reduce of a `nbytes` buffer on every rank: the faster of NCCL's ring and tree."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     g, k = min(per_node, n), max(1, n // min(per_node, n))
+    intra_bw = 0.0 if g == 1 else 2 * nbytes * bus_factor("all_gather", g) / net.intra_busbw
     if k == 1:
-        return 2 * _intra_steps(g) * net.intra_latency + nbytes * bus_factor("all_reduce", g) / net.intra_busbw
-    inter = 2 * _inter_steps(k) * net.inter_hop_latency(k) + (nbytes / g) * bus_factor("all_reduce", k) / net.inter_bw(k)
-    if g == 1:
-        return inter
-    return 2 * reduce_scatter(nbytes, g, g, net) + inter  # reduce-scatter and all-gather inside the node
+        return _ring_latency(n, 1, net, 2) + nbytes * bus_factor("all_reduce", g) / net.intra_busbw
+    inter_bw = (nbytes / g) * bus_factor("all_reduce", k) / net.inter_bw(k)
+    ring = RING_PLATEAU * _ring_latency(n, k, net, 2) + intra_bw + inter_bw
+    tree = (2 * ((g - 1) * TREE_STEP_INTRA * net.intra_latency + _inter_steps(k) * TREE_STEP_INTER
+                 * net.inter_hop_latency(k)) + intra_bw + inter_bw / TREE_BANDWIDTH)
+    return min(ring, tree)
 
 
 def all_gather(nbytes: float, n: int, per_node: int, net: Network) -> float:
@@ -82,12 +100,10 @@ def all_gather(nbytes: float, n: int, per_node: int, net: Network) -> float:
     if n <= 1 or nbytes <= 0:
         return 0.0
     g, k = min(per_node, n), max(1, n // min(per_node, n))
-    intra = 0.0 if g == 1 else _intra_steps(g) * net.intra_latency + nbytes * bus_factor("all_gather", g) / net.intra_busbw
-    if k == 1:
-        return intra
+    intra = 0.0 if g == 1 else nbytes * bus_factor("all_gather", g) / net.intra_busbw
     # Across nodes first, on each GPU's own NIC: every GPU ends up with its node-slot's 1/g share.
-    inter = (k - 1) * net.inter_hop_latency(k) + (nbytes / g) * bus_factor("all_gather", k) / net.inter_bw(k)
-    return inter + intra
+    inter = 0.0 if k == 1 else (nbytes / g) * bus_factor("all_gather", k) / net.inter_bw(k)
+    return _ring_latency(n, k, net, 1) + inter + intra
 
 
 def reduce_scatter(nbytes: float, n: int, per_node: int, net: Network) -> float:
@@ -107,7 +123,7 @@ def all_to_all(nbytes: float, n: int, per_node: int, net: Network) -> float:
     intra = nbytes * (g - 1) / n / net.intra_busbw
     k = max(1, n // g)
     inter = nbytes * (n - g) / n / net.inter_bw(k)
-    latency = _intra_steps(g) * net.intra_latency if n == g else _inter_steps(k) * net.inter_hop_latency(k) + net.intra_latency
+    latency = max(1, g - 1) * net.intra_latency if n == g else _inter_steps(k) * net.inter_hop_latency(k) + net.intra_latency
     return latency + max(intra, inter)
 
 

@@ -99,11 +99,13 @@ def _stream(nbytes: float, gpu: GPU) -> float:
 
 @lru_cache(maxsize=65536)
 def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
-               attention: str, precision: str, moe: bool, ep: int) -> KernelTime:
-    """Kernel time of one layer; `moe` picks an MoE layer (routed experts spread over ep ranks)."""
+               attention: str, precision: str, moe: bool, ep: int, cp: int = 1) -> KernelTime:
+    """Kernel time of one layer; `moe` picks an MoE layer (routed experts spread over ep ranks). Under
+    context parallelism each of cp ranks runs 1/cp of the tokens, each attending over the whole sequence
+    (balanced causal chunks), in cp attention kernels (one per ring step)."""
     elem = 4 if precision == "fp32" else 2  # activations: FP8 runs keep them in bf16 between GEMMs
     core = "bf16" if precision == "fp8" else precision  # attention runs in 16 bits under FP8 too
-    T = float(seq_len * micro_batch)  # tokens through the TP group
+    T = float(seq_len * micro_batch) / cp  # tokens through the TP group
     h, hd = cfg.dim, cfg.head_size
     # kv_dim: the k/v width over the tp group (tp heads' worth where replicated: each rank computes one)
     q_dim, kv_dim = cfg.n_heads * hd, tp * kv_heads_per_rank(cfg, tp) * hd
@@ -149,7 +151,7 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         # Megatron before flash attention: batched GEMMs over the full S×S, then scale-mask-softmax,
         # dropout and their masks in HBM: about 13 bytes per score forward and 19 backward (16-bit).
         rate = gpu.matmul_rate(core)
-        scores = cfg.n_heads * float(seq_len) * seq_len * micro_batch / tp
+        scores = cfg.n_heads * float(seq_len) * seq_len * micro_batch / tp / cp
         attn_fwd = core_flops / rate + _stream(13 * scores * elem / 2, gpu)
         attn_bwd = 2 * core_flops / rate + _stream(19 * scores * elem / 2, gpu)
         # Layer norms, bias-dropout-add with 1-byte masks; bias-GeLU inside the TP region.
@@ -158,7 +160,7 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         outside += FP8_CAST_ELEMS * 2 * h
         inside += FP8_CAST_ELEMS * (q_dim + (cfg.top_k if moe else 1) * f) / tp
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
-    kernels = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + 2 * cfg.n_experts / ep if moe else 0)
+    kernels = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + 2 * cfg.n_experts / ep if moe else 0) + (cp - 1)
     gaps = kernels * _per_kernel(gpu, tp)
     selective = elementwise if attention == "flash" else attn_fwd
     return KernelTime(fwd=gemm + attn_fwd + elementwise + gaps, bwd=2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps,
@@ -166,10 +168,11 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
 
 
 @lru_cache(maxsize=4096)
-def head_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, precision: str) -> KernelTime:
-    """The output projection (vocab-parallel over tp) and the fp32 cross-entropy, on the last stage.
-    FP8 recipes keep the output head in 16 bits."""
-    T = float(seq_len * micro_batch)
+def head_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, precision: str,
+              cp: int = 1) -> KernelTime:
+    """The output projection (vocab-parallel over tp) and the fp32 cross-entropy, on the last stage, for
+    this rank's 1/cp of the tokens. FP8 recipes keep the output head in 16 bits."""
+    T = float(seq_len * micro_batch) / cp
     gemm = gemm_time(T, cfg.dim, cfg.vocab_size / tp, gpu, "bf16" if precision == "fp8" else precision)
     # Logits upcast to fp32, softmax, loss: about three fp32 passes over the logits forward, two backward.
     logits = T * cfg.vocab_size / tp * 4

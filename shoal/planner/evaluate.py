@@ -14,7 +14,8 @@ from shoal.planner.timing import StepTime, step_time
 
 MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
 """MemoryBreakdown's parts, which add up to its total."""
-TIME_PARTS = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "fsdp_comm", "bubble", "dp_comm", "optimizer", "tail")
+TIME_PARTS = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "fsdp_comm", "bubble", "dp_comm", "optimizer", "tail",
+              "cp_comm", "offload")
 """StepTime's parts, which add up to its step."""
 
 
@@ -119,6 +120,7 @@ class Plan:
             "memory_capacity_gib": mem.capacity / GiB,
             "memory_breakdown_gib": {k: getattr(mem, k) / GiB for k in MEMORY_PARTS},
             "memory_peak_stage": mem.stage,
+            "host_memory_gib": mem.host / GiB,
             "step_time_s": t.step,
             "time_breakdown_s": {k: getattr(t, k) for k in TIME_PARTS},
             "bubble_fraction": t.bubble_fraction,

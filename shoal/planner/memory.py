@@ -17,7 +17,7 @@ from functools import lru_cache
 from shoal.layout import INTERLEAVED, Layout
 from shoal.model import analytics
 from shoal.model.config import ModelConfig
-from shoal.planner.workload import Cluster, Workload, layers_per_rank, moe_layer_count
+from shoal.planner.workload import Cluster, Workload, expert_grid, moe_layer_count
 from shoal.planner.slow_links import extra_state_bytes
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
@@ -27,6 +27,7 @@ FRAGMENTATION = 0.05
 # bytes per parameter: (weights, gradients, optimizer state K) — ZeRO paper notation
 STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8)}
 STATE_BYTES["fp8"] = STATE_BYTES["bf16"]  # FP8 recipes keep bf16 weights and fp32 master/Adam state
+STATE_BYTES["fp16"] = STATE_BYTES["bf16"]  # fp16 mixed precision: the same, plus one fp32 loss scale
 
 
 def model_state_bytes(psi: float, dp: int, zero: int, precision: str = "bf16") -> tuple[float, float, float]:
@@ -59,6 +60,8 @@ class MemoryBreakdown:
     stage: str
     """Which pipeline stage is the peak: 'first' or 'last' (or 'only' without pipelining)."""
     capacity: float
+    host: float = 0.0
+    """Bytes offloading keeps in host memory for this GPU (not part of `total`, which is HBM)."""
 
     @property
     def total(self) -> float:
@@ -93,17 +96,19 @@ class RankParams:
 
 
 @lru_cache(maxsize=16384)
-def rank_params(cfg: ModelConfig, tp: int, ep: int, pp: int, virtual: int, stage: str) -> RankParams:
-    """Parameters of the first or last stage on one GPU: TP splits matrices, EP splits experts."""
+def rank_params(cfg: ModelConfig, tp: int, ep: int, pp: int, virtual: int, stage: str,
+                expert_tp: int | None = None) -> RankParams:
+    """Parameters of the first or last stage on one GPU: TP splits matrices, EP (and the expert TP, tp
+    unless folded: workload.expert_grid) splits experts."""
     h = cfg.dim
     norms = 2 * h
     attn = analytics.attention_params_per_rank(cfg, tp)
     dense_mlp = analytics.mlp_params(cfg, cfg.ffn_hidden) / tp
     expert_mlp = analytics.mlp_params(cfg, cfg.expert_hidden)
     moe_fixed = h * cfg.n_experts + cfg.n_shared_experts * expert_mlp / tp  # router (replicated) + shared
-    routed = cfg.n_experts * expert_mlp / (ep * tp)
+    routed = cfg.n_experts * expert_mlp / (ep * (tp if expert_tp is None else expert_tp))
     moe_share = moe_layer_count(cfg) / cfg.n_layers
-    layers = min(cfg.n_layers, layers_per_rank(cfg.n_layers, pp, virtual))
+    layers = sum(rank_stage_layers(cfg.n_layers, pp, virtual, "first" if stage == "first" else "last"))
     per_layer_dense = norms + attn + (1 - moe_share) * dense_mlp + moe_share * moe_fixed
     dense = layers * per_layer_dense
     # Tensors as shoal's model holds them: two norm gains, wq wk wv wo, the MLP's two or three matrices;
@@ -128,18 +133,23 @@ def rank_params(cfg: ModelConfig, tp: int, ep: int, pp: int, virtual: int, stage
 def activation_bytes_per_layer(workload: Workload, layout: Layout, recompute: str | None = None) -> float:
     """Average bytes one layer saves for one micro-batch on one GPU (dense and MoE layers weighted)."""
     lay = layout
-    return _activation_bytes_per_layer(workload.model, workload.seq_len, lay.micro_batch, lay.tp,
-                                       lay.sequence_parallel, lay.activation_checkpoint if recompute is None else recompute,
-                                       workload.attention, 4 if workload.precision == "fp32" else 2)
+    per_sequence = _activation_bytes_per_layer(
+        workload.model, workload.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel,
+        lay.activation_checkpoint if recompute is None else recompute, workload.attention,
+        4 if workload.precision == "fp32" else 2, workload.kernels == "fused", workload.precision == "fp8")
+    # Context parallelism: each of cp ranks keeps its 1/cp of the sequence's tokens (flash attention keeps
+    # no S×S matrix, so every saved tensor is per token); the K/V chunks a ring step received are freed.
+    return per_sequence / lay.cp
 
 
 @lru_cache(maxsize=65536)
 def _activation_bytes_per_layer(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int, sp: bool,
-                                recompute: str, attention: str, elem: int) -> float:
+                                recompute: str, attention: str, elem: int, fused: bool, fp8: bool = False) -> float:
     if attention == "unfused":
         return analytics.korthikanti_activation_bytes_per_layer(
             seq_len, micro_batch, cfg.dim, cfg.n_heads, tp=tp, sequence_parallel=sp, recompute=recompute)
-    kw = dict(tp=tp, sequence_parallel=sp, recompute=recompute, bytes_per_element=elem)
+    kw = dict(tp=tp, sequence_parallel=sp, recompute=recompute, bytes_per_element=elem, fused=fused,
+              gemm_input_bytes=1 if fp8 else None)  # FP8 GEMMs keep their FP8 inputs for backward
     n_moe = moe_layer_count(cfg)
     dense = 0.0 if n_moe == cfg.n_layers else analytics.activation_bytes_per_layer(
         cfg, seq_len, micro_batch, layer=_first_layer(cfg, moe=False), **kw)
@@ -152,27 +162,61 @@ def _first_layer(cfg: ModelConfig, moe: bool) -> int:
     return next(i for i in range(cfg.n_layers) if cfg.is_moe_layer(i) == moe)
 
 
+@lru_cache(maxsize=4096)
+def stage_layers(n_layers: int, n_stages: int) -> tuple[int, ...]:
+    """Layers of each pipeline stage, as a tuned run splits them: ceil(L/S) each, and the stages that
+    must take one fewer are the edges first (first, last, second, second-to-last, ...), which also run
+    the embedding and the head. Llama 3 405B does exactly this (126 layers, "one Transformer layer less"
+    on the first and last stages, §3.3.2), as Megatron's --decoder-first/last-pipeline-num-layers and
+    --account-for-embedding-in-pipeline-split do. Up to two stages more than layers leaves the edge
+    stages with only the embedding and the head."""
+    c = -(-n_layers // n_stages)
+    counts = [c] * n_stages
+    edges = [i for pair in zip(range(n_stages), range(n_stages - 1, -1, -1)) for i in pair]
+    for i in list(dict.fromkeys(edges))[:n_stages * c - n_layers]:
+        counts[i] -= 1
+    return tuple(counts)
+
+
+def rank_stage_layers(n_layers: int, pp: int, virtual: int, stage: str) -> list[int]:
+    """Layers of each stage the first (stage='first') or last pipeline rank runs, in its chunk order."""
+    if pp == 1:
+        return [n_layers]
+    counts = stage_layers(n_layers, pp * virtual)
+    rank = 0 if stage == "first" else pp - 1
+    return [counts[rank + c * pp] for c in range(virtual)]
+
+
+@lru_cache(maxsize=16384)
 def inflight_layer_microbatches(n_layers: int, pp: int, virtual: int, schedule: str, microbatches: int) -> tuple[float, float]:
     """(first stage, last stage) count of layer x micro-batch activations held at the peak.
 
     1F1B: stage 0 runs p forwards before its first backward, so it holds min(p, m) micro-batches of
-    its L/p layers — L layers' worth (Korthikanti Eq. 5); the last stage holds one. Interleaved:
-    rank 0 warms up 2(p-1) + (v-1)p chunk-micro-batches before its first backward, plus the one in
-    flight, which is L·(1 + (p-1)/(p·v)) layers. GPipe holds all m on every stage.
+    its layers — about L layers' worth (Korthikanti Eq. 5); the last stage holds one. Interleaved
+    (Megatron's schedule, Narayanan §2.2.2): rank 0 runs its chunks in turn, p micro-batches each, and
+    warms up 2(p-1) + (v-1)p chunk-micro-batches before its first backward, plus the one in flight:
+    L·(1 + (p-1)/(p·v)) layers when every chunk is as large, fewer when its first chunk is the light one
+    (stage_layers). The last rank warms up (v-1)p. GPipe holds all m on every stage. Zero-bubble is
+    interleaved too; its deferred weight gradients hold no activations (only the inputs' gradients,
+    freed by then), so the same count.
     """
     m = microbatches
-    per_rank = min(n_layers, layers_per_rank(n_layers, pp, virtual))
+    first, last = (rank_stage_layers(n_layers, pp, virtual, s) for s in ("first", "last"))
     if pp == 1:
-        return float(per_rank), float(per_rank)
+        return float(first[0]), float(first[0])
     if schedule == "gpipe":
-        return float(per_rank * m), float(per_rank * m)
-    if schedule in INTERLEAVED:  # zero-bubble is interleaved too; its deferred weight
-        # gradients hold no activations (only the inputs' gradients, freed by then), so the same count
-        chunk = per_rank / virtual
-        first = min(m * virtual, 2 * (pp - 1) + (virtual - 1) * pp + 1) * chunk
-        last = min(m * virtual, (virtual - 1) * pp + 1) * chunk
-        return first, last
-    return float(per_rank * min(pp, m)), float(per_rank)
+        return float(sum(first) * m), float(sum(last) * m)
+    if schedule in INTERLEAVED:
+        def held(chunks: list[int], warmup: int) -> float:
+            n = min(m * virtual, warmup + 1)  # chunk-micro-batches in flight
+            rounds, rest = divmod(n, pp * virtual)
+            total = rounds * pp * sum(chunks)
+            for c in chunks:  # the unfinished round: p micro-batches of each chunk in turn
+                take = min(pp, rest)
+                total, rest = total + take * c, rest - take
+            return float(total)
+        return held(first, 2 * (pp - 1) + (virtual - 1) * pp), held(last, (virtual - 1) * pp)
+    return float(sum(first) * min(pp, m)), float(sum(last))
 
 
 def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakdown:
@@ -180,7 +224,7 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
     cfg, lay, gpu = workload.model, layout, cluster.gpu
     elem = 4 if workload.precision == "fp32" else 2
     m = lay.microbatches(workload.global_batch)
-    T = workload.seq_len * lay.micro_batch
+    T = workload.seq_len * lay.micro_batch / lay.cp  # tokens of one micro-batch on this rank
     sp = lay.tp if lay.sequence_parallel else 1
     act_layer = activation_bytes_per_layer(workload, layout)
     first_n, last_n = inflight_layer_microbatches(cfg.n_layers, lay.pp, lay.virtual_stages, lay.pp_schedule, m)
@@ -197,18 +241,21 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
     for stage, n_held, logits in (("first", first_n, embed_first), ("last", last_n, logits_last)):
         if lay.pp == 1:
             stage, logits = "only", embed_first + logits_last
-        params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last" if stage == "only" else stage)
-        w, g, o = model_state_bytes(params.dense, lay.dp, lay.zero, workload.precision)
-        we, ge, oe = model_state_bytes(params.expert, max(1, lay.dp // lay.ep), lay.zero, workload.precision)
+        etp, edp = expert_grid(lay)
+        params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last" if stage == "only" else stage, etp)
+        shard = lay.dp * lay.cp  # context-parallel ranks hold the same weights: ZeRO shards over them too
+        w, g, o = model_state_bytes(params.dense, shard, lay.zero, workload.precision)
+        we, ge, oe = model_state_bytes(params.expert, edp, lay.zero, workload.precision)
         psi = params.dense + params.expert
-        o += extra_state_bytes(workload, psi, psi / (lay.dp if lay.zero >= 2 else 1))
+        o += extra_state_bytes(workload, psi, psi / (shard if lay.zero >= 2 else 1))
         activations = act_layer * n_held + working
+        w, g, o, activations, host = _offloaded(lay, w + we, g + ge, o + oe, activations, act_layer, params, elem)
         buffers = _buffers(workload, layout, params.layer, T, elem, sp)
         dynamic = activations + logits + buffers
-        bd = MemoryBreakdown(params=w + we, grads=g + ge, optimizer=o + oe, activations=activations,
+        bd = MemoryBreakdown(params=w, grads=g, optimizer=o, activations=activations,
                              logits=logits, buffers=buffers,
                              overhead=gpu.reserved_bytes + (gpu.allocator_slack or FRAGMENTATION) * dynamic,
-                             stage=stage, capacity=gpu.hbm_bytes)
+                             stage=stage, capacity=gpu.hbm_bytes, host=host)
         if best is None or bd.total > best.total:
             best = bd
         if lay.pp == 1:
@@ -216,10 +263,41 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
     return best
 
 
+OFFLOAD_RESIDENT_LAYERS = 2
+"""Layers whose offloaded tensors sit in HBM at once: the one computing and the one being prefetched
+(DeepSpeed ZeRO-Infinity's and torchao/FSDP2 CPU offload's double buffer)."""
+
+
+def _offloaded(lay: Layout, w: float, g: float, o: float, activations: float, act_layer: float,
+               params: RankParams, elem: int) -> tuple[float, float, float, float, float]:
+    """(params, grads, optimizer, activations in HBM, bytes in host memory) once offloading moves them.
+
+    optimizer: the fp32 master weights and Adam moments live on the host, where the update runs
+    (ZeRO-Offload, Ren et al. 2021); params: the 16-bit weights and gradients too, a layer at a time
+    coming over PCIe (ZeRO-Infinity); activation_offload: saved activations go to the host after each
+    layer's forward and come back before its backward."""
+    host = 0.0
+    if lay.offload in ("optimizer", "params"):
+        host, o = host + o, 0.0
+    if lay.offload == "params":
+        resident = OFFLOAD_RESIDENT_LAYERS * params.layer
+        host += w + g
+        w, g = resident * elem, resident * GRAD_BUFFER_BYTES
+    if lay.activation_offload:
+        resident = min(activations, OFFLOAD_RESIDENT_LAYERS * act_layer)
+        host += activations - resident
+        activations = resident
+    return w, g, o, activations, host
+
+
+GRAD_BUFFER_BYTES = 4
+"""A layer's gradients wait in fp32 for their reduction before they leave (timing.GRAD_REDUCE_BYTES)."""
+
+
 def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem: int, sp: int) -> float:
     cfg = workload.model
     out = 0.0
-    if lay.dp > 1:
+    if lay.dp * lay.cp > 1:
         if lay.zero == 3:
             out += 2 * layer_params * elem + layer_params * 4  # gathered layer + prefetched one; fp32 grad reduce
         elif lay.zero == 2:
@@ -232,4 +310,8 @@ def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem:
         out += 4 * T * cfg.dim * elem / sp  # activations and gradients, sent and received
     if lay.ep > 1:
         out += 2 * T * cfg.top_k * cfg.dim * elem / lay.tp  # dispatch and combine
+    if lay.cp > 1:
+        # The ring's K/V chunk being received beside the one attention reads (forward; dK/dV in backward)
+        kv = cfg.n_kv_heads * cfg.head_size / min(lay.tp, cfg.n_kv_heads)
+        out += 2 * 2 * T * kv * elem
     return out

@@ -64,7 +64,8 @@ def breakdown_lines(plan: Plan) -> list[str]:
     time_parts = [f"{name} {duration(getattr(t, name))} ({getattr(t, name) / t.step:.0%})"
                   for name in TIME_PARTS if getattr(t, name) / t.step >= 0.005]
     return [
-        f"memory per GPU{where}, GiB: " + " | ".join(parts) + f" = {mem.total / GiB:.1f} of {mem.capacity / GiB:.1f}",
+        f"memory per GPU{where}, GiB: " + " | ".join(parts) + f" = {mem.total / GiB:.1f} of {mem.capacity / GiB:.1f}"
+        + (f"; {mem.host / GiB:.1f} more in host memory (offloaded)" if mem.host else ""),
         f"step time {duration(t.step)} with {t.microbatches} micro-batch{'es' if t.microbatches > 1 else ''}: "
         + " | ".join(time_parts),
         f"throughput {human(plan.tokens_per_s)} tokens/s, MFU {plan.mfu:.1%}, HFU {plan.hfu:.1%}, "

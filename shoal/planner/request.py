@@ -90,7 +90,7 @@ def build(args) -> Inputs:
     for name in ("seq_len", "global_batch"):
         if getattr(args, name) is None:
             raise UserError(name, None, f"give --{name.replace('_', '-')} N (or --validate RUN_DIR)")
-    for name in ("seq_len", "global_batch", "gpus", "gpus_per_node", "tp", "pp", "dp", "ep", "micro_batch",
+    for name in ("seq_len", "global_batch", "gpus", "gpus_per_node", "tp", "cp", "pp", "dp", "ep", "micro_batch",
                  "pp_virtual_stages", "top"):
         _positive(name, getattr(args, name))
     cfg = build_model(args)
@@ -111,7 +111,9 @@ def build(args) -> Inputs:
         raise UserError("precision", "fp8", f"{gpu.name} has no FP8 tensor cores; use bf16, or give its FP8 peak "
                                             f"with --hw peak_fp8_flops=...")
     _slow_link_flags(args)
+    kernels = args.kernels or ("eager" if local_hardware.is_local(gpu) else "fused")
     workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention,
+                        kernels=kernels,
                         grad_compression=args.grad_compression, topk_density=args.topk_density,
                         powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,
                         diloco_quantize=args.diloco_quantize, diloco_overlap_steps=args.diloco_overlap_steps)
@@ -123,7 +125,8 @@ def build(args) -> Inputs:
     zero = 0 if args.diloco_inner_steps else args.zero  # DiLoCo plans replica groups of one rank
     fixed = Fixed(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep, zero=zero, micro_batch=args.micro_batch,
                   activation_checkpoint=args.activation_checkpoint, pp_schedule=schedule,
-                  pp_virtual_stages=args.pp_virtual_stages, sequence_parallel=args.sequence_parallel)
+                  pp_virtual_stages=args.pp_virtual_stages, sequence_parallel=args.sequence_parallel,
+                  cp=args.cp, offload=args.offload, activation_offload=args.activation_offload)
     if args.gpus:
         _check_pinned(fixed, args.gpus, workload)
     name = args.model or f"custom {cfg.n_layers}L/{cfg.dim}H/{cfg.n_heads}A"
@@ -154,11 +157,11 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
     """The pinned dimensions alone must fit the model, the batch and the GPU count."""
     # The layout rules are shoal/layout.py's (the search applies them to whole layouts); the pinned
     # tp and pp alone are checked first so their own mistake is named before the GPU arithmetic.
-    probe = Layout(tp=fixed.tp or 1, pp=fixed.pp or 1, zero=0, pp_schedule="gpipe")
+    probe = Layout(tp=fixed.tp or 1, cp=fixed.cp or 1, pp=fixed.pp or 1, zero=0, pp_schedule="gpipe")
     for p in problems(probe, workload.model, probe.world, workload.global_batch, workload.seq_len):
-        if p.field in ("parallel.tp", "parallel.pp") and not isinstance(p, TrainerLimit):
+        if p.field in ("parallel.tp", "parallel.cp", "parallel.pp") and not isinstance(p, TrainerLimit):
             raise p
-    pinned = {k: getattr(fixed, k) for k in ("dp", "tp", "pp") if getattr(fixed, k)}
+    pinned = {k: getattr(fixed, k) for k in ("dp", "tp", "cp", "pp") if getattr(fixed, k)}
     product = 1
     for v in pinned.values():
         product *= v
@@ -166,8 +169,8 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
     if pinned and n_gpus % product:
         lower, upper = n_gpus // product * product, (n_gpus // product + 1) * product
         raise UserError("gpus", n_gpus, f"must be divisible by {expr}; try --gpus {lower or upper} or {upper}")
-    if len(pinned) == 3 and product != n_gpus:
-        raise UserError("gpus", n_gpus, f"{expr} = {product} ranks, not {n_gpus}; change --dp, --tp or --pp")
+    if {"dp", "tp", "pp"} <= set(pinned) and (fixed.cp or 1) * fixed.dp * fixed.tp * fixed.pp != n_gpus:
+        raise UserError("gpus", n_gpus, f"{expr} = {product} ranks, not {n_gpus}; change --dp, --tp, --cp or --pp")
 
 
 def carbon_inputs(args, cluster: Cluster):
@@ -238,7 +241,8 @@ def answer(args, inputs: Inputs) -> Answer:
     ans = Answer(inputs)
     if args.gpus:
         if fixed.complete and (fixed.ep or not workload.model.is_moe):
-            layout = Layout(dp_shard=fixed.dp, tp=fixed.tp, pp=fixed.pp, ep=fixed.ep or 1, zero=fixed.zero,
+            layout = Layout(dp_shard=fixed.dp, tp=fixed.tp, cp=fixed.cp or 1, pp=fixed.pp, ep=fixed.ep or 1, zero=fixed.zero,
+                            offload=fixed.offload or "none", activation_offload=bool(fixed.activation_offload),
                             micro_batch=fixed.micro_batch, pp_schedule=fixed.pp_schedule or "1f1b",
                             pp_virtual_stages=fixed.pp_virtual_stages or 1,
                             activation_checkpoint=fixed.activation_checkpoint,

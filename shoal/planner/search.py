@@ -1,7 +1,7 @@
 """Enumerate every valid layout for a model on N GPUs, keep the ones that fit, rank them.
 
 A dimension the user fixed stays fixed; the others range over what divides: tp over divisors of
-the head counts, pp up to the layer count, dp = N / (tp * pp) dividing the global batch, ep over
+the head counts, pp up to the layer count, dp = N / (tp * cp * pp) (cp only for long sequences) dividing the global batch, ep over
 divisors of dp and of the expert count, every ZeRO stage, power-of-two micro-batch sizes dividing
 the per-rank batch, each recompute mode and schedule, interleaving factors from a short list; ep
 over powers of two dividing dp and the expert count. Memory is checked
@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 
 from shoal.errors import UserError
 from shoal.planner.evaluate import Plan, evaluate
-from shoal.layout import ACTIVATION_CHECKPOINT, INTERLEAVED, Layout, TrainerLimit, problems, splits_heads
+from shoal.layout import (ACTIVATION_CHECKPOINT, INTERLEAVED, Layout, TrainerLimit, max_pipeline_stages, problems,
+                          splits_heads)
 from shoal.planner.workload import Cluster, Workload
 from shoal.planner.memory import memory
 from shoal.planner.timing import step_time
@@ -42,6 +43,9 @@ class Fixed:
     pp_schedule: str | None = None
     pp_virtual_stages: int | None = None
     sequence_parallel: bool | None = None
+    cp: int | None = None
+    offload: str | None = None
+    activation_offload: bool | None = None
 
     @property
     def complete(self) -> bool:
@@ -86,12 +90,15 @@ def _powers_of_two(n: int) -> list[int]:
 
 
 def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: Counter | None = None,
-                      max_tp: int | None = None):
+                      max_tp: int | None = None, uneven_interleave: bool = True):
     """Every layout that divides (no memory check), honouring the fixed dimensions.
 
     Recompute modes come innermost and lightest first, which `search` relies on to skip dominated
     ones. Unless pinned, tp stays within max_tp (a node): tensor parallelism over the inter-node
-    network is never competitive, and pinning --tp still evaluates it.
+    network is never competitive, and pinning --tp still evaluates it. Without uneven_interleave,
+    interleaved schedules whose micro-batches are not a multiple of pp (a trainer limit) are left out
+    early and counted as rejected by the trainer (the search's first pass: cheaper than asking the
+    layout rules about each).
     """
     cfg, B = workload.model, workload.global_batch
     rejected = Counter() if rejected is None else rejected
@@ -103,12 +110,8 @@ def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: C
         if n_gpus % tp:
             rejected["tp"] += 1
             continue
-        pps = [fixed.pp] if fixed.pp else [p for p in _divisors(n_gpus // tp) if p <= cfg.n_layers]
-        for pp in pps:
-            if n_gpus % (tp * pp):
-                rejected["pp"] += 1
-                continue
-            dp = n_gpus // (tp * pp)
+        for cp, pp in _cp_and_pp(workload, n_gpus, tp, fixed, rejected):
+            dp = n_gpus // (tp * cp * pp)
             if fixed.dp and dp != fixed.dp:
                 continue
             eps = [fixed.ep] if fixed.ep else ([e for e in _powers_of_two(dp) if cfg.n_experts % e == 0] if cfg.is_moe else [1])
@@ -119,17 +122,42 @@ def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: C
             sps = [fixed.sequence_parallel] if fixed.sequence_parallel is not None else [tp > 1]
             for mb in mbs:
                 m = B // (dp * mb) if B % (dp * mb) == 0 else 0
-                for sched, v in _schedules(cfg.n_layers, pp, m, fixed):
+                for sched, v in _schedules(cfg.n_layers, pp, m, fixed, None if uneven_interleave else rejected):
                     for ep in eps:
                         for zero in zeros:
                             for rc in recomputes:
                                 for sp in sps:
-                                    yield Layout(dp_shard=dp, tp=tp, pp=pp, ep=ep, zero=zero, micro_batch=mb,
+                                    yield Layout(dp_shard=dp, tp=tp, cp=cp, pp=pp, ep=ep, zero=zero, micro_batch=mb,
                                                  pp_schedule=sched, pp_virtual_stages=v, activation_checkpoint=rc,
-                                                 sequence_parallel=sp)
+                                                 sequence_parallel=sp, offload=fixed.offload or "none",
+                                                 activation_offload=bool(fixed.activation_offload))
 
 
-def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed):
+CP_FROM_SEQ_LEN = 32768
+"""Context parallelism is searched from this sequence length up (pinned with --cp at any): below it the
+activations of one sequence fit beside the weights, and cp only adds a K/V ring. Llama 3 trained 8K
+sequences with CP 1 and turned CP 16 on for its 128K stage (Table 4)."""
+CP_SIZES = (2, 4, 8, 16, 32)
+
+
+def _cp_and_pp(workload: Workload, n_gpus: int, tp: int, fixed: Fixed, rejected: Counter):
+    """The (cp, pp) pairs to try beside this tp: pinned ones, else cp (long sequences only) and every pp."""
+    if fixed.cp:
+        cps = [fixed.cp]
+    elif workload.seq_len < CP_FROM_SEQ_LEN:
+        cps = [1]
+    else:
+        cps = [1] + [c for c in CP_SIZES if (n_gpus // tp) % c == 0 and workload.seq_len % (2 * c) == 0]
+    for cp in cps:
+        pps = [fixed.pp] if fixed.pp else [p for p in _divisors(n_gpus // (tp * cp)) if p <= workload.model.n_layers]
+        for pp in pps:
+            if n_gpus % (tp * cp * pp):
+                rejected["pp"] += 1
+                continue
+            yield cp, pp
+
+
+def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed, skip_uneven: Counter | None = None):
     if pp == 1:
         yield (fixed.pp_schedule or "1f1b"), (fixed.pp_virtual_stages or 1)
         return
@@ -138,10 +166,13 @@ def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed):
         if name not in INTERLEAVED:
             yield name, (fixed.pp_virtual_stages or 1)
             continue
-        if m and m % pp:
-            continue  # interleaving needs a multiple of pp micro-batches
+        # Micro-batches that are not a multiple of pp are a trainer limit (layout.py), still planned when nothing
+        # shoal train runs fits, so that a search and a pinned plan of the same layout agree.
+        if skip_uneven is not None and m and m % pp:
+            skip_uneven["trainer"] += 1
+            continue
         vs = ([fixed.pp_virtual_stages] if fixed.pp_virtual_stages
-              else [v for v in VIRTUAL_STAGES if pp * v <= n_layers])
+              else [v for v in VIRTUAL_STAGES if pp * v <= max_pipeline_stages(n_layers)])
         for v in vs:
             yield name, v
 
@@ -184,7 +215,8 @@ def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, ke
     first_invalid = first_limit = None
     fitting, missing = [], []
     fit_without_more_recompute = set()
-    for layout in candidate_layouts(workload, cluster.n_gpus, fixed, result.rejected, max_tp=cluster.gpus_per_node):
+    for layout in candidate_layouts(workload, cluster.n_gpus, fixed, result.rejected, max_tp=cluster.gpus_per_node,
+                                    uneven_interleave=not trainer_only):
         # The trainer's own rules (shoal/layout.py): a layout kept here is one shoal train accepts.
         found = problems(layout, workload.model, cluster.n_gpus, workload.global_batch, workload.seq_len)
         bad = next((p for p in found if not isinstance(p, TrainerLimit)), None)
@@ -199,7 +231,7 @@ def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, ke
             continue
         result.evaluated += 1
         lay = layout
-        key = (lay.dp, lay.tp, lay.pp, lay.ep, lay.zero, lay.micro_batch, lay.pp_schedule, lay.pp_virtual_stages,
+        key = (lay.dp, lay.tp, lay.cp, lay.pp, lay.ep, lay.zero, lay.micro_batch, lay.pp_schedule, lay.pp_virtual_stages,
                lay.sequence_parallel)
         if key in fit_without_more_recompute:
             # The same layout already fits with less recomputation, which is never slower.
@@ -235,7 +267,7 @@ def evaluate_pinned(workload: Workload, layout: Layout, cluster: Cluster, *, int
         return evaluate(workload, layout, cluster)
     plans = []
     for v in VIRTUAL_STAGES:
-        if layout.pp * v <= workload.model.n_layers:
+        if layout.pp * v <= max_pipeline_stages(workload.model.n_layers):
             try:
                 plans.append(evaluate(workload, replace(layout, pp_virtual_stages=v), cluster))
             except UserError:

@@ -9,7 +9,13 @@ gradient reduction (the part not hidden behind that backward) and the optimizer 
 Overlap, and why:
 - tensor-parallel collectives are on the critical path (each matmul needs its result): not hidden.
 - pipeline send/recv: on the critical path, once per chunk boundary each way.
-- expert all-to-all: on the critical path (the experts wait for their tokens).
+- expert all-to-all: a token goes once to each rank holding one of its experts, not once per expert
+  (DeepEP, Megatron's dispatcher with permutation after the exchange), and the dispatch and combine of
+  one micro-batch run beside another micro-batch's attention and expert kernels (DeepSeek-V3's DualPipe,
+  §3.2.1; Megatron-Core's --overlap-moe-expert-parallel-comm): only what is longer than that compute
+  shows. A fully recomputed layer reruns its experts on the tokens it already holds, not the exchange.
+- context-parallel K/V ring: each step's send hides behind that step's attention kernel.
+- offloading: PCIe copies per layer hide behind the layer's kernels; the host optimizer step does not.
 - DDP / ZeRO-1 gradient reduction starts as soon as the last micro-batch's gradients for a bucket
   exist, so it hides behind that backward, all but the last bucket; the ZeRO-1/2 parameter
   all-gather after the optimizer hides behind the next step's first forward.
@@ -25,10 +31,10 @@ from dataclasses import asdict, dataclass
 from shoal.planner import collectives as coll
 from shoal.planner.compute import head_time, layer_time
 from shoal.layout import Layout
-from shoal.planner.workload import Cluster, Workload, group_ranks_per_node, layers_per_rank, moe_layer_count
+from shoal.planner.workload import Cluster, Workload, expert_grid, group_ranks_per_node, layers_per_rank, moe_layer_count
 from shoal.hardware.catalog import GPU
 from shoal.hardware.local import is_local
-from shoal.planner.memory import rank_params
+from shoal.planner.memory import DDP_BUCKET_BYTES, rank_params
 from shoal.planner.slow_links import QUANTIZED, grad_wire_factor
 
 GRAD_REDUCE_BYTES = 4
@@ -72,7 +78,7 @@ class StepTime:
     pp_comm: float
     """Pipeline sends and receives between stages."""
     ep_comm: float
-    """Expert-parallel all-to-all (dispatch and combine)."""
+    """Expert-parallel all-to-all (dispatch and combine), the part not hidden behind other kernels."""
     fsdp_comm: float
     """Exposed per-micro-batch ZeRO-2 reduce-scatters and ZeRO-3 parameter gathers."""
     bubble: float
@@ -83,6 +89,10 @@ class StepTime:
     """The optimizer step on this GPU's shard."""
     tail: float
     """Waiting for the slowest rank: the expected maximum over the job's GPUs of their speed spread."""
+    cp_comm: float
+    """Context-parallel K/V exchange not hidden behind attention."""
+    offload: float
+    """Host<->GPU copies not hidden behind kernels, and the optimizer step on the host."""
     step: float
     microbatches: int
     dp_comm_total: float
@@ -112,14 +122,16 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     k = _Kernels(workload, layout, cluster)
     tp_fwd, tp_bwd = _tp_comm(k)
     ep_fwd, ep_bwd = _ep_comm(k)
+    cp_fwd, cp_bwd = _cp_comm(k)
+    off_fwd, off_bwd = _offload_per_layer(k)
     dp = _DataParallel(k)
     fsdp_fwd, fsdp_bwd, fsdp_start = dp.per_layer(k.fwd + tp_fwd, k.bwd + k.recompute + tp_bwd)
 
     # --- one micro-batch on the busiest rank, then the pipeline ---
     lay, m, layers = layout, k.m, k.layers
     p2p = _p2p(k)
-    t_f = layers * (k.fwd + tp_fwd + ep_fwd + fsdp_fwd) + k.head.fwd + p2p
-    t_b = layers * (k.bwd + k.recompute + tp_bwd + ep_bwd + fsdp_bwd) + k.head.bwd + p2p
+    t_f = layers * (k.fwd + tp_fwd + ep_fwd + cp_fwd + off_fwd + fsdp_fwd) + k.head.fwd + p2p
+    t_b = layers * (k.bwd + k.recompute + tp_bwd + ep_bwd + cp_bwd + off_bwd + fsdp_bwd) + k.head.bwd + p2p
     bubble_mbs = 0.0 if lay.pp == 1 else (lay.pp - 1) / lay.virtual_stages
     if lay.pp_schedule == "zero-bubble":
         # Splitting backward into input and weight gradients lets weight-gradient work fill the
@@ -130,12 +142,12 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
 
     # --- once per step ---
     dp_total, dp_exposed = dp.per_step(t_f, t_b, k.bwd + k.recompute + tp_bwd)
-    optimizer = _optimizer_time(k, dp)
+    optimizer, host_step = _optimizer_time(k, dp, m * t_b)
     # The slowest GPU's kernels set the pace: its spread stretches kernel time, not the wire time.
     kernels = m * (layers * (k.fwd + k.bwd + k.recompute) + k.head.fwd + k.head.bwd)
     n = cluster.n_gpus
     tail = kernels * RANK_SPEED_SIGMA * math.sqrt(2 * math.log(n)) if n > 1 else 0.0
-    step = m * (t_f + t_b) + bubble + fsdp_start + dp_exposed + optimizer + tail
+    step = m * (t_f + t_b) + bubble + fsdp_start + dp_exposed + optimizer + tail + host_step
     return StepTime(
         compute=m * (layers * (k.fwd + k.bwd) + k.head.fwd + k.head.bwd),
         recompute=m * layers * k.recompute,
@@ -147,6 +159,8 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         dp_comm=dp_exposed,
         optimizer=optimizer,
         tail=tail,
+        cp_comm=m * layers * (cp_fwd + cp_bwd),
+        offload=m * layers * (off_fwd + off_bwd) + host_step,
         step=step,
         microbatches=m,
         dp_comm_total=dp_total,
@@ -164,24 +178,25 @@ class _Kernels:
         self.net, self.G = network(cluster), cluster.gpus_per_node
         self.prec, self.elem = workload.precision, (4 if workload.precision == "fp32" else 2)
         self.m = lay.microbatches(workload.global_batch)
-        self.T = workload.seq_len * lay.micro_batch
+        self.T = workload.seq_len * lay.micro_batch / lay.cp  # tokens of one micro-batch on this rank
         n_moe = moe_layer_count(cfg)
         self.n_moe, self.moe_share = n_moe, n_moe / cfg.n_layers
         self.layers = min(cfg.n_layers, layers_per_rank(cfg.n_layers, lay.pp, lay.virtual_stages))
         args = (cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel, workload.attention,
                 self.prec)
-        dense = layer_time(*args, False, lay.ep) if n_moe < cfg.n_layers else None
-        moe = layer_time(*args, True, lay.ep) if n_moe else None
+        dense = layer_time(*args, False, lay.ep, lay.cp) if n_moe < cfg.n_layers else None
+        moe = layer_time(*args, True, lay.ep, lay.cp) if n_moe else None
+        self.moe_kernels = moe
 
         def avg(field: str) -> float:
             d = getattr(dense, field) if dense else 0.0
             e = getattr(moe, field) if moe else 0.0
             return (1 - self.moe_share) * d + self.moe_share * e
 
-        self.fwd, self.bwd = avg("fwd"), avg("bwd")
+        self.fwd, self.bwd, self.attn_fwd, self.gemm_fwd = avg("fwd"), avg("bwd"), avg("attn_fwd"), avg("gemm_fwd")
         self.recompute = {"none": 0.0, "selective": avg("selective_fwd"), "selective-op": avg("op_fwd"),
                           "full": self.fwd}[lay.activation_checkpoint]
-        self.head = head_time(cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, self.prec)
+        self.head = head_time(cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, self.prec, lay.cp)
         self.act = self.T * cfg.dim * self.elem  # one full-sequence activation tensor
         self.g_tp = group_ranks_per_node(lay.tp, lay.rank_stride("tp"), self.G)
 
@@ -197,18 +212,88 @@ def _tp_comm(k: _Kernels) -> tuple[float, float]:
         tp_fwd = 2 * (coll.all_reduce(k.act, lay.tp, k.g_tp, k.net) + gpu.tp_redistribute_latency)
     else:
         tp_fwd = 0.0
-    return tp_fwd, tp_fwd + (tp_fwd if lay.activation_checkpoint == "full" else 0.0)
+    tp_bwd = tp_fwd + (tp_fwd if lay.activation_checkpoint == "full" else 0.0)
+    if gpu.tp_overlap:  # collective matmul: each collective beside the matmul it feeds (catalog.tp_overlap)
+        return _overlap(tp_fwd, k.gemm_fwd, gpu.overlap_cost), _overlap(tp_bwd, 2 * k.gemm_fwd, gpu.overlap_cost)
+    return tp_fwd, tp_bwd
 
 
 def _ep_comm(k: _Kernels) -> tuple[float, float]:
-    """Expert all-to-all, dispatch and combine, averaged over the layers (MoE layers only)."""
-    lay = k.lay
+    """Expert all-to-all, dispatch and combine, averaged over the layers (MoE layers only): what shows
+    beyond the kernels of another micro-batch's layer it runs beside (module docstring)."""
+    lay, cfg = k.lay, k.cfg
     if not (k.n_moe and lay.ep > 1):
         return 0.0, 0.0
-    g_ep = group_ranks_per_node(lay.ep, lay.rank_stride("dp"), k.G)
-    a2a = coll.all_to_all(k.T * k.cfg.top_k * k.cfg.dim * k.elem / lay.tp, lay.ep, g_ep, k.net)
-    ep_fwd = k.moe_share * 2 * a2a
-    return ep_fwd, ep_fwd + (ep_fwd if lay.activation_checkpoint == "full" else 0.0)
+    folded = expert_grid(lay)[0] != lay.tp  # the expert group spans tp ranks too (neighbours)
+    g_ep = group_ranks_per_node(lay.ep, 1 if folded else lay.rank_stride("dp"), k.G)
+    copies = ranks_per_token(cfg.n_experts, cfg.top_k, lay.ep)
+    # DeepSeek-V3 dispatches in FP8 and combines in BF16 (§3.3.2; DeepEP's low-precision dispatch).
+    dispatch_elem = 1 if k.prec == "fp8" else k.elem
+    tokens = k.T * copies * cfg.dim / lay.tp
+    a2a = coll.all_to_all(tokens * dispatch_elem, lay.ep, g_ep, k.net) + coll.all_to_all(tokens * k.elem, lay.ep, g_ep, k.net)
+    if k.m < 2:  # nothing else in flight to hide behind
+        return k.moe_share * a2a, k.moe_share * a2a
+    moe = k.moe_kernels
+    # Forward and backward each exchange twice (dispatch, combine); together they run beside one forward
+    # and one backward of the MoE layer of another micro-batch.
+    exposed = _overlap(2 * a2a, moe.fwd + moe.bwd, k.gpu.overlap_cost)
+    return k.moe_share * exposed / 2, k.moe_share * exposed / 2
+
+
+def ranks_per_token(n_experts: int, top_k: int, ep: int) -> float:
+    """Expected number of the ep ranks (n_experts/ep experts each) a token's top_k experts fall on, routing
+    taken as uniform: ep·(1 - C(E - E/ep, k) / C(E, k)). A token goes once to each (deduplicated
+    dispatch); e.g. 256 experts top-8 on 64 ranks: 7.68 copies, not 8."""
+    if ep <= 1:
+        return 1.0
+    local = n_experts / ep
+    none_here = 1.0
+    for i in range(min(top_k, n_experts)):
+        none_here *= max(0.0, (n_experts - local - i) / (n_experts - i))
+    return ep * (1 - none_here)
+
+
+def _cp_comm(k: _Kernels) -> tuple[float, float]:
+    """Context parallelism's ring, per layer (Liu et al. 2023, Ring Attention; Transformer Engine's p2p
+    context parallelism): cp-1 steps, each sending this rank's K and V chunk to the next while attention
+    runs on the chunk in hand; backward sends K, V and their gradients. Each step shows only beyond
+    that step's attention kernel."""
+    lay, cfg = k.lay, k.cfg
+    if lay.cp <= 1:
+        return 0.0, 0.0
+    same_node = lay.rank_stride("cp") * lay.cp <= k.G
+    kv = 2 * k.T * cfg.n_kv_heads * cfg.head_size / min(lay.tp, cfg.n_kv_heads) * k.elem
+    step_attn = k.attn_fwd / lay.cp
+    hide = k.gpu.overlap_cost
+    fwd = (lay.cp - 1) * _overlap(coll.p2p(kv, same_node, k.net), step_attn, hide)
+    bwd = (lay.cp - 1) * _overlap(coll.p2p(2 * kv, same_node, k.net), ATTENTION_BWD_RATIO * step_attn, hide)
+    return fwd, bwd
+
+
+ATTENTION_BWD_RATIO = 2.5
+"""Flash attention's backward against its forward (compute.py: it recomputes the scores)."""
+
+
+def _offload_per_layer(k: _Kernels) -> tuple[float, float]:
+    """PCIe copies per layer and micro-batch, beside the layer's kernels: offloaded parameters come in
+    for forward and backward and their gradients go out; offloaded activations go out after forward and
+    come back for backward."""
+    lay = k.lay
+    if lay.offload != "params" and not lay.activation_offload:
+        return 0.0, 0.0
+    from shoal.planner.memory import activation_bytes_per_layer
+
+    pcie, hide = k.gpu.host_bandwidth, k.gpu.overlap_cost
+    fwd_bytes = bwd_bytes = 0.0
+    if lay.offload == "params":
+        layer = rank_params(k.cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last", expert_grid(lay)[0]).layer
+        fwd_bytes += layer * k.elem
+        bwd_bytes += layer * k.elem + layer * GRAD_REDUCE_BYTES
+    if lay.activation_offload:
+        act = activation_bytes_per_layer(k.workload, lay)
+        fwd_bytes += act
+        bwd_bytes += act
+    return _overlap(fwd_bytes / pcie, k.fwd, hide), _overlap(bwd_bytes / pcie, k.bwd, hide)
 
 
 def _p2p(k: _Kernels) -> float:
@@ -229,25 +314,41 @@ class _DataParallel:
     def __init__(self, k: _Kernels):
         lay, cfg, w = k.lay, k.cfg, k.workload
         self.k = k
-        self.params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last")
-        self.edp = max(1, lay.dp // lay.ep)
-        self.g_dp = group_ranks_per_node(lay.dp, lay.rank_stride("dp"), k.G)
-        self.g_edp = group_ranks_per_node(self.edp, lay.rank_stride("dp") * lay.ep, k.G)
+        etp, self.edp = expert_grid(lay)
+        self.params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last", etp)
+        # Gradients are reduced over the data-parallel ranks and the context-parallel ones (which hold the same
+        # weights): torchtitan's dp_shard_cp mesh, Megatron's data-parallel-with-context-parallel group.
+        self.n = lay.dp * lay.cp
+        inner = lay.rank_stride("cp") if lay.cp > 1 else lay.rank_stride("dp")
+        self.g_dp = group_ranks_per_node(self.n, inner, k.G)
+        self.g_edp = group_ranks_per_node(self.edp, inner * lay.ep if etp == lay.tp else lay.ep, k.G)
         self.grad = (k.elem if k.prec == "fp32" else GRAD_REDUCE_BYTES) * grad_wire_factor(
             w.grad_compression, lay.dp, cfg, w.topk_density, w.powersgd_rank)
+        # Once-per-step reductions go in buckets, each its own collective paying its latency: plain DDP's
+        # 25 MiB; sharded optimizers (ZeRO-1/2) as Megatron-Core's distributed optimizer buckets them, max(40M,
+        # 1M x dp) parameters (distributed_data_parallel.py: larger with dp "to ensure collectives do not become
+        # latency-bound").
+        ddp = lay.replicates_with_ddp and lay.zero == 0
+        self.bucket_bytes = DDP_BUCKET_BYTES if ddp else max(40e6, 1e6 * self.n) * GRAD_REDUCE_BYTES
+        self.buckets = self.bucket_count(self.params.dense * self.grad)
 
-    def gather(self, n_dense: float, n_expert: float, nbytes: int | None = None) -> float:
-        """All-gather (or reduce-scatter: same time) of these many unsharded parameters."""
-        k, lay = self.k, self.k.lay
+    def bucket_count(self, nbytes: float) -> int:
+        return max(1, math.ceil(nbytes / self.bucket_bytes))
+
+    def gather(self, n_dense: float, n_expert: float, nbytes: int | None = None, buckets: int = 1) -> float:
+        """All-gather (or reduce-scatter: same time) of these many unsharded parameters, in `buckets` calls."""
+        k = self.k
         nbytes = k.elem if nbytes is None else nbytes
-        return (coll.all_gather(n_dense * nbytes, lay.dp, self.g_dp, k.net)
-                + coll.all_gather(n_expert * nbytes, self.edp, self.g_edp, k.net)) if lay.dp > 1 else 0.0
+        if self.n == 1:
+            return 0.0
+        return buckets * (coll.all_gather(n_dense * nbytes / buckets, self.n, self.g_dp, k.net)
+                          + coll.all_gather(n_expert * nbytes / buckets, self.edp, self.g_edp, k.net))
 
     def per_layer(self, fwd: float, bwd: float) -> tuple[float, float, float]:
         """(exposed per layer forward, backward, once per step): ZeRO-2/3 collectives hide behind the
         layer they are prefetched for; the very first gather and the very last reduce-scatter show."""
         lay, hide = self.k.lay, self.k.gpu.overlap_cost
-        if not (lay.dp > 1 and lay.zero >= 2):
+        if not (self.n > 1 and lay.zero >= 2):
             return 0.0, 0.0, 0.0
         # Sizes are the full (unsharded) layer on this TP rank.
         rs = self.gather(self.params.layer_dense, self.params.layer_expert, self.grad)
@@ -262,21 +363,23 @@ class _DataParallel:
             # DiLoCo: no gradient traffic across ranks; the parameters' all-reduce every H steps, waited for
             # at once, or with overlap running beside that many steps' kernels (int8's and fp4's all-to-all is not)
             outer = 4 * QUANTIZED[w.diloco_quantize]
-            sync = (coll.all_reduce(params.dense * outer, lay.dp, self.g_dp, k.net)
-                    + coll.all_reduce(params.expert * outer, self.edp, self.g_edp, k.net))
+            b = self.bucket_count(params.dense * outer)
+            sync = b * (coll.all_reduce(params.dense * outer / b, self.n, self.g_dp, k.net)
+                        + coll.all_reduce(params.expert * outer / b, self.edp, self.g_edp, k.net))
             quantized = w.diloco_quantize in ("int8", "fp4")
             beside = 0.0 if quantized else w.diloco_overlap_steps * m * (t_f + t_b)
             return sync / w.diloco_inner_steps, _overlap(sync, beside, hide) / w.diloco_inner_steps
-        if lay.dp > 1 and lay.zero <= 2:
+        if self.n > 1 and lay.zero <= 2:
+            b = self.buckets
             if lay.zero == 0:
-                sync = (coll.all_reduce(params.dense * self.grad, lay.dp, self.g_dp, k.net)
-                        + coll.all_reduce(params.expert * self.grad, self.edp, self.g_edp, k.net))
+                sync = b * (coll.all_reduce(params.dense * self.grad / b, self.n, self.g_dp, k.net)
+                            + coll.all_reduce(params.expert * self.grad / b, self.edp, self.g_edp, k.net))
                 regather = 0.0
             else:
-                regather = self.gather(params.dense, params.expert)  # updated weights back to every rank
+                regather = self.gather(params.dense, params.expert, buckets=b)  # updated weights back to every rank
                 # ZeRO-2 reduced its gradients per micro-batch
-                sync = self.gather(params.dense, params.expert, self.grad) if lay.zero == 1 else 0.0
-            last_bucket = sync / max(layers, 1)
+                sync = self.gather(params.dense, params.expert, self.grad, buckets=b) if lay.zero == 1 else 0.0
+            last_bucket = sync / max(layers, b)
             v = lay.virtual_stages
             total = sync + regather + (m * layers * self.gather(layer_dense, layer_expert, self.grad)
                                        if lay.zero == 2 else 0.0)
@@ -291,20 +394,33 @@ class _DataParallel:
                 exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - layer_bwd), hide)
                            + _overlap(sync - chunk, t_b * (v - 1) / v, hide))
             return total, exposed + _overlap(regather, t_f, hide)
-        if lay.dp > 1:
+        if self.n > 1:
             return m * layers * (2 * self.gather(layer_dense, layer_expert)
                                  + self.gather(layer_dense, layer_expert, self.grad)), 0.0
         return 0.0, 0.0
 
 
-def _optimizer_time(k: _Kernels, dp: _DataParallel) -> float:
-    """The optimizer step on this rank's shard: memory-bound, plus per-tensor dispatch on CPU ranks."""
+HOST_MEMORY_BANDWIDTH_PER_GPU = 60e9
+"""Host DRAM bandwidth one GPU's offloaded optimizer step gets, bytes/s. DGX H100: two Xeon 8480C, each
+8 channels of DDR5-4800 at 38.4 GB/s (JEDEC), 614 GB/s in all; STREAM reaches about 80% of it; shared by
+8 GPUs: ~60 GB/s. Derived, approximate; CPU Adam is memory-bound (ZeRO-Offload, Ren et al. 2021, §5)."""
+
+
+def _optimizer_time(k: _Kernels, dp: _DataParallel, backward: float) -> tuple[float, float]:
+    """(GPU optimizer step, host-side step) on this rank's shard. On the GPU: memory-bound, plus per-tensor
+    dispatch on CPU ranks. Offloaded (ZeRO-Offload): the gradients go to the host over PCIe beside the
+    backward, the update runs there at host memory speed, the 16-bit weights come back; not hidden."""
     lay, params = k.lay, dp.params
-    local = params.dense / (lay.dp if lay.zero >= 1 else 1) + params.expert / (dp.edp if lay.zero >= 1 else 1)
+    shard = lay.dp * lay.cp
+    local = params.dense / (shard if lay.zero >= 1 else 1) + params.expert / (dp.edp if lay.zero >= 1 else 1)
+    if lay.offload != "none":
+        pcie, hide = k.gpu.host_bandwidth, k.gpu.overlap_cost
+        grads_out = _overlap(local * k.elem / pcie, backward, hide)
+        return 0.0, grads_out + OPTIMIZER_BYTES_PER_PARAM * local / HOST_MEMORY_BANDWIDTH_PER_GPU + local * k.elem / pcie
     optimizer = OPTIMIZER_BYTES_PER_PARAM * local / (k.gpu.hbm_bandwidth * k.gpu.hbm_efficiency)
     if is_local(k.gpu):
         optimizer += _unfused_update_dispatch(lay, params.tensors, k.gpu)
-    return optimizer
+    return optimizer, 0.0
 
 
 def _overlap(comm: float, compute: float, cost: float) -> float:

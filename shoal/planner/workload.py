@@ -17,8 +17,9 @@ from shoal.layout import MAX_GPUS
 from shoal.model.config import ModelConfig
 from shoal.hardware.catalog import GPU
 
-PRECISIONS = ("bf16", "fp32", "fp8")
+PRECISIONS = ("bf16", "fp32", "fp8", "fp16")
 ATTENTION = ("flash", "unfused")
+KERNELS = ("fused", "eager")
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,12 @@ class Workload:
     precision: str = "bf16"
     """`bf16` mixed precision (fp32 master weights and Adam state), plain `fp32`, or `fp8`: bf16 mixed
     precision with the layers' GEMMs in FP8 (Transformer Engine's recipe; shoal train has no FP8). The trainer's
-    `bf16-params` plans as `bf16`: both compute in 16 bits over fp32 master state."""
+    `bf16-params` plans as `bf16`: both compute in 16 bits over fp32 master state. `fp16` plans as bf16 (same
+    tensor-core rate, same 2+2+12 bytes of state) plus its dynamic loss scaler, one fp32 scalar."""
+    kernels: str = "fused"
+    """`fused`: the layer's norms, activation and loss run as fused kernels, as Megatron-Core/Transformer
+    Engine, torch.compile and XLA run them: a norm saves only its input (memory.py, analytics.py). `eager`:
+    one PyTorch op per kernel, as `shoal train` runs without train.compile (its measured saved tensors)."""
     attention: str = "flash"
     """`flash`: fused attention that keeps no S×S matrix (what shoal runs). `unfused`: the S×S scores,
     softmax and dropout are materialised, as in Megatron-LM before flash attention (Korthikanti's
@@ -62,7 +68,7 @@ class Workload:
 
         t = job.cfg.train
         return cls(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash",
-                   **slow_link_fields(asdict(job.cfg.parallel)))
+                   kernels="fused" if t.compile else "eager", **slow_link_fields(asdict(job.cfg.parallel)))
 
     @property
     def tokens_per_step(self) -> int:
@@ -76,7 +82,7 @@ class Cluster:
     gpu: GPU
     """The device and its links (hardware.py)."""
     n_gpus: int
-    """Ranks in the job: dp * tp * pp."""
+    """Ranks in the job: dp * tp * cp * pp."""
     gpus_per_node: int
     """Usually gpu.gpus_per_node; `--gpus-per-node` changes it."""
 
@@ -108,6 +114,17 @@ def group_ranks_per_node(size: int, stride: int, gpus_per_node: int) -> int:
     if stride >= gpus_per_node:
         return 1
     return max(1, min(size, gpus_per_node // stride))
+
+
+def expert_grid(lay) -> tuple[int, int]:
+    """(expert tensor-parallel size, expert data-parallel size) of a layout. ep inside dp_shard (shoal's
+    layout): the experts are split tp ways like the dense layers and replicated over dp*cp/ep ranks. ep
+    wider than dp_shard is Megatron-Core's MoE parallel folding (Liu et al. 2025, "MoE Parallel Folding"):
+    the expert grid re-partitions the tp*cp*dp ranks, here with whole experts per rank (expert TP 1, as
+    Megatron-Bridge's DeepSeek-V3 recipes run TP 2 with EP 64 on 32-way data parallelism)."""
+    if lay.ep <= 1 or lay.dp_shard % lay.ep == 0:
+        return lay.tp, max(1, lay.dp * lay.cp // max(1, lay.ep))
+    return 1, max(1, lay.dp * lay.cp * lay.tp // lay.ep)
 
 
 def layers_per_rank(n_layers: int, pp: int, virtual: int) -> int:

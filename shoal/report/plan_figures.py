@@ -17,7 +17,7 @@ COLORS = {
     "logits": "#c44e52", "buffers": "#937860", "overhead": "#8c8c8c",
     "compute": "#4c72b0", "recompute": "#64b5cd", "tp_comm": "#dd8452", "pp_comm": "#da8bc3",
     "ep_comm": "#ccb974", "fsdp_comm": "#937860", "bubble": "#c44e52", "dp_comm": "#55a868",
-    "optimizer_t": "#8172b2", "tail": "#2f2f2f",
+    "optimizer_t": "#8172b2", "tail": "#2f2f2f", "cp_comm": "#8c613c", "offload": "#a1c9f4",
 }
 
 

@@ -193,3 +193,15 @@ def test_a_model_folder_is_planned_from_its_config(tmp_path):
     assert dataclasses.replace(planned, note="") == dataclasses.replace(folder, note="")
     out = plan("--model", str(tmp_path / "nothing"), *BASE, "--gpus", "64")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "model='" in out.stderr, out.stderr
+
+
+def test_json_pins_context_parallel_offload_and_fp16():
+    # The layout fields agreed with the trainer (layout.py: cp, offload, activation_offload) in the contract.
+    out = plan("--model", "llama3-70b", "--seq-len", "32768", "--global-batch", "16", "--gpu", "h100", "--gpus", "64",
+               "--dp", "1", "--tp", "8", "--pp", "4", "--cp", "2", "--zero", "1", "--micro-batch", "1",
+               "--recompute", "none", "--pp-schedule", "1f1b", "--offload", "optimizer", "--precision", "fp16", "--json")
+    assert out.returncode == 0, out.stderr
+    p = check_contract(json.loads(out.stdout), budget=False)[0]
+    assert (p["strategy"]["cp"], p["strategy"]["offload"], p["precision"]) == (2, "optimizer", "fp16")
+    assert p["memory_breakdown_gib"]["optimizer"] == 0 and p["host_memory_gib"] > 0
+    assert p["time_breakdown_s"]["offload"] > 0 and p["time_breakdown_s"]["cp_comm"] >= 0
