@@ -225,11 +225,12 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
 
     It hides only where the expert group leaves the node. Overlapping it is opt-in (Megatron-Core's
     --overlap-moe-expert-parallel-comm, off by default and needing --delay-wgrad-compute; DeepSeek-V3's
-    DualPipe), and the published recipes turn it on exactly for exchanges over the network: Megatron-Bridge's
-    25.11 performance presets (scripts/performance/configs/qwen/qwen3_workload_base_configs.py) set
-    moe_a2a_overlap=True for Qwen3-235B on H100 at EP 32 (four nodes) and False at EP 8 inside a B200 node,
-    as the DeepSeek-V3 presets do (a2a_1f1b=False); DeepSeek-V3 (EP 64 over InfiniBand) overlaps with
-    DualPipe. Inside a node the NVLink exchange is on the critical path."""
+    DualPipe), and no published recipe turns it on for an exchange inside an 8-GPU node: Megatron-Bridge's
+    performance presets (scripts/performance/configs/{qwen/qwen3,deepseek/deepseek}_workload_base_configs.py)
+    set moe_a2a_overlap=False for Qwen3-235B and DeepSeek-V3 at EP 8 in a B200 node, and True for Qwen3-235B
+    on H100 at EP 32 and DeepSeek-V3 FP8-MX on B200 at EP 32 (four nodes); DeepSeek-V3 itself (EP 64 over
+    InfiniBand) overlaps with DualPipe. Across nodes the overlap is the optimistic side: the same presets
+    leave it off for DeepSeek-V3 on H100 at EP 64."""
     lay, cfg = k.lay, k.cfg
     if not (k.n_moe and lay.ep > 1):
         return 0.0, 0.0
