@@ -80,6 +80,17 @@ EAGER_ROTARY_PASSES = 10
 EAGER_ATTN_OUT_COPY = 2
 EAGER_GLU_ELEMS, EAGER_GELU_ELEMS = 5, 2
 
+# Moving an MoE layer's tokens to their experts and back, in 16-bit element-equivalents per (token, chosen
+# expert) pair and hidden channel, forward (backward about twice). Counted op by op from shoal's layer
+# (shoal/model/moe.py: the gather x_ND[token_of] reads and writes a copy, 2; the product with the routing
+# weights reads and writes it, 2; index_add_ back reads it, 1) and, with ep > 1, its dispatcher
+# (shoal/parallel/expert_parallel.py: tokens arrive grouped by source rank and are re-sorted by expert,
+# x_recv[order], and put back, index_copy, 2 each). Megatron-Core's alltoall dispatcher does the same
+# passes (moe_utils.permute, sort_chunks_by_idxs after the dispatch and before the combine, unpermute:
+# the probs product and scatter_add). (Before this count the model used 4 in all.)
+MOE_PERMUTE_ELEMS = 5
+MOE_EP_SORT_ELEMS = 4
+
 # FP8 (Transformer Engine's recipe): each GEMM input is cast to FP8 by a kernel that reads it in 16 bits and
 # writes one byte (the amax it needs is taken in the same pass), 1.5 element-equivalents per input element:
 # the inputs of QKV and of the first MLP GEMM(s) (h each), of the output projection (q_dim) and of the last
@@ -130,7 +141,7 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         every_second += (gemm - attention_gemm) / 2
         act = EAGER_GLU_ELEMS if glu else EAGER_GELU_ELEMS
         act_elems = cfg.top_k * act * f / tp + act * shared_f / tp
-        act_elems += 4 * cfg.top_k * h / tp  # permute tokens to experts and back (gather + scatter)
+        act_elems += (MOE_PERMUTE_ELEMS + (MOE_EP_SORT_ELEMS if ep > 1 else 0)) * cfg.top_k * h / tp
     else:
         f = cfg.ffn_hidden
         gemm += gemm_time(T, h, (2 if glu else 1) * f / tp, gpu, precision) + gemm_time(T, f / tp, h, gpu, precision)
@@ -158,7 +169,8 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         outside, inside = 11 * h, act_elems
     if precision == "fp8":
         outside += FP8_CAST_ELEMS * 2 * h
-        inside += FP8_CAST_ELEMS * (q_dim + (cfg.top_k if moe else 1) * f) / tp
+        # an MoE layer casts the first expert GEMM's input per (token, expert) copy, after the dispatch
+        inside += FP8_CAST_ELEMS * (q_dim + (cfg.top_k * (f + h) - h if moe else f)) / tp
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
     kernels = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + 2 * cfg.n_experts / ep if moe else 0) + (cp - 1)
     gaps = kernels * _per_kernel(gpu, tp)

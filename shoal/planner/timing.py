@@ -10,7 +10,8 @@ Overlap, and why:
 - tensor-parallel collectives are on the critical path (each matmul needs its result): not hidden.
 - pipeline send/recv: on the critical path, once per chunk boundary each way.
 - expert all-to-all: a token goes once to each rank holding one of its experts, not once per expert
-  (DeepEP, Megatron's dispatcher with permutation after the exchange), and the dispatch and combine of
+  (DeepEP, Megatron's dispatcher with permutation after the exchange), and, where the expert group leaves
+  the node (inside one the recipes do not overlap it: _ep_comm), the dispatch and combine of
   one micro-batch run beside another micro-batch's attention and expert kernels (DeepSeek-V3's DualPipe,
   §3.2.1; Megatron-Core's --overlap-moe-expert-parallel-comm): only what is longer than that compute
   shows. A fully recomputed layer reruns its experts on the tokens it already holds, not the exchange.
@@ -220,7 +221,16 @@ def _tp_comm(k: _Kernels) -> tuple[float, float]:
 
 def _ep_comm(k: _Kernels) -> tuple[float, float]:
     """Expert all-to-all, dispatch and combine, averaged over the layers (MoE layers only): what shows
-    beyond the kernels of another micro-batch's layer it runs beside (module docstring)."""
+    beyond the kernels of another micro-batch's layer it runs beside (module docstring).
+
+    It hides only where the expert group leaves the node. Overlapping it is opt-in (Megatron-Core's
+    --overlap-moe-expert-parallel-comm, off by default and needing --delay-wgrad-compute; DeepSeek-V3's
+    DualPipe), and no published recipe turns it on for an exchange inside an 8-GPU node: Megatron-Bridge's
+    performance presets (scripts/performance/configs/{qwen/qwen3,deepseek/deepseek}_workload_base_configs.py)
+    set moe_a2a_overlap=False for Qwen3-235B and DeepSeek-V3 at EP 8 in a B200 node, and True for Qwen3-235B
+    on H100 at EP 32 and DeepSeek-V3 FP8-MX on B200 at EP 32 (four nodes); DeepSeek-V3 itself (EP 64 over
+    InfiniBand) overlaps with DualPipe. Across nodes the overlap is the optimistic side: the same presets
+    leave it off for DeepSeek-V3 on H100 at EP 64."""
     lay, cfg = k.lay, k.cfg
     if not (k.n_moe and lay.ep > 1):
         return 0.0, 0.0
@@ -231,7 +241,7 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
     dispatch_elem = 1 if k.prec == "fp8" else k.elem
     tokens = k.T * copies * cfg.dim / lay.tp
     a2a = coll.all_to_all(tokens * dispatch_elem, lay.ep, g_ep, k.net) + coll.all_to_all(tokens * k.elem, lay.ep, g_ep, k.net)
-    if k.m < 2:  # nothing else in flight to hide behind
+    if k.m < 2 or g_ep >= lay.ep:  # nothing else in flight to hide behind, or inside a node (not overlapped)
         return k.moe_share * a2a, k.moe_share * a2a
     moe = k.moe_kernels
     # Forward and backward each exchange twice (dispatch, combine); together they run beside one forward
