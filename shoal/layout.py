@@ -43,6 +43,9 @@ RANK_ORDER_DIMS = ("tp", "dp", "pp")
 dp_shard inside dp_replicate, with ep inside dp_shard, so they stay together."""
 DEFAULT_RANK_ORDER = "tp-dp-pp"
 """TP on neighbouring ranks (inside a node), PP outermost: Megatron's and torchtitan's order."""
+OFFLOAD = ("none", "optimizer", "params")
+"""What lives in host memory: nothing; the optimizer state (not built yet); or parameters, gradients
+and the optimizer step (FSDP2's CPUOffloadPolicy, parallel/data_parallel.py)."""
 
 
 def compresses_in_hooks(method: str) -> bool:
@@ -76,6 +79,8 @@ class Layout:
     grad_compression: str = "none"
     diloco_inner_steps: int = 0
     rank_order: str = DEFAULT_RANK_ORDER
+    offload: str = "none"
+    activation_offload: bool = False
 
     @property
     def dp(self) -> int:
@@ -129,11 +134,16 @@ class Layout:
             parts.append(f"diloco{self.diloco_inner_steps}")
         if self.rank_order != DEFAULT_RANK_ORDER:
             parts.append(f"order {self.rank_order}")
+        if self.offload != "none":
+            parts.append(f"offload-{self.offload}")
+        if self.activation_offload:
+            parts.append("actoffload")
         return " ".join(parts)
 
 
 # Where each layout field lives in the job config (the trainer's TOML).
-CONFIG_FIELD = {"micro_batch": "train.micro_batch", "activation_checkpoint": "train.activation_checkpoint"}
+CONFIG_FIELD = {"micro_batch": "train.micro_batch", "activation_checkpoint": "train.activation_checkpoint",
+                "activation_offload": "train.activation_offload"}
 
 
 def config_name(field: str) -> str:
@@ -193,6 +203,7 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     if lay.activation_checkpoint not in ACTIVATION_CHECKPOINT:
         bad("activation_checkpoint", lay.activation_checkpoint, f"use one of {', '.join(ACTIVATION_CHECKPOINT)}")
     out += _compression_problems(lay)
+    out += _offload_problems(lay)
     out += _diloco_problems(lay)
     out += _pipeline_problems(lay, m)
     out += _batch_problems(lay, global_batch)
@@ -223,6 +234,29 @@ def _compression_problems(lay: Layout) -> list[UserError]:
         return [TrainerLimit("parallel.grad_compression", c, "compresses HSDP's all-reduce across dp_replicate; "
                              "with dp_replicate=1 FSDP2 only reduce-scatters (every value goes to one rank); "
                              "set parallel.dp_replicate > 1 (dp_shard within a node), or use int8 or bf16")]
+    return []
+
+
+def _offload_problems(lay: Layout) -> list[UserError]:
+    """parallel.offload=params is FSDP2's CPUOffloadPolicy: it needs FSDP2 sharding parameters
+    (zero 2/3 over dp_shard > 1); DDP and FSDP2's `replicate` have no offload. Optimizer-only offload
+    is not built: torch's AdamW wants its state on the parameter's device."""
+    o = lay.offload
+    if o == "none":
+        return []
+    if o not in OFFLOAD:
+        return [UserError("parallel.offload", o, f"use one of {', '.join(OFFLOAD)}")]
+    if o == "optimizer":
+        return [TrainerLimit("parallel.offload", o, "optimizer-only offload is not built yet; use offload=params "
+                             "(parameters, gradients and the optimizer step on the host, zero 2/3) or none")]
+    if lay.dp_shard < 2 or lay.zero < 2:
+        return [UserError("parallel.offload", o, f"runs on FSDP2 sharding (zero 2/3 with dp_shard > 1), but zero="
+                          f"{lay.zero} dp_shard={lay.dp_shard} runs on {'DDP' if lay.replicates_with_ddp else 'replication'}; "
+                          "set parallel.zero=3 and dp_shard >= 2, or offload=none")]
+    if compresses_in_hooks(lay.grad_compression):
+        return [TrainerLimit("parallel.offload", o, f"grad_compression={lay.grad_compression} compresses on the "
+                             "accelerator in FSDP2's hooks, before offloaded gradients reach the host; use "
+                             "grad_compression=none or bf16")]
     return []
 
 

@@ -32,7 +32,8 @@ class Workload:
     precision: str = "bf16"
     """`bf16` mixed precision (fp32 master weights and Adam state), plain `fp32`, or `fp8`: bf16 mixed
     precision with the layers' GEMMs in FP8 (Transformer Engine's recipe; shoal train has no FP8). The trainer's
-    `bf16-params` plans as `bf16`: both compute in 16 bits over fp32 master state."""
+    `bf16-params` and `fp16` plan as `bf16`: all compute in 16 bits over fp32 master state (fp16's loss
+    scale is one number)."""
     attention: str = "flash"
     """`flash`: fused attention that keeps no S×S matrix (what shoal runs). `unfused`: the S×S scores,
     softmax and dropout are materialised, as in Megatron-LM before flash attention (Korthikanti's
@@ -49,7 +50,7 @@ class Workload:
     """parallel.diloco_overlap_steps: the parameters' all-reduce runs beside this many steps' kernels."""
 
     def __post_init__(self):
-        if self.precision == "bf16-params":
+        if self.precision in ("bf16-params", "fp16"):
             object.__setattr__(self, "precision", "bf16")
 
     @classmethod
