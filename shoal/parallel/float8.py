@@ -31,14 +31,18 @@ SKIPPED = ("output", "router")
 
 
 def _torchao_float8():
-    """torchao.float8, imported without the warning per rank that its CUDA kernels' libraries do not
-    load into a CPU build of torch (float8 training does not use them)."""
-    quiet = logging.getLogger("torchao")
-    level, quiet.level = quiet.level, logging.ERROR
+    """torchao.float8, imported without the warnings per rank that its CUDA kernels' libraries do not
+    load into a CPU build of torch (float8 training does not use them) and that torch deprecates how
+    it registers an enum."""
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
     try:
         import torchao.float8
     finally:
-        quiet.setLevel(level)
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
     return torchao.float8
 
 

@@ -128,7 +128,11 @@ FIELD_CASES = [
     ("train.micro_batch", "-1"), ("train.micro_batch", "-2"),
     ("train.global_batch", "0"), ("train.global_batch", "-16"),
     ("train.seq_len", "1"), ("train.seq_len", "0"), ("train.seq_len", "-5"), ("train.seq_len", "100000"),
-    ("train.precision", "fp8"), ("train.precision", ""), ("train.precision", "FP 32"),
+    ("train.precision", "fp4"), ("train.precision", ""), ("train.precision", "FP 32"),
+    ("train.fp8_recipe", "blockwise"), ("train.loss_scale", "0"), ("train.loss_scale", "nan"),
+    ("train.loss_scale_window", "0"), ("debug.overflow_steps", "2-1"),
+    ("parallel.offload", "disk"), ("parallel.offload", "optimizer"),
+    ("parallel.offload", "params"),  # one process: nothing for FSDP2 to shard
     ("train.activation_checkpoint", "partial"),
     ("train.eval_every", "-1"), ("train.eval_batches", "0"),
     ("train.sample_tokens", "-1"), ("train.sample_tokens", "1000000"),
@@ -199,6 +203,9 @@ COMBO_CASES = [
     (["model.n_shared_experts=1"], "model.n_shared_experts"), (["model.moe_every=2"], "model.moe_every"),
     (["model.n_dense_layers=1"], "model.n_dense_layers"), (["model.aux_loss_coef=0.1"], "model.aux_loss_coef"),
     (["model.preset=debug-moe", "model.n_experts=0", "model.top_k=1"], "model.top_k"),
+    (["debug.overflow_steps=2"], "debug.overflow_steps"),  # forces fp16 overflows, but precision is fp32
+    (["train.precision=fp8", "model.preset=debug", "model.ffn_hidden=168"], "model.ffn_hidden=168"),  # not 16k
+    (["train.precision=fp8", "parallel.tp=2"], "parallel.tp=2"),
 ]
 SYNTAX_CASES = ["train.steps", "steps=5", "foo.bar=1", "train.stesp=5", "train=5", ".steps=1", "train.=1",
                 "model.preset.x=1", "=", "train.steps==5"]
