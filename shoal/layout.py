@@ -317,6 +317,8 @@ ENABLED_BY = {
     **{f"pp_{name}": ("pp", "> 1") for name in ("schedule", "microbatches", "virtual_stages", "lighter_edges")},
     "sequence_parallel": ("tp", "> 1"),
     "checkpoint.async_save": ("checkpoint.every", "> 0"),  # not the layout's, but the same kind of switch
+    "train.fp8_recipe": ("train.precision", "fp8"),
+    "train.loss_scale": ("train.precision", "fp16"), "train.loss_scale_window": ("train.precision", "fp16"),
 }
 
 

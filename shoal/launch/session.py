@@ -278,7 +278,8 @@ def warn_ignored(cfg: JobConfig) -> None:
     from shoal.layout import ignored_settings
 
     def fields(c: JobConfig) -> dict:  # layout.ENABLED_BY's names: parallel's bare, the others dotted
-        return dataclasses.asdict(c.parallel) | {f"checkpoint.{k}": v for k, v in dataclasses.asdict(c.checkpoint).items()}
+        return dataclasses.asdict(c.parallel) | {f"{section}.{k}": v for section in ("checkpoint", "train")
+                                                  for k, v in dataclasses.asdict(getattr(c, section)).items()}
 
     for line in ignored_settings(fields(cfg), fields(JobConfig())):
         print(f"shoal: warning: {line}", file=sys.stderr, flush=True)

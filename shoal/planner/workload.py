@@ -31,7 +31,7 @@ class Workload:
     """Sequences per optimizer step, over all data-parallel ranks."""
     precision: str = "bf16"
     """`bf16` mixed precision (fp32 master weights and Adam state), plain `fp32`, or `fp8`: bf16 mixed
-    precision with the layers' GEMMs in FP8 (Transformer Engine's recipe; shoal train has no FP8). The trainer's
+    precision with the layers' GEMMs in FP8 (Transformer Engine's recipe; shoal train's through torchao). The trainer's
     `bf16-params` and `fp16` plan as `bf16`: all compute in 16 bits over fp32 master state (fp16's loss
     scale is one number)."""
     attention: str = "flash"

@@ -93,3 +93,12 @@ def test_activation_offload_changes_nothing(tmp_path):
     plain = run(tmp_path / "plain", steps=3)
     offloaded = run(tmp_path / "offloaded", "train.activation_offload=true", steps=3)
     assert [(r["loss"], r["grad_norm"]) for r in plain] == [(r["loss"], r["grad_norm"]) for r in offloaded]
+
+
+def test_a_recipe_setting_without_its_precision_is_named():
+    from shoal.layout import ignored_settings
+
+    given = {"train.precision": "bf16", "train.fp8_recipe": "rowwise", "train.loss_scale": 1024.0}
+    lines = ignored_settings(given, {"train.fp8_recipe": "tensorwise", "train.loss_scale": 65536.0})
+    assert len(lines) == 2 and "train.precision=fp8" in lines[0] and "train.precision=fp16" in lines[1]
+    assert not ignored_settings({**given, "train.precision": "fp8"}, {"train.loss_scale": 1024.0})
