@@ -83,11 +83,14 @@ class TrainStep:
         return StepDone(step, loss, grad_norm, lr, time.perf_counter() - t0)
 
     def _may_update(self, step: int, loss: float, grad_norm: float, finite: bool) -> bool:
-        """fp16: gradients that overflowed skip the update (the scaler halves its scale and counts it);
-        then the NaN/Inf guard: stop (raises) or skip the update."""
-        if self.scaler is not None:
+        """fp16: gradients that overflowed from a finite loss skip the update (the scaler halves its
+        scale and counts it). Otherwise, and for a loss that is itself not finite (no scale mends the
+        forward pass), the NaN/Inf guard decides: stop (raises) or skip the update."""
+        if self.scaler is not None and math.isfinite(loss):
             self.scaler.update(finite)
-        return finite and self.guard.allows_update(step, loss, grad_norm)
+            if not finite:
+                return False
+        return self.guard.allows_update(step, loss, grad_norm)
 
     def row(self, done: StepDone) -> dict:
         """The step's metrics.jsonl row: loss and speed, then what it measured (memory of every rank
