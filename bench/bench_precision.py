@@ -5,7 +5,9 @@
     .venv/bin/python bench/bench_precision.py --skip-curves --offload-steps 20
 
 Loss curves: the same run (model, data, seed, schedule) in bf16, fp16 (dynamic loss scaling) and
-fp8 (torchao float8, tensorwise and rowwise; emulated off CUDA), one process each. Printed: the
+fp8 (torchao float8, tensorwise and rowwise; emulated off CUDA), one process each, and in fp32: how
+far fp32 lands from bf16 is the noise floor, what a different rounding alone does to the same run
+(the trajectories part after a few steps and do not meet again). Printed: the
 training loss every --every steps, then at the end the mean of the last 10 training losses and the
 held-out loss, each with its gap to bf16 as a ratio ((x - bf16) / bf16; the issue's goal: within
 1%), fp16's skipped steps and final loss scale, and seconds per step.
@@ -33,6 +35,7 @@ from pathlib import Path
 
 RECIPES = {  # name -> --set overrides beyond the common ones
     "bf16": ["train.precision=bf16"],
+    "fp32": ["train.precision=fp32"],  # the noise floor: how far another rounding alone moves the same run
     "fp16": ["train.precision=fp16"],
     "fp8-tensorwise": ["train.precision=fp8", "train.fp8_recipe=tensorwise"],
     "fp8-rowwise": ["train.precision=fp8", "train.fp8_recipe=rowwise"],
@@ -43,7 +46,8 @@ OFFLOADS = {"none": [], "params": ["parallel.offload=params"],
 
 def common(args, steps: int) -> list[str]:
     return [f"model.preset={args.preset}", f"train.steps={steps}", f"train.global_batch={args.batch}",
-            f"train.seq_len={args.seq_len}", "train.eval_every=0", "train.eval_batches=4", "train.sample_tokens=0",
+            f"train.seq_len={args.seq_len}", "train.eval_every=0", f"train.eval_batches={args.eval_batches}",
+            "train.sample_tokens=0",
             "checkpoint.every=0", f"train.warmup_steps={min(20, steps // 10)}"]
 
 
@@ -115,6 +119,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--eval-batches", type=int, default=16, help="held-out batches (of --batch sequences) at the end")
     p.add_argument("--every", type=int, default=50, help="print the training loss every this many steps")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
