@@ -436,8 +436,6 @@ def _check_precision(t: TrainConfig, m: ModelConfig, p: ParallelConfig, debug: D
     for name, value in sides.items():
         _check(value % 16 == 0, "train.precision", "fp8", f"FP8 matrix products need sides that are multiples of 16, "
                f"but {name}={value}; change it or use bf16")
-    _check(p.tp == 1, "train.precision", "fp8", f"FP8 with tensor parallelism (parallel.tp={p.tp}) is not built yet "
-           "(torchao's Float8 TP styles); use parallel.tp=1 or bf16")
 
 
 def _check_observability(debug: DebugConfig, metrics: MetricsConfig, steps: int) -> None:

@@ -205,7 +205,6 @@ COMBO_CASES = [
     (["model.preset=debug-moe", "model.n_experts=0", "model.top_k=1"], "model.top_k"),
     (["debug.overflow_steps=2"], "debug.overflow_steps"),  # forces fp16 overflows, but precision is fp32
     (["train.precision=fp8", "model.preset=debug", "model.ffn_hidden=168"], "model.ffn_hidden=168"),  # not 16k
-    (["train.precision=fp8", "parallel.tp=2"], "parallel.tp=2"),
 ]
 SYNTAX_CASES = ["train.steps", "steps=5", "foo.bar=1", "train.stesp=5", "train=5", ".steps=1", "train.=1",
                 "model.preset.x=1", "=", "train.steps==5"]
@@ -489,7 +488,7 @@ FLAG_CASES = [
     ["k8s", "recipes/debug.toml", "--nodes", "2", "--gpus-per-node", "1", "--image", "x", "--run-out", "runs/a",
      "--out", "{dir}/k8s"],  # a relative --out in a pod is its own container's, lost with it
     [*PLAN[:-4], "--scale", "16:8"], [*PLAN[:-4], "--scale", "8-16"], [*PLAN, "--gpu", "h1000"],
-    [*PLAN, "--gpu", "a100", "--precision", "fp8"], [*PLAN, "--precision", "fp8", "--emit", "{dir}/fp8.toml"],
+    [*PLAN, "--gpu", "a100", "--precision", "fp8"],
     ["plan", "--model", "llama9", "--seq-len", "8", "--global-batch", "8", "--gpu", "h100", "--gpus", "8"],
     ["plan", "--validate", "{run}", "--gpus", "0"], ["plan", "--validate", "{run}", "--scale", "8:64"],
     ["plan", "--validate", "{run}", "--top", "3"], ["plan", "--validate", "{run}", "--tp", "2"],
