@@ -38,11 +38,14 @@ class LossScaler:
         forced = self.force_overflow is not None and self.force_overflow[0] <= step <= self.force_overflow[1]
         if forced and self.rank == 0 and grads:
             grads[0].fill_(float("inf"))
-        inverse = 1.0 / self.scale
-        bad = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else "cpu")
-        for g in grads:
-            g.mul_(inverse)
-            bad = torch.maximum(bad, (~torch.isfinite(g)).any().float())
+        bad = torch.zeros(1, dtype=torch.float32, device=grads[0].device if grads else "cpu")
+        by_device: dict = {}
+        for g in grads:  # offloaded (host) and device gradients apart: torch's kernel takes one device's
+            by_device.setdefault(g.device, []).append(g)
+        for device, gs in by_device.items():  # GradScaler's fused multiply-and-check, one launch per device
+            found = torch.zeros(1, dtype=torch.float32, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(gs, found, torch.full((1,), 1.0 / self.scale, device=device))
+            bad = torch.maximum(bad, found.to(bad.device))
         if self.world_size > 1:  # one rank's shard overflowing skips the step everywhere
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         return not bool(bad)
