@@ -36,7 +36,8 @@ INIT_FROM_DOC = ("A Hugging Face model folder (config.json + safetensors) or a s
                  "(--resume continues a run). docs/hf.md lists the families.")
 
 
-PRECISIONS = ("fp32", "bf16", "bf16-params")  # see TrainConfig.precision
+PRECISIONS = ("fp32", "bf16", "bf16-params", "fp16", "fp8")  # see TrainConfig.precision
+FP8_RECIPES = ("tensorwise", "rowwise")  # see TrainConfig.fp8_recipe
 
 
 @dataclass
@@ -98,6 +99,10 @@ class ParallelConfig:
     diloco_overlap_steps: int = 0
     """Streaming DiLoCo's tau: a fragment's all-reduce runs beside this many inner steps before its
     outer step is applied, mixed half and half with what the group learnt meanwhile (0: applied at once)."""
+    offload: str = "none"
+    """What lives in host memory instead of the accelerator's: none | params (FSDP2's CPU offload
+    policy: parameters, gradients and the optimizer step on the host; zero 2/3 with dp_shard > 1) |
+    optimizer (optimizer state only; not built yet, refused). train.activation_offload moves activations."""
     rank_order: str = DEFAULT_RANK_ORDER
     """Which ranks form each group: tp, dp and pp from innermost (neighbouring ranks, one node) to
     outermost. Launchers give each node a block of neighbouring ranks, so tp-dp-pp keeps TP inside a
@@ -140,7 +145,22 @@ class TrainConfig:
     layout (FSDP gathers fp32 parameters); bf16-params: as bf16, and FSDP (zero 2/3) also gathers and
     computes with bf16 copies of the parameters (half the all-gather bytes; embedding, norms and head
     then run in bf16, so losses differ from 1 process by ~1e-3, not bitwise-comparable). Without FSDP
-    bf16-params is bf16."""
+    bf16-params is bf16. fp16: autocast to float16 over fp32 master weights with dynamic loss scaling
+    (train.loss_scale; a step whose gradients overflow is skipped and the scale halved, metrics count
+    them). fp8: the transformer blocks' linear layers multiply in float8 through torchao
+    (train.fp8_recipe; `pip install 'shoal[fp8]'`), everything else as bf16; emulated on CPU, refused on
+    a GPU without FP8 tensor cores (compute capability below 8.9)."""
+    fp8_recipe: str = "tensorwise"
+    """precision=fp8: torchao's scaling: tensorwise (one scale per tensor, fastest) | rowwise (one per row
+    of each operand, more accurate)."""
+    loss_scale: float = 65536.0
+    """precision=fp16: the first loss scale (dynamic: halved on every overflowing step, doubled after
+    loss_scale_window steps without one)."""
+    loss_scale_window: int = 2000
+    """precision=fp16: steps without an overflow before the loss scale doubles."""
+    activation_offload: bool = False
+    """Keep the activations saved for backward in host memory (torch.autograd.graph.save_on_cpu, pinned
+    on CUDA) and bring them back for backward: less accelerator memory, more PCIe traffic. Same results."""
     activation_checkpoint: str = "none"
     """none | selective (recompute all but matmul and attention outputs) | selective-op (torchtitan's
     per-op policy: selective, and every second matmul recomputed too) | full (recompute each layer)."""
@@ -228,6 +248,9 @@ class DebugConfig:
     """Also record tensor allocations in the trace (torch.profiler's profile_memory)."""
     profile_stacks: bool = False
     """Also record each op's Python stack (with_stack; larger traces, slower steps)."""
+    overflow_steps: str = ""
+    """train.precision=fp16: make these optimizer steps' gradients overflow (`A-B` or `A`), to see the loss
+    scaler skip them and go on. Empty: none."""
 
 
 @dataclass
@@ -329,7 +352,7 @@ class JobConfig:
         _check(t.seq_len > 1, "train.seq_len", t.seq_len, "must be at least 2")
         _check(t.seq_len <= m.max_seq_len, "train.seq_len", t.seq_len,
                f"exceeds the model's max_seq_len={m.max_seq_len}; lower it or set model.max_seq_len")
-        _check(t.precision in PRECISIONS, "train.precision", t.precision, "use 'fp32', 'bf16' or 'bf16-params'")
+        _check_precision(t, m, self.parallel, self.debug)
         _check(t.on_nonfinite in ("stop", "skip"), "train.on_nonfinite", t.on_nonfinite, "use 'stop' or 'skip'")
         _check(t.activation_checkpoint in ACTIVATION_CHECKPOINT, "train.activation_checkpoint",
                t.activation_checkpoint, f"use one of {', '.join(ACTIVATION_CHECKPOINT)}")
@@ -391,6 +414,33 @@ def _check_data(d: DataConfig) -> None:
                "corpus rather than weighting it 0")
     _check(not (d.mix and d.path != DataConfig.path), "data.mix", d.mix,
            f"data.path={d.path!r} is set too; train on one or the other (put it in the mix)")
+
+
+def _check_precision(t: TrainConfig, m: ModelConfig, p: ParallelConfig, debug: DebugConfig) -> None:
+    """train.precision and the settings that go with it (fp16's loss scale, fp8's recipe and library).
+    Whether this machine's GPU multiplies in FP8 is checked when the job starts (launch/session.py)."""
+    _check(t.precision in PRECISIONS, "train.precision", t.precision, f"use one of {', '.join(PRECISIONS)}")
+    _check(t.fp8_recipe in FP8_RECIPES, "train.fp8_recipe", t.fp8_recipe, f"use one of {', '.join(FP8_RECIPES)}")
+    _check(_finite(t.loss_scale) and 1 <= t.loss_scale <= 2.0**100, "train.loss_scale", t.loss_scale,
+           "must be a finite number from 1 to 2**100, e.g. 65536")
+    _check(t.loss_scale_window >= 1, "train.loss_scale_window", t.loss_scale_window, "must be >= 1, e.g. 2000")
+    _check(profile_steps_problem(debug.overflow_steps) is None, "debug.overflow_steps", debug.overflow_steps,
+           profile_steps_problem(debug.overflow_steps) or "")
+    _check(not debug.overflow_steps.strip() or t.precision == "fp16", "debug.overflow_steps", debug.overflow_steps,
+           f"forces fp16 overflows, but train.precision={t.precision}; set train.precision=fp16 or leave it empty")
+    if t.precision != "fp8":
+        return
+    import importlib.util
+
+    _check(importlib.util.find_spec("torchao") is not None, "train.precision", "fp8",
+           "needs torchao's float8 training: pip install 'shoal[fp8]' (or use bf16)")
+    # torch._scaled_mm (and torchao's emulation of it) multiplies matrices whose sides are multiples of 16.
+    sides = {"model.dim": m.dim, "model.ffn_hidden": m.ffn_hidden, "n_kv_heads*head_size": m.n_kv_heads * m.head_size}
+    if m.is_moe:
+        sides["model.expert_ffn_hidden"] = m.expert_hidden
+    for name, value in sides.items():
+        _check(value % 16 == 0, "train.precision", "fp8", f"FP8 matrix products need sides that are multiples of 16, "
+               f"but {name}={value}; change it or use bf16")
 
 
 def _check_observability(debug: DebugConfig, metrics: MetricsConfig, steps: int) -> None:

@@ -76,7 +76,8 @@ def resolve_layout(cfg: JobConfig, world: int) -> Layout:
                   micro_batch=micro_batch, pp_schedule=par.pp_schedule, pp_microbatches=par.pp_microbatches,
                   pp_virtual_stages=par.pp_virtual_stages, activation_checkpoint=t.activation_checkpoint,
                   sequence_parallel=par.sequence_parallel, grad_compression=par.grad_compression,
-                  diloco_inner_steps=par.diloco_inner_steps, rank_order=par.rank_order)
+                  diloco_inner_steps=par.diloco_inner_steps, rank_order=par.rank_order,
+                  offload=par.offload, activation_offload=t.activation_offload)
 
 
 def auto_micro_batch(global_batch: int, dp: int, pp: int, schedule: str) -> int:

@@ -45,7 +45,8 @@ an order that leaves it out has it just outside tp (rank_dims), so recipes writt
 parallelism keep their meaning."""
 OFFLOAD = ("none", "optimizer", "params")
 """parallel.offload: what lives in host memory between uses. optimizer: fp32 master weights and Adam
-moments, the update on the CPU (ZeRO-Offload); params: the 16-bit weights too, fetched per layer."""
+moments, the update on the CPU (ZeRO-Offload; planned, not built in shoal train yet); params: the
+parameters, gradients and the optimizer step too (FSDP2's CPUOffloadPolicy, parallel/data_parallel.py)."""
 DEFAULT_RANK_ORDER = "tp-dp-pp"
 """TP on neighbouring ranks (inside a node), then CP, PP outermost: Megatron's and torchtitan's order."""
 
@@ -223,8 +224,8 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     if lay.activation_checkpoint not in ACTIVATION_CHECKPOINT:
         bad("activation_checkpoint", lay.activation_checkpoint, f"use one of {', '.join(ACTIVATION_CHECKPOINT)}")
     out += _context_parallel_problems(lay, m, seq_len)
-    out += _offload_problems(lay)
     out += _compression_problems(lay)
+    out += _offload_problems(lay)
     out += _diloco_problems(lay)
     out += _pipeline_problems(lay, m)
     out += _batch_problems(lay, global_batch)
@@ -263,20 +264,6 @@ def _context_parallel_problems(lay: Layout, m: ModelConfig, seq_len: int) -> lis
     return out
 
 
-def _offload_problems(lay: Layout) -> list[UserError]:
-    """parallel.offload and train.activation_offload: what lives in host memory between uses."""
-    out: list[UserError] = []
-    if lay.offload not in OFFLOAD:
-        out.append(UserError("parallel.offload", lay.offload, f"use one of {', '.join(OFFLOAD)}"))
-    elif lay.offload != "none":
-        out.append(TrainerLimit("parallel.offload", lay.offload, "shoal train has no offloading in this build; "
-                                "set offload=none to emit a runnable recipe"))
-    if lay.activation_offload:
-        out.append(TrainerLimit("train.activation_offload", True, "shoal train has no activation offloading in "
-                                "this build; set it false to emit a runnable recipe"))
-    return out
-
-
 def _compression_problems(lay: Layout) -> list[UserError]:
     c = lay.grad_compression
     if c == "none":
@@ -296,6 +283,29 @@ def _compression_problems(lay: Layout) -> list[UserError]:
         return [TrainerLimit("parallel.grad_compression", c, "compresses HSDP's all-reduce across dp_replicate; "
                              "with dp_replicate=1 FSDP2 only reduce-scatters (every value goes to one rank); "
                              "set parallel.dp_replicate > 1 (dp_shard within a node), or use int8 or bf16")]
+    return []
+
+
+def _offload_problems(lay: Layout) -> list[UserError]:
+    """parallel.offload=params is FSDP2's CPUOffloadPolicy: it needs FSDP2 sharding parameters
+    (zero 2/3 over dp_shard > 1); DDP and FSDP2's `replicate` have no offload. Optimizer-only offload
+    is not built: torch's AdamW wants its state on the parameter's device."""
+    o = lay.offload
+    if o == "none":
+        return []
+    if o not in OFFLOAD:
+        return [UserError("parallel.offload", o, f"use one of {', '.join(OFFLOAD)}")]
+    if o == "optimizer":
+        return [TrainerLimit("parallel.offload", o, "optimizer-only offload is not built yet; use offload=params "
+                             "(parameters, gradients and the optimizer step on the host, zero 2/3) or none")]
+    if lay.dp_shard < 2 or lay.zero < 2:
+        return [UserError("parallel.offload", o, f"runs on FSDP2 sharding (zero 2/3 with dp_shard > 1), but zero="
+                          f"{lay.zero} dp_shard={lay.dp_shard} runs on {'DDP' if lay.replicates_with_ddp else 'replication'}; "
+                          "set parallel.zero=3 and dp_shard >= 2, or offload=none")]
+    if compresses_in_hooks(lay.grad_compression):
+        return [TrainerLimit("parallel.offload", o, f"grad_compression={lay.grad_compression} compresses on the "
+                             "accelerator in FSDP2's hooks, before offloaded gradients reach the host; use "
+                             "grad_compression=none or bf16")]
     return []
 
 
@@ -356,6 +366,8 @@ ENABLED_BY = {
     **{f"pp_{name}": ("pp", "> 1") for name in ("schedule", "microbatches", "virtual_stages", "lighter_edges")},
     "sequence_parallel": ("tp", "> 1"),
     "checkpoint.async_save": ("checkpoint.every", "> 0"),  # not the layout's, but the same kind of switch
+    "train.fp8_recipe": ("train.precision", "fp8"),
+    "train.loss_scale": ("train.precision", "fp16"), "train.loss_scale_window": ("train.precision", "fp16"),
 }
 
 

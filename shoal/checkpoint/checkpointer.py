@@ -89,6 +89,8 @@ class Checkpointer:
                            f"so {_steps(lost)} lost")
             return 0
         train_state = store.read_train_state(path)
+        if self.pm.loss_scaler is not None and "loss_scale" in train_state:  # fp16: the scale goes on as it was
+            self.pm.loss_scaler.load_state_dict(train_state["loss_scale"])
         changed = self.loader.load_state_dict(train_state["data"]) or self._other_tokens(train_state)
         if changed and self.rt.is_main:  # one line, once (a warnings.warn printed its source line on every rank)
             store.warn(f"warning: {changed}")
@@ -240,7 +242,8 @@ class Checkpointer:
         return {"step": step, "loss": loss, "data": self.loader.state_dict(), "tokens": self._tokens(),
                 "run": run_mark(self.root, self.out),
                 "model": _model_fields(self.cfg), "layout": layout_info(self.cfg, self.rt),
-                "config": self.cfg.to_dict(), "torch": torch.__version__, "time": time.time()}
+                "config": self.cfg.to_dict(), "torch": torch.__version__, "time": time.time(),
+                **({"loss_scale": self.pm.loss_scaler.state_dict()} if self.pm.loss_scaler is not None else {})}
 
     def _write(self, state: dict, step: int, info: dict) -> None:
         """Collective: write, hash, and (rank 0) commit one checkpoint."""

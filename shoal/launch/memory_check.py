@@ -42,6 +42,8 @@ def check_memory(job, local_ranks: int, device: Device | None = None) -> float |
     peak = predict_peak(job, device)
     if peak.fits:
         check_host_bounds(job)
+        if device.kind == "cuda":  # on CPU the host is the device: the peak above counted it
+            check_host_offload(job, peak, local_ranks)
         return peak.total
     raise UserError(
         "memory", _Text(f"{peak.total / GiB:.1f} GiB per rank predicted"),
@@ -72,6 +74,45 @@ def suggest(job, device: Device) -> str:
             if device.kind == "cuda" else "ranks on one host share its memory, so use more machines")
     return (f"no single setting fits it (parameters, gradients and optimizer state alone take {states:.1f} GiB): "
             f"use a smaller model (model.preset, model.dim, model.n_layers) or {more}")
+
+
+def offloaded_bytes(job, peak) -> float:
+    """Bytes per rank that parallel.offload and train.activation_offload keep in host memory: the model
+    states (parameters, gradients, optimizer state) for offload=params, the saved activations for
+    activation_offload, as the planner's breakdown `peak` sizes them."""
+    lay = job.layout
+    states = peak.params + peak.grads + peak.optimizer if lay.offload == "params" else 0.0
+    return states + (peak.activations if lay.activation_offload else 0.0)
+
+
+def check_host_offload(job, peak, local_ranks: int) -> None:
+    """Refuse an offloading run whose local ranks together would hold more in host memory than the
+    host has available."""
+    from shoal.hardware.memory import mem_available
+
+    per_rank, available = offloaded_bytes(job, peak), mem_available()
+    if not per_rank or available is None or per_rank * local_ranks <= available:
+        return
+    field, value = (("parallel.offload", job.layout.offload) if job.layout.offload != "none"
+                    else ("train.activation_offload", True))
+    raise UserError(field, value, f"keeps {per_rank / GiB:.1f} GiB per rank in host memory, {local_ranks} local "
+                                  f"rank{'s' * (local_ranks > 1)} need {per_rank * local_ranks / GiB:.1f} GiB, more than "
+                                  f"the host's {available / GiB:.1f} GiB available; offload less, use fewer ranks per "
+                                  "node, or set train.memory_check=false to run anyway")
+
+
+def check_fp8_device() -> None:
+    """Refuse train.precision=fp8 on a GPU without FP8 tensor cores (never train it silently in bf16).
+    Off CUDA the recipe is emulated (parallel/float8.py)."""
+    from shoal.hardware.memory import _torch_if_cuda
+
+    torch = _torch_if_cuda()
+    if torch is None:
+        return
+    from shoal.parallel.float8 import fp8_device_problem
+
+    if problem := fp8_device_problem(torch.device("cuda", 0)):
+        raise UserError("train.precision", "fp8", problem)
 
 
 class _Text(str):

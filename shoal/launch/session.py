@@ -118,6 +118,11 @@ def prepare(cfg: JobConfig, o: Options):
         from shoal.launch.memory_check import check_memory
 
         check_memory(job, local_ranks)
+    # 5a. FP8 where this machine's GPU cannot multiply in it (CPU emulates: parallel/float8.py).
+    if cfg.train.precision == "fp8":
+        from shoal.launch.memory_check import check_fp8_device
+
+        check_fp8_device()
     if speaks_for_the_run():
         _warn_placement(job, local_ranks)
     # 5b. A pretrained folder's tensors: every name and shape, from the files' headers alone.
@@ -273,7 +278,8 @@ def warn_ignored(cfg: JobConfig) -> None:
     from shoal.layout import ignored_settings
 
     def fields(c: JobConfig) -> dict:  # layout.ENABLED_BY's names: parallel's bare, the others dotted
-        return dataclasses.asdict(c.parallel) | {f"checkpoint.{k}": v for k, v in dataclasses.asdict(c.checkpoint).items()}
+        return dataclasses.asdict(c.parallel) | {f"{section}.{k}": v for section in ("checkpoint", "train")
+                                                  for k, v in dataclasses.asdict(getattr(c, section)).items()}
 
     for line in ignored_settings(fields(cfg), fields(JobConfig())):
         print(f"shoal: warning: {line}", file=sys.stderr, flush=True)

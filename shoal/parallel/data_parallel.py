@@ -21,7 +21,7 @@ import dataclasses
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
@@ -41,7 +41,7 @@ def expert_modules(model: nn.Module) -> list[nn.Module]:
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
                expert_mesh: DeviceMesh | None = None, deferred_weight_grads: bool = False,
-               grad_compression: str = "none") -> list[nn.Module]:
+               grad_compression: str = "none", offload: bool = False, pin_memory: bool = False) -> list[nn.Module]:
     """zero=2/3 (and zero=0 through `replicate`) on one model or pipeline stage, block by block;
     returns the wrapped modules (FSDP's units), experts and blocks first, the model last.
 
@@ -52,6 +52,10 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
 
     Expert weights sharded by expert parallelism are wrapped on their own mesh: the data-parallel
     ranks that hold the same experts (see expert_parallel.py for how their gradients are scaled).
+
+    offload (parallel.offload=params, zero 2/3 only: shoal/layout.py): FSDP2's CPUOffloadPolicy keeps
+    the sharded parameters and gradients in host memory (pinned on CUDA), copies a block's share to the
+    device when it gathers it and the reduced gradient back, so the optimizer steps on the host.
     """
     mp = mixed_precision(precision)
     if grad_compression == "bf16":  # the only compression FSDP2 can do: reduce(-scatter) in bf16
@@ -62,7 +66,8 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
         kwargs = {"mp_policy": mp}
     else:
         wrap = fully_shard
-        kwargs = {"mp_policy": mp, "reshard_after_forward": zero == 3 and not deferred_weight_grads}
+        kwargs = {"mp_policy": mp, "reshard_after_forward": zero == 3 and not deferred_weight_grads,
+                  "offload_policy": CPUOffloadPolicy(pin_memory=pin_memory) if offload else OffloadPolicy()}
     units = []
     for experts in expert_modules(model) if expert_mesh is not None else []:
         units.append(wrap(experts, mesh=expert_mesh, **kwargs))

@@ -31,7 +31,8 @@ class ParallelModel:
     """The whole model, or the pipeline stages this rank runs (each a model with some layers)."""
     device: torch.device
     precision: str = "fp32"
-    """train.precision: fp32, or bf16 / bf16-params, both autocast over fp32 weights (README's table)."""
+    """train.precision: fp32, or bf16 / bf16-params / fp8 (autocast bf16) or fp16 (autocast float16), all
+    over fp32 weights (README's table); fp8's linear layers are torchao's (parallel/float8.py)."""
     schedule: object | None = None
     """The pipeline schedule when pp > 1."""
     has_first_stage: bool = True
@@ -45,6 +46,9 @@ class ParallelModel:
     grad_compressor: object | None = None
     """The DDP or FSDP2 hooks' state when gradients are compressed (parallel/compression.py): its
     per-step byte counts go to the metrics and its state into checkpoints."""
+    loss_scaler: object | None = None
+    """fp16's dynamic loss scaler (train/loss_scale.py): the step scales and unscales with it, and
+    its scale goes into checkpoints (train_state.json)."""
     diloco: object | None = None
     """The outer optimizer across dp_replicate groups when DiLoCo is on (parallel/diloco.py): the
     trainer calls it after each inner step; its state goes into checkpoints."""
@@ -55,6 +59,10 @@ class ParallelModel:
     before the model sees them (the documents tensor stays whole) and `loss` is its share."""
     loss: Callable = cross_entropy
     """(logits, targets) -> the loss to backpropagate (the pipeline schedule's loss_fn is the same)."""
+    activation_offload: bool = False
+    """train.activation_offload: tensors saved for backward wait in host memory (pinned on CUDA)."""
+    scaled_loss: "ScaledLoss | None" = None
+    """With a pipeline, the loss function its schedule differentiates, which carries fp16's loss scale."""
 
     def parameters(self):
         for m in self.modules:
@@ -69,19 +77,22 @@ class ParallelModel:
             held += [*self.diloco.outer.values(), *self.diloco.buf.values()]
         return held
 
-    def forward_backward(self, batches: list[Batch]) -> torch.Tensor:
-        """Forward and backward over one step's micro-batches; this rank's mean loss (detached).
-        Gradients end up averaged over the micro-batches and reduced over data-parallel ranks."""
-        with self._compute():
+    def forward_backward(self, batches: list[Batch], loss_scale: float = 1.0) -> torch.Tensor:
+        """Forward and backward over one step's micro-batches; this rank's mean loss (detached, unscaled).
+        Gradients end up averaged over the micro-batches and reduced over data-parallel ranks, and
+        multiplied by `loss_scale` (fp16's dynamic loss scale, a power of two: exact both ways)."""
+        with self._compute(), self._saved_tensors():
             if self.schedule is not None:  # the schedule divides gradients by the micro-batch count
-                total = self._run_schedule("step", *(torch.cat(parts) for parts in zip(*batches)))
+                self.scaled_loss.scale = loss_scale
+                total = self._run_schedule("step", *(torch.cat(parts) for parts in zip(*batches))) / loss_scale
+                self.scaled_loss.scale = 1.0  # evaluation's losses are plain
             else:
                 model, total, n = self.modules[0], torch.zeros((), device=self.device), len(batches)
                 for i, (inputs, targets, *documents) in enumerate(batches):
                     inputs, targets = self._local(inputs, targets)
                     with self._reduce_gradients(model, last=i == n - 1):
                         loss = self.loss(model(*self._on_device(inputs, *documents)), targets.to(self.device)) / n
-                        loss.backward()
+                        (loss * loss_scale if loss_scale != 1.0 else loss).backward()
                     total += _scalar(loss)
         _sum_partial_gradients(self.parameters())
         return total
@@ -105,9 +116,16 @@ class ParallelModel:
             m.train()
         return torch.stack(losses).mean()
 
+    def _saved_tensors(self):
+        """train.activation_offload: what autograd saves for backward goes to host memory (pinned on
+        CUDA, so the copies run asynchronously) and comes back when backward needs it."""
+        if not self.activation_offload:
+            return nullcontext()
+        return torch.autograd.graph.save_on_cpu(pin_memory=self.device.type == "cuda")
+
     def _compute(self):
-        """This device's attention kernels, autocast for bf16 (fp32 master weights and optimizer
-        state) and the vocabulary-parallel loss.
+        """This device's attention kernels, autocast for bf16, fp8 and fp16 (fp32 master weights and
+        optimizer state) and the vocabulary-parallel loss.
 
         Autocast runs without its cast cache: it keeps each weight's bf16 copy for the whole region
         (all micro-batches), while FSDP2 frees and re-gathers the weights between them; with it,
@@ -115,8 +133,9 @@ class ParallelModel:
         without it 2e-5."""
         stack = ExitStack()
         stack.enter_context(attention_kernels(self.device))
-        if self.precision != "fp32":  # bf16, bf16-params
-            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False))
+        if self.precision != "fp32":  # bf16, bf16-params, fp8 (its linear layers cast further), fp16
+            dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
+            stack.enter_context(torch.autocast(self.device.type, dtype=dtype, cache_enabled=False))
         if self.vocab_parallel:
             from torch.distributed.tensor.parallel import loss_parallel
 
@@ -160,6 +179,18 @@ class ParallelModel:
         else:
             run()
         return torch.stack([_scalar(x) for x in losses]).mean() if losses else torch.zeros((), device=self.device)
+
+
+class ScaledLoss:
+    """A pipeline schedule's loss function times fp16's loss scale: the schedule runs backward from
+    what it returns, so the scale has to be inside (1 outside a step: evaluation's losses are plain)."""
+
+    def __init__(self, loss_fn):
+        self.loss_fn, self.scale = loss_fn, 1.0
+
+    def __call__(self, *args):
+        loss = self.loss_fn(*args)
+        return loss * self.scale if self.scale != 1.0 else loss
 
 
 def _sum_partial_gradients(params) -> None:

@@ -16,8 +16,9 @@ from shoal.parallel.context_parallel import apply_context_parallel
 from shoal.parallel.data_parallel import apply_ddp, apply_fsdp
 from shoal.parallel.diloco import DiLoCo
 from shoal.parallel.expert_parallel import apply_expert_parallel
+from shoal.parallel.float8 import apply_float8
 from shoal.parallel.mesh import ParallelDims
-from shoal.parallel.parallel_model import ParallelModel, set_aux_loss_scale
+from shoal.parallel.parallel_model import ParallelModel, ScaledLoss, set_aux_loss_scale
 from shoal.parallel.pipeline import build_schedule, split_model
 from shoal.parallel.tensor_parallel import apply_tensor_parallel
 
@@ -39,7 +40,13 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
         n_stages = dims.pp * lay.virtual_stages
         ids, modules = split_model(model, mesh["pp"].get_local_rank(), dims.pp, lay.virtual_stages,
                                    lay.pp_schedule, job.cfg.parallel.pp_lighter_edges)
+    # Parameters live on the host under FSDP2's CPU offload (it copies each block's share over when gathering).
+    home = torch.device("cpu") if lay.offload == "params" else device
     for i, m in enumerate(modules):
+        # 1b. FP8 (train.precision=fp8): the blocks' linear layers become torchao's Float8Linear before
+        #     TP and FSDP see them; the weight stays an ordinary parameter of the same name.
+        if train.precision == "fp8":
+            apply_float8(m, train.fp8_recipe, device)
         # 2. Tensor parallel: turns weights into DTensors sharded over tp.
         if dims.tp > 1:
             apply_tensor_parallel(m, mesh["tp"], lay.sequence_parallel)
@@ -68,8 +75,9 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
                                zero=data_parallel_zero(dims, lay.zero), precision=train.precision,
                                expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None,
                                deferred_weight_grads=dims.pp > 1 and lay.pp_schedule == "zero-bubble",
-                               grad_compression=lay.grad_compression)
-            materialize(m, device, train.seed, weights)
+                               grad_compression=lay.grad_compression, offload=lay.offload == "params",
+                               pin_memory=device.type == "cuda")
+            materialize(m, home, train.seed, weights)
             if compresses_in_hooks(lay.grad_compression):  # int8/topk/powersgd: across dp_replicate
                 compressor = build_compressor(lay.grad_compression, m, mesh["dp_replicate"].get_group(),
                                               job.cfg.parallel, train.seed)
@@ -79,9 +87,11 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
     wrapper = "none" if dp == 1 else "ddp" if uses_ddp(dims, lay.zero) else "fsdp"
     m = job.model
     attention = attention_backend(m.n_heads // dims.tp, kv_heads_per_rank(m, dims.tp), m.head_size, train.seq_len, device,
-                                  torch.get_default_dtype() if train.precision == "fp32" else torch.bfloat16)
+                                  torch.get_default_dtype() if train.precision == "fp32" else
+                                  torch.float16 if train.precision == "fp16" else torch.bfloat16)
     pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dp > 1 else 0,
-                       wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention, context=context)
+                       wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention, context=context,
+                       activation_offload=lay.activation_offload)
     if context is not None:
         pm.loss = context.loss
     pm.grad_compressor = compressor
@@ -90,8 +100,9 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
                            replica=mesh["dp_replicate"].get_local_rank())
     n_micro = job.n_microbatches
     set_aux_loss_scale(modules, 1.0 if dims.pp > 1 else 1.0 / n_micro)
-    if dims.pp > 1:
-        pm.schedule = build_schedule(modules, ids, n_stages, n_micro, loss_fn, lay.pp_schedule, device,
+    if dims.pp > 1:  # the loss the schedule differentiates carries fp16's loss scale (ParallelModel sets it)
+        pm.scaled_loss = ScaledLoss(loss_fn)
+        pm.schedule = build_schedule(modules, ids, n_stages, n_micro, pm.scaled_loss, lay.pp_schedule, device,
                                      mesh["pp"].get_group())
         pm.has_first_stage, pm.has_last_stage = 0 in ids, n_stages - 1 in ids
     return pm

@@ -120,6 +120,8 @@ def predict_job(job, device_kind: str, device_name: str, local_world: int, *, me
     from shoal.hardware.local import LOCAL_PROCESS_BYTES
 
     gpu, why = planner_hardware(device_kind, device_name, min(local_world, job.world), measure=measure)
+    if gpu is not None and job.cfg.train.precision == "fp8" and not gpu.peak_fp8_flops:
+        gpu, why = None, "FP8 is emulated here (no FP8 matrix units), so its step time is not the planner's to predict"
     if gpu is None:
         # Memory needs only the reserved bytes (capacity is the memory check's business, not the plan's).
         reserved = LOCAL_PROCESS_BYTES if device_kind == "cpu" else GPU.reserved_bytes

@@ -14,7 +14,7 @@ from shoal.errors import UserError
 from shoal.model.config import PRESETS
 from shoal.planner.evaluate import Plan
 from shoal.hardware.catalog import GiB
-from shoal.layout import CONFIG_FIELD, Layout
+from shoal.layout import CONFIG_FIELD
 
 TRAINER_DEFAULT_PRESET = "tiny"
 """What shoal train's [model] section starts from when it names no preset."""
@@ -54,11 +54,8 @@ def recipe_sections(plan: Plan, preset: str | None = None, tokens: float | None 
                       if f.name not in model and f.name != "note" and getattr(cfg, f.name) != getattr(base, f.name)})
     if wl.seq_len > cfg.max_seq_len:
         model["max_seq_len"] = wl.seq_len  # the trainer refuses sequences longer than the model's
-    # Context parallelism and offloading are written only when used: the trainer's config learns them
-    # in its own change, and a recipe without them runs on either side of it.
-    unused = {name for name in NEW_LAYOUT_FIELDS if getattr(lay, name) == getattr(Layout, name)}
-    parallel = {f.name: getattr(lay, f.name) for f in fields(lay) if f.name not in CONFIG_FIELD and f.name not in unused}
-    train = {f.split(".")[1]: getattr(lay, name) for name, f in CONFIG_FIELD.items() if name not in unused}
+    parallel = {f.name: getattr(lay, f.name) for f in fields(lay) if f.name not in CONFIG_FIELD}
+    train = {f.split(".")[1]: getattr(lay, name) for name, f in CONFIG_FIELD.items()}
     train.update(global_batch=wl.global_batch, seq_len=wl.seq_len, precision=wl.precision)
     if wl.kernels == "fused" and lay.pp_schedule != "zero-bubble":
         train["compile"] = True  # the fused layer the memory was planned for (planner/workload.py `kernels`)
@@ -66,8 +63,6 @@ def recipe_sections(plan: Plan, preset: str | None = None, tokens: float | None 
         train["steps"] = math.ceil(tokens / wl.tokens_per_step)
     return {"model": model, "parallel": parallel, "train": train}
 
-
-NEW_LAYOUT_FIELDS = ("cp", "offload", "activation_offload")
 
 EMITTED = "# Emitted by `shoal plan`"
 """How every emitted recipe begins: `--emit` replaces such a file, never a recipe a person wrote."""

@@ -32,7 +32,7 @@ class Workload:
     """Sequences per optimizer step, over all data-parallel ranks."""
     precision: str = "bf16"
     """`bf16` mixed precision (fp32 master weights and Adam state), plain `fp32`, or `fp8`: bf16 mixed
-    precision with the layers' GEMMs in FP8 (Transformer Engine's recipe; shoal train has no FP8). The trainer's
+    precision with the layers' GEMMs in FP8 (Transformer Engine's recipe; shoal train's through torchao). The trainer's
     `bf16-params` plans as `bf16`: both compute in 16 bits over fp32 master state. `fp16` plans as bf16 (same
     tensor-core rate, same 2+2+12 bytes of state) plus its dynamic loss scaler, one fp32 scalar."""
     kernels: str = "fused"
@@ -55,7 +55,7 @@ class Workload:
     """parallel.diloco_overlap_steps: the parameters' all-reduce runs beside this many steps' kernels."""
 
     def __post_init__(self):
-        if self.precision == "bf16-params":
+        if self.precision in ("bf16-params", "fp16"):
             object.__setattr__(self, "precision", "bf16")
 
     @classmethod

@@ -59,7 +59,9 @@ def init_runtime(job) -> Runtime:
     if world == 1:
         return Runtime(0, 1, device, dims)
     if not dist.is_initialized():  # Ray Train (shoal/launch/ray.py) makes the group itself: join that one
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        # Offloaded parameters leave gradients (and their norm) on the host: gloo carries those.
+        backend = "gloo" if not use_cuda else "cuda:nccl,cpu:gloo" if job.layout.offload != "none" else "nccl"
+        dist.init_process_group(backend)
     assert dist.get_world_size() == world, (dist.get_world_size(), world)
     mesh, expert_mesh = build_mesh(dims, device.type)
     return Runtime(dist.get_rank(), world, device, dims, mesh, expert_mesh)

@@ -32,6 +32,7 @@ from shoal.rundir.names import MODEL
 from shoal.rundir.run_info import write_run_info
 from shoal.train import preempt
 from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mark, require_shared, shutdown
+from shoal.train.loss_scale import build_scaler
 from shoal.train.memory import peak_mem_bytes, reset_peak_mem
 from shoal.train.optim import build_optimizer
 from shoal.train.outputs import Outputs
@@ -144,7 +145,9 @@ def build_parallel_model(job: Job, rt: Runtime) -> ParallelModel:
         from shoal.checkpoint.pretrained import open_weights
 
         weights = open_weights(job.cfg.model.init_from, job.model)
-    return parallelize(model, job, rt.mesh, rt.expert_mesh, rt.device, loss_fn=cross_entropy, weights=weights)
+    pm = parallelize(model, job, rt.mesh, rt.expert_mesh, rt.device, loss_fn=cross_entropy, weights=weights)
+    pm.loss_scaler = build_scaler(job, rt)  # fp16 only
+    return pm
 
 
 def step_flops(job: Job) -> float:

@@ -128,7 +128,11 @@ FIELD_CASES = [
     ("train.micro_batch", "-1"), ("train.micro_batch", "-2"),
     ("train.global_batch", "0"), ("train.global_batch", "-16"),
     ("train.seq_len", "1"), ("train.seq_len", "0"), ("train.seq_len", "-5"), ("train.seq_len", "100000"),
-    ("train.precision", "fp8"), ("train.precision", ""), ("train.precision", "FP 32"),
+    ("train.precision", "fp4"), ("train.precision", ""), ("train.precision", "FP 32"),
+    ("train.fp8_recipe", "blockwise"), ("train.loss_scale", "0"), ("train.loss_scale", "nan"),
+    ("train.loss_scale_window", "0"), ("debug.overflow_steps", "2-1"),
+    ("parallel.offload", "disk"), ("parallel.offload", "optimizer"),
+    ("parallel.offload", "params"),  # one process: nothing for FSDP2 to shard
     ("train.activation_checkpoint", "partial"),
     ("train.eval_every", "-1"), ("train.eval_batches", "0"),
     ("train.sample_tokens", "-1"), ("train.sample_tokens", "1000000"),
@@ -199,6 +203,8 @@ COMBO_CASES = [
     (["model.n_shared_experts=1"], "model.n_shared_experts"), (["model.moe_every=2"], "model.moe_every"),
     (["model.n_dense_layers=1"], "model.n_dense_layers"), (["model.aux_loss_coef=0.1"], "model.aux_loss_coef"),
     (["model.preset=debug-moe", "model.n_experts=0", "model.top_k=1"], "model.top_k"),
+    (["debug.overflow_steps=2"], "debug.overflow_steps"),  # forces fp16 overflows, but precision is fp32
+    (["train.precision=fp8", "model.preset=debug", "model.ffn_hidden=168"], "model.ffn_hidden=168"),  # not 16k
 ]
 SYNTAX_CASES = ["train.steps", "steps=5", "foo.bar=1", "train.stesp=5", "train=5", ".steps=1", "train.=1",
                 "model.preset.x=1", "=", "train.steps==5"]
@@ -482,7 +488,7 @@ FLAG_CASES = [
     ["k8s", "recipes/debug.toml", "--nodes", "2", "--gpus-per-node", "1", "--image", "x", "--run-out", "runs/a",
      "--out", "{dir}/k8s"],  # a relative --out in a pod is its own container's, lost with it
     [*PLAN[:-4], "--scale", "16:8"], [*PLAN[:-4], "--scale", "8-16"], [*PLAN, "--gpu", "h1000"],
-    [*PLAN, "--gpu", "a100", "--precision", "fp8"], [*PLAN, "--precision", "fp8", "--emit", "{dir}/fp8.toml"],
+    [*PLAN, "--gpu", "a100", "--precision", "fp8"],
     ["plan", "--model", "llama9", "--seq-len", "8", "--global-batch", "8", "--gpu", "h100", "--gpus", "8"],
     ["plan", "--validate", "{run}", "--gpus", "0"], ["plan", "--validate", "{run}", "--scale", "8:64"],
     ["plan", "--validate", "{run}", "--top", "3"], ["plan", "--validate", "{run}", "--tp", "2"],

@@ -53,3 +53,20 @@ def test_fix_is_the_first_change_that_fits():
     with pytest.raises(UserError, match="set train.activation_checkpoint=full") as e:
         check_memory(job, 1, between)
     assert "a small machine" in str(e.value)
+
+
+def test_offloaded_state_is_counted_in_host_memory(monkeypatch):
+    from shoal.hardware import memory
+    from shoal.launch.memory_check import check_memory, offloaded_bytes
+
+    sets = ["model.preset=tiny", "parallel.zero=3"]
+    plain, offloaded = (resolve(load_config(None, sets + extra), 2) for extra in
+                        ([], ["parallel.offload=params", "train.activation_offload=true"]))
+    gpu = Device("cuda", 80 * GiB, GiB, "a test GPU")
+    peak = predict_peak(offloaded, gpu)
+    assert offloaded_bytes(plain, peak) == 0
+    assert offloaded_bytes(offloaded, peak) == peak.params + peak.grads + peak.optimizer + peak.activations
+    monkeypatch.setattr(memory, "mem_available", lambda: offloaded_bytes(offloaded, peak))  # room for one rank
+    check_memory(plain, 2, gpu)
+    with pytest.raises(UserError, match="parallel.offload.*host memory"):
+        check_memory(offloaded, 2, gpu)

@@ -146,9 +146,10 @@ def test_recipe_uses_trainer_sections():
     assert doc["parallel"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 4, "cp": 1, "pp": 2, "ep": 1, "zero": 0,
                                "pp_schedule": "interleaved-1f1b", "pp_microbatches": 0, "pp_virtual_stages": 2,
                                "sequence_parallel": True, "grad_compression": "none", "diloco_inner_steps": 0,
-                               "rank_order": "tp-dp-pp"}
+                               "rank_order": "tp-dp-pp", "offload": "none"}
     assert doc["train"] == {"micro_batch": 2, "global_batch": 64, "seq_len": 4096, "activation_checkpoint": "selective",
-                            "precision": "bf16", "steps": 3815, "compile": True}  # planned with fused kernels
+                            "activation_offload": False, "precision": "bf16", "steps": 3815,
+                            "compile": True}  # planned with fused kernels
     # A model given by its shape: the trainer lays [model] over its default preset, `tiny`, so the
     # recipe must rebuild exactly the planned model from it (and allow the planned sequence length).
     moe = PRESETS["debug-moe"]
