@@ -24,7 +24,6 @@ a float16 matmul takes ~100x a bf16 one (~2 s per step here against 0.1 s).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess

@@ -76,21 +76,12 @@ def suggest(job, device: Device) -> str:
             f"use a smaller model (model.preset, model.dim, model.n_layers) or {more}")
 
 
-def offloaded_bytes(job, peak) -> float:
-    """Bytes per rank that parallel.offload and train.activation_offload keep in host memory: the model
-    states (parameters, gradients, optimizer state) for offload=params, the saved activations for
-    activation_offload, as the planner's breakdown `peak` sizes them."""
-    lay = job.layout
-    states = peak.params + peak.grads + peak.optimizer if lay.offload == "params" else 0.0
-    return states + (peak.activations if lay.activation_offload else 0.0)
-
-
 def check_host_offload(job, peak, local_ranks: int) -> None:
     """Refuse an offloading run whose local ranks together would hold more in host memory than the
-    host has available."""
+    host has available (what the planner's breakdown moves off the device: `peak.host`)."""
     from shoal.hardware.memory import mem_available
 
-    per_rank, available = offloaded_bytes(job, peak), mem_available()
+    per_rank, available = peak.host, mem_available()
     if not per_rank or available is None or per_rank * local_ranks <= available:
         return
     field, value = (("parallel.offload", job.layout.offload) if job.layout.offload != "none"

@@ -85,13 +85,9 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
         else:
             modules[i] = materialize(m, device, train.seed, weights)
     wrapper = "none" if dp == 1 else "ddp" if uses_ddp(dims, lay.zero) else "fsdp"
-    m = job.model
-    attention = attention_backend(m.n_heads // dims.tp, kv_heads_per_rank(m, dims.tp), m.head_size, train.seq_len, device,
-                                  torch.get_default_dtype() if train.precision == "fp32" else
-                                  torch.float16 if train.precision == "fp16" else torch.bfloat16)
     pm = ParallelModel(modules, device, train.precision, zero=data_parallel_zero(dims, lay.zero) if dp > 1 else 0,
-                       wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=attention, context=context,
-                       activation_offload=lay.activation_offload)
+                       wrapper=wrapper, vocab_parallel=dims.tp > 1, attention=_attention_kernel(job, dims, device),
+                       context=context, activation_offload=lay.activation_offload)
     if context is not None:
         pm.loss = context.loss
     pm.grad_compressor = compressor
@@ -106,6 +102,14 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
                                      mesh["pp"].get_group())
         pm.has_first_stage, pm.has_last_stage = 0 in ids, n_stages - 1 in ids
     return pm
+
+
+def _attention_kernel(job, dims, device: torch.device) -> str:
+    """The attention kernel this rank's heads run in the run's compute dtype (model/kernels.py)."""
+    m, precision = job.model, job.cfg.train.precision
+    dtype = {"fp32": torch.get_default_dtype(), "fp16": torch.float16}.get(precision, torch.bfloat16)
+    return attention_backend(m.n_heads // dims.tp, kv_heads_per_rank(m, dims.tp), m.head_size, job.cfg.train.seq_len,
+                             device, dtype)
 
 
 def materialize(model: nn.Module, device: torch.device, seed: int, weights=None) -> nn.Module:

@@ -55,7 +55,7 @@ class Workload:
     """parallel.diloco_overlap_steps: the parameters' all-reduce runs beside this many steps' kernels."""
 
     def __post_init__(self):
-        if self.precision in ("bf16-params", "fp16"):
+        if self.precision == "bf16-params":
             object.__setattr__(self, "precision", "bf16")
 
     @classmethod
