@@ -190,10 +190,6 @@ def activation_bytes_per_layer(
     q = cfg.n_heads * cfg.head_size
     gemm_out, other_out = 2 * h, outside_tp - 2 * h
     gemm_in, other_in = cfg.n_heads * cfg.v_head_size, q + 2 * kv  # attention output; q, k, v for attention
-    # MLA's latents, whole on every tp rank (mla_params): the up-projections' inputs (the normed query and
-    # key/value latents), the latent norms' inputs and the shared rotary key.
-    latent_gemm = cfg.q_lora_rank + cfg.kv_lora_rank
-    latent_other = latent_gemm + cfg.qk_rope_head_dim
     if cfg.qk_norm:  # each q/k RMSNorm keeps three tensors of its size, as the block's norms do
         other_in += 3 * (q + kv)
     glu = cfg.mlp == "swiglu"
@@ -230,8 +226,9 @@ def activation_bytes_per_layer(
     g = (bytes_per_element if gemm_input_bytes is None else gemm_input_bytes) / bytes_per_element
     sp = tp if sequence_parallel else 1
     elements = sb * ((other_out + g * gemm_out) / sp + (other_in + g * gemm_in) / tp)
-    if cfg.is_mla:
-        elements += sb * (latent_other + g * latent_gemm)
+    if cfg.is_mla:  # its latents, whole on every tp rank (mla_params): the normed ones the up-projections
+        latent = cfg.q_lora_rank + cfg.kv_lora_rank  # read, the norms' inputs and the shared rotary key
+        elements += sb * (g * latent + latent + cfg.qk_rope_head_dim)
     return elements * bytes_per_element
 
 
