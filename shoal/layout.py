@@ -198,6 +198,10 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
         limit("tp", lay.tp, f"must divide model.vocab_size={m.vocab_size}")
     if lay.tp > 1 and m.is_moe:
         limit("tp", lay.tp, "tensor parallelism of MoE layers is not supported yet; use parallel.ep")
+    if m.is_mla:  # the planner plans it (model/analytics.py); shoal's transformer computes plain attention only
+        limit("model.kv_lora_rank", m.kv_lora_rank, "shoal train has no multi-head latent attention in this build "
+              "(shoal plan plans it for other trainers); set model.kv_lora_rank, q_lora_rank, qk_rope_head_dim and "
+              "v_head_dim to 0 to train plain attention")
     if lay.sequence_parallel_on and seq_len % (lay.tp * lay.cp):
         # Sound (GSPMD pads, or shards the hidden dimension instead: PaLM's 12-way model axis on 2048 tokens);
         # shoal's DTensor plan shards whole sequence slices.

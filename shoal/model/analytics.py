@@ -12,11 +12,38 @@ from shoal.model.config import ModelConfig
 
 
 def attention_params(cfg: ModelConfig) -> int:
+    if cfg.is_mla:
+        return sum(mla_params(cfg))
     q_and_o = 2 * cfg.dim * cfg.n_heads * cfg.head_size
     k_and_v = 2 * cfg.dim * cfg.n_kv_heads * cfg.head_size
     biases = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_size if cfg.qkv_bias else 0
     qk_norms = 2 * cfg.head_size if cfg.qk_norm else 0
     return q_and_o + k_and_v + biases + qk_norms
+
+
+def mla_params(cfg: ModelConfig) -> tuple[int, int]:
+    """One MLA layer's attention parameters as (latent side, head side): the down-projections to the query
+    and key/value latents (the key's shared rotary part rides with the latter) with their RMSNorms, and
+    the up-projections from them plus the output projection. DeepSeek-V2 paper §2.1, Eq. (9)-(19);
+    DeepSeek-V3's 187M per layer. Megatron-Core's MLA keeps the latent side whole on every
+    tensor-parallel rank (its down-projections are "duplicated") and splits the head side by heads."""
+    h, n, qk, v, rope = cfg.dim, cfg.n_heads, cfg.head_size, cfg.v_head_size, cfg.qk_rope_head_dim
+    q_down = (h + 1) * cfg.q_lora_rank  # W^DQ and its norm's gain
+    kv_down = h * (cfg.kv_lora_rank + rope) + cfg.kv_lora_rank  # W^DKV, W^KR and the norm's gain
+    q_up = (cfg.q_lora_rank or h) * n * qk  # W^UQ and W^QR (or one full-width W^Q)
+    kv_up = cfg.kv_lora_rank * n * (qk - rope + v)  # W^UK, W^UV
+    return q_down + kv_down, q_up + kv_up + n * v * h  # + W^O
+
+
+def attention_core_width(cfg: ModelConfig) -> int:
+    """H in the attention core's 12·L·H·S FLOPs: n_heads·head_size, or for MLA the mean of its query/key
+    and value widths (QK^T runs over head_size, PV over v_head_size: DeepSeek-V2 §2.1)."""
+    return cfg.n_heads * (cfg.head_size + cfg.v_head_size) // 2
+
+
+def kv_width(cfg: ModelConfig) -> float:
+    """Width of one of keys or values over all kv heads (for MLA, the mean of the two after up-projection)."""
+    return cfg.n_kv_heads * (cfg.head_size + cfg.v_head_size) / 2 if cfg.is_mla else cfg.n_kv_heads * cfg.head_size
 
 
 def kv_heads_per_rank(cfg: ModelConfig, tp: int) -> int:
@@ -28,6 +55,9 @@ def kv_heads_per_rank(cfg: ModelConfig, tp: int) -> int:
 def attention_params_per_rank(cfg: ModelConfig, tp: int) -> float:
     """One layer's attention parameters on one of tp ranks: q and o split tp ways, k and v too unless
     replicated (tp > n_kv_heads: every rank keeps them all), the q/k norms' gains on every rank."""
+    if cfg.is_mla:
+        latent, heads = mla_params(cfg)
+        return latent + heads / tp
     E = cfg.head_size
     q_and_o = 2 * cfg.dim * cfg.n_heads * E + (cfg.n_heads * E if cfg.qkv_bias else 0)
     k_and_v = 2 * cfg.n_kv_heads * E * (cfg.dim + (1 if cfg.qkv_bias else 0))
@@ -74,13 +104,13 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Model FLOPs for one token's forward and backward pass (DESIGN.md convention).
 
     6 * N_active + 12 * L * (n_heads * head_dim) * S, where the 12·L·H·S term counts attention
-    over the full S×S matrix as in the PaLM paper. N_active leaves out the input embedding table
+    over the full S×S matrix as in the PaLM paper (H: attention_core_width, for MLA's wider q/k). N_active leaves out the input embedding table
     (a lookup) but keeps the output projection (a matmul, even when tied). Recomputation is not
     counted: this is the MFU numerator, not HFU.
     """
     counts = param_counts(cfg)
     n_matmul = counts.active - counts.embedding + (cfg.vocab_size * cfg.dim if cfg.tie_embeddings else 0)
-    return 6.0 * n_matmul + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_size * seq_len
+    return 6.0 * n_matmul + 12.0 * cfg.n_layers * attention_core_width(cfg) * seq_len
 
 
 def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str, attention: str = "flash") -> float:
@@ -91,12 +121,22 @@ def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str, at
     extra = 0.0
     if recompute == "selective-op":
         # Every second GEMM of a block: wk, wo, and w3 (w2 for GeLU, the same size); counted as in a dense layer.
-        extra = 2.0 * cfg.n_layers * cfg.dim * (cfg.n_kv_heads * cfg.head_size + cfg.n_heads * cfg.head_size + cfg.ffn_hidden)
+        extra = 2.0 * cfg.n_layers * cfg.dim * (kv_width(cfg) + cfg.n_heads * cfg.v_head_size + cfg.ffn_hidden)
     if recompute in ("selective", "selective-op") and attention == "unfused":
         # Korthikanti's selective recompute: the attention core (the S×S GEMMs) runs again.
-        extra += 4.0 * cfg.n_layers * cfg.n_heads * cfg.head_size * seq_len
+        extra += 4.0 * cfg.n_layers * attention_core_width(cfg) * seq_len
+    if recompute in ("selective", "selective-op") and cfg.is_mla:
+        extra += cfg.n_layers * mla_up_flops(cfg)
     # shoal's selective recompute otherwise repeats only element-wise work (no matmul FLOPs).
     return extra
+
+
+def mla_up_flops(cfg: ModelConfig) -> float:
+    """Forward FLOPs per token of one layer's MLA up-projections (query and key/value), which a light
+    recompute runs again rather than keeping q, k and v: DeepSeek-V3 report §3.3 ("Recomputation of
+    RMSNorm and MLA Up-Projection"), Megatron-Core's --recompute-modules mla_up_proj."""
+    n, qk, v, rope = cfg.n_heads, cfg.head_size, cfg.v_head_size, cfg.qk_rope_head_dim
+    return 2.0 * n * ((cfg.q_lora_rank or cfg.dim) * qk + cfg.kv_lora_rank * (qk - rope + v))
 
 
 SAVED_EAGER = (3, 4)
@@ -137,6 +177,8 @@ def activation_bytes_per_layer(
     sb = seq_len * micro_batch
     h = cfg.dim
     kv = tp * kv_heads_per_rank(cfg, tp) * cfg.head_size  # over the tp group; one head per rank where replicated
+    if cfg.is_mla:  # k and v after the up-projection (n_kv_heads == n_heads, which tp divides)
+        kv = kv_width(cfg)
     norm_saved, glu_saved = SAVED_FUSED if fused else SAVED_EAGER
     outside_tp = 2 * norm_saved * h  # the two norms' saved tensors, before attention and before the MLP
     if recompute == "full":
@@ -147,7 +189,7 @@ def activation_bytes_per_layer(
     # expert input; q, k, v, the attention kernel's and the norms' inputs stay 16-bit.
     q = cfg.n_heads * cfg.head_size
     gemm_out, other_out = 2 * h, outside_tp - 2 * h
-    gemm_in, other_in = q, q + 2 * kv  # attention output; q, k, v for attention
+    gemm_in, other_in = cfg.n_heads * cfg.v_head_size, q + 2 * kv  # attention output; q, k, v for attention
     if cfg.qk_norm:  # each q/k RMSNorm keeps three tensors of its size, as the block's norms do
         other_in += 3 * (q + kv)
     glu = cfg.mlp == "swiglu"
@@ -171,6 +213,8 @@ def activation_bytes_per_layer(
         gemm_in -= mlp_out
         if cfg.qk_norm:
             other_in -= 2 * (q + kv)
+        if cfg.is_mla:  # and MLA's up-projections: q, k, v come again from the kept latents (mla_up_flops)
+            other_in -= q + 2 * kv
     if recompute == "selective-op":
         # Every second matmul's output is recomputed too: k, and the SwiGLU up projection (w3); the
         # other two (wo, or w2 with GeLU) produce tensors this count leaves out. MoE: k only.
@@ -182,6 +226,9 @@ def activation_bytes_per_layer(
     g = (bytes_per_element if gemm_input_bytes is None else gemm_input_bytes) / bytes_per_element
     sp = tp if sequence_parallel else 1
     elements = sb * ((other_out + g * gemm_out) / sp + (other_in + g * gemm_in) / tp)
+    if cfg.is_mla:  # its latents, whole on every tp rank (mla_params): the normed ones the up-projections
+        latent = cfg.q_lora_rank + cfg.kv_lora_rank  # read, the norms' inputs and the shared rotary key
+        elements += sb * (g * latent + latent + cfg.qk_rope_head_dim)
     return elements * bytes_per_element
 
 

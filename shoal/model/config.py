@@ -29,7 +29,19 @@ class ModelConfig:
     n_kv_heads: int = 2
     """Key/value heads (grouped-query attention); must divide n_heads."""
     head_dim: int = 0
-    """Width of one attention head; 0: dim / n_heads (Qwen3 and others set their own)."""
+    """Width of one attention head; 0: dim / n_heads (Qwen3 and others set their own). With MLA, the query/key
+    head: its position-free part plus qk_rope_head_dim (DeepSeek-V2/V3: 128 + 64 = 192)."""
+    kv_lora_rank: int = 0
+    """Multi-head latent attention (MLA, DeepSeek-V2 paper §2.1): keys and values come up from one latent of
+    this width per token (DeepSeek-V2/V3: 512); 0: plain attention. Planned only: shoal train refuses it."""
+    q_lora_rank: int = 0
+    """MLA: queries come up from a latent of this width (DeepSeek-V2/V3: 1536); 0: one full-width projection."""
+    qk_rope_head_dim: int = 0
+    """MLA: the part of each query/key head that carries the rotary embedding, its key part shared by all
+    heads (DeepSeek-V2/V3: 64)."""
+    v_head_dim: int = 0
+    """MLA: width of one value head, and of each head's share of the output projection; 0: head_dim
+    (DeepSeek-V2/V3: 128)."""
     qkv_bias: bool = False
     """Biases on the query, key and value projections (Qwen2, Qwen2.5)."""
     qk_norm: bool = False
@@ -90,6 +102,16 @@ class ModelConfig:
         return self.head_dim or self.dim // self.n_heads
 
     @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (kv_lora_rank > 0)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def v_head_size(self) -> int:
+        """The width of one value head: v_head_dim, or head_size when it is 0."""
+        return self.v_head_dim or self.head_size
+
+    @property
     def expert_hidden(self) -> int:
         return self.expert_ffn_hidden or self.ffn_hidden
 
@@ -127,7 +149,7 @@ class ModelConfig:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
             check(_int(getattr(self, name)) and getattr(self, name) > 0, name, "must be a positive integer")
         for name in ("n_experts", "expert_ffn_hidden", "n_shared_experts", "n_dense_layers", "head_dim",
-                     "sliding_window", "rope_original_max_len"):
+                     "sliding_window", "rope_original_max_len", *MLA_FIELDS):
             check(_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be an integer >= 0")
         for name in ("top_k", "moe_every"):
             check(_int(getattr(self, name)) and getattr(self, name) >= 1, name, "must be a positive integer")
@@ -142,6 +164,7 @@ class ModelConfig:
         for name in ("tie_embeddings", "qkv_bias", "qk_norm", "router_renormalize"):
             check(isinstance(getattr(self, name), bool), name, "must be true or false")
         self._check_rope(check)
+        self._check_mla(check, prefix)
         if not self.head_dim and self.dim % self.n_heads:
             raise UserError(f"{prefix}.n_heads", self.n_heads,
                             f"dim={self.dim} must be divisible by n_heads (or set {prefix}.head_dim); "
@@ -169,6 +192,21 @@ class ModelConfig:
                       f"set {prefix}.n_experts > 0 too, or leave it out")
         return self
 
+    def _check_mla(self, check, prefix: str) -> None:
+        """MLA's widths (DeepSeek-V2 paper §2.1): a rotary part inside the query/key head, one latent per
+        token for keys and values, so one key/value head per query head after the up-projection."""
+        if not self.is_mla:
+            for name in MLA_FIELDS[1:]:
+                check(getattr(self, name) == 0, name, f"applies only to multi-head latent attention; set "
+                      f"{prefix}.kv_lora_rank > 0 too, or leave it out")
+            return
+        check(self.qk_rope_head_dim % 2 == 0 and 0 < self.qk_rope_head_dim < self.head_size, "qk_rope_head_dim",
+              f"must be even, > 0 and below the query/key head width ({self.head_size}; set {prefix}.head_dim)")
+        check(self.n_kv_heads == self.n_heads, "n_kv_heads",
+              f"must equal n_heads={self.n_heads} with MLA (each head's key and value come up from the latent)")
+        for name in ("qkv_bias", "qk_norm", "sliding_window"):
+            check(not getattr(self, name), name, "is not combined with multi-head latent attention; leave it out")
+
     def _check_rope(self, check) -> None:
         """rope_scaling and the numbers it reads (shoal/model/rope.py)."""
         check(self.rope_scaling in ROPE_SCALINGS, "rope_scaling", f"use one of {', '.join(ROPE_SCALINGS)}")
@@ -195,6 +233,9 @@ class ModelConfig:
 
 ROPE_SCALINGS = ("none", "linear", "llama3", "yarn")
 
+MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+"""The fields of multi-head latent attention; kv_lora_rank > 0 turns it on."""
+
 
 MOE_ONLY = ("top_k", "expert_ffn_hidden", "n_shared_experts", "moe_every", "n_dense_layers", "aux_loss_coef",
             "router_renormalize")
@@ -210,7 +251,8 @@ def _finite(x: object) -> bool:
 
 
 SIZE_LIMITS = {"vocab_size": 2**24, "dim": 2**20, "n_layers": 2**16, "n_heads": 2**16, "n_kv_heads": 2**16,
-               "head_dim": 2**16, "sliding_window": 2**24, "rope_original_max_len": 2**24,
+               "head_dim": 2**16, "kv_lora_rank": 2**20, "q_lora_rank": 2**20, "qk_rope_head_dim": 2**16,
+               "v_head_dim": 2**16, "sliding_window": 2**24, "rope_original_max_len": 2**24,
                "ffn_hidden": 2**22, "max_seq_len": 2**24, "n_experts": 2**16, "expert_ffn_hidden": 2**22,
                "n_shared_experts": 2**16, "n_dense_layers": 2**16, "top_k": 2**16, "moe_every": 2**16}
 """Ten times and more past the largest published models (Llama 3 405B: dim 16,384, 126 layers, a
@@ -228,6 +270,10 @@ def _divisors_near(n: int, k: int) -> list[int]:
 
 
 _LLAMA3 = dict(vocab_size=128256, rope_theta=500000.0, max_seq_len=8192, n_kv_heads=8)
+_DEEPSEEK_MLA = dict(n_heads=128, n_kv_heads=128, head_dim=192, q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
+                     v_head_dim=128, max_seq_len=4096)
+"""DeepSeek-V2 and V3's multi-head latent attention, from their released config.json files (head_dim is
+qk_nope_head_dim 128 + qk_rope_head_dim 64) and DeepSeek-V2 paper §2.1; pre-trained at 4K."""
 
 PRESETS: dict[str, ModelConfig] = {
     "debug": ModelConfig(
@@ -251,12 +297,15 @@ PRESETS: dict[str, ModelConfig] = {
         vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_hidden=14336,
         max_seq_len=32768, rope_theta=1e6, n_experts=8, top_k=2),
     "deepseek-v3": ModelConfig(
-        vocab_size=129280, dim=7168, n_layers=61, n_heads=128, n_kv_heads=128, ffn_hidden=18432,
-        max_seq_len=4096, n_experts=256, top_k=8, expert_ffn_hidden=2048, n_shared_experts=1,
-        n_dense_layers=3,
-        note="approximate: multi-head latent attention modelled as plain MHA (head_dim 56, ~205M vs "
-             "~187M attention params per layer), sigmoid/aux-free routing as softmax top-k, "
-             "multi-token-prediction module left out"),
+        vocab_size=129280, dim=7168, n_layers=61, ffn_hidden=18432, n_experts=256, top_k=8, expert_ffn_hidden=2048,
+        n_shared_experts=1, n_dense_layers=3, **_DEEPSEEK_MLA,
+        note="approximate: sigmoid/aux-free routing as softmax top-k, multi-token-prediction module left out; "
+             "multi-head latent attention is planned, not trained"),
+    "deepseek-v2": ModelConfig(
+        vocab_size=102400, dim=5120, n_layers=60, ffn_hidden=12288, n_experts=160, top_k=6, expert_ffn_hidden=1536,
+        n_shared_experts=2, n_dense_layers=1, **_DEEPSEEK_MLA,
+        note="approximate: device-limited routing as softmax top-k; multi-head latent attention is planned, "
+             "not trained"),
     "gpt3-175b": ModelConfig(
         vocab_size=50257, dim=12288, n_layers=96, n_heads=96, n_kv_heads=96, ffn_hidden=49152,
         mlp="gelu", max_seq_len=2048, tie_embeddings=True,

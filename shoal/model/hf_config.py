@@ -8,6 +8,7 @@
 | `qwen3` | an RMSNorm on each query and key head (`qk_norm`); `head_dim` |
 | `mixtral` | every layer MoE: router top-k, weights renormalized, no shared expert |
 | `qwen3_moe` | Qwen3 attention, MoE layers (`norm_topk_prob`, dense `mlp_only_layers` first) |
+| `deepseek_v2`, `deepseek_v3` | planned only: multi-head latent attention (`kv_lora_rank`, `q_lora_rank`, `qk_rope_head_dim`, `v_head_dim`; head_dim = `qk_nope_head_dim` + `qk_rope_head_dim`), shared experts, `first_k_dense_replace` dense layers; their routing (V3's sigmoid, group-limited) read as softmax top-k. shoal train refuses MLA (`model.kv_lora_rank`) |
 
 Anything else a config asks for that shoal would compute differently (another activation, biases on
 the output projection or the MLP, per-layer sliding windows, partial rotary embeddings, another
@@ -31,8 +32,11 @@ from shoal.model.config import ModelConfig
 CONFIG = "config.json"
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 MOE_FAMILIES = ("mixtral", "qwen3_moe")
+MLA_FAMILIES = ("deepseek_v2", "deepseek_v3")
+"""Read for planning: shoal's transformer has no multi-head latent attention (build_model refuses it)."""
 
 # ModelConfig field -> config.json field, the same in every family here (and in errors).
 _COMMON = {"vocab_size": "vocab_size", "dim": "hidden_size", "ffn_hidden": "intermediate_size",
@@ -66,7 +70,8 @@ def read_hf_config(directory: Path) -> dict:
 def family_of(hf: Mapping) -> str:
     family = hf.get("model_type", "llama")
     if family not in ARCHITECTURES:
-        raise UserError("hf.model_type", family, f"shoal computes these families exactly: {', '.join(ARCHITECTURES)}")
+        raise UserError("hf.model_type", family, f"shoal computes these families exactly: {', '.join(a for a in ARCHITECTURES if a not in MLA_FAMILIES)} "
+                        f"(and plans {', '.join(MLA_FAMILIES)})")
     return family
 
 
@@ -91,6 +96,8 @@ def hf_config_to_model_config(hf: Mapping) -> ModelConfig:
                   sliding_window=_sliding_window(hf, family))
     if family in MOE_FAMILIES:
         fields.update(_moe(hf, family))
+    if family in MLA_FAMILIES:
+        fields.update(_deepseek(hf))
     cfg = ModelConfig(**fields)
     try:
         return cfg.validate(prefix="hf")
@@ -187,8 +194,28 @@ def _moe(hf: Mapping, family: str) -> dict:
                 aux_loss_coef=hf.get("router_aux_loss_coef", 0.001))
 
 
+def _deepseek(hf: Mapping) -> dict:
+    """DeepSeek-V2/V3's MLA widths (DeepSeek-V2 paper §2.1) and MoE layout (modeling_deepseek.py: layer i
+    is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0)."""
+    for key in ("kv_lora_rank", "n_routed_experts", "moe_intermediate_size"):
+        if not hf.get(key):
+            raise UserError(f"hf.{key}", hf.get(key), "config.json lacks this required DeepSeek field")
+    if hf.get("moe_layer_freq", 1) != 1:
+        raise UserError("hf.moe_layer_freq", hf["moe_layer_freq"], "only every layer after the dense ones is read")
+    rope = hf.get("qk_rope_head_dim", 64)
+    return dict(head_dim=hf.get("qk_nope_head_dim", 128) + rope, q_lora_rank=hf.get("q_lora_rank") or 0,
+                kv_lora_rank=hf["kv_lora_rank"], qk_rope_head_dim=rope, v_head_dim=hf.get("v_head_dim", 128),
+                n_experts=hf["n_routed_experts"], top_k=hf.get("num_experts_per_tok", 8),
+                expert_ffn_hidden=hf["moe_intermediate_size"], n_shared_experts=hf.get("n_shared_experts") or 0,
+                n_dense_layers=hf.get("first_k_dense_replace", 0),
+                router_renormalize=bool(hf.get("norm_topk_prob", False)))
+
+
 def export_family(cfg: ModelConfig) -> str:
     """The Hugging Face family whose model computes what `cfg` does, or one line saying there is none."""
+    if cfg.is_mla:
+        raise UserError("model.kv_lora_rank", cfg.kv_lora_rank, "multi-head latent attention is planned only; "
+                        "shoal writes no DeepSeek family")
     if cfg.mlp != "swiglu":
         raise UserError("model.mlp", cfg.mlp, "the Hugging Face families shoal writes use SwiGLU; a GELU MLP cannot be exported")
     if cfg.is_moe:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.errors import UserError
 from shoal.model.config import ModelConfig
 from shoal.model.mlp import FeedForward
 from shoal.model.moe import MoE
@@ -213,6 +214,9 @@ def _generator(seed: int | None, name: str) -> torch.Generator | None:
 
 def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", seed: int | None = 0) -> Transformer:
     """Build and initialize a model; on the meta device nothing is allocated or initialized."""
+    if cfg.is_mla:  # planned only (model/analytics.py): never build plain attention in its place
+        raise UserError("model.kv_lora_rank", cfg.kv_lora_rank, "shoal's transformer has no multi-head latent "
+                        "attention; set kv_lora_rank, q_lora_rank, qk_rope_head_dim and v_head_dim to 0")
     with torch.device(device):
         model = Transformer(cfg)
     if str(device) != "meta":

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from shoal.model.analytics import kv_heads_per_rank
+from shoal.model.analytics import attention_core_width, kv_heads_per_rank, kv_width
 from shoal.model.config import ModelConfig
 from shoal.hardware.catalog import GPU
 
@@ -123,10 +123,15 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     sp = tp if sequence_parallel else 1
     glu = cfg.mlp == "swiglu"
 
-    # Attention projections: column-parallel QKV, row-parallel output.
-    gemm = gemm_time(T, h, (q_dim + 2 * kv_dim) / tp, gpu, precision) + gemm_time(T, q_dim / tp, h, gpu, precision)
+    up = 0.0  # MLA's up-projections, run again under selective recompute (analytics.mla_up_flops)
+    if cfg.is_mla:
+        gemm, every_second, up = _mla_projections(cfg, gpu, T, tp, precision)
+        kv_dim = kv_width(cfg)  # k and v after the up-projection, for the element-wise passes below
+    else:
+        # Attention projections: column-parallel QKV, row-parallel output.
+        gemm = gemm_time(T, h, (q_dim + 2 * kv_dim) / tp, gpu, precision) + gemm_time(T, q_dim / tp, h, gpu, precision)
+        every_second = gemm_time(T, h, kv_dim / tp, gpu, precision) + gemm_time(T, q_dim / tp, h, gpu, precision)  # wk, wo
     attention_gemm = gemm
-    every_second = gemm_time(T, h, kv_dim / tp, gpu, precision) + gemm_time(T, q_dim / tp, h, gpu, precision)  # wk, wo
     # Feed-forward.
     if moe:
         f = cfg.expert_hidden
@@ -148,8 +153,8 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         every_second += gemm_time(T, h, f / tp, gpu, precision) if glu else gemm_time(T, f / tp, h, gpu, precision)  # w3 / w2
         act_elems = (EAGER_GLU_ELEMS if glu else EAGER_GELU_ELEMS) * f / tp
 
-    # Attention core. FLOPs of QK^T and PV: 4·T·S·q_dim per layer, over tp.
-    core_flops = 4.0 * T * seq_len * q_dim / tp
+    # Attention core. FLOPs of QK^T and PV: 4·T·S·H per layer, over tp (H: q_dim, or MLA's mean width).
+    core_flops = 4.0 * T * seq_len * attention_core_width(cfg) / tp
     if attention == "flash":
         # Causal flash attention skips the upper triangle (half the work); backward does 2.5x the
         # forward FLOPs because it recomputes the scores.
@@ -174,9 +179,23 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
     kernels = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + 2 * cfg.n_experts / ep if moe else 0) + (cp - 1)
     gaps = kernels * _per_kernel(gpu, tp)
-    selective = elementwise if attention == "flash" else attn_fwd
+    selective = (elementwise if attention == "flash" else attn_fwd) + up
     return KernelTime(fwd=gemm + attn_fwd + elementwise + gaps, bwd=2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps,
                       attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective, op_fwd=selective + every_second)
+
+
+def _mla_projections(cfg: ModelConfig, gpu: GPU, T: float, tp: int, precision: str) -> tuple[float, float, float]:
+    """(all, every second, the up-projections) GEMM time of MLA's projections (DeepSeek-V2 §2.1): the
+    down-projections to the query and key/value latents whole on every tp rank (Megatron-Core's
+    "duplicated" linears), the up-projections column-parallel and the output projection row-parallel,
+    split by heads."""
+    h, n, qk, v, rope = cfg.dim, cfg.n_heads, cfg.head_size, cfg.v_head_size, cfg.qk_rope_head_dim
+    q_down = gemm_time(T, h, cfg.q_lora_rank, gpu, precision) if cfg.q_lora_rank else 0.0
+    q_up = gemm_time(T, cfg.q_lora_rank or h, n * qk / tp, gpu, precision)
+    kv_down = gemm_time(T, h, cfg.kv_lora_rank + rope, gpu, precision)
+    kv_up = gemm_time(T, cfg.kv_lora_rank, n * (qk - rope + v) / tp, gpu, precision)
+    out = gemm_time(T, n * v / tp, h, gpu, precision)
+    return q_down + q_up + kv_down + kv_up + out, kv_up + out, q_up + kv_up
 
 
 @lru_cache(maxsize=4096)

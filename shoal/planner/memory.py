@@ -312,6 +312,6 @@ def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem:
         out += 2 * T * cfg.top_k * cfg.dim * elem / lay.tp  # dispatch and combine
     if lay.cp > 1:
         # The ring's K/V chunk being received beside the one attention reads (forward; dK/dV in backward)
-        kv = cfg.n_kv_heads * cfg.head_size / min(lay.tp, cfg.n_kv_heads)
+        kv = analytics.kv_width(cfg) / min(lay.tp, cfg.n_kv_heads)
         out += 2 * 2 * T * kv * elem
     return out

@@ -30,6 +30,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from shoal.planner import collectives as coll
+from shoal.model.analytics import kv_width
 from shoal.planner.compute import head_time, layer_time
 from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload, expert_grid, group_ranks_per_node, layers_per_rank, moe_layer_count
@@ -272,7 +273,7 @@ def _cp_comm(k: _Kernels) -> tuple[float, float]:
     if lay.cp <= 1:
         return 0.0, 0.0
     same_node = lay.rank_stride("cp") * lay.cp <= k.G
-    kv = 2 * k.T * cfg.n_kv_heads * cfg.head_size / min(lay.tp, cfg.n_kv_heads) * k.elem
+    kv = 2 * k.T * kv_width(cfg) / min(lay.tp, cfg.n_kv_heads) * k.elem
     step_attn = k.attn_fwd / lay.cp
     hide = k.gpu.overlap_cost
     fwd = (lay.cp - 1) * _overlap(coll.p2p(kv, same_node, k.net), step_attn, hide)
