@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from shoal.config_values import coerce, toml_float
 from shoal.errors import UserError
 from shoal.files import read_toml
 from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, DILOCO_QUANTIZE, slow_link_setting_problems
@@ -461,8 +462,6 @@ def _check_observability(debug: DebugConfig, metrics: MetricsConfig, steps: int)
 
 FLOAT32_MAX = 3.4028234663852886e38
 MAX_SEED = 2**32 - 1  # numpy's and torch's seeds both take it; model init multiplies the seed, so no more
-# TOML and --set integers must fit the int64 the tensors and file formats hold them in.
-_INT_LIMIT = 2**63
 
 
 def _finite(x: object) -> bool:
@@ -484,69 +483,6 @@ def _field_kinds(section: str) -> dict[str, type]:
     return {name: type(value) for name, value in defaults.items()}
 
 
-def _coerce(name: str, raw: Any, kind: type) -> Any:
-    """Convert a TOML value or a --set string to the field's type; numbers must be finite and fit int64."""
-    value = _convert(name, raw, kind)
-    if kind is float and not math.isfinite(value):  # TOML and float() both accept nan and inf
-        raise UserError(name, raw, "must be a finite number (not nan or inf)")
-    if kind is int and not -_INT_LIMIT < value < _INT_LIMIT:
-        raise UserError(name, raw, "is out of range for an integer field (at most 2**63-1)")
-    if kind is str and "\0" in value:  # TOML's \u0000: no path, name or key holds one (the OS refuses it)
-        raise UserError(name, raw, "contains a NUL character (\\u0000); remove it")
-    return value
-
-
-class _Underflow(str):
-    """A TOML float whose nonzero digits round to 0.0 (1e-400), kept as written for _convert to refuse."""
-
-
-def _toml_float(text: str) -> float | _Underflow:
-    value = float(text)
-    return _Underflow(text) if _underflows(text, value) else value
-
-
-def _underflows(text: str, value: float) -> bool:
-    """Nonzero digits that read as 0.0: `train.lr=1e-400` would silently train with lr 0."""
-    return value == 0 and bool(text.lower().partition("e")[0].strip("+-0._ "))
-
-
-def _underflow_error(name: str, raw: str) -> UserError:
-    return UserError(name, str(raw), "is too small for a floating-point number and would read as 0; give a "
-                                     "larger value")
-
-
-def _convert(name: str, raw: Any, kind: type) -> Any:
-    if isinstance(raw, _Underflow):
-        raise _underflow_error(name, raw)
-    if kind is dict and isinstance(raw, str):  # --set data.mix='{"web" = 0.7, "code" = 0.3}'
-        import tomllib
-
-        try:
-            raw = tomllib.loads(f"value = {raw}", parse_float=_toml_float)["value"]
-        except tomllib.TOMLDecodeError:
-            raise UserError(name, raw, 'expected a TOML table, e.g. \'{"web" = 0.7, "code" = 0.3}\'') from None
-    if isinstance(raw, str) and kind is not str:
-        text = raw.strip().lower()
-        if kind is bool:
-            if text in ("true", "1", "yes", "on"):
-                return True
-            if text in ("false", "0", "no", "off"):
-                return False
-            raise UserError(name, raw, "expected true or false")
-        try:
-            value = kind(text) if kind is float else int(text)
-        except ValueError:
-            raise UserError(name, raw, f"expected {'a number' if kind is float else 'an integer'}") from None
-        if kind is float and _underflows(text, value):
-            raise _underflow_error(name, raw)
-        return value
-    if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
-        return float(raw)
-    if not isinstance(raw, kind) or (kind is int and isinstance(raw, bool)):
-        raise UserError(name, raw, f"expected a value of type {kind.__name__}")
-    return raw
-
-
 def _set(cfg: JobConfig, dotted: str, raw: Any) -> str:
     """Sets one field from a TOML value or a --set string; returns its name (section.key, aliases resolved)."""
     section, _, key = dotted.partition(".")
@@ -561,7 +497,7 @@ def _set(cfg: JobConfig, dotted: str, raw: Any) -> str:
         close = difflib.get_close_matches(key, kinds, n=1)
         hint = f"did you mean {section}.{close[0]}? " if close else ""
         raise UserError(dotted, raw, f"unknown key; {hint}see `shoal config` for every field")
-    setattr(getattr(cfg, section), key, _coerce(written, raw, kinds[key]))
+    setattr(getattr(cfg, section), key, coerce(written, raw, kinds[key]))
     return f"{section}.{key}"
 
 
@@ -651,7 +587,7 @@ def config_from_sections(sections: dict, overrides: list[str] = ()) -> JobConfig
 
 def _read_recipe(path: Path) -> dict:
     """The recipe's tables; every way a file can be unusable is one UserError naming it."""
-    return read_toml("recipe", path, "a .toml file (see recipes/ for examples)", parse_float=_toml_float)
+    return read_toml("recipe", path, "a .toml file (see recipes/ for examples)", parse_float=toml_float)
 
 
 def _docstrings(cls) -> dict[str, str]:
