@@ -18,7 +18,7 @@ from torch import nn
 
 from shoal.model.kernels import attention_kernels
 from shoal.model.moe import MoE
-from shoal.model.precision import upcast
+from shoal.model.precision import compute_dtype, upcast
 from shoal.model.transformer import cross_entropy
 
 Batch = tuple[torch.Tensor, ...]
@@ -134,8 +134,8 @@ class ParallelModel:
         stack = ExitStack()
         stack.enter_context(attention_kernels(self.device))
         if self.precision != "fp32":  # bf16, bf16-params, fp8 (its linear layers cast further), fp16
-            dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
-            stack.enter_context(torch.autocast(self.device.type, dtype=dtype, cache_enabled=False))
+            stack.enter_context(torch.autocast(self.device.type, dtype=compute_dtype(self.precision),
+                                               cache_enabled=False))
         if self.vocab_parallel:
             from torch.distributed.tensor.parallel import loss_parallel
 

@@ -10,6 +10,7 @@ from shoal.model.analytics import kv_heads_per_rank
 from shoal.parallel.compression import build_compressor
 from shoal.parallel.compression_fsdp import attach as attach_to_fsdp
 from shoal.model.kernels import attention_backend
+from shoal.model.precision import compute_dtype
 from shoal.parallel.activation_checkpoint import apply_activation_checkpointing
 from shoal.parallel.compile import apply_compile
 from shoal.parallel.context_parallel import apply_context_parallel
@@ -106,10 +107,9 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
 
 def _attention_kernel(job, dims, device: torch.device) -> str:
     """The attention kernel this rank's heads run in the run's compute dtype (model/kernels.py)."""
-    m, precision = job.model, job.cfg.train.precision
-    dtype = {"fp32": torch.get_default_dtype(), "fp16": torch.float16}.get(precision, torch.bfloat16)
+    m = job.model
     return attention_backend(m.n_heads // dims.tp, kv_heads_per_rank(m, dims.tp), m.head_size, job.cfg.train.seq_len,
-                             device, dtype)
+                             device, compute_dtype(job.cfg.train.precision))
 
 
 def materialize(model: nn.Module, device: torch.device, seed: int, weights=None) -> nn.Module:
