@@ -83,6 +83,29 @@ def test_compile_matches_eager_on_cuda(tmp_path):
     assert compiled == pytest.approx(eager, abs=1e-4), (compiled, eager)
 
 
+
+@pytest.mark.parametrize("setting", ["train.precision=fp16", "train.precision=fp8", "train.activation_offload=true",
+                                     "data.document_mask=true"])
+def test_precisions_offload_and_document_masks_on_cuda(tmp_path, setting):
+    """The CUDA side of what runs emulated or on CPU in tests/unit and tests/dist: each setting trains finite
+    steps, and offloaded activations (pinned host memory on CUDA) give the plain run's losses."""
+    if setting.endswith("fp8"):
+        pytest.importorskip("torchao")
+        if torch.cuda.get_device_capability() < (8, 9):
+            pytest.skip("FP8 matmuls need sm89 or newer")
+    corpus = []
+    if setting.startswith("data."):  # short documents, so the mask has boundaries inside each sequence
+        docs = tmp_path / "docs.jsonl"
+        docs.write_text("".join(f'{{"text": "Note {i}: {"abc " * (i % 9)}"}}\n' for i in range(400)))
+        corpus = [f"data.path={docs}", f"data.cache_dir={tmp_path / 'cache'}"]
+    run(tmp_path / "run", "train.steps=4", setting, *corpus)
+    got = losses(tmp_path / "run")
+    assert len(got) == 4 and all(x == x and abs(x) < 1e4 for x in got), got
+    if "offload" in setting:
+        run(tmp_path / "plain", "train.steps=4")
+        assert got == pytest.approx(losses(tmp_path / "plain"), abs=1e-5)
+
+
 WATCHED = r'''
 import sys, time
 import torch, torch.distributed as dist
