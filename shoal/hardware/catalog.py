@@ -45,7 +45,9 @@ class GPU:
     """Fraction of the peak a large BF16 GEMM sustains in training: all GPUs busy, clocks at the power
     limit (maximum *sustainable* matmul FLOPs, not the short-burst maximum)."""
     attention_efficiency: float
-    """Fraction of the peak fused (flash) attention reaches, counting the FLOPs the kernel really does."""
+    """Fraction of the peak the device's own fused attention kernel reaches at head dim 128, forward and
+    backward together, counting the FLOPs the kernel really does (causal: half; backward 2.5x forward):
+    cuDNN's (FlashAttention-3-like) on Hopper and newer, FlashAttention-2 on Ampere."""
     hbm_bytes: float
     """Memory one process can use, bytes (what the driver reports, not the marketing GB)."""
     hbm_bandwidth: float
@@ -128,6 +130,15 @@ class GPU:
     usd_per_gpu_hour: float = 0.0
     """On-demand cloud price per device-hour, USD, used when no --usd-per-gpu-hour is given (0: none).
     List prices move; these are approximate public 2024 rates, a default to overwrite, not a quote."""
+    flash2_attention_efficiency: float = 0.0
+    """attention_efficiency of FlashAttention-2 where it is not the device's own kernel (`--attention
+    flash2`): on Hopper it uses none of the chip's asynchronous tensor-core instructions. What PyTorch's
+    SDPA runs by default there (its FLASH backend), and so torchtitan. 0: attention_efficiency."""
+    attention_score_cost: float = 0.0
+    """What the non-matmul work of one attention score costs, forward and backward together (the
+    exponentials of the softmax and its recomputation, the softmax gradient), in FLOPs at the bf16 peak.
+    Its share grows as the head dimension shrinks (the matmuls do 14·head_dim FLOPs per score), which is
+    why attention at head dim 64 reaches less of the peak than at 128 (attention_time). 0: none counted."""
     note: str = ""
     """Where the numbers come from."""
 
@@ -186,12 +197,24 @@ class GPU:
 # on H200); A100's 0.85 and the others' are not measured here: STREAM/BabelStream-class copies reach
 # 85-90% of datasheet bandwidth on HBM parts, 0.85 the lower end (approximate).
 #
-# Attention efficiency, in FlashAttention's own FLOP count (causal = half, backward 2.5x forward):
-# FlashAttention-2 reaches 50-73% of the A100 peak forward and less backward (Dao 2023, arXiv:2307.08691,
-# abstract and its A100 benchmarks, fwd+bwd ~170-190 TFLOP/s at head dim 128), so 0.55; on H100 it reaches
-# "only 35%" (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, abstract), so 0.35 for H100 and H200
-# (same die). FA3 would be ~0.6-0.75 there: --hw attention_efficiency=0.6 for FA3/cuDNN runs. B200 and
-# MI300X have no published measurement read here: the H100 FA2 share is assumed (approximate).
+# Attention efficiency, in FlashAttention's own FLOP count (causal = half, backward 2.5x forward), forward
+# and backward together, at head dim 128:
+# - A100: FlashAttention-2, its own kernel, reaches 50-73% of the peak forward and less backward (Dao 2023,
+#   arXiv:2307.08691, abstract and its A100 benchmarks, fwd+bwd ~170-190 TFLOP/s), so 0.55.
+# - H100 and H200 (one die), measured on an H200 here (bench/gpu_kernels.py, docs/measurements/
+#   h200-kernels.json; 4-32 heads, 4,096-8,192 tokens, GQA and MQA): cuDNN's kernel 0.47-0.52, so 0.49;
+#   FlashAttention-2 (SDPA's FLASH backend) 0.27-0.30, so 0.28. FlashAttention-3's paper has the same
+#   split (Shah et al. 2024, arXiv:2407.08608: FA2 "only 35%" forward, FA3 up to 75% forward) and
+#   pytorch/pytorch#142132 measured SDPA's default at 329 TFLOP/s forward against cuDNN's and FA3's 631.
+# - B200 has no measurement read here: Hopper's two shares are assumed (approximate; cuDNN is B200's own
+#   kernel, torchtitan's pytorch/torchtitan#1196). MI300X and the older parts keep one share (approximate).
+# Score cost (attention_score_cost): at head dim 64 the same H200 kernels reach 0.37 (cuDNN) and 0.24
+# (FA2), against 0.47 and 0.27 at 128 on the same shapes. Time per score = 14·d / (peak · e) + c fits both
+# kernels with c = 0.94-1.00 ps per score, i.e. ~955 FLOPs at 989 TFLOP/s: about four special-function
+# operations per score (132 SMs x 16 per clock x 1.98 GHz = 4.2e12/s), the exponentials forward and
+# again in backward. Other GPUs scale that by their peak over their special-function rate (SMs x 16 x
+# boost clock, the vendors' datasheets): A100 108 x 16 x 1.41 GHz, 312 TFLOP/s: 517; B200 148 x 16 x
+# 1.965 GHz, 2250 TFLOP/s: 1950 (derived, not measured). Where no rate is known: 0 (no head-dim term).
 #
 # FP8 dense peaks (the vendors' datasheets, without sparsity): H100 SXM and H200 1979 TFLOP/s, B200 4.5
 # PFLOP/s, MI300X 2614.9 TFLOP/s; A100 and the TPUs here have no FP8 tensor cores.
@@ -222,27 +245,31 @@ class GPU:
 CATALOG: dict[str, GPU] = {
     "a100-80gb": GPU(
         name="a100-80gb", peak_bf16_flops=312e12, matmul_efficiency=0.73, attention_efficiency=0.55,
+        attention_score_cost=517,
         hbm_bytes=80 * GiB, hbm_bandwidth=2.039e12, hbm_efficiency=0.85,
         gpus_per_node=8, intra_node_bandwidth=300e9, intra_node_efficiency=0.78, intra_node_latency=5e-6,
         inter_node_bandwidth=25e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
         power_watts=400, usd_per_gpu_hour=1.79,
         note="DGX A100: NVLink3 600 GB/s bidirectional, one 200 Gb/s HDR InfiniBand NIC per GPU (Selene)"),
     "h100-sxm": GPU(
-        name="h100-sxm", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.35,
+        name="h100-sxm", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.49,
+        flash2_attention_efficiency=0.28, attention_score_cost=955,
         hbm_bytes=81559 * 2**20, hbm_bandwidth=3.35e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
         peak_fp8_flops=1979e12, power_watts=700, usd_per_gpu_hour=2.99,
         note="HGX H100: NVLink4 900 GB/s bidirectional, one 400 Gb/s NDR InfiniBand/RoCE NIC per GPU", host_bandwidth=50e9),
     "h200": GPU(
-        name="h200", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.35,
+        name="h200", peak_bf16_flops=989e12, matmul_efficiency=0.72, attention_efficiency=0.49,
+        flash2_attention_efficiency=0.28, attention_score_cost=955,
         hbm_bytes=143771 * 2**20, hbm_bandwidth=4.8e12, hbm_efficiency=0.9,
         gpus_per_node=8, intra_node_bandwidth=450e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
         peak_fp8_flops=1979e12, power_watts=700, usd_per_gpu_hour=3.50,
         note="HGX H200: H100 compute with 141 GB HBM3e; 400 Gb/s per GPU between nodes", host_bandwidth=50e9),
     "b200": GPU(
-        name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.35,
+        name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.49,
+        flash2_attention_efficiency=0.28, attention_score_cost=1950,
         hbm_bytes=180 * GiB, hbm_bandwidth=8.0e12, hbm_efficiency=0.85,
         gpus_per_node=8, intra_node_bandwidth=900e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.9, inter_node_latency=10e-6,
@@ -336,7 +363,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(GPU)}
 _ZERO_ALLOWED = {"reserved_bytes", "peak_fp32_flops", "peak_fp8_flops", "kernel_gap", "kernel_gap_one_process",
                  "tp_kernel_overhead", "tp_redistribute_latency", "tp_redistribute_per_byte", "power_watts",
                  "power_limit_watts", "nodes_per_leaf", "overlap_cost", "tp_overlap",
-                 "allocator_slack", "usd_per_gpu_hour"}
+                 "allocator_slack", "usd_per_gpu_hour", "flash2_attention_efficiency", "attention_score_cost"}
 """Fields where 0 means "none" or "not set" (see each field's docstring); every other number is > 0."""
 
 _UNITS = {  # field suffix or name -> (smallest and largest plausible nonzero value, the unit with an example)
@@ -394,7 +421,7 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
         value = _field_value(f"{source}.{key}", _FIELDS[key].type, raw)
         if isinstance(value, str) and not value.strip():  # printed in every plan's header and table
             raise UserError(f"{source}.{key}", raw, "may not be empty; e.g. name=my-h100")
-        if key.endswith("_efficiency") and not 0 < value <= 1:
+        if key.endswith("_efficiency") and not (0 < value <= 1 or value == 0 and key in _ZERO_ALLOWED):
             raise UserError(f"{source}.{key}", raw, "an efficiency is a fraction in (0, 1]")
         if key == "overlap_cost" and value > 1:
             raise UserError(f"{source}.{key}", raw, "a share of the collective's time, in [0, 1]")

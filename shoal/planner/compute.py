@@ -99,6 +99,23 @@ MOE_EP_SORT_ELEMS = 4
 FP8_CAST_ELEMS = 1.5
 
 
+ATTENTION_SCORE_MATMUL_FLOPS_128 = 14 * 128
+"""Matmul FLOPs per causal score, forward and backward, at head dim 128: QK^T and PV forward (4·d),
+2.5 times that backward (catalog.attention_efficiency's count)."""
+
+
+def attention_rate(gpu: GPU, kernel: str, head_dim: float, precision: str) -> float:
+    """FLOP/s of fused causal attention in FlashAttention's count. `kernel`: flash (the device's own
+    kernel) or flash2 (FlashAttention-2: the catalog's flash2 share). The catalog's efficiency holds at
+    head dim 128; per score the matmuls do 14·d FLOPs and the work beside them (gpu.attention_score_cost)
+    stays, so the time per FLOP grows by c·(1/(14·d) - 1/1792) peak-FLOP-times at smaller d."""
+    efficiency = gpu.attention_efficiency
+    if kernel == "flash2" and gpu.flash2_attention_efficiency:
+        efficiency = gpu.flash2_attention_efficiency
+    slower = 1.0 + gpu.attention_score_cost * efficiency * (1.0 / (14.0 * head_dim) - 1.0 / ATTENTION_SCORE_MATMUL_FLOPS_128)
+    return gpu.peak_flops(precision) * efficiency * gpu.sustained_scale / slower
+
+
 def _per_kernel(gpu: GPU, tp: int) -> float:
     """What each counted kernel costs beyond its work; tensor-parallel layers run on DTensors."""
     return gpu.kernel_gap + (gpu.tp_kernel_overhead if tp > 1 else 0.0)
@@ -155,11 +172,10 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
 
     # Attention core. FLOPs of QK^T and PV: 4·T·S·H per layer, over tp (H: q_dim, or MLA's mean width).
     core_flops = 4.0 * T * seq_len * attention_core_width(cfg) / tp
-    if attention == "flash":
+    if attention != "unfused":
         # Causal flash attention skips the upper triangle (half the work); backward does 2.5x the
         # forward FLOPs because it recomputes the scores.
-        rate = gpu.peak_flops(core) * gpu.attention_efficiency * gpu.sustained_scale
-        attn_fwd = 0.5 * core_flops / rate
+        attn_fwd = 0.5 * core_flops / attention_rate(gpu, attention, attention_core_width(cfg) / cfg.n_heads, core)
         attn_bwd = 2.5 * attn_fwd
         outside = EAGER_OUTSIDE_ELEMS * h
         inside = (EAGER_ROTARY_PASSES * (q_dim + kv_dim) + EAGER_ATTN_OUT_COPY * q_dim) / tp + act_elems
@@ -179,7 +195,7 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
     kernels = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + 2 * cfg.n_experts / ep if moe else 0) + (cp - 1)
     gaps = kernels * _per_kernel(gpu, tp)
-    selective = (elementwise if attention == "flash" else attn_fwd) + up
+    selective = (attn_fwd if attention == "unfused" else elementwise) + up
     return KernelTime(fwd=gemm + attn_fwd + elementwise + gaps, bwd=2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps,
                       attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective, op_fwd=selective + every_second)
 

@@ -286,25 +286,26 @@ ATTENTION_BWD_RATIO = 2.5
 
 
 def _offload_per_layer(k: _Kernels) -> tuple[float, float]:
-    """PCIe copies per layer and micro-batch, beside the layer's kernels: offloaded parameters come in
-    for forward and backward and their gradients go out; offloaded activations go out after forward and
-    come back for backward."""
+    """PCIe copies per layer and micro-batch: offloaded parameters come in for forward and backward and
+    their gradients go out, beside the layer's kernels (FSDP2 copies on its all-gather and reduce-scatter
+    streams); offloaded activations go out after forward and come back for backward in full, on the compute
+    stream: torch.autograd.graph.save_on_cpu copies each saved tensor where it is saved, so the next kernel
+    waits (an H200 here: 1.39 s a step where the kernels take ~0.2 s, docs/debugging.md)."""
     lay = k.lay
     if lay.offload != "params" and not lay.activation_offload:
         return 0.0, 0.0
     from shoal.planner.memory import activation_bytes_per_layer
 
     pcie, hide = k.gpu.host_bandwidth, k.gpu.overlap_cost
-    fwd_bytes = bwd_bytes = 0.0
+    fwd = bwd = 0.0
     if lay.offload == "params":
         layer = rank_params(k.cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last", expert_grid(lay)[0]).layer
-        fwd_bytes += layer * k.elem
-        bwd_bytes += layer * k.elem + layer * GRAD_REDUCE_BYTES
+        fwd += _overlap(layer * k.elem / pcie, k.fwd, hide)
+        bwd += _overlap((layer * k.elem + layer * GRAD_REDUCE_BYTES) / pcie, k.bwd, hide)
     if lay.activation_offload:
-        act = activation_bytes_per_layer(k.workload, lay)
-        fwd_bytes += act
-        bwd_bytes += act
-    return _overlap(fwd_bytes / pcie, k.fwd, hide), _overlap(bwd_bytes / pcie, k.bwd, hide)
+        act = activation_bytes_per_layer(k.workload, lay) / pcie
+        fwd, bwd = fwd + act, bwd + act
+    return fwd, bwd
 
 
 def _p2p(k: _Kernels) -> float:

@@ -18,7 +18,7 @@ from shoal.model.config import ModelConfig
 from shoal.hardware.catalog import GPU
 
 PRECISIONS = ("bf16", "fp32", "fp8", "fp16")
-ATTENTION = ("flash", "unfused")
+ATTENTION = ("flash", "flash2", "unfused")
 KERNELS = ("fused", "eager")
 
 
@@ -40,8 +40,10 @@ class Workload:
     Engine, torch.compile and XLA run them: a norm saves only its input (memory.py, analytics.py). `eager`:
     one PyTorch op per kernel, as `shoal train` runs without train.compile (its measured saved tensors)."""
     attention: str = "flash"
-    """`flash`: fused attention that keeps no S×S matrix (what shoal runs). `unfused`: the S×S scores,
-    softmax and dropout are materialised, as in Megatron-LM before flash attention (Korthikanti's
+    """`flash`: fused attention that keeps no S×S matrix, the device's own kernel (what shoal runs: cuDNN's
+    on Hopper and newer, as Transformer Engine does; FlashAttention-2 on Ampere). `flash2`: FlashAttention-2
+    on any device, PyTorch SDPA's default backend (torchtitan, llm-foundry), slower on Hopper. `unfused`: the
+    S×S scores, softmax and dropout are materialised, as in Megatron-LM before flash attention (Korthikanti's
     Table 2 layer); use it to compare with runs from 2021-2022."""
     grad_compression: str = "none"
     """parallel.grad_compression: scales the data-parallel gradient bytes (planner/slow_links.py)."""

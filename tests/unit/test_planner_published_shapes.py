@@ -126,6 +126,32 @@ def test_offload_moves_state_to_the_host_and_costs_pcie_time():
     assert acts.activations < on_gpu.activations and acts.host > 0
 
 
+def test_activation_offload_copies_wait_for_pcie_in_full():
+    # save_on_cpu copies on the compute stream: the step grows by every saved byte out and back over PCIe.
+    from shoal.planner.memory import activation_bytes_per_layer
+
+    wl, cl = Workload(PRESETS["llama3-8b"], 4096, 8), Cluster(H100, 8, 8)
+    lay = Layout(dp_shard=8, zero=3, micro_batch=1)
+    off = dataclasses.replace(lay, activation_offload=True)
+    copies = 2 * activation_bytes_per_layer(wl, off) * wl.model.n_layers / H100.host_bandwidth
+    assert step_time(wl, off, cl).offload == pytest.approx(copies, rel=1e-6)
+
+
+@pytest.mark.parametrize("gpu, kernel, head_dim, low, high", [
+    ("h100", "flash", 128, 0.49, 0.49), ("h100", "flash2", 128, 0.28, 0.28),
+    ("h100", "flash", 64, 0.37, 0.40), ("h100", "flash2", 64, 0.23, 0.25),  # measured: 0.37 and 0.24
+    ("a100", "flash2", 128, 0.55, 0.55), ("a100", "flash", 64, 0.45, 0.50),
+])
+def test_attention_rate_by_kernel_and_head_dim(gpu, kernel, head_dim, low, high):
+    # The H200 measurements behind the catalog (docs/measurements/h200-kernels.json): cuDNN's kernel and
+    # FlashAttention-2 at head dims 128 and 64; Ampere has one kernel, FlashAttention-2.
+    from shoal.planner.compute import attention_rate
+
+    device = hardware.get_gpu(gpu)
+    share = attention_rate(device, kernel, head_dim, "bf16") / device.peak_flops("bf16")
+    assert low - 1e-9 <= share <= high + 1e-9, share
+
+
 def test_fp16_plans_as_bf16():
     wl, cl, lay = Workload(PRESETS["llama3-8b"], 4096, 64), Cluster(H100, 8, 8), Layout(dp_shard=8, micro_batch=1)
     bf16, fp16 = evaluate(wl, lay, cl), evaluate(dataclasses.replace(wl, precision="fp16"), lay, cl)
