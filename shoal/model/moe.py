@@ -51,8 +51,13 @@ class GroupedExperts(nn.Module):
 
 def run_experts(w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, x_ND: torch.Tensor,
                 tokens_per_expert: list[int]) -> torch.Tensor:
-    """x_ND holds tokens sorted by expert; tokens_per_expert[e] of them go through expert e."""
-    outs = [(F.silu(x @ w1[e]) * (x @ w3[e])) @ w2[e] for e, x in enumerate(torch.split(x_ND, tokens_per_expert))]
+    """x_ND holds tokens sorted by expert; tokens_per_expert[e] of them go through expert e.
+
+    The stacked weights are unbound once: indexing w1[e] per expert would make each expert's backward
+    write a zero gradient the size of all experts and add it up, E times (on an H200, 77% of a
+    128-expert layer's step went to those fills and adds); unbind's backward stacks the E gradients once."""
+    outs = [(F.silu(x @ a) * (x @ c)) @ b for x, a, b, c in
+            zip(torch.split(x_ND, tokens_per_expert), w1.unbind(0), w2.unbind(0), w3.unbind(0))]
     return torch.cat(outs) if outs else x_ND
 
 
