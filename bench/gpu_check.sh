@@ -15,7 +15,7 @@ mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TORCH_CPP_LOG_LEVEL=ERROR
 py=${PYTHON:-python3}
 
-parts=" ${PARTS:-kernels cuda_tests gpu_mfu checkpoint train fp8 offload} "
+parts=" ${PARTS:-kernels cuda_tests gpu_mfu checkpoint train fp8 offload moe} "
 
 part() {  # part NAME SECONDS COMMAND...: run with a limit, keep the whole log, say how it ended
     local name=$1 limit=$2 t0=$SECONDS rc
@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.s
 "$py" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
   "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name())' | tee -a "$out/device.txt"
 
-TAIL=20 part kernels 170 "$py" bench/gpu_kernels.py --json "$out/kernels.json"
+TAIL=20 part kernels 170 "$py" bench/gpu_kernels.py --json "$out/kernels.json" ${KERNEL_PARTS:+--parts $KERNEL_PARTS}
 TAIL=12 part cuda_tests 150 "$py" -m pytest -m cuda tests/cuda -p no:cacheprovider -q -rs
 TAIL=40 part gpu_mfu 300 "$py" bench/gpu_mfu.py --steps 6 --warmup 2 --max-micro-batch 16 --profile --json "$out/gpu_mfu.json"
 TAIL=8 part checkpoint 75 "$py" bench/bench_checkpoint.py
@@ -50,9 +50,15 @@ train() {  # train NAME LIMIT OVERRIDES...: shoal train on the 1B shape (its log
     shift 2
     run=$(mktemp -d)/run
     TAIL=45 part "$name" "$limit" "$py" -m shoal train --out "$run" "${llama_1b[@]/#/--set=}" "${@/#/--set=}"
+    cp "$run/profile/rank0.summary.json" "$out/$name.profile.json" 2>/dev/null
     rm -rf "$(dirname "$run")"
 }
 train train 200
 train fp8 240 train.precision=fp8
 # Two sequences a step: the host keeps every layer's saved activations in pinned memory (~6 GiB a sequence).
 train offload 120 train.compile=false train.activation_offload=true train.micro_batch=2 train.global_batch=2
+# Fine-grained MoE (Qwen3-30B-A3B's layer: 128 experts of 768, top 8, dim 2048), 4 layers, eager, with a
+# profile of steps 6-7: how much of the step the device waits on the host (the routing's host sync, a
+# matmul launch per expert), beside the planner's prediction.
+train moe 150 train.compile=false train.micro_batch=2 train.global_batch=2 train.steps=8 debug.profile_steps=6-7 \
+    model.n_layers=4 model.n_kv_heads=4 model.head_dim=128 model.n_experts=128 model.top_k=8 model.expert_ffn_hidden=768

@@ -11,8 +11,8 @@ efficiencies it multiplies peaks by stand on.
 - attention per SDPA backend (cuDNN, FlashAttention-2; memory-efficient attention refuses GQA inputs
   and reports so), causal, forward and forward+backward, and with a packed-document mask (a dense
   boolean mask, as shoal passes it), and the same mask as a flex_attention block mask;
-- the host's cost per eager op (what the device waits for when the host cannot run ahead), and an
-  HBM copy.
+- the host's cost per eager op (what the device waits for when the host cannot run ahead), an HBM
+  copy, pinned host<->device copies and what save_on_cpu (activation offload) adds per saved byte.
 
 Rates follow the planner's FLOP conventions (planner/compute.py): a GEMM is 2mkn; causal attention
 forward is half of 4·T·S·H·d and its backward 2.5 times the forward. Every timed loop runs after a
@@ -244,11 +244,45 @@ def bench_host() -> dict:
     return out
 
 
+def bench_offload() -> dict:
+    """Host<->device copies: pinned bandwidth each way, and what torch.autograd.graph.save_on_cpu (shoal's
+    train.activation_offload) adds to forward+backward of a stack of MLP blocks per byte it saves: the
+    planner charges 2 x saved bytes / host_bandwidth (planner/timing.py)."""
+    out = {}
+    dev = torch.empty(2**30, device="cuda", dtype=torch.uint8)
+    host = torch.empty(2**30, dtype=torch.uint8, pin_memory=True)
+    out["pinned d2h GB/s"] = dev.numel() / timed(lambda: host.copy_(dev, non_blocking=True)) / 1e9
+    out["pinned h2d GB/s"] = dev.numel() / timed(lambda: dev.copy_(host, non_blocking=True)) / 1e9
+    blocks = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.GELU()) for _ in range(8)])
+    blocks = blocks.to("cuda", torch.bfloat16)
+    x = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    saved = []
+
+    def count(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+        blocks(x).sum().backward()
+    out["saved GB"] = sum(saved) / 1e9
+    plain = timed(lambda: blocks(x).sum().backward(), 1.0)
+
+    def offloaded():
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            loss = blocks(x).sum()
+        loss.backward()
+    off = timed(offloaded, 1.0)
+    out.update({"plain fwd+bwd ms": plain * 1e3, "save_on_cpu fwd+bwd ms": off * 1e3,
+                "save_on_cpu effective GB/s (2 x saved / added time)": 2 * sum(saved) / (off - plain) / 1e9})
+    print(json.dumps(out), flush=True)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write every measurement here")
     parser.add_argument("--warmup", type=float, default=6.0, help="seconds of GEMMs before measuring")
-    parser.add_argument("--parts", default="gemm,experts,attention,host,flex")
+    parser.add_argument("--parts", default="host,offload,gemm,experts,attention,flex")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gpu_kernels: no CUDA device", file=sys.stderr)
@@ -260,7 +294,7 @@ def main() -> int:
     print(json.dumps(report), flush=True)
     warm_up(args.warmup)
     parts = args.parts.split(",")
-    for part, fn in (("host", bench_host), ("gemm", bench_gemms), ("experts", bench_experts),
+    for part, fn in (("host", bench_host), ("offload", bench_offload), ("gemm", bench_gemms), ("experts", bench_experts),
                      ("attention", bench_attention), ("flex", bench_flex_documents)):
         if part not in parts:
             continue
