@@ -126,14 +126,16 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     ep_fwd, ep_bwd = _ep_comm(k)
     cp_fwd, cp_bwd = _cp_comm(k)
     off_fwd, off_bwd = _offload_per_layer(k)
+    # save_on_cpu wraps the loss too: its fp32 log-probabilities [T, V/tp] go out and come back.
+    off_head = k.T * k.cfg.vocab_size / k.lay.tp * 4 / k.gpu.host_bandwidth if k.lay.activation_offload else 0.0
     dp = _DataParallel(k)
     fsdp_fwd, fsdp_bwd, fsdp_start = dp.per_layer(k.fwd + tp_fwd, k.bwd + k.recompute + tp_bwd)
 
     # --- one micro-batch on the busiest rank, then the pipeline ---
     lay, m, layers = layout, k.m, k.layers
     p2p = _p2p(k)
-    t_f = layers * (k.fwd + tp_fwd + ep_fwd + cp_fwd + off_fwd + fsdp_fwd) + k.head.fwd + p2p
-    t_b = layers * (k.bwd + k.recompute + tp_bwd + ep_bwd + cp_bwd + off_bwd + fsdp_bwd) + k.head.bwd + p2p
+    t_f = layers * (k.fwd + tp_fwd + ep_fwd + cp_fwd + off_fwd + fsdp_fwd) + k.head.fwd + off_head + p2p
+    t_b = layers * (k.bwd + k.recompute + tp_bwd + ep_bwd + cp_bwd + off_bwd + fsdp_bwd) + k.head.bwd + off_head + p2p
     bubble_mbs = 0.0 if lay.pp == 1 else (lay.pp - 1) / lay.virtual_stages
     if lay.pp_schedule == "zero-bubble":
         # Splitting backward into input and weight gradients lets weight-gradient work fill the
@@ -162,7 +164,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         optimizer=optimizer,
         tail=tail,
         cp_comm=m * layers * (cp_fwd + cp_bwd),
-        offload=m * layers * (off_fwd + off_bwd) + host_step,
+        offload=m * (layers * (off_fwd + off_bwd) + 2 * off_head) + host_step,
         step=step,
         microbatches=m,
         dp_comm_total=dp_total,
