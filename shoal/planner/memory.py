@@ -234,7 +234,7 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         working = activation_bytes_per_layer(workload, layout, recompute="none")
     else:
         working = 0.0
-    logits_last = T * cfg.vocab_size / lay.tp * 8  # fp32 logits + their gradient in the loss
+    logits_last = T * cfg.vocab_size / lay.tp * (LOSS_BYTES_FUSED if workload.kernels == "fused" else elem + LOSS_BYTES_EAGER)
     embed_first = T * cfg.dim * elem / sp * (min(lay.pp, m) if lay.pp > 1 else 1)
 
     best = None
@@ -289,6 +289,15 @@ def _offloaded(lay: Layout, w: float, g: float, o: float, activations: float, ac
         activations = resident
     return w, g, o, activations, host
 
+
+LOSS_BYTES_FUSED = 8
+"""Bytes per logit the loss holds at its peak with a fused cross-entropy: fp32 logits and their gradient."""
+LOSS_BYTES_EAGER = 12
+"""Beyond the caller's logits (elem bytes each), what eager F.cross_entropy over upcast logits holds while
+its backward runs: the fp32 log-probabilities log_softmax saved, their gradient and the fp32 logits'
+gradient, 4 bytes each (shoal/model/transformer.cross_entropy). Measured on an H200 (docs/debugging.md):
+an eager 1B run at micro-batch 8 peaked 24.4 GiB above the planner's 8 bytes per logit, 6.2 bytes more
+per logit over its 4.2e9 logits; 2 + 12 is 6 more."""
 
 GRAD_BUFFER_BYTES = 4
 """A layer's gradients wait in fp32 for their reduction before they leave (timing.GRAD_REDUCE_BYTES)."""
