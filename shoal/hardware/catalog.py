@@ -313,6 +313,42 @@ CATALOG: dict[str, GPU] = {
         note="TPU-v4-like, approximate: 64-chip ICI cubes as 'nodes'", tp_overlap=1.0),
 }
 
+# Newer parts, from the vendors' pages (matmul and attention shares are their generation's, approximate):
+# - GB200 and GB300 in NVL72 racks: 72 GPUs on one NVLink 5 switch fabric (900 GB/s each way per GPU), so
+#   the "node" is the rack's NVLink domain, taken as the 64 of its 72 GPUs that power-of-two layouts fill
+#   (jobs of 64, 128, 256... GPUs; --gpus-per-node 72 plans whole racks). NVIDIA's GB200 NVL72 page: 360 PFLOP/s FP16/BF16 with sparsity per rack, 2.5
+#   dense per GPU (FP8 5), 13.4 TB of HBM3e (186 GB per GPU) at 8 TB/s, ConnectX-7 400 Gb/s per GPU between
+#   racks; GB300 NVL72: the same BF16 rate, 279 GB of HBM3e per GPU, ConnectX-8 800 Gb/s. Board power
+#   1.2 and 1.4 kW. Matmul efficiency as B200's sustained 0.64; attention as B200's (Hopper's measured
+#   shares), its per-score cost from the special-function rate, 5 (GB200) and 10.7 (GB300) tera-
+#   exponentials/s against 2.5 PFLOP/s: 1816 and 849 by the H200's 955 at 989 / 4.18.
+# - TPU v5e and v6e (Trillium), Google Cloud's "TPU v5e" and "TPU v6e" pages: 197 and 918 TFLOP/s BF16,
+#   16 GB at 819 GB/s and 32 GB at 1,638 GB/s, 400 and 800 GB/s of ICI per chip both ways over 4 ports,
+#   256-chip pods in a 2D torus (one "node"); between pods the data-centre network, v5e 2 x 100 Gb/s per
+#   host of 8 chips (25 Gb/s per chip); v6e's page gives no NIC figure: v5e's per-chip rate doubled,
+#   approximate. Matmul efficiency and power as tpu-v5p's (unmeasured for these chips).
+# - MI325X (AMD's datasheet): MI300X's compute (1307 TFLOP/s BF16, 2615 FP8) with 256 GB of HBM3e at
+#   6 TB/s, 1000 W.
+CATALOG["gb200"] = dataclasses.replace(
+    CATALOG["b200"], name="gb200", peak_bf16_flops=2500e12, peak_fp8_flops=5000e12, hbm_bytes=186e9,
+    gpus_per_node=64, attention_score_cost=1816, power_watts=1200, usd_per_gpu_hour=0.0,
+    note="GB200 NVL72: 72 Blackwell GPUs on NVLink 5 (1.8 TB/s bidirectional each), 400 Gb/s per GPU between racks")
+CATALOG["gb300"] = dataclasses.replace(
+    CATALOG["gb200"], name="gb300", hbm_bytes=279e9, inter_node_bandwidth=100e9, attention_score_cost=849,
+    power_watts=1400,
+    note="GB300 NVL72: Blackwell Ultra, 279 GB HBM3e per GPU, 800 Gb/s per GPU between racks")
+CATALOG["tpu-v5e"] = dataclasses.replace(
+    CATALOG["tpu-v5p"], name="tpu-v5e", peak_bf16_flops=197e12, hbm_bytes=16e9, hbm_bandwidth=819e9,
+    gpus_per_node=256, intra_node_bandwidth=200e9, inter_node_bandwidth=3.125e9, power_watts=0.0,
+    usd_per_gpu_hour=0.0, note="TPU v5e: 256-chip pods, 2D torus ICI (400 GB/s per chip both ways), DCN between pods")
+CATALOG["tpu-v6e"] = dataclasses.replace(
+    CATALOG["tpu-v5e"], name="tpu-v6e", peak_bf16_flops=918e12, hbm_bytes=32e9, hbm_bandwidth=1638e9,
+    intra_node_bandwidth=400e9, inter_node_bandwidth=6.25e9,
+    note="TPU v6e (Trillium): 256-chip pods, 2D torus ICI (800 GB/s per chip both ways), DCN between pods")
+CATALOG["mi325x"] = dataclasses.replace(
+    CATALOG["mi300x"], name="mi325x", hbm_bytes=256e9, hbm_bandwidth=6.0e12, power_watts=1000, usd_per_gpu_hour=0.0,
+    note="8x MI325X: MI300X compute with 256 GB HBM3e at 6 TB/s")
+
 # Variants of two entries, from the datasheets: A100 SXM 40GB has HBM2 at 1,555 GB/s (the 80GB's 2,039;
 # many 2022-23 runs used it); H800 SXM is H100 SXM with NVLink cut to 400 GB/s bidirectional.
 CATALOG["a100-40gb"] = dataclasses.replace(
@@ -328,6 +364,8 @@ ALIASES = {
     "h100": "h100-sxm", "h100-80gb": "h100-sxm",
     "h200-sxm": "h200", "b200-sxm": "b200", "mi300": "mi300x",
     "v100-sxm2": "v100", "v100-32gb": "v100", "v100-sxm2-32gb": "v100", "mi250x-gcd": "mi250x", "tpu": "tpu-v5p", "v5p": "tpu-v5p",
+    "gb200-nvl72": "gb200", "gb300-nvl72": "gb300", "v5e": "tpu-v5e", "tpu-v5-lite": "tpu-v5e", "v6e": "tpu-v6e",
+    "trillium": "tpu-v6e", "tpu-trillium": "tpu-v6e", "mi325": "mi325x",
 }
 
 # torch.cuda.get_device_name() -> catalog key. Only variants whose dense BF16 peak equals the entry's

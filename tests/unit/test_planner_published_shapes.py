@@ -154,6 +154,14 @@ def test_attention_rate_by_kernel_and_head_dim(gpu, kernel, head_dim, low, high)
     assert low - 1e-9 <= share <= high + 1e-9, share
 
 
+@pytest.mark.parametrize("name", ["gb200-nvl72", "gb300", "tpu-v5e", "trillium", "mi325x"])
+def test_newer_parts_plan_published_sizes(name):
+    # Runs on these parts are published at power-of-two sizes (MaxText's v5e/v6e tables, NVL72 racks).
+    gpu = hardware.get_gpu(name)
+    best = search(Workload(PRESETS["llama3-8b"], 8192, 256), Cluster(gpu, 256, gpu.gpus_per_node)).best
+    assert best is not None and best.fits and 0.2 < best.mfu < 0.8, (name, best and best.mfu)
+
+
 def test_fp16_plans_as_bf16():
     wl, cl, lay = Workload(PRESETS["llama3-8b"], 4096, 64), Cluster(H100, 8, 8), Layout(dp_shard=8, micro_batch=1)
     bf16, fp16 = evaluate(wl, lay, cl), evaluate(dataclasses.replace(wl, precision="fp16"), lay, cl)
