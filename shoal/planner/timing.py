@@ -396,19 +396,26 @@ class _DataParallel:
                 regather = self.gather(params.dense, params.expert, buckets=b)  # updated weights back to every rank
                 # ZeRO-2 reduced its gradients per micro-batch
                 sync = self.gather(params.dense, params.expert, self.grad, buckets=b) if lay.zero == 1 else 0.0
-            last_bucket = sync / max(layers, b)
             v = lay.virtual_stages
             total = sync + regather + (m * layers * self.gather(layer_dense, layer_expert, self.grad)
                                        if lay.zero == 2 else 0.0)
+            # A bucket's reduction starts once every gradient in it exists, so the one that fills last (the
+            # rank's first layers, in the chunk that finishes last) shows whole: 1/b of the reduction, and
+            # with fewer buckets than layers it also waits on layers/b layers' backward, not one. Megatron-
+            # Core's buckets grow with dp (max(40M, 1M x dp) parameters, above), so at a fixed per-GPU batch
+            # this exposed tail grows with the data-parallel size.
+            chunk_buckets = max(1.0, b / v)
+            last_bucket = sync / v / chunk_buckets
+            waited = max(1.0, layers / v / chunk_buckets) * layer_bwd
             if v == 1:
-                # The last micro-batch's backward, all but its last layer, hides the reduction.
-                exposed = last_bucket + _overlap(sync - last_bucket, max(0.0, t_b - layer_bwd), hide)
+                # The last micro-batch's backward, all but what the last bucket waits on, hides the rest.
+                exposed = last_bucket + _overlap(sync - last_bucket, max(0.0, t_b - waited), hide)
             else:
                 # Interleaved: a chunk's gradients are final only after the last micro-batch's backward through
                 # that chunk. The chunk that finishes last (1/v of the rank's parameters) has only its own
                 # backward, t_b/v, to hide behind; the others overlap the rest of the cool-down.
                 chunk = sync / v
-                exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - layer_bwd), hide)
+                exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - waited), hide)
                            + _overlap(sync - chunk, t_b * (v - 1) / v, hide))
             return total, exposed + _overlap(regather, t_f, hide)
         if self.n > 1:
