@@ -14,7 +14,9 @@ add (How To Scale Your Model, "Sharded Matrices", the AllGather over multiple ax
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from functools import lru_cache
 
 @lru_cache(maxsize=256)
@@ -44,13 +46,17 @@ def has_wraparound(shape: tuple[int, ...], side: int) -> bool:
 
 @lru_cache(maxsize=4096)
 def axes_spanned(shape: tuple[int, ...], n: int, stride: int) -> tuple[int, ...]:
-    """The sizes of the slice axes a group of n ranks, `stride` apart, spans. Ranks fill the axes largest
-    first, the innermost layout dimension (tp) fastest: jax's mesh_utils.create_device_mesh gives each
-    logical mesh axis whole physical axes where their sizes allow it (MaxText's tensor axis of 4 or 8 gets
-    one axis, FSDP the others). A group covers rank offsets stride .. stride·n, and an axis whose own range
-    overlaps that is one it spans."""
-    lo, hi, p, axes = stride, stride * n, 1, []
-    for d in shape:
+    """The sizes of the slice axes a group of n ranks, `stride` apart, spans. The layout's dimensions fill
+    the axes innermost (tp) first, each taking whole axes where their sizes allow it, as jax's
+    mesh_utils.create_device_mesh assigns a logical mesh axis to physical axes of matching size (MaxText's
+    tensor axis of 4 or 8 gets one axis, FSDP the others; PaLM's 12-way model axis on a 12x16x16 pod).
+    The axes are taken in the first order whose boundaries fall at `stride` and at stride·n, largest
+    first otherwise; an axis whose rank range overlaps stride .. stride·n is one the group spans."""
+    lo, hi = stride, stride * n
+    orders = sorted(set(itertools.permutations(shape)), key=lambda o: [-d for d in o])
+    order = next((o for o in orders if {lo, hi} <= set(itertools.accumulate(o, operator.mul, initial=1))), orders[0])
+    p, axes = 1, []
+    for d in order:
         if p * d > lo and p < hi:
             axes.append(min(d, math.ceil(hi / p)))
         p *= d

@@ -57,3 +57,10 @@ def test_fsdp_does_not_slow_down_when_it_leaves_a_cube():
     assert two.dp_comm_total == pytest.approx(cube.dp_comm_total, rel=0.1)
     assert network(Cluster(tpu, 128, tpu.gpus_per_node)).slice_shape == (8, 4, 4)
     assert network(Cluster(hardware.get_gpu("h100"), 16, 8)).slice_shape == ()
+
+
+def test_inner_groups_take_axes_of_their_own_size():
+    # PaLM 540B: 12-way model parallelism and 256-way FSDP on a 3,072-chip v4 pod, 12x16x16.
+    shape = torus.slice_shape(3072, 3)
+    assert sorted(shape) == [12, 16, 16]
+    assert torus.axes_spanned(shape, 12, 1) == (12,) and torus.axes_spanned(shape, 256, 12) == (16, 16)
