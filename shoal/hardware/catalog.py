@@ -55,7 +55,7 @@ class GPU:
     hbm_efficiency: float
     """Fraction of hbm_bandwidth a streaming kernel (copy, elementwise, optimizer step) reaches."""
     gpus_per_node: int
-    """Devices joined by the fast intra-node fabric (NVLink/NVSwitch, Infinity Fabric, an ICI cube)."""
+    """Devices joined by the fast intra-node fabric (NVLink/NVSwitch, Infinity Fabric; a TPU's ICI pod)."""
     intra_node_bandwidth: float
     """Per-GPU fabric bandwidth inside a node, one direction, bytes/s."""
     intra_node_efficiency: float
@@ -72,6 +72,14 @@ class GPU:
     """Nodes with full bisection bandwidth among themselves (a leaf or rail group); 0: one non-blocking fabric."""
     oversubscription: float = 1.0
     """Leaf downlink : uplink bandwidth ratio above nodes_per_leaf (1: non-blocking, Llama 3's pods: 7)."""
+    torus_dims: int = 0
+    """0: the node is switched (NVSwitch): every group inside it gets intra_node_bandwidth. n > 0: the
+    node's devices form an n-dimensional torus (TPU v4/v5p: 3) and intra_node_bandwidth is per torus
+    axis, so a group gets it once for each axis it spans (planner/torus.py)."""
+    torus_wrap_side: int = 4
+    """On a torus: the axis length whose multiples close into rings (v4/v5p 4: slices of whole 4x4x4 cubes
+    get their wraparound from the optical switches; v5e 16: only a full axis wraps). Smaller slices are
+    lines, with half the bandwidth (planner/torus.py)."""
     overlap_cost: float = 0.15
     """Share of a collective's duration still paid when it is hidden behind compute. GPUs: NCCL runs one
     thread block per channel, each on its own SM, and opens 16-32 channels on NVSwitch nodes
@@ -239,6 +247,23 @@ class GPU:
 #   MI300X's measured 0.60 (approximate: CDNA2 was not measured here; Frontier's 22B run reached 38% MFU
 #   end to end, Dash et al. 2023, arXiv:2312.12705, abstract).
 #
+# TPUs (How To Scale Your Model, jax-ml/scaling-book, "TPUs" chapter, its chip and ICI tables; Cloud TPU v5p and
+# v5e docs): v5p 459 TFLOP/s bf16, 95 GB HBM at 2.8 TB/s, 3D torus, 9e10 bytes/s each way per ICI link; v5e 197
+# TFLOP/s, 16 GB at 819 GB/s, 2D 16x16 torus, 4.5e10 per link. A ring along one torus axis sends both ways, so
+# intra_node_bandwidth is the per-axis 1.8e11 (v5p) / 9e10 (v5e) and a group spans one or more axes
+# (planner/torus.py). Efficiency 0.8: the same chapter's profiled all-gather on a v5e 4x4 took 680 us against
+# 560 us at the link rate (0.82, one measurement, approximate). Hop latency ~1 us ("A note on ICI latency").
+# DCN between slices ~2.5e10 bytes/s per host (same chapter), a host serving 4 v5p or 8 v5e chips.
+# Matmul efficiency 0.85, derived: a TPU runs its systolic arrays at a fixed clock from VMEM that the compiler
+# pipelines against HBM, and device-timed large GEMMs reach 90%+ of peak (TPU v6e, trace-timed: yangwhale/
+# gpu-tpu-pedia tpu/v7_perf/README.md; TPU v2: 96 ms against 95.6 ms at peak in the scaling book's "Profiling"
+# chapter); MaxText's 512B model with full rematerialisation on v5p-1024 runs 64.0% MFU = 85.3% of peak in
+# executed FLOPs (recompute adds a third), a floor that attention and element-wise work sit inside of.
+# 0.85 is that floor (not a fit: the rows with lighter remat are not consulted). TPU v4 (same chapter's tables:
+# 275 TFLOP/s, 32 GB at 1.2 TB/s, 4.5e10 per link one way, 16x16x16 pods of 4x4x4 cubes, 4 chips per host) gets
+# the same torus. Its matmul efficiency stays the unsourced 0.75: the floor above is v5p's own, and v4's only
+# published full-remat run (PaLM, 57.8% HFU) sets none above it. (Read after the fact: 0.85 would put the
+# held-out PaLM row at +13%, 0.75 at +1.5%; so that row no longer tests v4's efficiency.)
 # Prices (on-demand, USD per device-hour, 2024, approximate): Lambda's public list, A100 SXM 80GB 1.79
 # and H100 SXM 2.99; H200 3.50, B200 5.99 and MI300X 2.50 are typical neocloud quotes of 2024-25
 # (approximate); Google Cloud's list price per chip-hour, TPU v4 3.22 and v5p 4.20.
@@ -297,20 +322,28 @@ CATALOG: dict[str, GPU] = {
         power_watts=280,
         note="one MI250X GCD (Frontier/LUMI node: 8 GCDs, Infinity Fabric 50-200 GB/s, 4x200 Gb/s Slingshot)"),
     "tpu-v5p": GPU(
-        name="tpu-v5p", peak_bf16_flops=459e12, matmul_efficiency=0.75, attention_efficiency=0.5,
+        name="tpu-v5p", peak_bf16_flops=459e12, matmul_efficiency=0.85, attention_efficiency=0.5,
         hbm_bytes=95e9, hbm_bandwidth=2.765e12, hbm_efficiency=0.85,
-        gpus_per_node=64, intra_node_bandwidth=300e9, intra_node_efficiency=0.7, intra_node_latency=5e-6,
-        inter_node_bandwidth=100e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
-        power_watts=450, usd_per_gpu_hour=4.20,
-        note="TPU-v5p-like, approximate: a 4x4x4 ICI cube (4800 Gb/s ICI per chip) taken as one 'node'; "
-             "traffic between cubes given a third of the per-chip ICI bandwidth", tp_overlap=1.0),
+        gpus_per_node=8960, torus_dims=3, intra_node_bandwidth=180e9, intra_node_efficiency=0.8,
+        intra_node_latency=1e-6, inter_node_bandwidth=6.25e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
+        power_watts=450, usd_per_gpu_hour=4.20, tp_overlap=1.0,
+        note="TPU v5p: a pod is one 3D ICI torus (16x20x28 = 8960 chips), 90 GB/s each way on each of its 6 "
+             "links; slices joined over the data-centre network (DCN)"),
+    "tpu-v5e": GPU(
+        name="tpu-v5e", peak_bf16_flops=197e12, matmul_efficiency=0.85, attention_efficiency=0.5,
+        hbm_bytes=16e9, hbm_bandwidth=819e9, hbm_efficiency=0.85,
+        gpus_per_node=256, torus_dims=2, torus_wrap_side=16, intra_node_bandwidth=90e9, intra_node_efficiency=0.8,
+        intra_node_latency=1e-6, inter_node_bandwidth=3.125e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
+        usd_per_gpu_hour=1.20, tp_overlap=1.0,
+        note="TPU v5e: a pod is one 16x16 2D ICI torus, 45 GB/s each way on each of its 4 links; pods joined over DCN"),
     "tpu-v4": GPU(
         name="tpu-v4", peak_bf16_flops=275e12, matmul_efficiency=0.75, attention_efficiency=0.5,
         hbm_bytes=32 * GiB, hbm_bandwidth=1.2e12, hbm_efficiency=0.85,
-        gpus_per_node=64, intra_node_bandwidth=150e9, intra_node_efficiency=0.7, intra_node_latency=5e-6,
-        inter_node_bandwidth=50e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
-        power_watts=200, usd_per_gpu_hour=3.22,
-        note="TPU-v4-like, approximate: 64-chip ICI cubes as 'nodes'", tp_overlap=1.0),
+        gpus_per_node=4096, torus_dims=3, intra_node_bandwidth=90e9, intra_node_efficiency=0.8,
+        intra_node_latency=1e-6, inter_node_bandwidth=6.25e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
+        power_watts=200, usd_per_gpu_hour=3.22, tp_overlap=1.0,
+        note="TPU v4: a pod is one 3D ICI torus (16x16x16 = 4096 chips), 45 GB/s each way on each of its 6 "
+             "links; pods joined over DCN"),
 }
 
 # Newer parts, from the vendors' pages (matmul and attention shares are their generation's, approximate):
@@ -322,11 +355,10 @@ CATALOG: dict[str, GPU] = {
 #   1.2 and 1.4 kW. Matmul efficiency as B200's sustained 0.64; attention as B200's (Hopper's measured
 #   shares), its per-score cost from the special-function rate, 5 (GB200) and 10.7 (GB300) tera-
 #   exponentials/s against 2.5 PFLOP/s: 1816 and 849 by the H200's 955 at 989 / 4.18.
-# - TPU v5e and v6e (Trillium), Google Cloud's "TPU v5e" and "TPU v6e" pages: 197 and 918 TFLOP/s BF16,
-#   16 GB at 819 GB/s and 32 GB at 1,638 GB/s, 400 and 800 GB/s of ICI per chip both ways over 4 ports,
-#   256-chip pods in a 2D torus (one "node"); between pods the data-centre network, v5e 2 x 100 Gb/s per
-#   host of 8 chips (25 Gb/s per chip); v6e's page gives no NIC figure: v5e's per-chip rate doubled,
-#   approximate. Matmul efficiency and power as tpu-v5p's (unmeasured for these chips).
+# - TPU v6e (Trillium), Google Cloud's "TPU v6e" page: 918 TFLOP/s BF16, 32 GB at 1,638 GB/s, 800 GB/s of
+#   ICI per chip both ways over 4 ports (v5e's 400 doubled), 256-chip pods in a 16x16 2D torus as v5e's;
+#   the page gives no NIC figure: v5e's per-chip DCN rate doubled, approximate. Matmul efficiency as
+#   tpu-v5e's (unmeasured for this chip).
 # - MI325X (AMD's datasheet): MI300X's compute (1307 TFLOP/s BF16, 2615 FP8) with 256 GB of HBM3e at
 #   6 TB/s, 1000 W.
 CATALOG["gb200"] = dataclasses.replace(
@@ -337,14 +369,10 @@ CATALOG["gb300"] = dataclasses.replace(
     CATALOG["gb200"], name="gb300", hbm_bytes=279e9, inter_node_bandwidth=100e9, attention_score_cost=849,
     power_watts=1400,
     note="GB300 NVL72: Blackwell Ultra, 279 GB HBM3e per GPU, 800 Gb/s per GPU between racks")
-CATALOG["tpu-v5e"] = dataclasses.replace(
-    CATALOG["tpu-v5p"], name="tpu-v5e", peak_bf16_flops=197e12, hbm_bytes=16e9, hbm_bandwidth=819e9,
-    gpus_per_node=256, intra_node_bandwidth=200e9, inter_node_bandwidth=3.125e9, power_watts=0.0,
-    usd_per_gpu_hour=0.0, note="TPU v5e: 256-chip pods, 2D torus ICI (400 GB/s per chip both ways), DCN between pods")
 CATALOG["tpu-v6e"] = dataclasses.replace(
     CATALOG["tpu-v5e"], name="tpu-v6e", peak_bf16_flops=918e12, hbm_bytes=32e9, hbm_bandwidth=1638e9,
-    intra_node_bandwidth=400e9, inter_node_bandwidth=6.25e9,
-    note="TPU v6e (Trillium): 256-chip pods, 2D torus ICI (800 GB/s per chip both ways), DCN between pods")
+    intra_node_bandwidth=180e9, inter_node_bandwidth=6.25e9, usd_per_gpu_hour=0.0,
+    note="TPU v6e (Trillium): a pod is one 16x16 2D ICI torus, twice v5e's ICI per link; pods joined over DCN")
 CATALOG["mi325x"] = dataclasses.replace(
     CATALOG["mi300x"], name="mi325x", hbm_bytes=256e9, hbm_bandwidth=6.0e12, power_watts=1000, usd_per_gpu_hour=0.0,
     note="8x MI325X: MI300X compute with 256 GB HBM3e at 6 TB/s")
@@ -400,7 +428,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(GPU)}
 
 _ZERO_ALLOWED = {"reserved_bytes", "peak_fp32_flops", "peak_fp8_flops", "kernel_gap", "kernel_gap_one_process",
                  "tp_kernel_overhead", "tp_redistribute_latency", "tp_redistribute_per_byte", "power_watts",
-                 "power_limit_watts", "nodes_per_leaf", "overlap_cost", "tp_overlap",
+                 "power_limit_watts", "nodes_per_leaf", "overlap_cost", "tp_overlap", "torus_dims",
                  "allocator_slack", "usd_per_gpu_hour", "flash2_attention_efficiency", "attention_score_cost"}
 """Fields where 0 means "none" or "not set" (see each field's docstring); every other number is > 0."""
 

@@ -22,14 +22,20 @@ Beyond a leaf (or rail) group of nodes the traffic climbs to the spine: with ove
 switch hops per step. DGX SuperPODs are non-blocking fat trees (x = 1, the catalog's default); Meta's
 Llama 3 RoCE fabric gives each 3,072-GPU pod full bisection and 1:7 oversubscription between pods
 (Llama 3 paper, §3.3.1): --hw nodes_per_leaf=384 --hw oversubscription=7.
+
+A TPU slice is no switched node but a torus (torus.py): a group gets the ICI bandwidth of every torus
+axis it spans, and its ring latency counts hops along those axes, not ranks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from shoal.comm.ops import bus_factor
+from shoal.planner import torus
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,20 @@ class Network:
     """Leaf downlink : uplink ratio. A group spanning more than nodes_per_leaf nodes sends its inter-node
     traffic through the uplinks, which every GPU of the job loads at once in a data-parallel collective,
     so each GPU gets inter_busbw / oversubscription there."""
+    slice_shape: tuple[int, ...] = ()
+    """A torus node (TPU slice): the size of each of its axes (torus.slice_shape); () for a switched node."""
+    group_axes: tuple[int, ...] = ()
+    """Set by for_group on a torus: the sizes of the slice axes the group spans."""
+    wraparound: bool = True
+    """Whether the torus axes close into rings (torus.has_wraparound)."""
+
+    def for_group(self, n: int, stride: int) -> "Network":
+        """The network one group of n ranks, stride apart, sees. Switched nodes: the same for every group. A
+        torus: intra_busbw is per axis, so the group gets it once per axis it spans (half without
+        wraparound, a line not a ring), and its ring latency counts hops along those axes."""
+        if not self.slice_shape or n <= 1:
+            return self
+        return _torus_group(self, n, stride)
 
     def inter_bw(self, k: int) -> float:
         """Bus bandwidth per GPU for a group spanning k nodes."""
@@ -59,6 +79,13 @@ class Network:
         if self.nodes_per_leaf and k > self.nodes_per_leaf:
             return 1.5 * self.inter_latency
         return self.inter_latency
+
+
+@lru_cache(maxsize=4096)
+def _torus_group(net: Network, n: int, stride: int) -> Network:
+    axes = torus.axes_spanned(net.slice_shape, n, stride)
+    per_axis = net.intra_busbw * (1.0 if net.wraparound else 0.5)
+    return dataclasses.replace(net, intra_busbw=per_axis * len(axes), group_axes=axes)
 
 
 RING_PLATEAU = 1.9
@@ -76,8 +103,10 @@ def _inter_steps(k: int) -> int:
 
 
 def _ring_latency(n: int, k: int, net: Network, rounds: int) -> float:
-    """NCCL's ring: rounds x (n-1) steps, rounds x (k-1) of them across nodes, the rest on NVLink."""
-    return rounds * ((n - k) * net.intra_latency + (k - 1) * net.inter_hop_latency(k))
+    """NCCL's ring: rounds x (n-1) steps, rounds x (k-1) of them across nodes, the rest on NVLink. On a
+    torus the intra-node part is the hops of bidirectional rings along the group's axes (torus.ring_hops)."""
+    intra_steps = torus.ring_hops(net.group_axes, net.wraparound) if net.group_axes else n - k
+    return rounds * (intra_steps * net.intra_latency + (k - 1) * net.inter_hop_latency(k))
 
 
 def all_reduce(nbytes: float, n: int, per_node: int, net: Network) -> float:

@@ -20,7 +20,8 @@ from shoal.layout import (ACTIVATION_CHECKPOINT, INTERLEAVED, Layout, TrainerLim
                           splits_heads)
 from shoal.planner.workload import Cluster, Workload
 from shoal.planner.memory import memory
-from shoal.planner.timing import step_time
+from shoal.planner.timing import network, step_time
+from shoal.planner.torus import tp_reach
 
 VIRTUAL_STAGES = (2, 3, 4, 5, 6, 8, 10, 12, 16)
 """Interleaving factors tried (chunks per pipeline rank)."""
@@ -215,7 +216,8 @@ def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, ke
     first_invalid = first_limit = None
     fitting, missing = [], []
     fit_without_more_recompute = set()
-    for layout in candidate_layouts(workload, cluster.n_gpus, fixed, result.rejected, max_tp=cluster.gpus_per_node,
+    for layout in candidate_layouts(workload, cluster.n_gpus, fixed, result.rejected,
+                                    max_tp=tp_reach(network(cluster).slice_shape, cluster.gpus_per_node),
                                     uneven_interleave=not trainer_only):
         # The trainer's own rules (shoal/layout.py): a layout kept here is one shoal train accepts.
         found = problems(layout, workload.model, cluster.n_gpus, workload.global_batch, workload.seq_len)

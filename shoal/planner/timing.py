@@ -30,6 +30,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from shoal.planner import collectives as coll
+from shoal.planner import torus
 from shoal.model.analytics import kv_width
 from shoal.planner.compute import head_time, layer_time
 from shoal.layout import Layout
@@ -112,8 +113,10 @@ class StepTime:
 
 def network(cluster: Cluster) -> coll.Network:
     gpu = cluster.gpu
+    shape = torus.slice_shape(min(cluster.n_gpus, cluster.gpus_per_node), gpu.torus_dims) if gpu.torus_dims else ()
     return coll.Network(gpu.intra_busbw, gpu.intra_node_latency, gpu.inter_busbw, gpu.inter_node_latency,
-                        gpu.nodes_per_leaf, gpu.oversubscription)
+                        gpu.nodes_per_leaf, gpu.oversubscription, slice_shape=shape,
+                        wraparound=torus.has_wraparound(shape, gpu.torus_wrap_side))
 
 
 def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
@@ -210,10 +213,11 @@ def _tp_comm(k: _Kernels) -> tuple[float, float]:
     lay, gpu = k.lay, k.gpu
     # DTensor's own cost per collective; only the sequence-sharded layout copies the buffer around it
     redistribute = gpu.tp_redistribute_latency + k.act * gpu.tp_redistribute_per_byte
+    net = k.net.for_group(lay.tp, lay.rank_stride("tp"))
     if lay.tp > 1 and lay.sequence_parallel:
-        tp_fwd = 4 * (coll.all_gather(k.act, lay.tp, k.g_tp, k.net) + redistribute)  # 2 all-gathers + 2 reduce-scatters
+        tp_fwd = 4 * (coll.all_gather(k.act, lay.tp, k.g_tp, net) + redistribute)  # 2 all-gathers + 2 reduce-scatters
     elif lay.tp > 1:
-        tp_fwd = 2 * (coll.all_reduce(k.act, lay.tp, k.g_tp, k.net) + gpu.tp_redistribute_latency)
+        tp_fwd = 2 * (coll.all_reduce(k.act, lay.tp, k.g_tp, net) + gpu.tp_redistribute_latency)
     else:
         tp_fwd = 0.0
     tp_bwd = tp_fwd + (tp_fwd if lay.activation_checkpoint == "full" else 0.0)
@@ -238,12 +242,13 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
     if not (k.n_moe and lay.ep > 1):
         return 0.0, 0.0
     folded = expert_grid(lay)[0] != lay.tp  # the expert group spans tp ranks too (neighbours)
-    g_ep = group_ranks_per_node(lay.ep, 1 if folded else lay.rank_stride("dp"), k.G)
+    stride = 1 if folded else lay.rank_stride("dp")
+    g_ep, net = group_ranks_per_node(lay.ep, stride, k.G), k.net.for_group(lay.ep, stride)
     copies = ranks_per_token(cfg.n_experts, cfg.top_k, lay.ep)
     # DeepSeek-V3 dispatches in FP8 and combines in BF16 (§3.3.2; DeepEP's low-precision dispatch).
     dispatch_elem = 1 if k.prec == "fp8" else k.elem
     tokens = k.T * copies * cfg.dim / lay.tp
-    a2a = coll.all_to_all(tokens * dispatch_elem, lay.ep, g_ep, k.net) + coll.all_to_all(tokens * k.elem, lay.ep, g_ep, k.net)
+    a2a = coll.all_to_all(tokens * dispatch_elem, lay.ep, g_ep, net) + coll.all_to_all(tokens * k.elem, lay.ep, g_ep, net)
     if k.m < 2 or g_ep >= lay.ep:  # nothing else in flight to hide behind, or inside a node (not overlapped)
         return k.moe_share * a2a, k.moe_share * a2a
     moe = k.moe_kernels
@@ -334,8 +339,9 @@ class _DataParallel:
         # weights): torchtitan's dp_shard_cp mesh, Megatron's data-parallel-with-context-parallel group.
         self.n = lay.dp * lay.cp
         inner = lay.rank_stride("cp") if lay.cp > 1 else lay.rank_stride("dp")
-        self.g_dp = group_ranks_per_node(self.n, inner, k.G)
-        self.g_edp = group_ranks_per_node(self.edp, inner * lay.ep if etp == lay.tp else lay.ep, k.G)
+        edp_stride = inner * lay.ep if etp == lay.tp else lay.ep
+        self.g_dp, self.g_edp = group_ranks_per_node(self.n, inner, k.G), group_ranks_per_node(self.edp, edp_stride, k.G)
+        self.net, self.net_edp = k.net.for_group(self.n, inner), k.net.for_group(self.edp, edp_stride)
         self.grad = (k.elem if k.prec == "fp32" else GRAD_REDUCE_BYTES) * grad_wire_factor(
             w.grad_compression, lay.dp, cfg, w.topk_density, w.powersgd_rank)
         # Once-per-step reductions go in buckets, each its own collective paying its latency: plain DDP's
@@ -355,8 +361,8 @@ class _DataParallel:
         nbytes = k.elem if nbytes is None else nbytes
         if self.n == 1:
             return 0.0
-        return buckets * (coll.all_gather(n_dense * nbytes / buckets, self.n, self.g_dp, k.net)
-                          + coll.all_gather(n_expert * nbytes / buckets, self.edp, self.g_edp, k.net))
+        return buckets * (coll.all_gather(n_dense * nbytes / buckets, self.n, self.g_dp, self.net)
+                          + coll.all_gather(n_expert * nbytes / buckets, self.edp, self.g_edp, self.net_edp))
 
     def per_layer(self, fwd: float, bwd: float) -> tuple[float, float, float]:
         """(exposed per layer forward, backward, once per step): ZeRO-2/3 collectives hide behind the
@@ -378,34 +384,41 @@ class _DataParallel:
             # at once, or with overlap running beside that many steps' kernels (int8's and fp4's all-to-all is not)
             outer = 4 * QUANTIZED[w.diloco_quantize]
             b = self.bucket_count(params.dense * outer)
-            sync = b * (coll.all_reduce(params.dense * outer / b, self.n, self.g_dp, k.net)
-                        + coll.all_reduce(params.expert * outer / b, self.edp, self.g_edp, k.net))
+            sync = b * (coll.all_reduce(params.dense * outer / b, self.n, self.g_dp, self.net)
+                        + coll.all_reduce(params.expert * outer / b, self.edp, self.g_edp, self.net_edp))
             quantized = w.diloco_quantize in ("int8", "fp4")
             beside = 0.0 if quantized else w.diloco_overlap_steps * m * (t_f + t_b)
             return sync / w.diloco_inner_steps, _overlap(sync, beside, hide) / w.diloco_inner_steps
         if self.n > 1 and lay.zero <= 2:
             b = self.buckets
             if lay.zero == 0:
-                sync = b * (coll.all_reduce(params.dense * self.grad / b, self.n, self.g_dp, k.net)
-                            + coll.all_reduce(params.expert * self.grad / b, self.edp, self.g_edp, k.net))
+                sync = b * (coll.all_reduce(params.dense * self.grad / b, self.n, self.g_dp, self.net)
+                            + coll.all_reduce(params.expert * self.grad / b, self.edp, self.g_edp, self.net_edp))
                 regather = 0.0
             else:
                 regather = self.gather(params.dense, params.expert, buckets=b)  # updated weights back to every rank
                 # ZeRO-2 reduced its gradients per micro-batch
                 sync = self.gather(params.dense, params.expert, self.grad, buckets=b) if lay.zero == 1 else 0.0
-            last_bucket = sync / max(layers, b)
             v = lay.virtual_stages
             total = sync + regather + (m * layers * self.gather(layer_dense, layer_expert, self.grad)
                                        if lay.zero == 2 else 0.0)
+            # A bucket's reduction starts once every gradient in it exists, so the one that fills last (the
+            # rank's first layers, in the chunk that finishes last) shows whole: 1/b of the reduction, and
+            # with fewer buckets than layers it also waits on layers/b layers' backward, not one. Megatron-
+            # Core's buckets grow with dp (max(40M, 1M x dp) parameters, above), so at a fixed per-GPU batch
+            # this exposed tail grows with the data-parallel size.
+            chunk_buckets = max(1.0, b / v)
+            last_bucket = sync / v / chunk_buckets
+            waited = max(1.0, layers / v / chunk_buckets) * layer_bwd
             if v == 1:
-                # The last micro-batch's backward, all but its last layer, hides the reduction.
-                exposed = last_bucket + _overlap(sync - last_bucket, max(0.0, t_b - layer_bwd), hide)
+                # The last micro-batch's backward, all but what the last bucket waits on, hides the rest.
+                exposed = last_bucket + _overlap(sync - last_bucket, max(0.0, t_b - waited), hide)
             else:
                 # Interleaved: a chunk's gradients are final only after the last micro-batch's backward through
                 # that chunk. The chunk that finishes last (1/v of the rank's parameters) has only its own
                 # backward, t_b/v, to hide behind; the others overlap the rest of the cool-down.
                 chunk = sync / v
-                exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - layer_bwd), hide)
+                exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - waited), hide)
                            + _overlap(sync - chunk, t_b * (v - 1) / v, hide))
             return total, exposed + _overlap(regather, t_f, hide)
         if self.n > 1:

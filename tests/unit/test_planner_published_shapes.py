@@ -80,6 +80,18 @@ def test_the_data_parallel_wall_grows_with_ranks():
     assert per_gpu[1] > per_gpu[0]  # same per-GPU batch, slower step at 8x the GPUs
 
 
+
+def test_the_last_gradient_bucket_shows_whole():
+    # Megatron-Core's buckets hold max(40M, 1M x dp) parameters: at dp 4096 an 8B model has 2 buckets for 32
+    # layers, and the one the first layers fill cannot start before the backward ends.
+    wl, per_gpu = Workload(PRESETS["llama3-8b"], 8192, 0), {}
+    for n in (256, 4096):
+        t = step_time(dataclasses.replace(wl, global_batch=n), Layout(dp_shard=n, zero=1, micro_batch=1),
+                      Cluster(H100, n, 8))
+        per_gpu[n] = t
+    assert per_gpu[4096].dp_comm_total == pytest.approx(per_gpu[256].dp_comm_total, rel=0.05)
+    assert per_gpu[4096].dp_comm > 2 * per_gpu[256].dp_comm  # half the reduction exposed, not 1/32
+
 def test_head_dim_and_replicated_kv_heads_are_planned():
     wide = PRESETS["llama3-8b"].replace(head_dim=256, n_kv_heads=1)  # 32 x 256 = 8192 != 4096
     base = PRESETS["llama3-8b"].replace(n_kv_heads=1)
