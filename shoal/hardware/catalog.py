@@ -35,6 +35,13 @@ So an FP8 GEMM runs at peak_fp8_flops x matmul_efficiency x 0.914 (the ratio of 
 B200's pair, 76.3% vs 77.6%, would give 0.98: approximate)."""
 
 
+TPU_RUNTIME_BYTES = 0.75 * GiB
+"""What a TPU's runtime keeps of its HBM (TPUs have no CUDA context, NCCL buffers or cuBLAS workspaces,
+reserved_bytes' GPU default): a v6e reports 33,550,237,696 of its 32 GiB to a program (vLLM's usage stats,
+vllm-project/vllm#16211), 0.75 GiB less; a v4 30.75-31.75 GiB of 32 (jax-ml/jax#1491, pytorch/xla#7086).
+TPU HBM sizes are GiB (16, 32, 95: vllm-project/tpu-inference#753's device table)."""
+
+
 @dataclass(frozen=True)
 class GPU:
     name: str
@@ -323,7 +330,7 @@ CATALOG: dict[str, GPU] = {
         note="one MI250X GCD (Frontier/LUMI node: 8 GCDs, Infinity Fabric 50-200 GB/s, 4x200 Gb/s Slingshot)"),
     "tpu-v5p": GPU(
         name="tpu-v5p", peak_bf16_flops=459e12, matmul_efficiency=0.85, attention_efficiency=0.5,
-        hbm_bytes=95e9, hbm_bandwidth=2.765e12, hbm_efficiency=0.85,
+        hbm_bytes=95 * GiB, reserved_bytes=TPU_RUNTIME_BYTES, hbm_bandwidth=2.765e12, hbm_efficiency=0.85,
         gpus_per_node=8960, torus_dims=3, intra_node_bandwidth=180e9, intra_node_efficiency=0.8,
         intra_node_latency=1e-6, inter_node_bandwidth=6.25e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
         power_watts=450, usd_per_gpu_hour=4.20, tp_overlap=1.0,
@@ -331,14 +338,14 @@ CATALOG: dict[str, GPU] = {
              "links; slices joined over the data-centre network (DCN)"),
     "tpu-v5e": GPU(
         name="tpu-v5e", peak_bf16_flops=197e12, matmul_efficiency=0.85, attention_efficiency=0.5,
-        hbm_bytes=16e9, hbm_bandwidth=819e9, hbm_efficiency=0.85,
+        hbm_bytes=16 * GiB, reserved_bytes=TPU_RUNTIME_BYTES, hbm_bandwidth=819e9, hbm_efficiency=0.85,
         gpus_per_node=256, torus_dims=2, torus_wrap_side=16, intra_node_bandwidth=90e9, intra_node_efficiency=0.8,
         intra_node_latency=1e-6, inter_node_bandwidth=3.125e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
         usd_per_gpu_hour=1.20, tp_overlap=1.0,
         note="TPU v5e: a pod is one 16x16 2D ICI torus, 45 GB/s each way on each of its 4 links; pods joined over DCN"),
     "tpu-v4": GPU(
         name="tpu-v4", peak_bf16_flops=275e12, matmul_efficiency=0.75, attention_efficiency=0.5,
-        hbm_bytes=32 * GiB, hbm_bandwidth=1.2e12, hbm_efficiency=0.85,
+        hbm_bytes=32 * GiB, reserved_bytes=TPU_RUNTIME_BYTES, hbm_bandwidth=1.2e12, hbm_efficiency=0.85,
         gpus_per_node=4096, torus_dims=3, intra_node_bandwidth=90e9, intra_node_efficiency=0.8,
         intra_node_latency=1e-6, inter_node_bandwidth=6.25e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
         power_watts=200, usd_per_gpu_hour=3.22, tp_overlap=1.0,
@@ -370,7 +377,7 @@ CATALOG["gb300"] = dataclasses.replace(
     power_watts=1400,
     note="GB300 NVL72: Blackwell Ultra, 279 GB HBM3e per GPU, 800 Gb/s per GPU between racks")
 CATALOG["tpu-v6e"] = dataclasses.replace(
-    CATALOG["tpu-v5e"], name="tpu-v6e", peak_bf16_flops=918e12, hbm_bytes=32e9, hbm_bandwidth=1638e9,
+    CATALOG["tpu-v5e"], name="tpu-v6e", peak_bf16_flops=918e12, hbm_bytes=32 * GiB, hbm_bandwidth=1638e9,
     intra_node_bandwidth=180e9, inter_node_bandwidth=6.25e9, usd_per_gpu_hour=0.0,
     note="TPU v6e (Trillium): a pod is one 16x16 2D ICI torus, twice v5e's ICI per link; pods joined over DCN")
 CATALOG["mi325x"] = dataclasses.replace(
