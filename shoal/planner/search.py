@@ -238,11 +238,12 @@ def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, ke
             first_limit = first_limit or limit
             continue
         result.evaluated += len(recomputes)
-        if floors.cannot_fit(base, None):  # its weights, gradients and optimizer alone overflow, whatever it recomputes
+        states = floors.states_of(base)
+        if floors.cannot_fit(states):  # its weights, gradients and optimizer alone overflow, whatever it recomputes
             result.rejected["memory"] += len(recomputes)
             continue
         for i, rc in enumerate(recomputes):
-            if floors.cannot_fit(base, rc):  # a miss that would not be shown (_Floors)
+            if floors.cannot_fit(states, floors.activations_of(base, rc)):  # a miss that would not be shown
                 result.rejected["memory"] += 1
                 continue
             layout = base if rc == base.activation_checkpoint else replace(base, activation_checkpoint=rc)
@@ -289,21 +290,28 @@ class _Floors:
         self.closest = []  # a heap (negated) of the `misses` smallest misses so far
 
     @staticmethod
-    def _keys(lay: Layout, rc: str | None) -> tuple[tuple, tuple]:
-        """(states, activations): the fields each part reads, the layout taken with recompute mode rc."""
-        shape = (lay.dp, lay.tp, lay.cp, lay.pp, lay.pp_schedule, lay.pp_virtual_stages)
-        return shape + (lay.ep, lay.zero), shape + (lay.micro_batch, lay.sequence_parallel, rc)
+    def _state_key(lay: Layout) -> tuple:
+        return lay.dp, lay.tp, lay.cp, lay.pp, lay.pp_schedule, lay.pp_virtual_stages, lay.ep, lay.zero
 
-    def cannot_fit(self, lay: Layout, rc: str | None) -> bool:
-        """Whether `lay` with recompute mode rc (None: whatever it recomputes) is a miss that would not be shown."""
-        if len(self.closest) < self.misses:
-            return False
-        s, a = self._keys(lay, rc)
-        states = self.states.get(s, _NONE)
-        acts = self.activations.get(a, _NONE) if rc else _NONE
-        if rc and not acts:
-            return False  # nothing more known than for the group (asked first), so compute it
+    @staticmethod
+    def _activation_key(lay: Layout, rc: str) -> tuple:
+        return (lay.dp, lay.tp, lay.cp, lay.pp, lay.pp_schedule, lay.pp_virtual_stages, lay.micro_batch,
+                lay.sequence_parallel, rc)
+
+    def states_of(self, lay: Layout) -> dict:
+        """Per stage, the weights, gradients and optimizer state seen for this layout's siblings."""
+        return self.states.get(self._state_key(lay), _NONE)
+
+    def activations_of(self, lay: Layout, rc: str) -> dict:
+        """Per stage, the activations seen for this layout's siblings with recompute mode rc."""
+        return self.activations.get(self._activation_key(lay, rc), _NONE)
+
+    def cannot_fit(self, states: dict, acts: dict | None = None) -> bool:
+        """Whether a layout with these parts (acts None: whatever it recomputes) is a miss that would not be shown."""
+        if len(self.closest) < self.misses or acts is _NONE:
+            return False  # too few misses yet, or nothing known beyond the group's states (asked first)
         floor = 0.0  # the largest known part of a stage, or sum of its parts
+        acts = acts or _NONE
         for stage, value in states.items():
             floor = max(floor, value + acts.get(stage, 0.0))
         for value in acts.values():
@@ -312,9 +320,9 @@ class _Floors:
         return floor > self.capacity and (not self.closest or floor > -self.closest[0])
 
     def saw_memory(self, lay: Layout, mem) -> None:
-        s, a = self._keys(lay, lay.activation_checkpoint)
-        self.states.setdefault(s, {}).setdefault(mem.stage, mem.params + mem.grads + mem.optimizer)
-        self.activations.setdefault(a, {}).setdefault(mem.stage, mem.activations)
+        self.states.setdefault(self._state_key(lay), {}).setdefault(mem.stage, mem.params + mem.grads + mem.optimizer)
+        self.activations.setdefault(self._activation_key(lay, lay.activation_checkpoint), {}).setdefault(
+            mem.stage, mem.activations)
         if not mem.fits:
             _keep_smallest(self.closest, mem.total, self.misses)
 

@@ -12,7 +12,7 @@ from shoal.layout import Layout
 from shoal.model.config import PRESETS
 from shoal.planner import search as search_module
 from shoal.planner.memory import memory
-from shoal.planner.search import Fixed, candidate_groups, search
+from shoal.planner.search import Fixed, _Floors as Floors, candidate_groups, search
 from shoal.planner.timing import step_floor, step_time
 from shoal.planner.workload import Cluster, Workload
 
@@ -35,7 +35,7 @@ def test_shortcuts_change_nothing_the_search_returns(case, monkeypatch):
     model, seq, batch, gpu, n = case
     wl, cl = Workload(PRESETS[model], seq, batch), Cluster(hardware.get_gpu(gpu), n, 8)
     fast = search(wl, cl, keep=3, misses=3)  # three kept: the floors cut most
-    monkeypatch.setattr(search_module._Floors, "cannot_fit", lambda self, lay, rc: False)
+    monkeypatch.setattr(Floors, "cannot_fit", lambda self, states, acts=None: False)
     monkeypatch.setattr(search_module, "step_floor", lambda w, lay, c: 0.0)
     monkeypatch.setattr(search_module, "model_limits", lambda m: [])
     slow = search(wl, cl, keep=3, misses=3)
@@ -53,21 +53,25 @@ def test_floors_read_only_what_their_siblings_share():
     states, acts, floors = defaultdict(set), defaultdict(set), defaultdict(set)
     for lay in layouts:
         mem = memory(wl, lay, cl)
-        skeys, akey = search_module._Floors._keys(lay, lay.activation_checkpoint)
-        states[skeys, mem.stage].add(mem.params + mem.grads + mem.optimizer)
+        akey = Floors._activation_key(lay, lay.activation_checkpoint)
+        states[Floors._state_key(lay), mem.stage].add(mem.params + mem.grads + mem.optimizer)
         acts[akey, mem.stage].add(mem.activations)
         if mem.fits:
             floor = step_floor(wl, lay, cl)
             assert floor <= step_time(wl, lay, cl).step
-            floors[search_module._Floors._keys(lay, None)[1], lay.ep, lay.activation_checkpoint].add(floor)
+            floors[akey, lay.ep].add(floor)
     for table in (states, acts, floors):
         assert table and all(len(values) == 1 for values in table.values())
-    siblings = Counter(search_module._Floors._keys(lay, None)[0] for lay in layouts)
+    siblings = Counter(Floors._state_key(lay) for lay in layouts)
     assert max(siblings.values()) > 1  # the sample does compare siblings
 
 
 def test_a_layout_that_could_be_a_closer_miss_is_computed():
-    floors = search_module._Floors(capacity=100.0, reserved=0.0, misses=2)
+    floors = Floors(capacity=100.0, reserved=0.0, misses=2)
+
+    def cannot_fit(lay, rc=None):
+        return floors.cannot_fit(floors.states_of(lay), rc and floors.activations_of(lay, rc))
+
     a, b, c = (Layout(dp_shard=8, pp=2, zero=z) for z in (0, 1, 2))  # ZeRO siblings: the same activations
 
     def saw(lay, states, activations):
@@ -76,13 +80,13 @@ def test_a_layout_that_could_be_a_closer_miss_is_computed():
                                                activations=activations, fits=total <= 100.0, total=total))
 
     saw(a, 140.0, 5.0)
-    assert not floors.cannot_fit(a, None)  # fewer misses than are shown so far: compute it
+    assert not cannot_fit(a)  # fewer misses than are shown so far: compute it
     saw(b, 100.0, 5.0)
     saw(c, 105.0, 5.0)  # the two misses shown so far: 105 and 110
-    assert floors.cannot_fit(replace(a, micro_batch=2), None)  # 140 of states alone, above both
-    assert not floors.cannot_fit(replace(c, micro_batch=2), None)  # 105 may still make a miss closer than 110
-    assert not floors.cannot_fit(c, "none")  # 110 ties the second miss: computed, ties keep their order
+    assert cannot_fit(replace(a, micro_batch=2))  # 140 of states alone, above both
+    assert not cannot_fit(replace(c, micro_batch=2))  # 105 may still make a miss closer than 110
+    assert not cannot_fit(c, "none")  # 110 ties the second miss: computed, ties keep their order
     d = Layout(dp_shard=8, pp=2, zero=3, micro_batch=2)
     saw(d, 99.0, 21.0)
-    assert not floors.cannot_fit(replace(d, micro_batch=4), None)  # 99 of states fits
-    assert floors.cannot_fit(d, "none")  # with its 21 of activations: 120, above both misses shown
+    assert not cannot_fit(replace(d, micro_batch=4))  # 99 of states fits
+    assert cannot_fit(d, "none")  # with its 21 of activations: 120, above both misses shown
