@@ -61,7 +61,8 @@ class ParallelConfig:
     zero: int = 3
     """ZeRO stage for the sharded data-parallel dimension: 0 replicate, 1 optimizer, 2 +gradients, 3 +parameters."""
     pp_schedule: str = "1f1b"
-    """gpipe | 1f1b | interleaved-1f1b | zero-bubble (interleaved, backward split into input and weight grads)."""
+    """gpipe | 1f1b | interleaved-1f1b | zero-bubble (interleaved, backward split into input and weight grads) |
+    dualpipe (DeepSeek-V3's bidirectional pipeline: planned by shoal plan, refused by shoal train)."""
     pp_microbatches: int = 0
     """Micro-batches per pipeline step; 0 uses the gradient-accumulation count."""
     pp_virtual_stages: int = 1

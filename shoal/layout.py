@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from shoal.errors import UserError
 from shoal.model.config import ModelConfig
@@ -22,8 +23,12 @@ MAX_GPUS = 10_000_000
 """The most ranks a job or a plan may have: a hundred times the largest clusters built (~100k GPUs,
 2024-25). Past it a count is a typo, and the planner's divisor loops would take minutes."""
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe")
 INTERLEAVED = ("interleaved-1f1b", "zero-bubble")
+PLAN_ONLY_SCHEDULES = ("dualpipe",)
+"""Schedules shoal plan plans for other trainers and shoal train refuses. dualpipe: DeepSeek-V3's bidirectional
+pipeline (arXiv:2412.19437 §3.2.1, deepseek-ai/DualPipe): pipeline rank i holds stages i and pp-1-i, micro-batches
+enter from both ends, and a forward and a backward chunk of opposite directions run as one overlapped pair."""
 ACTIVATION_CHECKPOINT = ("none", "selective", "selective-op", "full")
 """none: keep every activation. selective: keep the outputs of matmuls and of the attention kernel,
 recompute the element-wise work between them (norms, activation functions, rotary) in backward.
@@ -51,12 +56,13 @@ DEFAULT_RANK_ORDER = "tp-dp-pp"
 """TP on neighbouring ranks (inside a node), then CP, PP outermost: Megatron's and torchtitan's order."""
 
 
-def rank_dims(rank_order: str) -> list[str]:
+@lru_cache(maxsize=64)  # the planner asks for every layout it weighs; a job has one or two orders
+def rank_dims(rank_order: str) -> tuple[str, ...]:
     """rank_order's dimensions innermost first, with cp just outside tp when the order does not name it."""
     dims = rank_order.split("-")
     if "cp" not in dims and "tp" in dims:
         dims.insert(dims.index("tp") + 1, "cp")
-    return dims
+    return tuple(dims)
 
 
 def compresses_in_hooks(method: str) -> bool:
@@ -198,10 +204,7 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
         limit("tp", lay.tp, f"must divide model.vocab_size={m.vocab_size}")
     if lay.tp > 1 and m.is_moe:
         limit("tp", lay.tp, "tensor parallelism of MoE layers is not supported yet; use parallel.ep")
-    if m.is_mla:  # the planner plans it (model/analytics.py); shoal's transformer computes plain attention only
-        limit("model.kv_lora_rank", m.kv_lora_rank, "shoal train has no multi-head latent attention in this build "
-              "(shoal plan plans it for other trainers); set model.kv_lora_rank, q_lora_rank, qk_rope_head_dim and "
-              "v_head_dim to 0 to train plain attention")
+    out += model_limits(m)
     if lay.sequence_parallel_on and seq_len % (lay.tp * lay.cp):
         # Sound (GSPMD pads, or shards the hidden dimension instead: PaLM's 12-way model axis on 2048 tokens);
         # shoal's DTensor plan shards whole sequence slices.
@@ -234,6 +237,16 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     out += _pipeline_problems(lay, m)
     out += _batch_problems(lay, global_batch)
     return out
+
+
+def model_limits(m: ModelConfig) -> list[UserError]:
+    """What stops shoal train from running this model in any layout (the planner still plans it): the
+    search skips its pass over layouts shoal train runs when there is one."""
+    if m.is_mla:  # the planner plans it (model/analytics.py); shoal's transformer computes plain attention only
+        return [TrainerLimit("model.kv_lora_rank", m.kv_lora_rank, "shoal train has no multi-head latent attention "
+                             "in this build (shoal plan plans it for other trainers); set model.kv_lora_rank, "
+                             "q_lora_rank, qk_rope_head_dim and v_head_dim to 0 to train plain attention")]
+    return []
 
 
 def replicates_with_ddp(dp_shard: int, zero: int, tp: int, pp: int, ep: int) -> bool:
@@ -395,6 +408,13 @@ def _pipeline_problems(lay: Layout, m: ModelConfig) -> list[UserError]:
     out = []
     if lay.pp_schedule not in SCHEDULES:
         return [UserError("parallel.pp_schedule", lay.pp_schedule, f"use one of {', '.join(SCHEDULES)}")]
+    if lay.pp_schedule in PLAN_ONLY_SCHEDULES:
+        out.append(TrainerLimit("parallel.pp_schedule", lay.pp_schedule, "shoal train has no DualPipe schedule in "
+                                "this build (shoal plan plans it for other trainers); use zero-bubble or "
+                                "interleaved-1f1b"))
+        if lay.pp % 2:  # rank i pairs with rank pp-1-i (DeepSeek-V3 §3.2.1: stages divisible by 2)
+            out.append(UserError("parallel.pp", lay.pp, "dualpipe pairs pipeline rank i with rank pp-1-i, so pp "
+                                 "must be even; use an even pp or another schedule"))
     if lay.pp_schedule in INTERLEAVED and lay.pp == 1:
         out.append(UserError("parallel.pp_schedule", lay.pp_schedule, "interleaving needs pp > 1; raise parallel.pp "
                              "or use 1f1b"))
@@ -450,6 +470,15 @@ def _batch_problems(lay: Layout, global_batch: int) -> list[UserError]:
     if per_rank % n:
         return [UserError(field, value, f"{n} micro-batches must divide the {per_rank} sequences each "
                           f"data-parallel rank gets per step")]
+    if lay.pp_schedule == "dualpipe" and (n % 2 or n < 2 * lay.pp):
+        # Half the micro-batches enter at each end, and each end's warm-up fills the pipeline before the paired
+        # steady state (deepseek-ai/DualPipe asserts num_chunks % 2 == 0 and num_chunks >= 2 * num_ranks).
+        fit = [mb for mb in divisors_upto(per_rank, per_rank)
+               if per_rank // mb >= 2 * lay.pp and per_rank // mb % 2 == 0]
+        fix = (f"set train.micro_batch={fit[-1]}" if fit and not lay.pp_microbatches
+               else f"raise train.global_batch to {2 * lay.pp * lay.micro_batch * lay.dp}")
+        return [UserError(field, value, f"dualpipe needs an even number of micro-batches per step, at least "
+                          f"2*pp={2 * lay.pp} (half enter at each end), this gives {n}; {fix}")]
     # torch.distributed.pipelining's schedules need these two; a pipeline with fewer micro-batches than
     # stages, or interleaving without a multiple of pp, is still sound (Megatron's 1F1B warms up with
     # min(pp - rank - 1, m); Llama 3 made both flexible, §3.3.2): trainer limits, not errors.

@@ -5,8 +5,9 @@ costs 2 bytes (16-bit weight) + 2 (16-bit gradient) + K = 12 (fp32 master copy, 
 variance), and each ZeRO stage shards one more of them over the data-parallel group (Table 1).
 Activations follow Korthikanti et al. (2022): per-layer bytes times the layer-micro-batches the
 busiest pipeline stage holds (p micro-batches of L/p layers under 1F1B, times 1 + (p-1)/(p·v)
-interleaved, all m under GPipe). The per-layer count is shoal's own layer (analytics.py) for
-flash attention, or the paper's Table 2 for `attention="unfused"`.
+interleaved, all m under GPipe; under DualPipe p + 1 stage-micro-batches, and both edge stages'
+parameters on one rank). The per-layer count is shoal's own layer (analytics.py) for flash attention,
+or the paper's Table 2 for `attention="unfused"`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from shoal.layout import INTERLEAVED, Layout
 from shoal.model import analytics
 from shoal.model.config import ModelConfig
 from shoal.planner.workload import Cluster, Workload, expert_grid, moe_layer_count
+from shoal.planner.pipeline import stage_copies
 from shoal.planner.slow_links import extra_state_bytes
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
@@ -58,7 +60,8 @@ class MemoryBreakdown:
     overhead: float
     """Framework allowance: CUDA context, NCCL, workspaces, allocator fragmentation."""
     stage: str
-    """Which pipeline stage is the peak: 'first' or 'last' (or 'only' without pipelining)."""
+    """Which pipeline stage is the peak: 'first' or 'last' (or 'only' without pipelining; 'edges' under DualPipe,
+    whose first pipeline rank holds the first and the last stage)."""
     capacity: float
     host: float = 0.0
     """Bytes offloading keeps in host memory for this GPU (not part of `total`, which is HBM)."""
@@ -130,6 +133,16 @@ def rank_params(cfg: ModelConfig, tp: int, ep: int, pp: int, virtual: int, stage
                       layer_dense=per_layer_dense, layer_expert=moe_share * routed, tensors=tensors)
 
 
+def stage_params(cfg: ModelConfig, lay: Layout, stage: str, expert_tp: int | None = None) -> RankParams:
+    """rank_params of the stages one GPU holds: `stage`'s, or under DualPipe ('edges', or for the data-parallel
+    traffic 'last') the first and the last stage together, which one pipeline rank holds (pipeline.py)."""
+    if lay.pp_schedule != "dualpipe" or lay.pp == 1:
+        return rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, stage, expert_tp)
+    a, b = (rank_params(cfg, lay.tp, lay.ep, lay.pp, 1, s, expert_tp) for s in ("first", "last"))
+    return RankParams(dense=a.dense + b.dense, expert=a.expert + b.expert, layer_dense=b.layer_dense,
+                      layer_expert=b.layer_expert, tensors=a.tensors + b.tensors)
+
+
 def activation_bytes_per_layer(workload: Workload, layout: Layout, recompute: str | None = None) -> float:
     """Average bytes one layer saves for one micro-batch on one GPU (dense and MoE layers weighted)."""
     lay = layout
@@ -198,12 +211,18 @@ def inflight_layer_microbatches(n_layers: int, pp: int, virtual: int, schedule: 
     L·(1 + (p-1)/(p·v)) layers when every chunk is as large, fewer when its first chunk is the light one
     (stage_layers). The last rank warms up (v-1)p. GPipe holds all m on every stage. Zero-bubble is
     interleaved too; its deferred weight gradients hold no activations (only the inputs' gradients,
-    freed by then), so the same count.
+    freed by then), so the same count. DualPipe: rank 0 holds the first and the last stage; it runs
+    2(p/2-1) + 1 forwards of the first and one of the last before its first backward, then one more
+    forward: p micro-batches of the first stage and one of the last, PP+1 chunks (DeepSeek-V3 Table 2;
+    deepseek-ai/DualPipe's schedule, planner/pipeline.py). Both numbers are that rank's (p-1 mirrors it).
     """
     m = microbatches
     first, last = (rank_stage_layers(n_layers, pp, virtual, s) for s in ("first", "last"))
     if pp == 1:
         return float(first[0]), float(first[0])
+    if schedule == "dualpipe":
+        edges = float(sum(first) * pp + sum(last))
+        return edges, edges
     if schedule == "gpipe":
         return float(sum(first) * m), float(sum(last) * m)
     if schedule in INTERLEAVED:
@@ -238,19 +257,25 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
     embed_first = T * cfg.dim * elem / sp * (min(lay.pp, m) if lay.pp > 1 else 1)
 
     best = None
-    for stage, n_held, logits in (("first", first_n, embed_first), ("last", last_n, logits_last)):
+    stages = (("first", first_n, embed_first), ("last", last_n, logits_last))
+    if lay.pp_schedule == "dualpipe" and lay.pp > 1:  # one rank holds both edge stages (pipeline.py)
+        stages = (("edges", first_n, embed_first + logits_last),)
+    copies = stage_copies(lay.pp_schedule) if lay.pp > 1 else 1
+    etp, edp = expert_grid(lay)
+    edp *= copies
+    for stage, n_held, logits in stages:
         if lay.pp == 1:
             stage, logits = "only", embed_first + logits_last
-        etp, edp = expert_grid(lay)
-        params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last" if stage == "only" else stage, etp)
-        shard = lay.dp * lay.cp  # context-parallel ranks hold the same weights: ZeRO shards over them too
+        params = stage_params(cfg, lay, "last" if stage == "only" else stage, etp)
+        # context-parallel ranks hold the same weights: ZeRO shards over them too (and over a DualPipe stage's copies)
+        shard = lay.dp * lay.cp * copies
         w, g, o = model_state_bytes(params.dense, shard, lay.zero, workload.precision)
         we, ge, oe = model_state_bytes(params.expert, edp, lay.zero, workload.precision)
         psi = params.dense + params.expert
         o += extra_state_bytes(workload, psi, psi / (shard if lay.zero >= 2 else 1))
         activations = act_layer * n_held + working
         w, g, o, activations, host = _offloaded(lay, w + we, g + ge, o + oe, activations, act_layer, params, elem)
-        buffers = _buffers(workload, layout, params.layer, T, elem, sp)
+        buffers = _buffers(workload, layout, params.layer, T, elem, sp, copies)
         dynamic = activations + logits + buffers
         bd = MemoryBreakdown(params=w, grads=g, optimizer=o, activations=activations,
                              logits=logits, buffers=buffers,
@@ -303,7 +328,10 @@ GRAD_BUFFER_BYTES = 4
 """A layer's gradients wait in fp32 for their reduction before they leave (timing.GRAD_REDUCE_BYTES)."""
 
 
-def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem: int, sp: int) -> float:
+def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem: int, sp: int,
+             chunks: int = 1) -> float:
+    """`chunks`: micro-batch chunks computing at once, each with its own sends and all-to-all buffers (2 for a
+    DualPipe F&B pair, DeepSeek-V3 §3.2.1)."""
     cfg = workload.model
     out = 0.0
     if lay.dp * lay.cp > 1:
@@ -316,9 +344,9 @@ def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem:
     if lay.tp > 1 and lay.sequence_parallel:
         out += 2 * T * cfg.dim * elem  # all-gathered sequence for the column-parallel matmuls
     if lay.pp > 1:
-        out += 4 * T * cfg.dim * elem / sp  # activations and gradients, sent and received
+        out += chunks * 4 * T * cfg.dim * elem / sp  # activations and gradients, sent and received
     if lay.ep > 1:
-        out += 2 * T * cfg.top_k * cfg.dim * elem / lay.tp  # dispatch and combine
+        out += chunks * 2 * T * cfg.top_k * cfg.dim * elem / lay.tp  # dispatch and combine
     if lay.cp > 1:
         # The ring's K/V chunk being received beside the one attention reads (forward; dK/dV in backward)
         kv = analytics.kv_width(cfg) / min(lay.tp, cfg.n_kv_heads)

@@ -59,7 +59,8 @@ def layouts_table(plans: list[Plan], title: str):
 
 def breakdown_lines(plan: Plan) -> list[str]:
     mem, t = plan.memory, plan.time
-    where = {"only": "", "first": " (first pipeline stage)", "last": " (last pipeline stage)"}[mem.stage]
+    where = {"only": "", "first": " (first pipeline stage)", "last": " (last pipeline stage)",
+             "edges": " (first pipeline rank: the first and last stages)"}[mem.stage]
     parts = [f"{name} {getattr(mem, name) / GiB:.1f}" for name in MEMORY_PARTS if getattr(mem, name) > 0]
     time_parts = [f"{name} {duration(getattr(t, name))} ({getattr(t, name) / t.step:.0%})"
                   for name in TIME_PARTS if getattr(t, name) / t.step >= 0.005]

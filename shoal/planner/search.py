@@ -5,22 +5,24 @@ the head counts, pp up to the layer count, dp = N / (tp * cp * pp) (cp only for 
 divisors of dp and of the expert count, every ZeRO stage, power-of-two micro-batch sizes dividing
 the per-rank batch, each recompute mode and schedule, interleaving factors from a short list; ep
 over powers of two dividing dp and the expert count. Memory is checked
-before time so layouts that cannot fit cost little.
+before time so layouts that cannot fit cost little, and floors from the layouts already computed skip
+the breakdowns and timings that could not change the answer (_Floors, _best).
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from shoal.errors import UserError
 from shoal.planner.evaluate import Plan, evaluate
-from shoal.layout import (ACTIVATION_CHECKPOINT, INTERLEAVED, Layout, TrainerLimit, max_pipeline_stages, problems,
-                          splits_heads)
+from shoal.layout import (ACTIVATION_CHECKPOINT, INTERLEAVED, PLAN_ONLY_SCHEDULES, Layout, TrainerLimit,
+                          max_pipeline_stages, model_limits, problems, splits_heads)
 from shoal.planner.workload import Cluster, Workload
 from shoal.planner.memory import memory
-from shoal.planner.timing import network, step_time
+from shoal.planner.timing import network, step_floor, step_time
 from shoal.planner.torus import tp_reach
 
 VIRTUAL_STAGES = (2, 3, 4, 5, 6, 8, 10, 12, 16)
@@ -90,16 +92,17 @@ def _powers_of_two(n: int) -> list[int]:
     return out
 
 
-def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: Counter | None = None,
-                      max_tp: int | None = None, uneven_interleave: bool = True):
-    """Every layout that divides (no memory check), honouring the fixed dimensions.
+def candidate_groups(workload: Workload, n_gpus: int, fixed: Fixed, rejected: Counter | None = None,
+                     max_tp: int | None = None, trainer_only: bool = False):
+    """Every layout that divides (no memory check), honouring the fixed dimensions, as (layout, recompute
+    modes): the layout with each of those modes is a candidate (the layout carries the first).
 
     Recompute modes come innermost and lightest first, which `search` relies on to skip dominated
     ones. Unless pinned, tp stays within max_tp (a node): tensor parallelism over the inter-node
-    network is never competitive, and pinning --tp still evaluates it. Without uneven_interleave,
-    interleaved schedules whose micro-batches are not a multiple of pp (a trainer limit) are left out
-    early and counted as rejected by the trainer (the search's first pass: cheaper than asking the
-    layout rules about each).
+    network is never competitive, and pinning --tp still evaluates it. With trainer_only (the search's
+    first pass), interleaved schedules whose micro-batches are not a multiple of pp and the plan-only
+    schedules (trainer limits) are left out early and counted as rejected by the trainer: cheaper than
+    asking the layout rules about each.
     """
     cfg, B = workload.model, workload.global_batch
     rejected = Counter() if rejected is None else rejected
@@ -123,15 +126,14 @@ def candidate_layouts(workload: Workload, n_gpus: int, fixed: Fixed, rejected: C
             sps = [fixed.sequence_parallel] if fixed.sequence_parallel is not None else [tp > 1]
             for mb in mbs:
                 m = B // (dp * mb) if B % (dp * mb) == 0 else 0
-                for sched, v in _schedules(cfg.n_layers, pp, m, fixed, None if uneven_interleave else rejected):
+                for sched, v in _schedules(cfg.n_layers, pp, m, fixed, rejected if trainer_only else None):
                     for ep in eps:
                         for zero in zeros:
-                            for rc in recomputes:
-                                for sp in sps:
-                                    yield Layout(dp_shard=dp, tp=tp, cp=cp, pp=pp, ep=ep, zero=zero, micro_batch=mb,
-                                                 pp_schedule=sched, pp_virtual_stages=v, activation_checkpoint=rc,
-                                                 sequence_parallel=sp, offload=fixed.offload or "none",
-                                                 activation_offload=bool(fixed.activation_offload))
+                            for sp in sps:
+                                yield Layout(dp_shard=dp, tp=tp, cp=cp, pp=pp, ep=ep, zero=zero, micro_batch=mb,
+                                             pp_schedule=sched, pp_virtual_stages=v, activation_checkpoint=recomputes[0],
+                                             sequence_parallel=sp, offload=fixed.offload or "none",
+                                             activation_offload=bool(fixed.activation_offload)), recomputes
 
 
 CP_FROM_SEQ_LEN = 32768
@@ -158,19 +160,22 @@ def _cp_and_pp(workload: Workload, n_gpus: int, tp: int, fixed: Fixed, rejected:
             yield cp, pp
 
 
-def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed, skip_uneven: Counter | None = None):
+def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed, first_pass: Counter | None = None):
     if pp == 1:
         yield (fixed.pp_schedule or "1f1b"), (fixed.pp_virtual_stages or 1)
         return
-    names = [fixed.pp_schedule] if fixed.pp_schedule else ["1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"]
+    names = [fixed.pp_schedule] if fixed.pp_schedule else ["1f1b", "interleaved-1f1b", "zero-bubble", "gpipe", "dualpipe"]
     for name in names:
+        if name in PLAN_ONLY_SCHEDULES and first_pass is not None and not fixed.pp_schedule:
+            first_pass["trainer"] += 1  # the first pass keeps to what shoal train runs (layout.PLAN_ONLY_SCHEDULES)
+            continue
         if name not in INTERLEAVED:
             yield name, (fixed.pp_virtual_stages or 1)
             continue
         # Micro-batches that are not a multiple of pp are a trainer limit (layout.py), still planned when nothing
         # shoal train runs fits, so that a search and a pinned plan of the same layout agree.
-        if skip_uneven is not None and m and m % pp:
-            skip_uneven["trainer"] += 1
+        if first_pass is not None and m and m % pp:
+            first_pass["trainer"] += 1
             continue
         vs = ([fixed.pp_virtual_stages] if fixed.pp_virtual_stages
               else [v for v in VIRTUAL_STAGES if pp * v <= max_pipeline_stages(n_layers)])
@@ -195,10 +200,12 @@ def search(workload: Workload, cluster: Cluster, fixed: Fixed = Fixed(), *, rank
     Layouts shoal train cannot run yet are left out, unless nothing it can run fits: then the
     search runs again without that limit (planning for other trainers) and says so in `note`.
     """
-    try:
-        result = _search(workload, cluster, fixed, rank_by, keep, misses, trainer_only=True)
-    except UserError:
-        result = None
+    result = None
+    if not model_limits(workload.model):  # else no layout of this model is one shoal train runs
+        try:
+            result = _search(workload, cluster, fixed, rank_by, keep, misses, trainer_only=True)
+        except UserError:
+            pass
     if result is None or (not result.plans and result.rejected["trainer"]):
         first = result
         result = _search(workload, cluster, fixed, rank_by, keep, misses, trainer_only=False)
@@ -214,51 +221,150 @@ def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, ke
     result = SearchResult(plans=[], closest_misses=[])
     invalid = Counter()
     first_invalid = first_limit = None
-    fitting, missing = [], []
-    fit_without_more_recompute = set()
-    for layout in candidate_layouts(workload, cluster.n_gpus, fixed, result.rejected,
-                                    max_tp=tp_reach(network(cluster).slice_shape, cluster.gpus_per_node),
-                                    uneven_interleave=not trainer_only):
-        # The trainer's own rules (shoal/layout.py): a layout kept here is one shoal train accepts.
-        found = problems(layout, workload.model, cluster.n_gpus, workload.global_batch, workload.seq_len)
+    fitting, missing = [], []  # (layout, memory): those that fit, and those that do not
+    floors = _Floors(cluster.gpu.hbm_bytes, cluster.gpu.reserved_bytes, misses)
+    for base, recomputes in candidate_groups(workload, cluster.n_gpus, fixed, result.rejected,
+                                             max_tp=tp_reach(network(cluster).slice_shape, cluster.gpus_per_node),
+                                             trainer_only=trainer_only):
+        # The trainer's own rules (shoal/layout.py): a layout kept here is one shoal train accepts. They read
+        # the recompute mode only to check its name, so one verdict holds for the group.
+        found = problems(base, workload.model, cluster.n_gpus, workload.global_batch, workload.seq_len)
         bad = next((p for p in found if not isinstance(p, TrainerLimit)), None)
         if bad:
-            invalid[bad.field] += 1
+            invalid[bad.field] += len(recomputes)
             first_invalid = first_invalid or bad
             continue
         limit = next((p for p in found if isinstance(p, TrainerLimit)), None) if trainer_only else None
         if limit:  # sound, but shoal train cannot run it yet: keep emitted recipes runnable
-            result.rejected["trainer"] += 1
+            result.rejected["trainer"] += len(recomputes)
             first_limit = first_limit or limit
             continue
-        result.evaluated += 1
-        lay = layout
-        key = (lay.dp, lay.tp, lay.cp, lay.pp, lay.ep, lay.zero, lay.micro_batch, lay.pp_schedule, lay.pp_virtual_stages,
-               lay.sequence_parallel)
-        if key in fit_without_more_recompute:
-            # The same layout already fits with less recomputation, which is never slower.
-            result.dominated += 1
+        result.evaluated += len(recomputes)
+        states = floors.states_of(base)
+        if floors.cannot_fit(states):  # its weights, gradients and optimizer alone overflow, whatever it recomputes
+            result.rejected["memory"] += len(recomputes)
             continue
-        mem = memory(workload, layout, cluster)
-        if not mem.fits:
-            result.rejected["memory"] += 1
-            missing.append((mem.total, layout, mem))
-            continue
-        fit_without_more_recompute.add(key)
-        fitting.append(Plan(workload, layout, cluster, mem, step_time(workload, layout, cluster)))
+        for i, rc in enumerate(recomputes):
+            if floors.cannot_fit(states, floors.activations_of(base, rc)):  # a miss that would not be shown
+                result.rejected["memory"] += 1
+                continue
+            layout = base if rc == base.activation_checkpoint else replace(base, activation_checkpoint=rc)
+            mem = memory(workload, layout, cluster)
+            floors.saw_memory(layout, mem)
+            if not mem.fits:
+                result.rejected["memory"] += 1
+                missing.append((mem.total, layout, mem))
+                continue
+            fitting.append((layout, mem))
+            # The same layout with more recomputation fits too, and is never faster.
+            result.dominated += len(recomputes) - i - 1
+            break
     result.rejected.update(invalid)
     if result.evaluated == 0:
         if first_invalid or first_limit:
             raise first_invalid or first_limit
         raise UserError("gpus", cluster.n_gpus, _no_layout_fix(workload, cluster.n_gpus, fixed))
-    fitting.sort(key=sort_key(rank_by))
     result.fitting = len(fitting)
-    result.plans = fitting[:keep]
+    result.plans = _best(workload, cluster, fitting, rank_by, keep)
     missing.sort(key=lambda t: t[0])
     result.closest_misses = [Plan(workload, lay, cluster, mem, step_time(workload, lay, cluster))
                              for _, lay, mem in missing[:misses]]
     result.seconds = time.perf_counter() - start
     return result
+
+
+class _Floors:
+    """A floor under a layout's memory, from the siblings already computed, that lets the search skip the misses
+    it would not show, without changing what it returns.
+
+    Per pipeline stage, a layout's weights, gradients and optimizer state are the same whatever its micro-batch,
+    recomputation or sequence parallelism, and its activations the same whatever its expert parallelism and ZeRO
+    stage (memory.py). A layout whose floor overflows the GPU and is above the `misses` closest misses so far is a
+    miss that would not be shown: that threshold only falls, so it would be out at the end too, and the test is
+    strict, so ties keep their order. tests/unit/test_planner_search.py holds the invariances."""
+
+    SLACK = 1e-9
+    """Relative margin on the floors: a sibling's sum in another order may round one ulp apart."""
+
+    def __init__(self, capacity: float, reserved: float, misses: int):
+        self.capacity, self.reserved, self.misses = capacity, reserved, misses
+        self.states, self.activations = {}, {}
+        self.closest = []  # a heap (negated) of the `misses` smallest misses so far
+
+    @staticmethod
+    def _state_key(lay: Layout) -> tuple:
+        return lay.dp, lay.tp, lay.cp, lay.pp, lay.pp_schedule, lay.pp_virtual_stages, lay.ep, lay.zero
+
+    @staticmethod
+    def _activation_key(lay: Layout, rc: str) -> tuple:
+        return (lay.dp, lay.tp, lay.cp, lay.pp, lay.pp_schedule, lay.pp_virtual_stages, lay.micro_batch,
+                lay.sequence_parallel, rc)
+
+    def states_of(self, lay: Layout) -> dict:
+        """Per stage, the weights, gradients and optimizer state seen for this layout's siblings."""
+        return self.states.get(self._state_key(lay), _NONE)
+
+    def activations_of(self, lay: Layout, rc: str) -> dict:
+        """Per stage, the activations seen for this layout's siblings with recompute mode rc."""
+        return self.activations.get(self._activation_key(lay, rc), _NONE)
+
+    def cannot_fit(self, states: dict, acts: dict | None = None) -> bool:
+        """Whether a layout with these parts (acts None: whatever it recomputes) is a miss that would not be shown."""
+        if len(self.closest) < self.misses or acts is _NONE:
+            return False  # too few misses yet, or nothing known beyond the group's states (asked first)
+        floor = 0.0  # the largest known part of a stage, or sum of its parts
+        acts = acts or _NONE
+        for stage, value in states.items():
+            floor = max(floor, value + acts.get(stage, 0.0))
+        for value in acts.values():
+            floor = max(floor, value)
+        floor = (floor + self.reserved) * (1 - self.SLACK)
+        return floor > self.capacity and (not self.closest or floor > -self.closest[0])
+
+    def saw_memory(self, lay: Layout, mem) -> None:
+        self.states.setdefault(self._state_key(lay), {}).setdefault(mem.stage, mem.params + mem.grads + mem.optimizer)
+        self.activations.setdefault(self._activation_key(lay, lay.activation_checkpoint), {}).setdefault(
+            mem.stage, mem.activations)
+        if not mem.fits:
+            _keep_smallest(self.closest, mem.total, self.misses)
+
+
+def _best(workload: Workload, cluster: Cluster, fitting: list, rank_by: str, keep: int) -> list[Plan]:
+    """The `keep` best of the fitting layouts, timing as few as it can: a step is never shorter than its floor
+    (timing.step_floor, the same for every ZeRO stage), so layouts are timed in the order of that floor, and
+    once the next floor is above the `keep` best steps timed, no layout left can rank (a strict test: ties keep
+    their order)."""
+    floors = {}
+
+    def floor(lay: Layout) -> float:
+        key = (lay.dp, lay.tp, lay.cp, lay.pp, lay.ep, lay.micro_batch, lay.pp_schedule, lay.pp_virtual_stages,
+               lay.sequence_parallel, lay.activation_checkpoint)
+        if key not in floors:
+            floors[key] = step_floor(workload, lay, cluster) * (1 - _Floors.SLACK)
+        return floors[key]
+
+    order = sorted(range(len(fitting)), key=lambda i: floor(fitting[i][0]))
+    plans, best = [], []  # best: a heap (negated) of the `keep` shortest steps so far
+    for i in order:
+        lay, mem = fitting[i]
+        if len(best) == keep and (not best or floor(lay) > -best[0]):
+            break
+        plan = Plan(workload, lay, cluster, mem, step_time(workload, lay, cluster))
+        plans.append((i, plan))
+        _keep_smallest(best, plan.time.step, keep)
+    plans.sort(key=lambda ip: ip[0])  # back in the search's order, which the sort's ties keep
+    return sorted((p for _, p in plans), key=sort_key(rank_by))[:keep]
+
+
+_NONE: dict = {}
+
+
+def _keep_smallest(heap: list, value: float, n: int) -> None:
+    """Keep the n smallest values seen in `heap` (negated, so its top is the largest of them)."""
+    if len(heap) < n:
+        heapq.heappush(heap, -value)
+    elif heap and value < -heap[0]:
+        heapq.heapreplace(heap, -value)
 
 
 def evaluate_pinned(workload: Workload, layout: Layout, cluster: Cluster, *, interleave_given: bool = True) -> Plan:

@@ -3,12 +3,14 @@
 One micro-batch on the busiest pipeline rank (its layers plus the output head) takes t_f forward
 and t_b backward: kernels (compute.py), recomputation, and the collectives on the critical path.
 The pipeline then takes (m + (p-1)/v)·(t_f + t_b): m micro-batches plus the bubble, a
-(p-1)/(v·m) fraction (1F1B and GPipe have v = 1). After the last backward come the data-parallel
-gradient reduction (the part not hidden behind that backward) and the optimizer step.
+(p-1)/(v·m) fraction (1F1B and GPipe have v = 1; every schedule's bubble is in pipeline.py). After
+the last backward come the data-parallel gradient reduction (the part not hidden behind that
+backward) and the optimizer step.
 
 Overlap, and why:
 - tensor-parallel collectives are on the critical path (each matmul needs its result): not hidden.
-- pipeline send/recv: on the critical path, once per chunk boundary each way.
+- pipeline send/recv: on the critical path, once per chunk boundary each way, except in DualPipe's
+  overlapped forward-backward pairs (pipeline.py), which hide them and the expert all-to-all.
 - expert all-to-all: a token goes once to each rank holding one of its experts, not once per expert
   (DeepEP, Megatron's dispatcher with permutation after the exchange), and, where the expert group leaves
   the node (inside one the recipes do not overlap it: _ep_comm), the dispatch and combine of
@@ -30,14 +32,14 @@ import math
 from dataclasses import asdict, dataclass
 
 from shoal.planner import collectives as coll
-from shoal.planner import torus
+from shoal.planner import pipeline, torus
 from shoal.model.analytics import kv_width
 from shoal.planner.compute import head_time, layer_time
 from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload, expert_grid, group_ranks_per_node, layers_per_rank, moe_layer_count
 from shoal.hardware.catalog import GPU
 from shoal.hardware.local import is_local
-from shoal.planner.memory import DDP_BUCKET_BYTES, rank_params
+from shoal.planner.memory import DDP_BUCKET_BYTES, rank_params, stage_params
 from shoal.planner.slow_links import QUANTIZED, grad_wire_factor
 
 GRAD_REDUCE_BYTES = 4
@@ -124,6 +126,17 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     forward and backward (kernels and the collectives on their critical path), the pipeline with its
     bubble, then what comes once per step (gradient reduction, parameter gather, the optimizer) and
     the wait for the slowest rank."""
+    return _step(workload, layout, cluster, data_parallel=True)
+
+
+def step_floor(workload: Workload, layout: Layout, cluster: Cluster) -> float:
+    """step_time().step less its data-parallel parts (ZeRO-2/3 per-layer traffic, the gradient reduction and
+    parameter gather, the optimizer step), each >= 0: a floor under it that is the same for every ZeRO stage.
+    The search orders layouts by it and times only those that can still rank."""
+    return _step(workload, layout, cluster, data_parallel=False).step
+
+
+def _step(workload: Workload, layout: Layout, cluster: Cluster, data_parallel: bool) -> StepTime:
     k = _Kernels(workload, layout, cluster)
     tp_fwd, tp_bwd = _tp_comm(k)
     ep_fwd, ep_bwd = _ep_comm(k)
@@ -131,32 +144,28 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
     off_fwd, off_bwd = _offload_per_layer(k)
     # save_on_cpu wraps the loss too: its fp32 log-probabilities [T, V/tp] go out and come back.
     off_head = k.T * k.cfg.vocab_size / k.lay.tp * 4 / k.gpu.host_bandwidth if k.lay.activation_offload else 0.0
-    dp = _DataParallel(k)
-    fsdp_fwd, fsdp_bwd, fsdp_start = dp.per_layer(k.fwd + tp_fwd, k.bwd + k.recompute + tp_bwd)
+    dp = _DataParallel(k) if data_parallel else None
+    fsdp_fwd, fsdp_bwd, fsdp_start = dp.per_layer(k.fwd + tp_fwd, k.bwd + k.recompute + tp_bwd) if dp else (0.0,) * 3
 
-    # --- one micro-batch on the busiest rank, then the pipeline ---
-    lay, m, layers = layout, k.m, k.layers
+    # --- one micro-batch on the busiest rank, then the pipeline (its bubble per schedule: pipeline.py) ---
+    lay, m, layers, head = layout, k.m, k.layers, k.head_share
     p2p = _p2p(k)
-    t_f = layers * (k.fwd + tp_fwd + ep_fwd + cp_fwd + off_fwd + fsdp_fwd) + k.head.fwd + off_head + p2p
-    t_b = layers * (k.bwd + k.recompute + tp_bwd + ep_bwd + cp_bwd + off_bwd + fsdp_bwd) + k.head.bwd + off_head + p2p
-    bubble_mbs = 0.0 if lay.pp == 1 else (lay.pp - 1) / lay.virtual_stages
-    if lay.pp_schedule == "zero-bubble":
-        # Splitting backward into input and weight gradients lets weight-gradient work fill the
-        # idle slots: ZB-H1 (same memory as 1F1B) leaves about a third of 1F1B's bubble
-        # (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Table 3 / Fig. 4).
-        bubble_mbs /= 3
-    bubble = bubble_mbs * (t_f + t_b)
+    t_f = layers * (k.fwd + tp_fwd + ep_fwd + cp_fwd + off_fwd + fsdp_fwd) + head * (k.head.fwd + off_head) + p2p
+    t_b = layers * (k.bwd + k.recompute + tp_bwd + ep_bwd + cp_bwd + off_bwd + fsdp_bwd) + head * (k.head.bwd + off_head) + p2p
+    # W: the weight-gradient GEMMs of backward, as many FLOPs as the forward's (compute.py)
+    bubble = pipeline.bubble(lay.pp_schedule, lay.pp, lay.virtual_stages, t_f, t_b,
+                             layers * k.gemm_fwd + head * k.head.gemm_fwd)
 
     # --- once per step ---
-    dp_total, dp_exposed = dp.per_step(t_f, t_b, k.bwd + k.recompute + tp_bwd)
-    optimizer, host_step = _optimizer_time(k, dp, m * t_b)
+    dp_total, dp_exposed = dp.per_step(t_f, t_b, k.bwd + k.recompute + tp_bwd) if dp else (0.0, 0.0)
+    optimizer, host_step = _optimizer_time(k, dp, m * t_b) if dp else (0.0, 0.0)
     # The slowest GPU's kernels set the pace: its spread stretches kernel time, not the wire time.
-    kernels = m * (layers * (k.fwd + k.bwd + k.recompute) + k.head.fwd + k.head.bwd)
+    kernels = m * (layers * (k.fwd + k.bwd + k.recompute) + head * k.head.fwd + head * k.head.bwd)
     n = cluster.n_gpus
     tail = kernels * RANK_SPEED_SIGMA * math.sqrt(2 * math.log(n)) if n > 1 else 0.0
     step = m * (t_f + t_b) + bubble + fsdp_start + dp_exposed + optimizer + tail + host_step
     return StepTime(
-        compute=m * (layers * (k.fwd + k.bwd) + k.head.fwd + k.head.bwd),
+        compute=m * (layers * (k.fwd + k.bwd) + head * k.head.fwd + head * k.head.bwd),
         recompute=m * layers * k.recompute,
         tp_comm=m * layers * (tp_fwd + tp_bwd),
         pp_comm=m * 2 * p2p,
@@ -167,7 +176,7 @@ def step_time(workload: Workload, layout: Layout, cluster: Cluster) -> StepTime:
         optimizer=optimizer,
         tail=tail,
         cp_comm=m * layers * (cp_fwd + cp_bwd),
-        offload=m * (layers * (off_fwd + off_bwd) + 2 * off_head) + host_step,
+        offload=m * (layers * (off_fwd + off_bwd) + 2 * head * off_head) + host_step,
         step=step,
         microbatches=m,
         dp_comm_total=dp_total,
@@ -204,6 +213,11 @@ class _Kernels:
         self.recompute = {"none": 0.0, "selective": avg("selective_fwd"), "selective-op": avg("op_fwd"),
                           "full": self.fwd}[lay.activation_checkpoint]
         self.head = head_time(cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, self.prec, lay.cp)
+        self.dualpipe = lay.pp_schedule == "dualpipe" and lay.pp > 1
+        # The micro-batches whose output head the busiest rank runs: all on the last stage, half under DualPipe
+        self.head_share = pipeline.DUALPIPE_HEAD_SHARE if self.dualpipe else 1.0
+        # The share of chunks that run in an overlapped DualPipe F&B pair (none otherwise)
+        self.paired = pipeline.dualpipe_paired_share(lay.pp, self.m) if self.dualpipe else 0.0
         self.act = self.T * cfg.dim * self.elem  # one full-sequence activation tensor
         self.g_tp = group_ranks_per_node(lay.tp, lay.rank_stride("tp"), self.G)
 
@@ -249,13 +263,21 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
     dispatch_elem = 1 if k.prec == "fp8" else k.elem
     tokens = k.T * copies * cfg.dim / lay.tp
     a2a = coll.all_to_all(tokens * dispatch_elem, lay.ep, g_ep, net) + coll.all_to_all(tokens * k.elem, lay.ep, g_ep, net)
-    if k.m < 2 or g_ep >= lay.ep:  # nothing else in flight to hide behind, or inside a node (not overlapped)
-        return k.moe_share * a2a, k.moe_share * a2a
     moe = k.moe_kernels
     # Forward and backward each exchange twice (dispatch, combine); together they run beside one forward
     # and one backward of the MoE layer of another micro-batch.
-    exposed = _overlap(2 * a2a, moe.fwd + moe.bwd, k.gpu.overlap_cost)
-    return k.moe_share * exposed / 2, k.moe_share * exposed / 2
+    beside = _overlap(2 * a2a, moe.fwd + moe.bwd, k.gpu.overlap_cost) / 2
+    if k.m < 2 or g_ep >= lay.ep:  # nothing else in flight to hide behind, or inside a node (not overlapped)
+        ordinary = a2a
+    else:
+        ordinary = beside
+    if k.dualpipe:
+        # DualPipe's F&B pair hides each chunk's dispatch and combine behind the other chunk's kernels inside a
+        # node too: the schedule overlaps them, not a recipe switch (DeepSeek-V3 §3.2.1, Figure 4). The chunks
+        # outside the pairs (pipeline.dualpipe_paired_share) are charged as every other schedule's are.
+        exposed = k.paired * beside + (1 - k.paired) * ordinary
+        return k.moe_share * exposed, k.moe_share * exposed
+    return k.moe_share * ordinary, k.moe_share * ordinary
 
 
 def ranks_per_token(n_experts: int, top_k: int, ep: int) -> float:
@@ -323,7 +345,10 @@ def _p2p(k: _Kernels) -> float:
     same_node = lay.rank_stride("pp") < k.G
     # Only 1/tp of the activation crosses: sequence parallelism leaves it split, and without it
     # Megatron's scatter/gather sends a 1/tp slice and all-gathers it over NVLink (Narayanan §4.1).
-    return lay.virtual_stages * coll.p2p(k.act / lay.tp, same_node, k.net)
+    send = lay.virtual_stages * coll.p2p(k.act / lay.tp, same_node, k.net)
+    if k.dualpipe:  # a DualPipe pair's sends run beside its kernels too (DeepSeek-V3 §3.2.1)
+        return k.paired * _overlap(send, k.layers * k.fwd, k.gpu.overlap_cost) + (1 - k.paired) * send
+    return send
 
 
 class _DataParallel:
@@ -334,10 +359,12 @@ class _DataParallel:
         lay, cfg, w = k.lay, k.cfg, k.workload
         self.k = k
         etp, self.edp = expert_grid(lay)
-        self.params = rank_params(cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last", etp)
+        self.params = stage_params(cfg, lay, "last", etp)
         # Gradients are reduced over the data-parallel ranks and the context-parallel ones (which hold the same
-        # weights): torchtitan's dp_shard_cp mesh, Megatron's data-parallel-with-context-parallel group.
-        self.n = lay.dp * lay.cp
+        # weights): torchtitan's dp_shard_cp mesh, Megatron's data-parallel-with-context-parallel group; under
+        # DualPipe over both pipeline ranks that hold the stage too (pipeline.DUALPIPE_STAGE_COPIES).
+        copies = pipeline.stage_copies(lay.pp_schedule) if lay.pp > 1 else 1
+        self.n, self.edp = lay.dp * lay.cp * copies, self.edp * copies
         inner = lay.rank_stride("cp") if lay.cp > 1 else lay.rank_stride("dp")
         edp_stride = inner * lay.ep if etp == lay.tp else lay.ep
         self.g_dp, self.g_edp = group_ranks_per_node(self.n, inner, k.G), group_ranks_per_node(self.edp, edp_stride, k.G)
@@ -438,7 +465,7 @@ def _optimizer_time(k: _Kernels, dp: _DataParallel, backward: float) -> tuple[fl
     dispatch on CPU ranks. Offloaded (ZeRO-Offload): the gradients go to the host over PCIe beside the
     backward, the update runs there at host memory speed, the 16-bit weights come back; not hidden."""
     lay, params = k.lay, dp.params
-    shard = lay.dp * lay.cp
+    shard = dp.n
     local = params.dense / (shard if lay.zero >= 1 else 1) + params.expert / (dp.edp if lay.zero >= 1 else 1)
     if lay.offload != "none":
         pcie, hide = k.gpu.host_bandwidth, k.gpu.overlap_cost
