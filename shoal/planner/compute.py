@@ -244,20 +244,26 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         # an MoE layer casts the first expert GEMM's input per (token, expert) copy, after the dispatch
         inside += FP8_CAST_ELEMS * (q_dim + (cfg.top_k * (f + h) - h if moe else f)) / tp
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
-    host_bound = moe and kernels == "eager"
-    on_host = host_bound and is_local(gpu)  # the experts' ops are counted by moe_host_time instead
+    on_host = moe and kernels == "eager" and is_local(gpu)  # the experts' ops: counted by moe_host_time instead
     counted = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + (0 if on_host else 2 * cfg.n_experts / ep) if moe else 0) + (cp - 1)
     gaps = counted * _per_kernel(gpu, tp)
     selective = (attn_fwd if attention == "unfused" else elementwise) + up
     fwd, bwd = gemm + attn_fwd + elementwise + gaps, 2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps
-    if on_host:  # the experts' dispatch, op by op, beside the layer's other kernels counted above
-        host_fwd, host_bwd = moe_host_time(cfg, gpu, ep, experts_only=True)
-        fwd, bwd = fwd + host_fwd, bwd + host_bwd
-    elif host_bound:  # a GPU waits for the host after the routing's sync
-        host_fwd, host_bwd = moe_host_time(cfg, gpu, ep)
-        fwd, bwd = max(fwd, host_fwd), max(bwd, host_bwd)
+    if moe and kernels == "eager":
+        fwd, bwd = _wait_for_host(fwd, bwd, cfg, gpu, ep)
     return KernelTime(fwd=fwd, bwd=bwd, attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective,
                       op_fwd=selective + every_second)
+
+
+def _wait_for_host(fwd: float, bwd: float, cfg: ModelConfig, gpu: GPU, ep: int) -> tuple[float, float]:
+    """An eager MoE layer's forward and backward: on a GPU the longer of its kernels and the host's time to
+    issue its ops (the routing's sync empties the device's queue); on the `local` CPU, its own host, the
+    experts' dispatch adds to the work."""
+    if is_local(gpu):
+        host_fwd, host_bwd = moe_host_time(cfg, gpu, ep, experts_only=True)
+        return fwd + host_fwd, bwd + host_bwd
+    host_fwd, host_bwd = moe_host_time(cfg, gpu, ep)
+    return max(fwd, host_fwd), max(bwd, host_bwd)
 
 
 def _mla_projections(cfg: ModelConfig, gpu: GPU, T: float, tp: int, precision: str) -> tuple[float, float, float]:
