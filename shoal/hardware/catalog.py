@@ -99,6 +99,15 @@ class GPU:
     (eager PyTorch on a CPU: the per-op dispatch cost). What makes tiny models slow. 2 us is the order
     of a CUDA launch seen back-to-back on the GPU (a few microseconds, NVIDIA's CUDA graphs notes);
     approximate: the `local` entry measures its own (op_overhead)."""
+    host_op_cost: float = 8.1e-6
+    """Seconds the host takes to issue one eager PyTorch op (Python, the dispatcher, the launch), where the
+    device waits for it: after a host sync the device's queue is empty, and ops smaller than this keep it
+    so (compute.moe_host_time). Measured on the H200 host (bench/gpu_kernels.py, docs/measurements/
+    h200-kernels.json: `x.add_` 8.1 us; 8.1-10.7 over three runs); taken for every GPU host, not measured
+    on others. `local`: 0, derived from its measured kernel_gap (compute.host_op_cost)."""
+    host_gemm_cost: float = 29.2e-6
+    """The same for an op that launches a GEMM (cuBLAS): an nn.Linear call measured 29.2 us on the same H200
+    host (29-38 over three runs), 3.6 plain ops. `local`: 0, host_op_cost (a CPU GEMM's own work is its time)."""
     kernel_gap_one_process: float = 0.0
     """`local` only: kernel_gap when a single process runs torch's threads on every core (each op
     also pays OpenMP's fork and join; measured); 0: kernel_gap."""
@@ -434,6 +443,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(GPU)}
 
 
 _ZERO_ALLOWED = {"reserved_bytes", "peak_fp32_flops", "peak_fp8_flops", "kernel_gap", "kernel_gap_one_process",
+                 "host_op_cost", "host_gemm_cost",
                  "tp_kernel_overhead", "tp_redistribute_latency", "tp_redistribute_per_byte", "power_watts",
                  "power_limit_watts", "nodes_per_leaf", "overlap_cost", "tp_overlap", "torus_dims",
                  "allocator_slack", "usd_per_gpu_hour", "flash2_attention_efficiency", "attention_score_cost"}
@@ -444,6 +454,8 @@ _UNITS = {  # field suffix or name -> (smallest and largest plausible nonzero va
     "_bandwidth": (1e5, 1e14, "bytes/s: 400 Gb/s is 50e9, 900 GB/s is 900e9"),
     "_latency": (1e-8, 1.0, "seconds: 5 us is 5e-6"),
     "kernel_gap": (1e-8, 1.0, "seconds: 2 us is 2e-6"),
+    "host_op_cost": (1e-8, 1.0, "seconds: 8 us is 8e-6"),
+    "host_gemm_cost": (1e-8, 1.0, "seconds: 29 us is 29e-6"),
     "_per_byte": (1e-15, 1e-6, "seconds per byte: 1 ms per MiB is 9.5e-10"),
     "hbm_bytes": (2**27, 2**45, "bytes: 80 GB is 80e9"),
     "reserved_bytes": (2**20, 2**45, "bytes: 2.5 GiB is 2.5 * 2**30 = 2684354560"),

@@ -119,6 +119,7 @@ def gpu_from_profile(profile: dict) -> GPU:
         # profiles measured before it (--remeasure replaces it)
         kernel_gap=float(profile.get("kernel_overhead", profile.get("op_overhead", 20e-6))),
         kernel_gap_one_process=float(profile.get("kernel_overhead_all_cores", 0.0)),
+        host_op_cost=0.0, host_gemm_cost=0.0,  # derived from kernel_gap (planner/compute.host_op_cost)
         tp_kernel_overhead=float(profile.get("tp_kernel_overhead", 0.0)),
         tp_redistribute_latency=float(profile.get("tp_redistribute_latency", 0.0)),
         tp_redistribute_per_byte=float(profile.get("tp_redistribute_per_byte", 0.0)),

@@ -17,6 +17,7 @@ from functools import lru_cache
 from shoal.model.analytics import attention_core_width, kv_heads_per_rank, kv_width
 from shoal.model.config import ModelConfig
 from shoal.hardware.catalog import GPU
+from shoal.hardware.local import is_local
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,54 @@ def gemm_time(m: float, k: float, n: float, gpu: GPU, precision: str) -> float:
 DENSE_LAYER_KERNELS = 24
 MOE_EXTRA_KERNELS = 10
 HEAD_KERNELS = 6
+
+
+# The host's side of shoal's eager MoE layer (shoal/model/moe.py). Its routing ends in a host sync
+# (GroupedExperts.forward: counts_E.tolist(); with ep > 1 the dispatcher's split sizes, expert_parallel.py),
+# so when the host starts issuing the experts' ops the device's queue is empty, and from then on each op
+# runs as soon as the host has issued it: the layer takes the longer of its kernels and the host's time to
+# issue its ops (moe_host_time). Backward runs in autograd's C++ engine with no sync, but its per-expert ops
+# are as small (a 512-token expert's GEMM is a few microseconds on an H200) and the host issues them one by
+# one too: measured, the GPU sat idle 71% of a 128-expert step (docs/debugging.md), which forward alone
+# cannot idle; so backward is host-bound the same way. Counted with a TorchDispatchMode that sees every aten
+# op, views included, under bf16 autocast (tests/unit/test_moe_host.py counts them again), forward and backward:
+# - per local expert 10 and 22 ops, 3 and 6 of them GEMMs (x @ w1, x @ w3, h @ w2 and their two gradients
+#   each; autocast casts x twice and each weight slice, a non-leaf, every time: 5 casts, and 5 back);
+# - per shared expert (a plain SwiGLU MLP) 14 and 32, 3 and 6 GEMMs;
+# - the rest of the layer (norms, attention, the router, sorting and scattering the tokens) 128 and 179,
+#   5 and 10 GEMMs (q, k, v, o and the router).
+MOE_HOST_OPS_PER_EXPERT, MOE_HOST_GEMMS_PER_EXPERT = (10, 22), (3, 6)
+MOE_HOST_OPS_PER_SHARED, MOE_HOST_GEMMS_PER_SHARED = (14, 32), (3, 6)
+MOE_HOST_OPS_PER_LAYER, MOE_HOST_GEMMS_PER_LAYER = (128, 179), (5, 10)
+
+LOCAL_OPS_PER_COUNTED_KERNEL = 967 / 306
+"""The `local` profile's kernel_gap is seconds per kernel the planner counts (DENSE_LAYER_KERNELS), measured on
+the `debug` model's forward and backward (measure/local_profile.py); that step dispatches 967 aten ops, views
+included, for the 306 kernels counted (same counter, tests/unit/test_moe_host.py): 3.16 ops per counted kernel."""
+
+
+def host_op_cost(gpu: GPU) -> tuple[float, float]:
+    """(seconds per eager op, per GEMM op) the host takes to issue: the catalog's measured host costs, or on
+    the `local` CPU (which is its own host) its measured kernel_gap per dispatched op."""
+    if gpu.host_op_cost:
+        return gpu.host_op_cost, gpu.host_gemm_cost or gpu.host_op_cost
+    per_op = gpu.kernel_gap / LOCAL_OPS_PER_COUNTED_KERNEL
+    return per_op, per_op
+
+
+def moe_host_time(cfg: ModelConfig, gpu: GPU, ep: int, *, experts_only: bool = False) -> tuple[float, float]:
+    """Seconds the host takes to issue one eager MoE layer's ops (its n_experts/ep local experts, shared
+    experts and, unless `experts_only`, the rest of the layer), forward and backward (the counts above)."""
+    per_op, per_gemm = host_op_cost(gpu)
+    local, shared, rest = cfg.n_experts / ep, float(cfg.n_shared_experts), 0.0 if experts_only else 1.0
+
+    def side(i: int) -> float:
+        ops = rest * MOE_HOST_OPS_PER_LAYER[i] + local * MOE_HOST_OPS_PER_EXPERT[i] + shared * MOE_HOST_OPS_PER_SHARED[i]
+        gemms = (rest * MOE_HOST_GEMMS_PER_LAYER[i] + local * MOE_HOST_GEMMS_PER_EXPERT[i]
+                 + shared * MOE_HOST_GEMMS_PER_SHARED[i])
+        return (ops - gemms) * per_op + gemms * per_gemm
+
+    return side(0), side(1)
 
 
 # Element-wise traffic of an eager PyTorch layer under bf16 mixed precision, in 16-bit-element
@@ -127,10 +176,12 @@ def _stream(nbytes: float, gpu: GPU) -> float:
 
 @lru_cache(maxsize=65536)
 def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
-               attention: str, precision: str, moe: bool, ep: int, cp: int = 1) -> KernelTime:
+               attention: str, precision: str, moe: bool, ep: int, cp: int = 1, kernels: str = "fused") -> KernelTime:
     """Kernel time of one layer; `moe` picks an MoE layer (routed experts spread over ep ranks). Under
     context parallelism each of cp ranks runs 1/cp of the tokens, each attending over the whole sequence
-    (balanced causal chunks), in cp attention kernels (one per ring step)."""
+    (balanced causal chunks), in cp attention kernels (one per ring step). With `kernels` eager an MoE layer is
+    shoal's own, its ops issued one by one after a host sync: it takes at least the host's time to issue them
+    (moe_host_time; on the `local` CPU, the host is the device, that time adds to the work)."""
     elem = 4 if precision == "fp32" else 2  # activations: FP8 runs keep them in bf16 between GEMMs
     core = "bf16" if precision == "fp8" else precision  # attention runs in 16 bits under FP8 too
     T = float(seq_len * micro_batch) / cp  # tokens through the TP group
@@ -193,11 +244,26 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         # an MoE layer casts the first expert GEMM's input per (token, expert) copy, after the dispatch
         inside += FP8_CAST_ELEMS * (q_dim + (cfg.top_k * (f + h) - h if moe else f)) / tp
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
-    kernels = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + 2 * cfg.n_experts / ep if moe else 0) + (cp - 1)
-    gaps = kernels * _per_kernel(gpu, tp)
+    on_host = moe and kernels == "eager" and is_local(gpu)  # the experts' ops: counted by moe_host_time instead
+    counted = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + (0 if on_host else 2 * cfg.n_experts / ep) if moe else 0) + (cp - 1)
+    gaps = counted * _per_kernel(gpu, tp)
     selective = (attn_fwd if attention == "unfused" else elementwise) + up
-    return KernelTime(fwd=gemm + attn_fwd + elementwise + gaps, bwd=2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps,
-                      attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective, op_fwd=selective + every_second)
+    fwd, bwd = gemm + attn_fwd + elementwise + gaps, 2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps
+    if moe and kernels == "eager":
+        fwd, bwd = _wait_for_host(fwd, bwd, cfg, gpu, ep)
+    return KernelTime(fwd=fwd, bwd=bwd, attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective,
+                      op_fwd=selective + every_second)
+
+
+def _wait_for_host(fwd: float, bwd: float, cfg: ModelConfig, gpu: GPU, ep: int) -> tuple[float, float]:
+    """An eager MoE layer's forward and backward: on a GPU the longer of its kernels and the host's time to
+    issue its ops (the routing's sync empties the device's queue); on the `local` CPU, its own host, the
+    experts' dispatch adds to the work."""
+    if is_local(gpu):
+        host_fwd, host_bwd = moe_host_time(cfg, gpu, ep, experts_only=True)
+        return fwd + host_fwd, bwd + host_bwd
+    host_fwd, host_bwd = moe_host_time(cfg, gpu, ep)
+    return max(fwd, host_fwd), max(bwd, host_bwd)
 
 
 def _mla_projections(cfg: ModelConfig, gpu: GPU, T: float, tp: int, precision: str) -> tuple[float, float, float]:
