@@ -54,6 +54,23 @@ def shoal_here(capsys, *args: str):
     return subprocess.CompletedProcess(["shoal", *args], code, out, err)
 
 
+def train_here(out, *sets):
+    """What `shoal train --set SET... --out OUT --quiet` trains, in this process with a launched run's one
+    thread (the thread count changes how sums split): no new interpreter importing torch for each run.
+    Keep one real launch (shoal_cli) beside it."""
+    import torch
+
+    from shoal.config import load_config
+    from shoal.train.trainer import train
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(load_config(None, list(sets)), out, show=False)
+    finally:
+        torch.set_num_threads(threads)
+
+
 # The run the chaos (tests/dist) and node-failure (tests/cluster) tests must each end bitwise equal to
 # after their kills: tp 2 x dp_shard 2 on 4 ranks. Each test adds its own checkpoint.every.
 UNINTERRUPTED_STEPS = 12
