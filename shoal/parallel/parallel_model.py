@@ -129,7 +129,7 @@ class ParallelModel:
 
         Autocast runs without its cast cache: it keeps each weight's bf16 copy for the whole region
         (all micro-batches), while FSDP2 frees and re-gathers the weights between them; with it,
-        zero=3's bf16 loss was 0.027 off one process's after 4 steps (tests/dist/test_bf16_parity.py),
+        zero=3's bf16 loss was 0.027 off one process's after 4 steps (tests/dist/test_precision_dist.py),
         without it 2e-5."""
         stack = ExitStack()
         stack.enter_context(attention_kernels(self.device))

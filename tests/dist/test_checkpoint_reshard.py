@@ -4,7 +4,7 @@ nothing had changed (within the loss-parity tolerance of `shoal verify`)."""
 
 import pytest
 
-from conftest import shoal_cli
+from conftest import shoal_cli, train_here
 from shoal.rundir.metrics import read_rows
 
 pytestmark = pytest.mark.timeout(600)
@@ -28,7 +28,7 @@ def losses(out):
 
 
 def test_dp_shard_4_resumes_as_tp2_pp2_and_on_two_ranks(tmp_path):
-    train(tmp_path / "one", 0, "checkpoint.every=0")  # the uninterrupted single-process reference
+    train_here(tmp_path / "one", *BASE, "checkpoint.every=0")  # the uninterrupted single-process reference
     reference = losses(tmp_path / "one")
     train(tmp_path / "fsdp4", 4, "parallel.dp_shard=4")
     saved = losses(tmp_path / "fsdp4")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, shoal_cli
+from conftest import REPO, shoal_cli, shoal_here
 from shoal.rundir.metrics import read_rows
 
 pytestmark = pytest.mark.timeout(180)
@@ -63,12 +63,12 @@ def gone_within(pids: list[int], seconds: float) -> bool:
 
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM", "SIGINT"])
-def test_workers_die_with_their_launcher(sig, tmp_path):
+def test_workers_die_with_their_launcher(sig, tmp_path, capsys):
     out = tmp_path / "run"
     launcher, workers = start_training(out)
     try:
         if sig == "SIGKILL":  # while it lives, its directory is its own
-            r = shoal_cli("train", *RUN, "--out", str(out), timeout=60)
+            r = shoal_here(capsys, "train", *RUN, "--out", str(out))
             assert r.returncode == 2 and f"in use by a running shoal train (pid {launcher.pid}" in r.stderr, r.stderr
         launcher.send_signal(getattr(signal, sig))
         code = launcher.wait(timeout=60)

@@ -1,6 +1,7 @@
 """Loss parity: every parallel layout trains like one process (through `shoal verify --json`)."""
 
 import json
+import math
 import os
 
 import pytest
@@ -47,37 +48,45 @@ def test_composed_layouts_on_four_ranks(tmp_path):
     assert len(mfus) == 16 * 3 and all(0 < m <= 1 for m in mfus), mfus
 
 
-# A bug injected into the parallel workers only (WORLD_SIZE > 1; the reference runs in the launching
-# process): sitecustomize runs at every worker's start, before shoal trains.
+# Bugs injected into the parallel workers only (WORLD_SIZE > 1; the reference runs in the launching
+# process): sitecustomize runs at every worker's start, before shoal trains. Each layout's run builds
+# its own ParallelModel; the n-th one built gets BUGS[n] (a factor on every gradient, from a step on).
 _INJECT = '''
 import os
 if int(os.environ.get("WORLD_SIZE", "1")) > 1:
     from shoal.parallel import parallel_model
 
-    step, original = [0], parallel_model.ParallelModel.forward_backward
+    bugs, built, original = {bugs}, [0], parallel_model.ParallelModel.forward_backward
 
-    def injected(self, batches):
-        step[0] += 1
-        loss = original(self, batches)
-        if step[0] >= {from_step}:
+    def injected(self, *args, **kwargs):  # whatever forward_backward takes
+        if not hasattr(self, "_bug"):  # the first step of this layout's model
+            self._bug, self._step, built[0] = bugs[built[0]], 0, built[0] + 1
+        factor, from_step = self._bug
+        self._step += 1
+        loss = original(self, *args, **kwargs)
+        if self._step >= from_step:
             for p in self.parameters():
                 if p.grad is not None:
-                    p.grad.mul_({factor})
-            loss = loss * {factor} if {factor} != {factor} else loss  # NaN reaches the loss too
+                    p.grad.mul_(factor)
+            loss = loss * factor if factor != factor else loss  # NaN reaches the loss too
         return loss
     parallel_model.ParallelModel.forward_backward = injected
 '''
+# The same layout twice in one launch (two spellings, so verify reports each), one bug each: (factor, from step).
+BUGS = {"dp_shard=2,zero=3": "(2.0, 1)", "zero=3,dp_shard=2": "(float('nan'), 3)"}
 
 
-@pytest.mark.parametrize("factor,from_step", [("2.0", 1), ("float('nan')", 3)], ids=["grads-doubled", "nan-at-step-3"])
-def test_verify_sees_what_the_loss_hides(tmp_path, factor, from_step):
+def test_verify_sees_what_the_loss_hides(tmp_path):
     """Summing instead of averaging gradients over 2 ranks (x2: AdamW is scale-invariant, so the loss
     barely moves) and a loss that turns NaN at step 3 must both fail verification."""
-    (tmp_path / "sitecustomize.py").write_text(_INJECT.format(factor=factor, from_step=from_step))
-    r = shoal_cli("verify", "--nproc", "2", "--steps", "4", "--layouts", "dp_shard=2,zero=3", "--json",
+    (tmp_path / "sitecustomize.py").write_text(_INJECT.format(bugs=f"[{', '.join(BUGS.values())}]"))
+    r = shoal_cli("verify", "--nproc", "2", "--steps", "4", "--layouts", ";".join(BUGS), "--json",
                   env={"PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}, timeout=300)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
-    assert json.loads(r.stdout)["passed"] is False and not _rows(r.stdout)["dp_shard=2,zero=3"][1]
+    rows = _rows(r.stdout)
+    assert json.loads(r.stdout)["passed"] is False and sorted(rows) == sorted(BUGS), r.stdout
+    assert not any(passed for _, passed in rows.values()), r.stdout  # each bug is seen, each in its own run:
+    assert math.isfinite(rows["dp_shard=2,zero=3"][0]) and math.isinf(rows["zero=3,dp_shard=2"][0]), r.stdout
 
 
 def test_compiled_blocks_train_like_eager():

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import shoal_cli
+from conftest import shoal_cli, shoal_here
 from shoal.rundir.metrics import read_rows
 
 STEPS = 8
@@ -273,9 +273,9 @@ def test_resuming_an_older_checkpoint_into_its_own_root_is_refused(saved):
     assert choose_checkpoint(str(root / "step_00000008"), root) == root / "step_00000008"
 
 
-def test_resume_command_line_mistakes(saved, tmp_path):
-    args = ["train", *[x for o in BASE for x in ("--set", o)], "--quiet"]
-    r = shoal_cli(*args, "--out", str(saved), "--resume", "never")
+def test_resume_command_line_mistakes(saved, tmp_path, capsys):
+    args = ["train", *[x for o in BASE for x in ("--set", o)], "--quiet"]  # refusals: in this process
+    r = shoal_here(capsys, *args, "--out", str(saved), "--resume", "never")
     assert r.returncode == 2 and "already holds checkpoints" in r.stderr
-    r = shoal_cli(*args, "--out", str(tmp_path), "--resume", str(tmp_path / "nope"))
+    r = shoal_here(capsys, *args, "--out", str(tmp_path), "--resume", str(tmp_path / "nope"))
     assert r.returncode == 2 and "no such directory" in r.stderr

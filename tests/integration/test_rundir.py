@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, shoal_cli
+from conftest import REPO, shoal_cli, shoal_here
 from shoal.rundir.metrics import read_rows
 
 STEPS = 4
@@ -45,13 +45,15 @@ def done(tmp_path_factory):
     return out
 
 
-def test_out_mistakes_are_one_line_before_anything_is_built(tmp_path):
+def test_out_mistakes_are_one_line_before_anything_is_built(tmp_path, capsys, monkeypatch):
     (tmp_path / "file").write_text("x")
-    one_line(shoal_cli(*CLI, "--out", ""), 2, "--out", "empty")
-    one_line(shoal_cli(*CLI, "--out", str(tmp_path / "file")), 2, "--out", "is a file")
-    one_line(shoal_cli(*CLI, "--out", str(tmp_path / "file" / "x")), 2, "--out", "which is a file")
+    one_line(shoal_cli(*CLI, "--out", ""), 2, "--out", "empty")  # the real command; the others in this process
+    one_line(shoal_here(capsys, *CLI, "--out", str(tmp_path / "file")), 2, "--out", "is a file")
+    one_line(shoal_here(capsys, *CLI, "--out", str(tmp_path / "file" / "x")), 2, "--out", "which is a file")
     # Under torchrun every rank must name the same directory: no per-rank timestamped default.
-    one_line(shoal_cli(*CLI, env={"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29541"}), 2, "--out", "torchrun")
+    for name, value in {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29541"}.items():
+        monkeypatch.setenv(name, value)
+    one_line(shoal_here(capsys, *CLI), 2, "--out", "torchrun")
 
 
 def test_read_only_out_is_refused(tmp_path):
@@ -88,7 +90,7 @@ HOLD = "import sys; from pathlib import Path; from shoal.rundir.lock import lock
        "print('locked', flush=True); sys.stdin.read()"
 
 
-def test_a_live_run_holds_its_directory_and_a_dead_one_does_not(tmp_path):
+def test_a_live_run_holds_its_directory_and_a_dead_one_does_not(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -96,7 +98,7 @@ def test_a_live_run_holds_its_directory_and_a_dead_one_does_not(tmp_path):
                               text=True, env=env)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        line = one_line(shoal_cli(*CLI, "--out", str(out)), 2, "--out", "in use", f"pid {holder.pid}")
+        line = one_line(shoal_here(capsys, *CLI, "--out", str(out)), 2, "--out", "in use", f"pid {holder.pid}")
         assert "host" in line
     finally:
         holder.kill()  # SIGKILL: no clean-up ran, the lock file is still there, naming it
@@ -159,7 +161,7 @@ def test_resume_reads_past_metrics_rows_garbled_between_runs(done, tmp_path):
     assert steps(out) == [1, 2, 3, 4]
 
 
-def test_a_run_stopped_during_its_final_export_writes_only_the_model_when_run_again(done, tmp_path):
+def test_a_run_stopped_during_its_final_export_writes_only_the_model_when_run_again(done, tmp_path, capsys):
     """Killed (or out of disk) while writing <out>/model: every step is checkpointed, and the same
     command, instead of refusing a finished run, writes the model from the last checkpoint."""
     out = tmp_path / "run"
@@ -175,7 +177,7 @@ def test_a_run_stopped_during_its_final_export_writes_only_the_model_when_run_ag
     assert sorted(p.name for p in (out / "model").iterdir()) == ["model.safetensors", "shoal_model.json"]
     assert (out / "model" / "model.safetensors").read_bytes() == (done / "model" / "model.safetensors").read_bytes()
     assert (out / "metrics.jsonl").read_bytes() == before
-    one_line(shoal_cli(*CLI, "--out", str(out)), 2, "nothing left to train")  # now it is finished
+    one_line(shoal_here(capsys, *CLI, "--out", str(out)), 2, "nothing left to train")  # now it is finished
 
 
 @pytest.mark.parametrize("code, said, remedy", [
@@ -212,14 +214,14 @@ def test_truncate_metrics_drops_later_torn_and_repeated_rows(tmp_path):
     assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
 
 
-def test_resuming_a_finished_run_is_refused_before_building(done):
+def test_resuming_a_finished_run_is_refused_before_building(done, capsys):
     before = (done / "metrics.jsonl").read_bytes()
-    one_line(shoal_cli(*CLI, "--out", str(done)), 2, "train.steps=4", "step 4", "nothing left to train")
-    one_line(shoal_cli(*CLI, "--set", "train.steps=3", "--out", str(done)), 2, "train.steps=3", "step 4")
+    one_line(shoal_here(capsys, *CLI, "--out", str(done)), 2, "train.steps=4", "step 4", "nothing left to train")
+    one_line(shoal_here(capsys, *CLI, "--set", "train.steps=3", "--out", str(done)), 2, "train.steps=3", "step 4")
     assert (done / "metrics.jsonl").read_bytes() == before
 
 
-def test_every_checkpoint_damaged_is_refused_not_started_over(done, tmp_path):
+def test_every_checkpoint_damaged_is_refused_not_started_over(done, tmp_path, capsys):
     from shoal.checkpoint.choose import choose_checkpoint
     from shoal.errors import UserError
 
@@ -229,21 +231,21 @@ def test_every_checkpoint_damaged_is_refused_not_started_over(done, tmp_path):
         shard = ckpt / "__0_0.distcp"
         shard.write_bytes(shard.read_bytes()[:100])
     before = (out / "metrics.jsonl").read_bytes()
-    one_line(shoal_cli(*CLI, "--set", "train.steps=6", "--out", str(out)), 2, "--resume", "none is intact")
-    one_line(shoal_cli(*CLI, "--set", "train.steps=6", "--out", str(tmp_path / "new"), "--resume",
+    one_line(shoal_here(capsys, *CLI, "--set", "train.steps=6", "--out", str(out)), 2, "--resume", "none is intact")
+    one_line(shoal_here(capsys, *CLI, "--set", "train.steps=6", "--out", str(tmp_path / "new"), "--resume",
                        str(out / "checkpoints" / "step_00000004")), 2, "--resume", "not an intact", "truncated")
     with pytest.raises(UserError, match="none is intact"):  # and the verified choice at start says the same
         choose_checkpoint("auto", out / "checkpoints")
     assert (out / "metrics.jsonl").read_bytes() == before
 
 
-def test_a_fresh_run_does_not_overwrite_another_runs_metrics(done, tmp_path):
+def test_a_fresh_run_does_not_overwrite_another_runs_metrics(done, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(done, out)
     shutil.rmtree(out / "checkpoints")
     before = (out / "metrics.jsonl").read_bytes()
     for resume in ("auto", "never"):
-        one_line(shoal_cli(*CLI, "--out", str(out), "--resume", resume), 2, "--out", "metrics.jsonl")
+        one_line(shoal_here(capsys, *CLI, "--out", str(out), "--resume", resume), 2, "--out", "metrics.jsonl")
     assert (out / "metrics.jsonl").read_bytes() == before
 
 

@@ -3,7 +3,7 @@
 
 import pytest
 
-from conftest import shoal_cli
+from conftest import shoal_cli, train_here
 from shoal.rundir.metrics import read_rows
 
 FIELDS = {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "mfu", "peak_mem_bytes",
@@ -47,15 +47,11 @@ def test_summary_sample_and_generate(debug_run, tmp_path):
 
 def test_same_seed_same_losses(debug_run, tmp_path):
     out, _ = debug_run
-    r = shoal_cli("train", "--set", "model.preset=debug", "--set", "train.steps=20", "--set", "train.micro_batch=4",
-                  "--set", "train.global_batch=8", "--set", "train.seq_len=64", "--set", "train.sample_tokens=30",
-                  "--out", str(tmp_path), "--quiet")
-    assert r.returncode == 0, r.stderr
+    train_here(tmp_path, "model.preset=debug", "train.steps=20", "train.micro_batch=4", "train.global_batch=8",
+               "train.seq_len=64", "train.sample_tokens=30")
     assert [x["loss"] for x in rows(tmp_path)] == [x["loss"] for x in rows(out)]  # bitwise
-    other = shoal_cli("train", "--set", "model.preset=debug", "--set", "train.steps=3", "--set", "train.seed=1",
-                      "--set", "train.micro_batch=4", "--set", "train.global_batch=8", "--set", "train.seq_len=64",
-                      "--out", str(tmp_path / "seed1"), "--quiet")
-    assert other.returncode == 0, other.stderr
+    train_here(tmp_path / "seed1", "model.preset=debug", "train.steps=3", "train.seed=1", "train.micro_batch=4",
+               "train.global_batch=8", "train.seq_len=64")
     assert [x["loss"] for x in rows(tmp_path / "seed1")] != [x["loss"] for x in rows(out)][:3]
 
 
@@ -63,27 +59,22 @@ def test_same_seed_same_losses(debug_run, tmp_path):
 def test_activation_checkpointing_and_accumulation_keep_losses(debug_run, tmp_path, mode):
     """Recomputation and a different micro-batch split change nothing but memory and time."""
     out, _ = debug_run
-    r = shoal_cli("train", "--set", "model.preset=debug", "--set", "train.steps=5", "--set", "train.micro_batch=2",
-                  "--set", "train.global_batch=8", "--set", "train.seq_len=64", "--set", f"train.activation_checkpoint={mode}",
-                  "--out", str(tmp_path), "--quiet")
-    assert r.returncode == 0, r.stderr
+    train_here(tmp_path, "model.preset=debug", "train.steps=5", "train.micro_batch=2", "train.global_batch=8",
+               "train.seq_len=64", f"train.activation_checkpoint={mode}")
     ref = [x["loss"] for x in rows(out)][:5]
     assert [x["loss"] for x in rows(tmp_path)] == pytest.approx(ref, abs=1e-5)
 
 
 def test_bf16_trains(tmp_path):
-    r = shoal_cli("train", "--set", "model.preset=debug", "--set", "train.steps=8", "--set", "train.precision=bf16",
-                  "--set", "train.micro_batch=4", "--set", "train.global_batch=4", "--set", "train.seq_len=32",
-                  "--out", str(tmp_path), "--quiet")
-    assert r.returncode == 0, r.stderr
+    train_here(tmp_path, "model.preset=debug", "train.steps=8", "train.precision=bf16", "train.micro_batch=4",
+               "train.global_batch=4", "train.seq_len=32")
     table = rows(tmp_path)
     assert table[-1]["loss"] < table[0]["loss"]
 
 
 def test_moe_trains_and_shows_in_metrics(tmp_path):
-    r = shoal_cli("train", "--set", "model.preset=debug-moe", "--set", "train.steps=6", "--set", "train.micro_batch=4",
-                  "--set", "train.global_batch=4", "--set", "train.seq_len=32", "--out", str(tmp_path), "--quiet")
-    assert r.returncode == 0, r.stderr
+    train_here(tmp_path, "model.preset=debug-moe", "train.steps=6", "train.micro_batch=4", "train.global_batch=4",
+               "train.seq_len=32")
     assert rows(tmp_path)[-1]["loss"] < rows(tmp_path)[0]["loss"]
 
 
