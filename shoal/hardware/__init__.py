@@ -1,6 +1,7 @@
 """The hardware a job runs on, as numbers: torch-free except where it measures.
 
-    catalog.py   what one accelerator and its links can do (GPU, the catalog, --hw overrides)
+    catalog.py   what one accelerator and its links can do (GPU, the catalog, device names)
+    overrides.py an entry with some fields changed, checked (--hw FIELD=VALUE, a --hw-file's fields)
     local.py     this machine as the planner sees it, from a measured profile (the `local` entry)
     lookup.py    an entry by the name a user gives (--gpu, a --hw-file's base)
     memory.py    what memory one local rank of this machine can use
@@ -8,10 +9,11 @@
     matmul.py    the one matmul timer (imports torch)
 
 The front door, for `from shoal import hardware`: get_gpu, known_names, load_hw_file, and the catalog's
-GPU, GiB, lookup_gpu, apply_overrides and parse_hw_flags.
+GPU, GiB and lookup_gpu, and the overrides' apply_overrides and parse_hw_flags.
 """
 
-from shoal.hardware.catalog import GPU, GiB, apply_overrides, lookup_gpu, parse_hw_flags
+from shoal.hardware.catalog import GPU, GiB, lookup_gpu
+from shoal.hardware.overrides import apply_overrides, parse_hw_flags
 from shoal.hardware.lookup import get_gpu, known_names, load_hw_file
 
 __all__ = ["GPU", "GiB", "apply_overrides", "get_gpu", "known_names", "load_hw_file", "lookup_gpu", "parse_hw_flags"]

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.files import read_toml
-from shoal.hardware.catalog import ALIASES, CATALOG, GPU, apply_overrides
+from shoal.hardware.catalog import ALIASES, CATALOG, GPU
 from shoal.hardware.local import local_gpu
+from shoal.hardware.overrides import apply_overrides
 
 
 def known_names() -> list[str]:
