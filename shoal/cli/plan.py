@@ -69,6 +69,9 @@ def _workload_flags(p) -> None:
                    help="flash: the device's own fused kernel (cuDNN on Hopper+, as shoal and Transformer Engine "
                         "run it; default); flash2: FlashAttention-2, PyTorch SDPA's default backend; unfused: S×S "
                         "scores in memory, as Megatron-LM before flash attention")
+    w.add_argument("--document-mask", action="store_true",
+                   help="packed documents attend only within themselves (data.document_mask): an explicit mask "
+                        "per layer, and attention without the causal skip")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
     w.add_argument("--hw-file", metavar="TOML", type=non_empty("--hw-file hw.toml"),

@@ -148,6 +148,15 @@ MOE_EP_SORT_ELEMS = 4
 FP8_CAST_ELEMS = 1.5
 
 
+MASKED_ATTENTION_SHARE = 0.62
+"""How much of its causal rate a GPU's fused attention keeps when it is given an explicit mask (document
+masks, data.document_mask: SDPA's attn_mask): it can no longer skip the blocks above the diagonal, so it does
+the whole S×S, and it reads the mask for every score tile. Measured on the H200 with cuDNN's kernel, forward
+and backward together: 3.06-3.29x the causal kernel's time at seq 4096/8192 and 8 or 32 heads
+(docs/measurements/h200-kernels.json, bench/gpu_kernels.py), i.e. twice the work at 0.61-0.65 of the rate.
+On the `local` CPU the mask only costs the skipped half: 1.8-2.2x causal at 2048-4096 tokens, the same as
+attention with no mask at all (measured with SDPA's CPU flash kernel, one thread), so the share is 1 there."""
+
 ATTENTION_SCORE_MATMUL_FLOPS_128 = 14 * 128
 """Matmul FLOPs per causal score, forward and backward, at head dim 128: QK^T and PV forward (4·d),
 2.5 times that backward (catalog.attention_efficiency's count)."""
@@ -176,12 +185,14 @@ def _stream(nbytes: float, gpu: GPU) -> float:
 
 @lru_cache(maxsize=65536)
 def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
-               attention: str, precision: str, moe: bool, ep: int, cp: int = 1, kernels: str = "fused") -> KernelTime:
+               attention: str, precision: str, moe: bool, ep: int, cp: int = 1, kernels: str = "fused",
+               document_mask: bool = False) -> KernelTime:
     """Kernel time of one layer; `moe` picks an MoE layer (routed experts spread over ep ranks). Under
     context parallelism each of cp ranks runs 1/cp of the tokens, each attending over the whole sequence
     (balanced causal chunks), in cp attention kernels (one per ring step). With `kernels` eager an MoE layer is
     shoal's own, its ops issued one by one after a host sync: it takes at least the host's time to issue them
-    (moe_host_time; on the `local` CPU, the host is the device, that time adds to the work)."""
+    (moe_host_time; on the `local` CPU, the host is the device, that time adds to the work). With
+    `document_mask` attention takes an explicit mask (MASKED_ATTENTION_SHARE), built once per layer call."""
     elem = 4 if precision == "fp32" else 2  # activations: FP8 runs keep them in bf16 between GEMMs
     core = "bf16" if precision == "fp8" else precision  # attention runs in 16 bits under FP8 too
     T = float(seq_len * micro_batch) / cp  # tokens through the TP group
@@ -224,10 +235,8 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     # Attention core. FLOPs of QK^T and PV: 4·T·S·H per layer, over tp (H: q_dim, or MLA's mean width).
     core_flops = 4.0 * T * seq_len * attention_core_width(cfg) / tp
     if attention != "unfused":
-        # Causal flash attention skips the upper triangle (half the work); backward does 2.5x the
-        # forward FLOPs because it recomputes the scores.
-        attn_fwd = 0.5 * core_flops / attention_rate(gpu, attention, attention_core_width(cfg) / cfg.n_heads, core)
-        attn_bwd = 2.5 * attn_fwd
+        attn_fwd, attn_bwd = _fused_attention_time(cfg, gpu, core_flops, T * seq_len, attention, core, elem,
+                                                   document_mask)
         outside = EAGER_OUTSIDE_ELEMS * h
         inside = (EAGER_ROTARY_PASSES * (q_dim + kv_dim) + EAGER_ATTN_OUT_COPY * q_dim) / tp + act_elems
     else:
@@ -253,6 +262,19 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         fwd, bwd = _wait_for_host(fwd, bwd, cfg, gpu, ep)
     return KernelTime(fwd=fwd, bwd=bwd, attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective,
                       op_fwd=selective + every_second)
+
+
+def _fused_attention_time(cfg: ModelConfig, gpu: GPU, core_flops: float, scores: float, attention: str,
+                          precision: str, elem: int, document_mask: bool) -> tuple[float, float]:
+    """Forward and backward of fused attention. Causal, it skips the upper triangle (half the work);
+    backward does 2.5x the forward FLOPs because it recomputes the scores. Given an explicit mask it cannot
+    skip, and SDPA makes the boolean mask (`scores`: micro-batch x tokens here x seq) additive on every call."""
+    rate = attention_rate(gpu, attention, attention_core_width(cfg) / cfg.n_heads, precision)
+    if not document_mask:
+        fwd = 0.5 * core_flops / rate
+        return fwd, 2.5 * fwd
+    fwd = core_flops / (rate * (1.0 if is_local(gpu) else MASKED_ATTENTION_SHARE))
+    return fwd + _stream(scores * (1 + elem), gpu), 2.5 * fwd  # the mask: read 1 byte, write elem
 
 
 def _wait_for_host(fwd: float, bwd: float, cfg: ModelConfig, gpu: GPU, ep: int) -> tuple[float, float]:

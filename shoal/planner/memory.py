@@ -152,7 +152,21 @@ def activation_bytes_per_layer(workload: Workload, layout: Layout, recompute: st
         4 if workload.precision == "fp32" else 2, workload.kernels == "fused", workload.precision == "fp8")
     # Context parallelism: each of cp ranks keeps its 1/cp of the sequence's tokens (flash attention keeps
     # no S×S matrix, so every saved tensor is per token); the K/V chunks a ring step received are freed.
-    return per_sequence / lay.cp
+    return per_sequence / lay.cp + document_mask_bytes(workload, lay, recompute)[0]
+
+
+def document_mask_bytes(workload: Workload, lay: Layout, recompute: str | None = None) -> tuple[float, float]:
+    """(per layer, per micro-batch) bytes document masks keep for backward. SDPA turns the boolean
+    [micro-batch, 1, tokens here, seq] mask into an additive one in the compute dtype on every call and
+    saves that, one per layer; a checkpointed layer (any recompute) makes it again in backward and saves
+    the boolean mask it was given instead, one byte per score, once for all layers
+    (tests/unit/test_planner_document_mask.py measures both)."""
+    if not workload.document_mask:
+        return 0.0, 0.0
+    scores = lay.micro_batch * workload.seq_len / lay.cp * workload.seq_len
+    if (recompute or lay.activation_checkpoint) == "none":
+        return scores * (4 if workload.precision == "fp32" else 2), 0.0
+    return 0.0, scores
 
 
 @lru_cache(maxsize=65536)
@@ -254,7 +268,8 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
     else:
         working = 0.0
     logits_last = T * cfg.vocab_size / lay.tp * (LOSS_BYTES_FUSED if workload.kernels == "fused" else elem + LOSS_BYTES_EAGER)
-    embed_first = T * cfg.dim * elem / sp * (min(lay.pp, m) if lay.pp > 1 else 1)
+    # The embeddings' output (and a recomputed run's boolean document mask) of each micro-batch in flight.
+    embed_first = (T * cfg.dim * elem / sp + document_mask_bytes(workload, lay)[1]) * (min(lay.pp, m) if lay.pp > 1 else 1)
 
     best = None
     stages = (("first", first_n, embed_first), ("last", last_n, logits_last))

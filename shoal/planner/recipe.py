@@ -61,7 +61,10 @@ def recipe_sections(plan: Plan, preset: str | None = None, tokens: float | None 
         train["compile"] = True  # the fused layer the memory was planned for (planner/workload.py `kernels`)
     if tokens:
         train["steps"] = math.ceil(tokens / wl.tokens_per_step)
-    return {"model": model, "parallel": parallel, "train": train}
+    sections = {"model": model, "parallel": parallel, "train": train}
+    if wl.document_mask:
+        sections["data"] = {"document_mask": True}
+    return sections
 
 
 EMITTED = "# Emitted by `shoal plan`"

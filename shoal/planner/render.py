@@ -42,7 +42,7 @@ def headline(workload: Workload, cluster: Cluster, model_name: str) -> str:
     return (f"{model_name} ({human(counts.total)} params{active}) · seq {workload.seq_len} · batch "
             f"{workload.global_batch} ({human(workload.tokens_per_step)} tokens/step) · {cluster.n_gpus} x "
             f"{cluster.gpu.name} ({cluster.n_nodes} node{'s' if cluster.n_nodes > 1 else ''} of {cluster.gpus_per_node})"
-            f" · {workload.attention} attention")
+            f" · {workload.attention} attention{' with document masks' if workload.document_mask else ''}")
 
 
 def layouts_table(plans: list[Plan], title: str):
@@ -186,7 +186,7 @@ def plan_json(workload: Workload, cluster: Cluster, model_name: str, *, result: 
         "model": model_dict(workload, model_name),
         "workload": {"seq_len": workload.seq_len, "global_batch": workload.global_batch,
                      "tokens_per_step": workload.tokens_per_step, "precision": workload.precision,
-                     "attention": workload.attention},
+                     "attention": workload.attention, "document_mask": workload.document_mask},
         "cluster": {"gpu": dataclasses.asdict(cluster.gpu), "n_gpus": cluster.n_gpus,
                     "gpus_per_node": cluster.gpus_per_node, "n_nodes": cluster.n_nodes},
         "closest_misses": [plan_dict(p) for p in (result.closest_misses if result else [])],

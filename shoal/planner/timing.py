@@ -200,8 +200,10 @@ class _Kernels:
         self.layers = min(cfg.n_layers, layers_per_rank(cfg.n_layers, lay.pp, lay.virtual_stages))
         args = (cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel, workload.attention,
                 self.prec)
-        dense = layer_time(*args, False, lay.ep, lay.cp) if n_moe < cfg.n_layers else None  # kernels: MoE only
-        moe = layer_time(*args, True, lay.ep, lay.cp, workload.kernels) if n_moe else None
+        mask = workload.document_mask
+        # `kernels` matters for MoE layers only
+        dense = layer_time(*args, False, lay.ep, lay.cp, "fused", mask) if n_moe < cfg.n_layers else None
+        moe = layer_time(*args, True, lay.ep, lay.cp, workload.kernels, mask) if n_moe else None
         self.moe_kernels = moe
 
         def avg(field: str) -> float:

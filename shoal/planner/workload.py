@@ -45,6 +45,10 @@ class Workload:
     on any device, PyTorch SDPA's default backend (torchtitan, llm-foundry), slower on Hopper. `unfused`: the
     S×S scores, softmax and dropout are materialised, as in Megatron-LM before flash attention (Korthikanti's
     Table 2 layer); use it to compare with runs from 2021-2022."""
+    document_mask: bool = False
+    """data.document_mask: packed documents attend only within themselves, through an explicit mask that
+    SDPA makes additive and keeps for backward in every layer (memory.py), and that stops the fused kernel
+    from skipping the causal half (compute.MASKED_ATTENTION_SHARE)."""
     grad_compression: str = "none"
     """parallel.grad_compression: scales the data-parallel gradient bytes (planner/slow_links.py)."""
     topk_density: float = 0.1
@@ -63,14 +67,15 @@ class Workload:
     @classmethod
     def of_job(cls, job) -> Workload:
         """What a `shoal train` job (shoal.job.Job) computes and sends: its model, batch, precision,
-        the attention it runs and its slow-link settings."""
+        the attention it runs (with its document mask) and its slow-link settings."""
         from dataclasses import asdict
 
         from shoal.planner.slow_links import slow_link_fields
 
         t = job.cfg.train
         return cls(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash",
-                   kernels="fused" if t.compile else "eager", **slow_link_fields(asdict(job.cfg.parallel)))
+                   kernels="fused" if t.compile else "eager", document_mask=job.cfg.data.document_mask,
+                   **slow_link_fields(asdict(job.cfg.parallel)))
 
     @property
     def tokens_per_step(self) -> int:
