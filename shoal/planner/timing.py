@@ -259,7 +259,7 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
     folded = expert_grid(lay)[0] != lay.tp  # the expert group spans tp ranks too (neighbours)
     stride = 1 if folded else lay.rank_stride("dp")
     g_ep, net = group_ranks_per_node(lay.ep, stride, k.G), k.net.for_group(lay.ep, stride)
-    if k.workload.moe_dispatch == "per-expert":  # a 16-bit copy per chosen expert (Workload.moe_dispatch)
+    if k.workload.moe_dispatch == "per-expert":  # a copy per chosen expert, not in FP8 (Workload.moe_dispatch)
         copies, dispatch_elem = float(cfg.top_k), k.elem
     else:  # DeepSeek-V3 dispatches in FP8 and combines in BF16 (§3.3.2; DeepEP's low-precision dispatch)
         copies, dispatch_elem = ranks_per_token(cfg.n_experts, cfg.top_k, lay.ep), (1 if k.prec == "fp8" else k.elem)

@@ -42,8 +42,8 @@ class Workload:
     one PyTorch op per kernel, as `shoal train` runs without train.compile (its measured saved tensors)."""
     moe_dispatch: str = "dedup"
     """How the expert all-to-all sends a token (timing._ep_comm). `dedup`: once to each ep rank that holds one of
-    its experts, and in FP8 under fp8 (DeepEP's dispatch; DeepSeek-V3 §3.3.2). `per-expert`: one 16-bit copy per
-    chosen expert, permuted before the exchange: Megatron-Core's `alltoall` dispatcher (moe/token_dispatcher.py,
+    its experts, and in FP8 under fp8 (DeepEP's dispatch; DeepSeek-V3 §3.3.2). `per-expert`: one copy per chosen
+    expert in the activations' precision (bf16 under fp8 too), permuted before the exchange: Megatron-Core's `alltoall` dispatcher (moe/token_dispatcher.py,
     MoEAlltoAllTokenDispatcher.preprocess: num_out_tokens = tokens x topk), the default moe_token_dispatcher_type
     of Megatron-Bridge's Qwen3, GPT-OSS and DeepSeek providers, and shoal train's (parallel/expert_parallel.py
     sends the tokens sorted by expert)."""
