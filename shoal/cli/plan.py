@@ -13,7 +13,7 @@ from shoal.cli.argtypes import non_empty, nonnegative_float, positive_float
 from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
-from shoal.planner.workload import ATTENTION, KERNELS, PRECISIONS
+from shoal.planner.workload import ATTENTION, KERNELS, MOE_DISPATCH, PRECISIONS
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -65,6 +65,10 @@ def _workload_flags(p) -> None:
                    help="fused (default on GPUs: norms and activations as fused kernels, as Megatron/TE, "
                         "torch.compile and XLA run them; an emitted recipe sets train.compile) or eager (one PyTorch "
                         "op per kernel: shoal train without train.compile; the default with --gpu local)")
+    w.add_argument("--moe-dispatch", choices=MOE_DISPATCH,
+                   help="dedup (default on GPUs): the expert all-to-all sends a token once per rank holding its "
+                        "experts, in FP8 under fp8 (DeepEP); per-expert (the default with --gpu local): one copy per "
+                        "chosen expert in the activations' precision (Megatron-Core's alltoall dispatcher, shoal train)")
     w.add_argument("--attention", choices=ATTENTION, default="flash",
                    help="flash: the device's own fused kernel (cuDNN on Hopper+, as shoal and Transformer Engine "
                         "run it; default); flash2: FlashAttention-2, PyTorch SDPA's default backend; unfused: S×S "

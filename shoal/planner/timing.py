@@ -11,8 +11,9 @@ Overlap, and why:
 - tensor-parallel collectives are on the critical path (each matmul needs its result): not hidden.
 - pipeline send/recv: on the critical path, once per chunk boundary each way, except in DualPipe's
   overlapped forward-backward pairs (pipeline.py), which hide them and the expert all-to-all.
-- expert all-to-all: a token goes once to each rank holding one of its experts, not once per expert
-  (DeepEP, Megatron's dispatcher with permutation after the exchange), and, where the expert group leaves
+- expert all-to-all: a token goes once to each rank holding one of its experts (DeepEP), or once per
+  expert where the stack permutes before the exchange (Megatron's alltoall dispatcher, shoal's own:
+  Workload.moe_dispatch), and, where the expert group leaves
   the node (inside one the recipes do not overlap it: _ep_comm), the dispatch and combine of
   one micro-batch run beside another micro-batch's attention and expert kernels (DeepSeek-V3's DualPipe,
   §3.2.1; Megatron-Core's --overlap-moe-expert-parallel-comm): only what is longer than that compute
@@ -260,9 +261,10 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
     folded = expert_grid(lay)[0] != lay.tp  # the expert group spans tp ranks too (neighbours)
     stride = 1 if folded else lay.rank_stride("dp")
     g_ep, net = group_ranks_per_node(lay.ep, stride, k.G), k.net.for_group(lay.ep, stride)
-    copies = ranks_per_token(cfg.n_experts, cfg.top_k, lay.ep)
-    # DeepSeek-V3 dispatches in FP8 and combines in BF16 (§3.3.2; DeepEP's low-precision dispatch).
-    dispatch_elem = 1 if k.prec == "fp8" else k.elem
+    if k.workload.moe_dispatch == "per-expert":  # a copy per chosen expert, not in FP8 (Workload.moe_dispatch)
+        copies, dispatch_elem = float(cfg.top_k), k.elem
+    else:  # DeepSeek-V3 dispatches in FP8 and combines in BF16 (§3.3.2; DeepEP's low-precision dispatch)
+        copies, dispatch_elem = ranks_per_token(cfg.n_experts, cfg.top_k, lay.ep), (1 if k.prec == "fp8" else k.elem)
     tokens = k.T * copies * cfg.dim / lay.tp
     a2a = coll.all_to_all(tokens * dispatch_elem, lay.ep, g_ep, net) + coll.all_to_all(tokens * k.elem, lay.ep, g_ep, net)
     moe = k.moe_kernels

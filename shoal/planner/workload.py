@@ -20,6 +20,7 @@ from shoal.hardware.catalog import GPU
 PRECISIONS = ("bf16", "fp32", "fp8", "fp16")
 ATTENTION = ("flash", "flash2", "unfused")
 KERNELS = ("fused", "eager")
+MOE_DISPATCH = ("dedup", "per-expert")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,13 @@ class Workload:
     """`fused`: the layer's norms, activation and loss run as fused kernels, as Megatron-Core/Transformer
     Engine, torch.compile and XLA run them: a norm saves only its input (memory.py, analytics.py). `eager`:
     one PyTorch op per kernel, as `shoal train` runs without train.compile (its measured saved tensors)."""
+    moe_dispatch: str = "dedup"
+    """How the expert all-to-all sends a token (timing._ep_comm). `dedup`: once to each ep rank that holds one of
+    its experts, and in FP8 under fp8 (DeepEP's dispatch; DeepSeek-V3 §3.3.2). `per-expert`: one copy per chosen
+    expert in the activations' precision (bf16 under fp8 too), permuted before the exchange: Megatron-Core's `alltoall` dispatcher (moe/token_dispatcher.py,
+    MoEAlltoAllTokenDispatcher.preprocess: num_out_tokens = tokens x topk), the default moe_token_dispatcher_type
+    of Megatron-Bridge's Qwen3, GPT-OSS and DeepSeek providers, and shoal train's (parallel/expert_parallel.py
+    sends the tokens sorted by expert)."""
     attention: str = "flash"
     """`flash`: fused attention that keeps no S×S matrix, the device's own kernel (what shoal runs: cuDNN's
     on Hopper and newer, as Transformer Engine does; FlashAttention-2 on Ampere). `flash2`: FlashAttention-2
@@ -74,7 +82,8 @@ class Workload:
 
         t = job.cfg.train
         return cls(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash",
-                   kernels="fused" if t.compile else "eager", document_mask=job.cfg.data.document_mask,
+                   kernels="fused" if t.compile else "eager", moe_dispatch="per-expert",
+                   document_mask=job.cfg.data.document_mask,
                    **slow_link_fields(asdict(job.cfg.parallel)))
 
     @property

@@ -67,6 +67,18 @@ def test_expert_all_to_all_sends_a_token_once_per_rank_and_hides():
     assert full.ep_comm == pytest.approx(overlapped.ep_comm)  # recompute does not exchange again
 
 
+def test_megatron_alltoall_dispatch_sends_a_16_bit_copy_per_expert():
+    # Qwen3-30B-A3B on one B200 node, EP 8, FP8 (Megatron-Bridge 25.11): 128 experts top-8 on 8 ranks are 6.4
+    # ranks per token deduplicated; Megatron's alltoall dispatcher sends all 8 copies, in bf16 both ways.
+    cfg = dataclasses.replace(PRESETS["deepseek-v3"], n_layers=4, n_dense_layers=0, n_experts=128, top_k=8)
+    lay, cl = Layout(dp_shard=8, ep=8, zero=1, micro_batch=1), Cluster(hardware.get_gpu("b200"), 8, 8)
+    wl = Workload(cfg, 4096, 64, precision="fp8")
+    dedup = step_time(wl, lay, cl).ep_comm
+    per_expert = step_time(dataclasses.replace(wl, moe_dispatch="per-expert"), lay, cl).ep_comm
+    bytes_ratio = 8 * (2 + 2) / (ranks_per_token(128, 8, 8) * (1 + 2))  # the exchanges' latencies are the same
+    assert 1 < per_expert / dedup <= bytes_ratio and per_expert / dedup == pytest.approx(bytes_ratio, rel=0.1)
+
+
 def test_the_data_parallel_wall_grows_with_ranks():
     net = coll.Network(450e9 * 0.8, 5e-6, 50e9 * 0.9, 10e-6)
     small = [coll.all_gather(64e6, n, 8, net) for n in (64, 512, 4096)]
