@@ -18,7 +18,7 @@ from shoal.model.config import PRESETS
 from shoal.planner.compute import head_time, layer_time
 from shoal.hardware.lookup import get_gpu
 from shoal.planner.workload import Cluster, Workload
-from shoal.planner.memory import _activation_bytes_per_layer, rank_params
+from shoal.planner.memory import _activation_bytes_by_kind, rank_params
 from shoal.planner.search import Fixed, search
 
 CASES = [
@@ -31,7 +31,7 @@ CASES = [
 
 
 def _clear_caches() -> None:
-    for fn in (layer_time, head_time, rank_params, _activation_bytes_per_layer):
+    for fn in (layer_time, head_time, rank_params, _activation_bytes_by_kind):
         fn.cache_clear()
 
 

@@ -13,7 +13,7 @@ from shoal.cli.argtypes import non_empty, nonnegative_float, positive_float
 from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
-from shoal.planner.workload import ATTENTION, KERNELS, MOE_DISPATCH, PRECISIONS
+from shoal.planner.workload import ATTENTION, FP8_SAVES, KERNELS, MOE_DISPATCH, PRECISIONS
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -61,6 +61,10 @@ def _workload_flags(p) -> None:
                    help="default bf16 (mixed precision); fp32 with --gpu local, as CPUs train in fp32; fp8: GEMMs "
                         "in FP8 (Transformer Engine), the rest as bf16; fp16: as bf16 plus a loss scaler; MFU stays "
                         "against the BF16 peak")
+    w.add_argument("--fp8-saves", choices=FP8_SAVES, default="fp8",
+                   help="with --precision fp8, what a GEMM keeps of its input for backward: fp8 (its 1-byte cast, as "
+                        "Transformer Engine and DeepSeek-V3; default) or input (the 16-bit input, as torchao's "
+                        "Float8Linear and shoal train)")
     w.add_argument("--kernels", choices=KERNELS,
                    help="fused (default on GPUs: norms and activations as fused kernels, as Megatron/TE, "
                         "torch.compile and XLA run them; an emitted recipe sets train.compile) or eager (one PyTorch "

@@ -3,10 +3,10 @@
 Model states follow the ZeRO paper (Rajbhandari et al. 2020): with mixed precision a parameter
 costs 2 bytes (16-bit weight) + 2 (16-bit gradient) + K = 12 (fp32 master copy, Adam momentum and
 variance), and each ZeRO stage shards one more of them over the data-parallel group (Table 1).
-Activations follow Korthikanti et al. (2022): per-layer bytes times the layer-micro-batches the
-busiest pipeline stage holds (p micro-batches of L/p layers under 1F1B, times 1 + (p-1)/(p·v)
-interleaved, all m under GPipe; under DualPipe p + 1 stage-micro-batches, and both edge stages'
-parameters on one rank). The per-layer count is shoal's own layer (analytics.py) for flash attention,
+Activations follow Korthikanti et al. (2022): per-layer bytes, each layer as its own kind (dense or MoE),
+times the layer-micro-batches the busiest pipeline stage holds (p micro-batches of L/p layers under 1F1B,
+times 1 + (p-1)/(p·v) interleaved, all m under GPipe; under DualPipe p + 1 stage-micro-batches, and both
+edge stages' parameters on one rank). The per-layer count is shoal's own layer (analytics.py) for flash attention,
 or the paper's Table 2 for `attention="unfused"`.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from itertools import accumulate
 
 from shoal.layout import INTERLEAVED, Layout
 from shoal.model import analytics
@@ -102,7 +103,8 @@ class RankParams:
 def rank_params(cfg: ModelConfig, tp: int, ep: int, pp: int, virtual: int, stage: str,
                 expert_tp: int | None = None) -> RankParams:
     """Parameters of the first or last stage on one GPU: TP splits matrices, EP (and the expert TP, tp
-    unless folded: workload.expert_grid) splits experts."""
+    unless folded: workload.expert_grid) splits experts. The stage's own layers count: DeepSeek-V3's first
+    three are dense (a 18,432-wide MLP where the others hold 1/ep of 256 experts), and they are stage 0's."""
     h = cfg.dim
     norms = 2 * h
     attn = analytics.attention_params_per_rank(cfg, tp)
@@ -110,10 +112,12 @@ def rank_params(cfg: ModelConfig, tp: int, ep: int, pp: int, virtual: int, stage
     expert_mlp = analytics.mlp_params(cfg, cfg.expert_hidden)
     moe_fixed = h * cfg.n_experts + cfg.n_shared_experts * expert_mlp / tp  # router (replicated) + shared
     routed = cfg.n_experts * expert_mlp / (ep * (tp if expert_tp is None else expert_tp))
-    moe_share = moe_layer_count(cfg) / cfg.n_layers
-    layers = sum(rank_stage_layers(cfg.n_layers, pp, virtual, "first" if stage == "first" else "last"))
-    per_layer_dense = norms + attn + (1 - moe_share) * dense_mlp + moe_share * moe_fixed
-    dense = layers * per_layer_dense
+    ids = [i for chunk in rank_stage_layer_ids(cfg.n_layers, pp, virtual, "first" if stage == "first" else "last")
+           for i in chunk]
+    layers, n_moe = len(ids), sum(cfg.is_moe_layer(i) for i in ids)
+    moe_share = n_moe / layers if layers else moe_layer_count(cfg) / cfg.n_layers  # a stage of only the head: the
+    layer_dense = norms + attn + (1 - moe_share) * dense_mlp + moe_share * moe_fixed  # model's average layer
+    dense = layers * layer_dense
     # Tensors as shoal's model holds them: two norm gains, wq wk wv wo, the MLP's two or three matrices;
     # an MoE layer has a router, each expert matrix stacked over the experts, and the shared expert's.
     mlp_tensors = 3 if cfg.mlp == "swiglu" else 2
@@ -129,8 +133,8 @@ def rank_params(cfg: ModelConfig, tp: int, ep: int, pp: int, virtual: int, stage
     else:
         dense += table + h  # a tied head keeps its own copy on the last stage
         tensors += 2
-    return RankParams(dense=dense, expert=layers * moe_share * routed,
-                      layer_dense=per_layer_dense, layer_expert=moe_share * routed, tensors=tensors)
+    return RankParams(dense=dense, expert=n_moe * routed,
+                      layer_dense=layer_dense, layer_expert=moe_share * routed, tensors=tensors)
 
 
 def stage_params(cfg: ModelConfig, lay: Layout, stage: str, expert_tp: int | None = None) -> RankParams:
@@ -145,14 +149,26 @@ def stage_params(cfg: ModelConfig, lay: Layout, stage: str, expert_tp: int | Non
 
 def activation_bytes_per_layer(workload: Workload, layout: Layout, recompute: str | None = None) -> float:
     """Average bytes one layer saves for one micro-batch on one GPU (dense and MoE layers weighted)."""
+    return _average_layer(workload.model, *layer_activation_bytes(workload, layout, recompute))
+
+
+def _average_layer(cfg: ModelConfig, dense: float, moe: float) -> float:
+    n_moe = moe_layer_count(cfg)
+    return (dense * (cfg.n_layers - n_moe) + moe * n_moe) / cfg.n_layers
+
+
+def layer_activation_bytes(workload: Workload, layout: Layout, recompute: str | None = None) -> tuple[float, float]:
+    """(dense layer, MoE layer): bytes each saves for one micro-batch on one GPU."""
     lay = layout
-    per_sequence = _activation_bytes_per_layer(
+    per_sequence = _activation_bytes_by_kind(
         workload.model, workload.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel,
         lay.activation_checkpoint if recompute is None else recompute, workload.attention,
-        4 if workload.precision == "fp32" else 2, workload.kernels == "fused", workload.precision == "fp8")
+        4 if workload.precision == "fp32" else 2, workload.kernels == "fused",
+        workload.precision == "fp8" and workload.fp8_saves == "fp8")
     # Context parallelism: each of cp ranks keeps its 1/cp of the sequence's tokens (flash attention keeps
     # no S×S matrix, so every saved tensor is per token); the K/V chunks a ring step received are freed.
-    return per_sequence / lay.cp + document_mask_bytes(workload, lay, recompute)[0]
+    mask = document_mask_bytes(workload, lay, recompute)[0]
+    return per_sequence[0] / lay.cp + mask, per_sequence[1] / lay.cp + mask
 
 
 def document_mask_bytes(workload: Workload, lay: Layout, recompute: str | None = None) -> tuple[float, float]:
@@ -170,11 +186,13 @@ def document_mask_bytes(workload: Workload, lay: Layout, recompute: str | None =
 
 
 @lru_cache(maxsize=65536)
-def _activation_bytes_per_layer(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int, sp: bool,
-                                recompute: str, attention: str, elem: int, fused: bool, fp8: bool = False) -> float:
+def _activation_bytes_by_kind(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int, sp: bool,
+                              recompute: str, attention: str, elem: int, fused: bool,
+                              fp8: bool = False) -> tuple[float, float]:
     if attention == "unfused":
-        return analytics.korthikanti_activation_bytes_per_layer(
+        per_layer = analytics.korthikanti_activation_bytes_per_layer(
             seq_len, micro_batch, cfg.dim, cfg.n_heads, tp=tp, sequence_parallel=sp, recompute=recompute)
+        return per_layer, per_layer
     kw = dict(tp=tp, sequence_parallel=sp, recompute=recompute, bytes_per_element=elem, fused=fused,
               gemm_input_bytes=1 if fp8 else None)  # FP8 GEMMs keep their FP8 inputs for backward
     n_moe = moe_layer_count(cfg)
@@ -182,7 +200,7 @@ def _activation_bytes_per_layer(cfg: ModelConfig, seq_len: int, micro_batch: int
         cfg, seq_len, micro_batch, layer=_first_layer(cfg, moe=False), **kw)
     moe = 0.0 if n_moe == 0 else analytics.activation_bytes_per_layer(
         cfg, seq_len, micro_batch, layer=_first_layer(cfg, moe=True), **kw)
-    return (dense * (cfg.n_layers - n_moe) + moe * n_moe) / cfg.n_layers
+    return dense, moe
 
 
 def _first_layer(cfg: ModelConfig, moe: bool) -> int:
@@ -207,16 +225,31 @@ def stage_layers(n_layers: int, n_stages: int) -> tuple[int, ...]:
 
 def rank_stage_layers(n_layers: int, pp: int, virtual: int, stage: str) -> list[int]:
     """Layers of each stage the first (stage='first') or last pipeline rank runs, in its chunk order."""
+    return [len(chunk) for chunk in rank_stage_layer_ids(n_layers, pp, virtual, stage)]
+
+
+@lru_cache(maxsize=4096)
+def rank_stage_layer_ids(n_layers: int, pp: int, virtual: int, stage: str) -> tuple[range, ...]:
+    """The layer indices of each stage the first or last pipeline rank runs, in its chunk order."""
     if pp == 1:
-        return [n_layers]
+        return (range(n_layers),)
     counts = stage_layers(n_layers, pp * virtual)
+    starts = list(accumulate(counts, initial=0))
     rank = 0 if stage == "first" else pp - 1
-    return [counts[rank + c * pp] for c in range(virtual)]
+    return tuple(range(starts[s], starts[s + 1]) for s in (rank + c * pp for c in range(virtual)))
 
 
 @lru_cache(maxsize=16384)
 def inflight_layer_microbatches(n_layers: int, pp: int, virtual: int, schedule: str, microbatches: int) -> tuple[float, float]:
-    """(first stage, last stage) count of layer x micro-batch activations held at the peak.
+    """(first stage, last stage) count of layer x micro-batch activations held at the peak (inflight_chunks)."""
+    return tuple(float(sum(len(chunk) * n for chunk, n in side))
+                 for side in inflight_chunks(n_layers, pp, virtual, schedule, microbatches))
+
+
+@lru_cache(maxsize=16384)
+def inflight_chunks(n_layers: int, pp: int, virtual: int, schedule: str, microbatches: int):
+    """(first rank, last rank): each stage the rank runs (its layer indices) and how many micro-batches of it
+    the rank holds at its peak.
 
     1F1B: stage 0 runs p forwards before its first backward, so it holds min(p, m) micro-batches of
     its layers — about L layers' worth (Korthikanti Eq. 5); the last stage holds one. Interleaved
@@ -228,28 +261,39 @@ def inflight_layer_microbatches(n_layers: int, pp: int, virtual: int, schedule: 
     freed by then), so the same count. DualPipe: rank 0 holds the first and the last stage; it runs
     2(p/2-1) + 1 forwards of the first and one of the last before its first backward, then one more
     forward: p micro-batches of the first stage and one of the last, PP+1 chunks (DeepSeek-V3 Table 2;
-    deepseek-ai/DualPipe's schedule, planner/pipeline.py). Both numbers are that rank's (p-1 mirrors it).
+    deepseek-ai/DualPipe's schedule, planner/pipeline.py). Both sides are that rank's (p-1 mirrors it).
     """
     m = microbatches
-    first, last = (rank_stage_layers(n_layers, pp, virtual, s) for s in ("first", "last"))
+    first, last = (rank_stage_layer_ids(n_layers, pp, virtual, s) for s in ("first", "last"))
     if pp == 1:
-        return float(first[0]), float(first[0])
+        return ((first[0], 1),), ((first[0], 1),)
     if schedule == "dualpipe":
-        edges = float(sum(first) * pp + sum(last))
+        edges = ((first[0], pp), (last[0], 1))
         return edges, edges
     if schedule == "gpipe":
-        return float(sum(first) * m), float(sum(last) * m)
+        return tuple((c, m) for c in first), tuple((c, m) for c in last)
     if schedule in INTERLEAVED:
-        def held(chunks: list[int], warmup: int) -> float:
+        def held(chunks: tuple[range, ...], warmup: int) -> tuple[tuple[range, int], ...]:
             n = min(m * virtual, warmup + 1)  # chunk-micro-batches in flight
             rounds, rest = divmod(n, pp * virtual)
-            total = rounds * pp * sum(chunks)
+            out = []
             for c in chunks:  # the unfinished round: p micro-batches of each chunk in turn
                 take = min(pp, rest)
-                total, rest = total + take * c, rest - take
-            return float(total)
+                out.append((c, rounds * pp + take))
+                rest -= take
+            return tuple(out)
         return held(first, 2 * (pp - 1) + (virtual - 1) * pp), held(last, (virtual - 1) * pp)
-    return float(sum(first) * min(pp, m)), float(sum(last))
+    return ((first[0], min(pp, m)),), ((last[0], 1),)
+
+
+@lru_cache(maxsize=16384)
+def held_layer_microbatches(cfg: ModelConfig, pp: int, virtual: int, schedule: str, microbatches: int):
+    """(first rank, last rank): the (dense, MoE) layer x micro-batch pairs each holds at its peak (inflight_chunks).
+    Each layer counts as its own kind: a stage of DeepSeek-V3's three dense layers keeps less than one of MoE layers."""
+    def kinds(side) -> tuple[float, float]:
+        moe = sum(n * sum(cfg.is_moe_layer(i) for i in chunk) for chunk, n in side)
+        return float(sum(n * len(chunk) for chunk, n in side) - moe), float(moe)
+    return tuple(kinds(side) for side in inflight_chunks(cfg.n_layers, pp, virtual, schedule, microbatches))
 
 
 def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakdown:
@@ -259,26 +303,23 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
     m = lay.microbatches(workload.global_batch)
     T = workload.seq_len * lay.micro_batch / lay.cp  # tokens of one micro-batch on this rank
     sp = lay.tp if lay.sequence_parallel else 1
-    act_layer = activation_bytes_per_layer(workload, layout)
-    first_n, last_n = inflight_layer_microbatches(cfg.n_layers, lay.pp, lay.virtual_stages, lay.pp_schedule, m)
-    if lay.activation_checkpoint == "full":
-        # Checkpoints for every layer in flight, plus one layer's full activations while it is
-        # recomputed during backward.
-        working = activation_bytes_per_layer(workload, layout, recompute="none")
-    else:
-        working = 0.0
+    dense_layer, moe_layer = layer_activation_bytes(workload, layout)
+    act_layer = _average_layer(cfg, dense_layer, moe_layer)
+    first_held, last_held = held_layer_microbatches(cfg, lay.pp, lay.virtual_stages, lay.pp_schedule, m)
+    # Full recompute: one layer's full activations while it is recomputed, the largest kind the rank holds
+    recomputed = layer_activation_bytes(workload, layout, "none") if lay.activation_checkpoint == "full" else (0.0, 0.0)
     logits_last = T * cfg.vocab_size / lay.tp * (LOSS_BYTES_FUSED if workload.kernels == "fused" else elem + LOSS_BYTES_EAGER)
     # The embeddings' output (and a recomputed run's boolean document mask) of each micro-batch in flight.
     embed_first = (T * cfg.dim * elem / sp + document_mask_bytes(workload, lay)[1]) * (min(lay.pp, m) if lay.pp > 1 else 1)
 
     best = None
-    stages = (("first", first_n, embed_first), ("last", last_n, logits_last))
+    stages = (("first", first_held, embed_first), ("last", last_held, logits_last))
     if lay.pp_schedule == "dualpipe" and lay.pp > 1:  # one rank holds both edge stages (pipeline.py)
-        stages = (("edges", first_n, embed_first + logits_last),)
+        stages = (("edges", first_held, embed_first + logits_last),)
     copies = stage_copies(lay.pp_schedule) if lay.pp > 1 else 1
     etp, edp = expert_grid(lay)
     edp *= copies
-    for stage, n_held, logits in stages:
+    for stage, held, logits in stages:
         if lay.pp == 1:
             stage, logits = "only", embed_first + logits_last
         params = stage_params(cfg, lay, "last" if stage == "only" else stage, etp)
@@ -288,7 +329,8 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         we, ge, oe = model_state_bytes(params.expert, edp, lay.zero, workload.precision)
         psi = params.dense + params.expert
         o += extra_state_bytes(workload, psi, psi / (shard if lay.zero >= 2 else 1))
-        activations = act_layer * n_held + working
+        activations = held[0] * dense_layer + held[1] * moe_layer
+        activations += max((b for b, n in zip(recomputed, held) if n), default=0.0)
         w, g, o, activations, host = _offloaded(lay, w + we, g + ge, o + oe, activations, act_layer, params, elem)
         buffers = _buffers(workload, layout, params.layer, T, elem, sp, copies)
         dynamic = activations + logits + buffers

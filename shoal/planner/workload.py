@@ -21,6 +21,7 @@ PRECISIONS = ("bf16", "fp32", "fp8", "fp16")
 ATTENTION = ("flash", "flash2", "unfused")
 KERNELS = ("fused", "eager")
 MOE_DISPATCH = ("dedup", "per-expert")
+FP8_SAVES = ("fp8", "input")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,12 @@ class Workload:
     precision with the layers' GEMMs in FP8 (Transformer Engine's recipe; shoal train's through torchao). The trainer's
     `bf16-params` plans as `bf16`: both compute in 16 bits over fp32 master state. `fp16` plans as bf16 (same
     tensor-core rate, same 2+2+12 bytes of state) plus its dynamic loss scaler, one fp32 scalar."""
+    fp8_saves: str = "fp8"
+    """precision=fp8: what each FP8 GEMM keeps of its input for the weight gradient. `fp8`: the 1-byte cast it
+    multiplied (Transformer Engine's Linear and GroupedLinear save their quantized input, Megatron-Core FP8 runs;
+    DeepSeek-V3 §3.3.2 caches its Linear inputs in FP8). `input`: the 16-bit input, cast again in backward
+    (torchao's Float8Linear: matmul_with_hp_or_float8_args saves input_hp, pytorch/ao#1850), which is what
+    `shoal train` runs (its routed experts stay 16-bit GEMMs too)."""
     kernels: str = "fused"
     """`fused`: the layer's norms, activation and loss run as fused kernels, as Megatron-Core/Transformer
     Engine, torch.compile and XLA run them: a norm saves only its input (memory.py, analytics.py). `eager`:
@@ -82,9 +89,8 @@ class Workload:
 
         t = job.cfg.train
         return cls(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash",
-                   kernels="fused" if t.compile else "eager", moe_dispatch="per-expert",
-                   document_mask=job.cfg.data.document_mask,
-                   **slow_link_fields(asdict(job.cfg.parallel)))
+                   kernels="fused" if t.compile else "eager", moe_dispatch="per-expert", fp8_saves="input",
+                   document_mask=job.cfg.data.document_mask, **slow_link_fields(asdict(job.cfg.parallel)))
 
     @property
     def tokens_per_step(self) -> int:

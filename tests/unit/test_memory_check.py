@@ -70,3 +70,11 @@ def test_offloaded_state_is_counted_in_host_memory(monkeypatch):
     check_memory(plain, 2, gpu)
     with pytest.raises(UserError, match="parallel.offload.*host memory"):
         check_memory(offloaded, 2, gpu)
+
+
+def test_an_fp8_run_is_checked_with_the_16_bit_inputs_torchao_keeps():
+    # torchao's Float8Linear saves its high-precision input for backward (pytorch/ao#1850), so shoal train's FP8
+    # keeps as much as bf16 does; Transformer Engine's 1-byte inputs would under-count it.
+    gpu = Device("cuda", 80 * GiB, 0.3 * GiB, "test")
+    bf16, fp8 = (predict_peak(resolve(load_config(None, [f"train.precision={p}"]), 1), gpu) for p in ("bf16", "fp8"))
+    assert fp8.activations == bf16.activations

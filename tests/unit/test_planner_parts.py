@@ -1,5 +1,6 @@
 """Collectives, hardware catalog, cost and failures, scaling, recipes: the planner's smaller parts."""
 
+import dataclasses
 import json
 import math
 import tomllib
@@ -201,6 +202,9 @@ def test_fp8_speeds_up_the_gemms_only_and_keeps_the_bf16_mfu_denominator():
     # same weights and optimizer state; the GEMMs keep their FP8 inputs for backward (Transformer Engine)
     assert (fp8.memory.params, fp8.memory.optimizer) == (bf16.memory.params, bf16.memory.optimizer)
     assert 0.7 * bf16.memory.activations < fp8.memory.activations < bf16.memory.activations
+    # torchao's Float8Linear (shoal train's recipe) keeps the 16-bit input and casts it again in backward
+    torchao = evaluate(dataclasses.replace(wl8, fp8_saves="input"), lay, Cluster(h100, 64, 8))
+    assert torchao.memory.activations == bf16.memory.activations
 
 
 def test_an_unpublished_interleaving_factor_is_searched_when_the_rest_is_pinned():

@@ -12,7 +12,8 @@ from shoal.model import analytics
 from shoal.model.config import PRESETS
 from shoal.planner import collectives as coll
 from shoal.planner.evaluate import evaluate
-from shoal.planner.memory import inflight_layer_microbatches, memory, stage_layers
+from shoal.planner.memory import (held_layer_microbatches, inflight_layer_microbatches, layer_activation_bytes,
+                                  memory, stage_layers)
 from shoal.planner.search import Fixed, evaluate_pinned, search
 from shoal.planner.timing import ranks_per_token, step_time
 from shoal.planner.workload import Cluster, Workload
@@ -217,3 +218,10 @@ def test_deepseek_v3_published_layout_fits_with_light_recompute():
     lay = Layout(dp_shard=128, pp=16, ep=64, zero=1, micro_batch=1, pp_schedule="1f1b", activation_checkpoint="selective")
     wl = Workload(PRESETS["deepseek-v3"], 4096, 15360, precision="fp8")
     assert evaluate(wl, lay, Cluster(hardware.get_gpu("h800"), 2048, 8)).fits
+    # Its DualPipe (§3.2.1): rank 0 holds stage 0, DeepSeek-V3's three dense layers, for p micro-batches and the
+    # last stage's three MoE layers for one; each layer is counted as its own kind.
+    dual = dataclasses.replace(lay, pp_schedule="dualpipe")
+    assert held_layer_microbatches(wl.model, 16, 1, "dualpipe", 120) == ((48.0, 3.0), (48.0, 3.0))
+    dense, moe = layer_activation_bytes(wl, dual)
+    mem = memory(wl, dual, Cluster(hardware.get_gpu("h800"), 2048, 8))
+    assert mem.fits and mem.activations == pytest.approx(48 * dense + 3 * moe)
