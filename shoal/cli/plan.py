@@ -69,6 +69,10 @@ def _workload_flags(p) -> None:
                    help="flash: the device's own fused kernel (cuDNN on Hopper+, as shoal and Transformer Engine "
                         "run it; default); flash2: FlashAttention-2, PyTorch SDPA's default backend; unfused: S×S "
                         "scores in memory, as Megatron-LM before flash attention")
+    w.add_argument("--grad-overlap", choices=("on", "off"), default="on",
+                   help="on (default): the gradient reduction runs beside the backward and the parameter gather beside "
+                        "the next forward (DDP, FSDP, Megatron-Core --overlap-grad-reduce); off: both after the last "
+                        "backward, as Megatron-LM until 2023 and DeepSpeed's pipeline engine ran them")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
     w.add_argument("--hw-file", metavar="TOML", type=non_empty("--hw-file hw.toml"),

@@ -186,7 +186,7 @@ def plan_json(workload: Workload, cluster: Cluster, model_name: str, *, result: 
         "model": model_dict(workload, model_name),
         "workload": {"seq_len": workload.seq_len, "global_batch": workload.global_batch,
                      "tokens_per_step": workload.tokens_per_step, "precision": workload.precision,
-                     "attention": workload.attention},
+                     "attention": workload.attention, "grad_overlap": workload.grad_overlap},
         "cluster": {"gpu": dataclasses.asdict(cluster.gpu), "n_gpus": cluster.n_gpus,
                     "gpus_per_node": cluster.gpus_per_node, "n_nodes": cluster.n_nodes},
         "closest_misses": [plan_dict(p) for p in (result.closest_misses if result else [])],

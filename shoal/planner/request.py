@@ -113,7 +113,7 @@ def build(args) -> Inputs:
     _slow_link_flags(args)
     kernels = args.kernels or ("eager" if local_hardware.is_local(gpu) else "fused")
     workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention,
-                        kernels=kernels,
+                        kernels=kernels, grad_overlap=args.grad_overlap == "on",
                         grad_compression=args.grad_compression, topk_density=args.topk_density,
                         powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,
                         diloco_quantize=args.diloco_quantize, diloco_overlap_steps=args.diloco_overlap_steps)

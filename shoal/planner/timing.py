@@ -429,6 +429,8 @@ class _DataParallel:
             v = lay.virtual_stages
             total = sync + regather + (m * layers * self.gather(layer_dense, layer_expert, self.grad)
                                        if lay.zero == 2 else 0.0)
+            if not w.grad_overlap:  # reduced after the last backward, gathered after the step (Workload.grad_overlap)
+                return total, sync + regather
             # A bucket's reduction starts once every gradient in it exists, so the one that fills last (the
             # rank's first layers, in the chunk that finishes last) shows whole: 1/b of the reduction, and
             # with fewer buckets than layers it also waits on layers/b layers' backward, not one. Megatron-

@@ -45,6 +45,14 @@ class Workload:
     on any device, PyTorch SDPA's default backend (torchtitan, llm-foundry), slower on Hopper. `unfused`: the
     S×S scores, softmax and dropout are materialised, as in Megatron-LM before flash attention (Korthikanti's
     Table 2 layer); use it to compare with runs from 2021-2022."""
+    grad_overlap: bool = True
+    """Whether the once-per-step gradient reduction runs beside the backward (bucket by bucket) and the
+    parameter all-gather beside the next forward: PyTorch DDP, FSDP, shoal train, Megatron-Core with
+    --overlap-grad-reduce --overlap-param-gather. False: both run after the last backward, on the critical
+    path, as Megatron-LM did until those flags existed (megatron/training.py train_step at 285068c8, January
+    2023: reduce_model_grads, then the optimizer step, then gather_model_params) and as DeepSpeed's pipeline
+    engine does (runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, ReduceGrads, OptimizerStep after the
+    last step). Use it to compare with runs on those stacks (MT-NLG, BLOOM, GPT-NeoX, Megatron-LM of 2021-23)."""
     grad_compression: str = "none"
     """parallel.grad_compression: scales the data-parallel gradient bytes (planner/slow_links.py)."""
     topk_density: float = 0.1
