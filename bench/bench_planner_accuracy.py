@@ -60,7 +60,8 @@ def predict(run: dict, cfg: ModelConfig):
         gpu = hardware.apply_overrides(gpu, run["hw"])
     lay = run["layout"]
     wl = Workload(cfg, run["seq"], run["global_batch"], attention=run.get("attention", "flash"),
-                  precision=run.get("precision", "bf16"), moe_dispatch=run.get("moe_dispatch", "dedup"))
+                  precision=run.get("precision", "bf16"), moe_dispatch=run.get("moe_dispatch", "dedup"),
+                  grad_overlap=run.get("grad_overlap", True))
     cluster = Cluster(gpu, run["gpus"], gpu.gpus_per_node)
     if "micro_batch" not in lay or "recompute" not in lay:
         # The source leaves them out: search them, as `shoal plan` does with only these dimensions pinned.

@@ -80,6 +80,10 @@ def _workload_flags(p) -> None:
     w.add_argument("--document-mask", action="store_true",
                    help="packed documents attend only within themselves (data.document_mask): an explicit mask "
                         "per layer, and attention without the causal skip")
+    w.add_argument("--grad-overlap", choices=("on", "off"), default="on",
+                   help="on (default): the gradient reduction runs beside the backward and the parameter gather beside "
+                        "the next forward (DDP, FSDP, Megatron-Core --overlap-grad-reduce); off: both after the last "
+                        "backward, as Megatron-LM until 2023 and DeepSpeed's pipeline engine ran them")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
     w.add_argument("--hw-file", metavar="TOML", type=non_empty("--hw-file hw.toml"),

@@ -158,7 +158,7 @@ def _step(workload: Workload, layout: Layout, cluster: Cluster, data_parallel: b
                              layers * k.gemm_fwd + head * k.head.gemm_fwd)
 
     # --- once per step ---
-    dp_total, dp_exposed = dp.per_step(t_f, t_b, k.bwd + k.recompute + tp_bwd) if dp else (0.0, 0.0)
+    dp_total, dp_exposed = dp.per_step(t_f, t_b, k.fwd + tp_fwd, k.bwd + k.recompute + tp_bwd) if dp else (0.0, 0.0)
     optimizer, host_step = _optimizer_time(k, dp, m * t_b) if dp else (0.0, 0.0)
     # The slowest GPU's kernels set the pace: its spread stretches kernel time, not the wire time.
     kernels = m * (layers * (k.fwd + k.bwd + k.recompute) + head * k.head.fwd + head * k.head.bwd)
@@ -406,7 +406,7 @@ class _DataParallel:
         ag = self.gather(self.params.layer_dense, self.params.layer_expert) if lay.zero == 3 else 0.0
         return _overlap(ag, fwd, hide), _overlap(ag + rs, bwd, hide), ag + rs
 
-    def per_step(self, t_f: float, t_b: float, layer_bwd: float) -> tuple[float, float]:
+    def per_step(self, t_f: float, t_b: float, layer_fwd: float, layer_bwd: float) -> tuple[float, float]:
         """(total, exposed) seconds of the once-per-step data-parallel traffic."""
         k, lay, w, params, hide = self.k, self.k.lay, self.k.workload, self.params, self.k.gpu.overlap_cost
         layer_dense, layer_expert, m, layers = params.layer_dense, params.layer_expert, k.m, k.layers
@@ -433,6 +433,8 @@ class _DataParallel:
             v = lay.virtual_stages
             total = sync + regather + (m * layers * self.gather(layer_dense, layer_expert, self.grad)
                                        if lay.zero == 2 else 0.0)
+            if not w.grad_overlap:  # reduced after the last backward, gathered after the step (Workload.grad_overlap)
+                return total, sync + regather
             # A bucket's reduction starts once every gradient in it exists, so the one that fills last (the
             # rank's first layers, in the chunk that finishes last) shows whole: 1/b of the reduction, and
             # with fewer buckets than layers it also waits on layers/b layers' backward, not one. Megatron-
@@ -451,11 +453,26 @@ class _DataParallel:
                 chunk = sync / v
                 exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - waited), hide)
                            + _overlap(sync - chunk, t_b * (v - 1) / v, hide))
-            return total, exposed + _overlap(regather, t_f, hide)
+            return total, exposed + self.gather_exposed(regather, t_f, layer_fwd, chunk_buckets)
         if self.n > 1:
             return m * layers * (2 * self.gather(layer_dense, layer_expert)
                                  + self.gather(layer_dense, layer_expert, self.grad)), 0.0
         return 0.0, 0.0
+
+
+    def gather_exposed(self, regather: float, t_f: float, layer_fwd: float, chunk_buckets: float) -> float:
+        """What the ZeRO-1/2 parameter all-gather adds to the first forward. ZeRO-1 as Megatron-Core's
+        distributed optimizer runs it (--overlap-param-gather): the first module's forward pre-hook dispatches the
+        first bucket's all-gather and waits for it, then each bucket's gather is dispatched when the one before
+        completes (core/distributed/param_and_grad_buffer.py, finish_param_sync), so the first bucket shows whole
+        and the others hide behind the forward of the layers before them. ZeRO-2 (FSDP's per-layer units) hides
+        it behind the forward."""
+        lay, hide = self.k.lay, self.k.gpu.overlap_cost
+        if lay.zero != 1:
+            return _overlap(regather, t_f, hide)
+        first = regather / lay.virtual_stages / chunk_buckets
+        waited = max(1.0, self.k.layers / lay.virtual_stages / chunk_buckets) * layer_fwd
+        return first + _overlap(regather - first, max(0.0, t_f - waited), hide)
 
 
 HOST_MEMORY_BANDWIDTH_PER_GPU = 60e9

@@ -64,6 +64,14 @@ class Workload:
     """data.document_mask: packed documents attend only within themselves, through an explicit mask that
     SDPA makes additive and keeps for backward in every layer (memory.py), and that stops the fused kernel
     from skipping the causal half (compute.MASKED_ATTENTION_SHARE)."""
+    grad_overlap: bool = True
+    """Whether the once-per-step gradient reduction runs beside the backward (bucket by bucket) and the
+    parameter all-gather beside the next forward: PyTorch DDP, FSDP, shoal train, Megatron-Core with
+    --overlap-grad-reduce --overlap-param-gather. False: both run after the last backward, on the critical
+    path, as Megatron-LM did until those flags existed (megatron/training.py train_step at 285068c8, January
+    2023: reduce_model_grads, then the optimizer step, then gather_model_params) and as DeepSpeed's pipeline
+    engine does (runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, ReduceGrads, OptimizerStep after the
+    last step). Use it to compare with runs on those stacks (MT-NLG, BLOOM, GPT-NeoX, Megatron-LM of 2021-23)."""
     grad_compression: str = "none"
     """parallel.grad_compression: scales the data-parallel gradient bytes (planner/slow_links.py)."""
     topk_density: float = 0.1

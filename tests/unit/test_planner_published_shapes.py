@@ -105,6 +105,24 @@ def test_the_last_gradient_bucket_shows_whole():
     assert per_gpu[4096].dp_comm_total == pytest.approx(per_gpu[256].dp_comm_total, rel=0.05)
     assert per_gpu[4096].dp_comm > 2 * per_gpu[256].dp_comm  # half the reduction exposed, not 1/32
 
+
+def test_the_first_parameter_gather_bucket_shows_whole():
+    # Megatron-Core's --overlap-param-gather waits for the first bucket's all-gather before the first layer: at dp
+    # 4096 the 8B model's gather is 2 buckets, so half of it shows, as half of the reduce-scatter does.
+    wl, lay, cl = Workload(PRESETS["llama3-8b"], 8192, 4096), Layout(dp_shard=4096, zero=1, micro_batch=1), Cluster(H100, 4096, 8)
+    t = step_time(wl, lay, cl)
+    assert t.dp_comm > 0.5 * t.dp_comm_total  # the reduce-scatter's half and the gather's half
+
+
+def test_a_reduction_after_the_backward_shows_whole():
+    # Megatron-LM until 2023 and DeepSpeed's pipeline engine reduce after the last backward and gather after the
+    # optimizer step: all of it on the critical path, where the overlapped default hides most of it.
+    wl, lay, cl = Workload(PRESETS["llama3-8b"], 8192, 256), Layout(dp_shard=256, zero=1, micro_batch=1), Cluster(H100, 256, 8)
+    hidden, after = (step_time(dataclasses.replace(wl, grad_overlap=o), lay, cl) for o in (True, False))
+    assert after.dp_comm == pytest.approx(after.dp_comm_total) and after.dp_comm_total == hidden.dp_comm_total
+    assert hidden.dp_comm < after.dp_comm / 2
+    assert after.step - hidden.step == pytest.approx(after.dp_comm - hidden.dp_comm)
+
 def test_head_dim_and_replicated_kv_heads_are_planned():
     wide = PRESETS["llama3-8b"].replace(head_dim=256, n_kv_heads=1)  # 32 x 256 = 8192 != 4096
     base = PRESETS["llama3-8b"].replace(n_kv_heads=1)
