@@ -36,7 +36,29 @@ TPU_RUNTIME_BYTES = 0.75 * GiB
 """What a TPU's runtime keeps of its HBM (TPUs have no CUDA context, NCCL buffers or cuBLAS workspaces,
 reserved_bytes' GPU default): a v6e reports 33,550,237,696 of its 32 GiB to a program (vLLM's usage stats,
 vllm-project/vllm#16211), 0.75 GiB less; a v4 30.75-31.75 GiB of 32 (jax-ml/jax#1491, pytorch/xla#7086).
-TPU HBM sizes are GiB (16, 32, 95: vllm-project/tpu-inference#753's device table)."""
+TPU HBM sizes are GiB (16, 32, 95: vllm-project/tpu-inference#753's device table). Used for v5e and v6e; v5p
+and v4 take the limit XLA itself reports compiling against (TPU_V5P_XLA_LIMIT, TPU_V4_XLA_LIMIT)."""
+
+TPU_V5P_XLA_LIMIT = 95.74 * GiB
+"""What XLA:TPU compiles a v5p program against, its runtime's reserve already taken off: its out-of-memory
+reports read "Used X of 95.74G hbm" (a 25B model on v5p-64: "Used 110.81G of 95.74G hbm"; XLA's own page
+for the error, openxla/xla docs/errors/error_1000.md: "exceeding available bytes: 95.74G"). So tpu-v5p's
+hbm_bytes is that limit and its reserved_bytes 0 (the chip's size and its reserve apart are not published;
+vllm-project/tpu-inference#753's 95 GiB is a budget hard-coded below it)."""
+
+TPU_V4_XLA_LIMIT = 30.75 * GiB
+"""The same on a v4: MaxText's 52B on v4-384 "fails with an HBM OOM during compilation (Used 33.27G of
+30.75G)" (AI-Hypercomputer/maxtext#4117), and JAX reports the same bytes_limit, 33,014,415,360
+(jax-ml/jax#1491)."""
+
+XLA_BUFFER_SLACK = 0.004
+"""allocator_slack of a device whose step is one XLA program (`xla_step`): XLA lays out every temporary
+buffer at compile time, so what the caching allocator of eager PyTorch loses to fragmentation is not lost
+here. XLA:TPU's own out-of-memory reports give its layout's loss as 0.4% of the program's temporaries
+("HLO temp 14.31G (100.0% utilization ... 0.4% fragmentation (62.60M))", erfanzar/EasyDeL#142; "HLO temp
+3.93G (97.4% utilization: Unpadded (3.81G) Padded (3.92G), 0.4% fragmentation (14.68M))", pytorch/xla#1735,
+whose 2.6% more is padding of dimensions that are not multiples of 8 x 128, which the models planned here
+do not have)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +157,22 @@ class GPU:
     power_watts: float = 0.0
     """Board power at full training load (the TDP: training holds GPUs at their power limit, see the
     matmul_efficiency note), watts; with the job's PUE it gives the energy of a run (energy.py)."""
+    xla_step: int = 0
+    """1: a training step on this device is one compiled XLA program (TPUs: JAX, as MaxText runs it), which
+    holds memory and recomputes differently from eager PyTorch (planner/memory.py, compute.py; docs/planner.md,
+    "TPUs run the step as one XLA program"): (a) XLA assigns every buffer at compile time and checks the
+    largest set alive at any one point of the program ("the aggregate size of all necessary static
+    allocations", openxla/xla docs/errors/error_1000.md), so the loss's vocabulary-wide tensors, freed before
+    the layers' backward starts, are not counted beside a layer's gathered weights and recomputed activations;
+    (b) FSDP gathers one scanned layer at a time, cast to bf16 before the gather, and reduces its gradients
+    in bf16 before the cast back (MaxText's guides at e591f30c: docs/guides/optimization/custom_model.md,
+    "a full, single layer of weights", "40GiB of bf16 weights and gradients" for 10B parameters;
+    sharding.md, "All gather params ... (bf16)", gradient all-reduce "(bf16): 4 * params"); (c) `selective`
+    is JAX's remat policy for it, MaxText's remat_policy=minimal (jax.checkpoint_policies.
+    checkpoint_dots_with_no_batch_dims, later its explicit list of projection names, "save all except
+    context", src/maxtext/layers/decoders.py): the weight matmuls' outputs are kept, the attention kernel's
+    is not, so the attention forward runs again in backward; (d) `full` recomputes what the backward reads,
+    the forward less the MLP's down-projection (compute.KernelTime.full_fwd). 0: eager PyTorch (GPUs)."""
     tp_overlap: float = 0.0
     """1: tensor-parallel collectives run beside the layer's matmuls, as XLA decomposes them into partial
     matmuls and collective-permutes (collective matmul: Wang et al., "Overlap Communication with Dependent
@@ -336,7 +374,8 @@ CATALOG: dict[str, GPU] = {
         note="one MI250X GCD (Frontier/LUMI node: 8 GCDs, Infinity Fabric 50-200 GB/s, 4x200 Gb/s Slingshot)"),
     "tpu-v5p": GPU(
         name="tpu-v5p", peak_bf16_flops=459e12, matmul_efficiency=0.85, attention_efficiency=0.5,
-        hbm_bytes=95 * GiB, reserved_bytes=TPU_RUNTIME_BYTES, hbm_bandwidth=2.765e12, hbm_efficiency=0.85,
+        hbm_bytes=TPU_V5P_XLA_LIMIT, reserved_bytes=0.0, hbm_bandwidth=2.765e12, hbm_efficiency=0.85,
+        xla_step=1, allocator_slack=XLA_BUFFER_SLACK,
         gpus_per_node=8960, torus_dims=3, intra_node_bandwidth=180e9, intra_node_efficiency=0.8,
         intra_node_latency=1e-6, inter_node_bandwidth=6.25e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
         power_watts=450, usd_per_gpu_hour=4.20, tp_overlap=1.0,
@@ -345,13 +384,15 @@ CATALOG: dict[str, GPU] = {
     "tpu-v5e": GPU(
         name="tpu-v5e", peak_bf16_flops=197e12, matmul_efficiency=0.85, attention_efficiency=0.5,
         hbm_bytes=16 * GiB, reserved_bytes=TPU_RUNTIME_BYTES, hbm_bandwidth=819e9, hbm_efficiency=0.85,
+        xla_step=1, allocator_slack=XLA_BUFFER_SLACK,
         gpus_per_node=256, torus_dims=2, torus_wrap_side=16, intra_node_bandwidth=90e9, intra_node_efficiency=0.8,
         intra_node_latency=1e-6, inter_node_bandwidth=3.125e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
         usd_per_gpu_hour=1.20, tp_overlap=1.0,
         note="TPU v5e: a pod is one 16x16 2D ICI torus, 45 GB/s each way on each of its 4 links; pods joined over DCN"),
     "tpu-v4": GPU(
         name="tpu-v4", peak_bf16_flops=275e12, matmul_efficiency=0.75, attention_efficiency=0.5,
-        hbm_bytes=32 * GiB, reserved_bytes=TPU_RUNTIME_BYTES, hbm_bandwidth=1.2e12, hbm_efficiency=0.85,
+        hbm_bytes=TPU_V4_XLA_LIMIT, reserved_bytes=0.0, hbm_bandwidth=1.2e12, hbm_efficiency=0.85,
+        xla_step=1, allocator_slack=XLA_BUFFER_SLACK,
         gpus_per_node=4096, torus_dims=3, intra_node_bandwidth=90e9, intra_node_efficiency=0.8,
         intra_node_latency=1e-6, inter_node_bandwidth=6.25e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
         power_watts=200, usd_per_gpu_hour=3.22, tp_overlap=1.0,

@@ -18,7 +18,7 @@ _ZERO_ALLOWED = {"reserved_bytes", "peak_fp32_flops", "peak_fp8_flops", "kernel_
                  "host_op_cost", "host_gemm_cost",
                  "tp_kernel_overhead", "tp_redistribute_latency", "tp_redistribute_per_byte", "power_watts",
                  "power_limit_watts", "nodes_per_leaf", "overlap_cost", "tp_overlap", "torus_dims",
-                 "allocator_slack", "usd_per_gpu_hour", "flash2_attention_efficiency", "attention_score_cost"}
+                 "allocator_slack", "xla_step", "usd_per_gpu_hour", "flash2_attention_efficiency", "attention_score_cost"}
 """Fields where 0 means "none" or "not set" (see each field's docstring); every other number is > 0."""
 
 _UNITS = {  # field suffix or name -> (smallest and largest plausible nonzero value, the unit with an example)

@@ -113,15 +113,25 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     return 6.0 * n_matmul + 12.0 * cfg.n_layers * attention_core_width(cfg) * seq_len
 
 
-def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str, attention: str = "flash") -> float:
-    """Extra FLOPs spent re-running the forward pass under activation checkpointing (HFU - MFU)."""
+def recompute_flops_per_token(cfg: ModelConfig, seq_len: int, recompute: str, attention: str = "flash",
+                              xla: bool = False) -> float:
+    """Extra FLOPs spent re-running the forward pass under activation checkpointing (HFU - MFU). `xla`: as JAX
+    recomputes in one XLA program (catalog.GPU.xla_step): `full` skips each MLP's down-projection (its output
+    only joins the residual stream; in an MoE layer the shared experts'), `selective` reruns the attention
+    forward, whose output it does not keep."""
     forward_layers = flops_per_token(cfg, seq_len) / 3  # forward is a third of forward + backward
     if recompute == "full":
-        return forward_layers
+        if not xla:
+            return forward_layers
+        n_moe = cfg.n_moe_layers
+        down = (cfg.n_layers - n_moe) * cfg.ffn_hidden + n_moe * cfg.n_shared_experts * cfg.expert_hidden
+        return forward_layers - 2.0 * cfg.dim * down
     extra = 0.0
     if recompute == "selective-op":
         # Every second GEMM of a block: wk, wo, and w3 (w2 for GeLU, the same size); counted as in a dense layer.
         extra = 2.0 * cfg.n_layers * cfg.dim * (kv_width(cfg) + cfg.n_heads * cfg.v_head_size + cfg.ffn_hidden)
+    if recompute in ("selective", "selective-op") and attention != "unfused" and xla:
+        extra += 4.0 * cfg.n_layers * attention_core_width(cfg) * seq_len
     if recompute in ("selective", "selective-op") and attention == "unfused":
         # Korthikanti's selective recompute: the attention core (the S×S GEMMs) runs again.
         extra += 4.0 * cfg.n_layers * attention_core_width(cfg) * seq_len
@@ -164,6 +174,7 @@ def activation_bytes_per_layer(
     bytes_per_element: int = 2,
     fused: bool = False,
     gemm_input_bytes: int | None = None,
+    attention_output_saved: bool = True,
 ) -> float:
     """Bytes one transformer layer keeps for backward, per micro-batch, on one rank.
 
@@ -172,7 +183,8 @@ def activation_bytes_per_layer(
     its gate, up, silu(gate) and product, each RMSNorm its input, normalized x and output, and there
     is no dropout. With tensor parallelism the tensors inside
     the parallel region are split tp ways; sequence parallelism splits the rest (norm inputs and
-    outputs) too. Full recomputation keeps only the layer input.
+    outputs) too. Full recomputation keeps only the layer input. `attention_output_saved=False`: selective
+    recomputation reruns the attention kernel too (JAX's dots policy, MaxText's minimal: GPU.xla_step).
     """
     sb = seq_len * micro_batch
     h = cfg.dim
@@ -210,7 +222,7 @@ def activation_bytes_per_layer(
         # Element-wise work is recomputed, matmul outputs are kept (layout.py's meaning): each norm keeps only
         # its input (its output and eager's normalized x go), and the MLP's activation output goes.
         gemm_out, other_out = 0, other_out - (2 * h if not fused else 0)
-        gemm_in -= mlp_out
+        gemm_in -= mlp_out + (0 if attention_output_saved else cfg.n_heads * cfg.v_head_size)
         if cfg.qk_norm:
             other_in -= 2 * (q + kv)
         if cfg.is_mla:  # and MLA's up-projections: q, k, v come again from the kept latents (mla_up_flops)

@@ -36,11 +36,18 @@ class KernelTime:
     """What selective activation checkpointing repeats in backward (shoal/layout.py's meaning): the
     element-wise kernels between the saved GEMM and fused-attention outputs. With unfused attention
     it is Korthikanti's selective recompute instead, the S×S attention core, as the 2021-22 runs
-    this mode is for did it."""
+    this mode is for did it. On an XLA device (catalog.GPU.xla_step) the attention forward too, whose
+    output JAX's dots policy does not keep."""
     op_fwd: float = 0.0
     """What selective-op checkpointing repeats (torchtitan's per-op policy, shoal/layout.py): the
     selective work plus every second forward GEMM in call order, wk, wo and w3 (w2 with GeLU). In an
     MoE layer the matmuls after attention are the router and one to three per expert, taken as half."""
+    full_fwd: float = 0.0
+    """What full recomputation repeats: the whole forward (torch.utils.checkpoint reruns the block), or on
+    an XLA device (catalog.GPU.xla_step) the forward less the MLP's down-projection, whose output only joins
+    the residual stream: nothing in the layer's backward reads it, so XLA's dead-code elimination drops it
+    from the recomputed forward (in an MoE layer the shared experts' down-projections; a routed expert's
+    output is read again by the router's gradient)."""
 
 
 def gemm_time(m: float, k: float, n: float, gpu: GPU, precision: str) -> float:
@@ -220,15 +227,16 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
                   + gemm_time(tokens_per_expert, f / tp, h, gpu, precision))
         shared_f = cfg.n_shared_experts * f
         gemm += local_experts * expert + gemm_time(T, h, cfg.n_experts, gpu, precision)  # + router
-        if shared_f:
-            gemm += gemm_time(T, h, (2 if glu else 1) * shared_f / tp, gpu, precision) + gemm_time(T, shared_f / tp, h, gpu, precision)
+        down = gemm_time(T, shared_f / tp, h, gpu, precision)  # gemm_time is 0 without shared experts
+        gemm += gemm_time(T, h, (2 if glu else 1) * shared_f / tp, gpu, precision) + down
         every_second += (gemm - attention_gemm) / 2
         act = EAGER_GLU_ELEMS if glu else EAGER_GELU_ELEMS
         act_elems = cfg.top_k * act * f / tp + act * shared_f / tp
         act_elems += (MOE_PERMUTE_ELEMS + (MOE_EP_SORT_ELEMS if ep > 1 else 0)) * cfg.top_k * h / tp
     else:
         f = cfg.ffn_hidden
-        gemm += gemm_time(T, h, (2 if glu else 1) * f / tp, gpu, precision) + gemm_time(T, f / tp, h, gpu, precision)
+        down = gemm_time(T, f / tp, h, gpu, precision)
+        gemm += gemm_time(T, h, (2 if glu else 1) * f / tp, gpu, precision) + down
         every_second += gemm_time(T, h, f / tp, gpu, precision) if glu else gemm_time(T, f / tp, h, gpu, precision)  # w3 / w2
         act_elems = (EAGER_GLU_ELEMS if glu else EAGER_GELU_ELEMS) * f / tp
 
@@ -256,12 +264,13 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     on_host = moe and kernels == "eager" and is_local(gpu)  # the experts' ops: counted by moe_host_time instead
     counted = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + (0 if on_host else 2 * cfg.n_experts / ep) if moe else 0) + (cp - 1)
     gaps = counted * _per_kernel(gpu, tp)
-    selective = (attn_fwd if attention == "unfused" else elementwise) + up
+    # JAX's dots policy (an XLA device's selective) keeps no attention output: the attention forward reruns
+    selective = (attn_fwd if attention == "unfused" else elementwise + (attn_fwd if gpu.xla_step else 0.0)) + up
     fwd, bwd = gemm + attn_fwd + elementwise + gaps, 2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps
     if moe and kernels == "eager":
         fwd, bwd = _wait_for_host(fwd, bwd, cfg, gpu, ep)
     return KernelTime(fwd=fwd, bwd=bwd, attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective,
-                      op_fwd=selective + every_second)
+                      op_fwd=selective + every_second, full_fwd=fwd - (down if gpu.xla_step else 0.0))
 
 
 def _fused_attention_time(cfg: ModelConfig, gpu: GPU, core_flops: float, scores: float, attention: str,

@@ -42,7 +42,8 @@ class Plan:
     @property
     def hardware_flops_per_step(self) -> float:
         extra = analytics.recompute_flops_per_token(self.workload.model, self.workload.seq_len,
-                                                    self.layout.activation_checkpoint, self.workload.attention)
+                                                    self.layout.activation_checkpoint, self.workload.attention,
+                                                    bool(self.cluster.gpu.xla_step))
         return self.model_flops_per_step + extra * self.workload.tokens_per_step
 
     @property

@@ -147,9 +147,10 @@ def stage_params(cfg: ModelConfig, lay: Layout, stage: str, expert_tp: int | Non
                       layer_expert=b.layer_expert, tensors=a.tensors + b.tensors)
 
 
-def activation_bytes_per_layer(workload: Workload, layout: Layout, recompute: str | None = None) -> float:
+def activation_bytes_per_layer(workload: Workload, layout: Layout, recompute: str | None = None,
+                               xla: bool = False) -> float:
     """Average bytes one layer saves for one micro-batch on one GPU (dense and MoE layers weighted)."""
-    return _average_layer(workload.model, *layer_activation_bytes(workload, layout, recompute))
+    return _average_layer(workload.model, *layer_activation_bytes(workload, layout, recompute, xla))
 
 
 def _average_layer(cfg: ModelConfig, dense: float, moe: float) -> float:
@@ -157,14 +158,17 @@ def _average_layer(cfg: ModelConfig, dense: float, moe: float) -> float:
     return (dense * (cfg.n_layers - n_moe) + moe * n_moe) / cfg.n_layers
 
 
-def layer_activation_bytes(workload: Workload, layout: Layout, recompute: str | None = None) -> tuple[float, float]:
-    """(dense layer, MoE layer): bytes each saves for one micro-batch on one GPU."""
+def layer_activation_bytes(workload: Workload, layout: Layout, recompute: str | None = None,
+                           xla: bool = False) -> tuple[float, float]:
+    """(dense layer, MoE layer): bytes each saves for one micro-batch on one GPU. `xla`: the device runs the
+    step as one XLA program (catalog.GPU.xla_step), whose `selective` is JAX's dots policy: the attention
+    kernel's output is recomputed, not kept."""
     lay = layout
     per_sequence = _activation_bytes_by_kind(
         workload.model, workload.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel,
         lay.activation_checkpoint if recompute is None else recompute, workload.attention,
         4 if workload.precision == "fp32" else 2, workload.kernels == "fused",
-        workload.precision == "fp8" and workload.fp8_saves == "fp8")
+        workload.precision == "fp8" and workload.fp8_saves == "fp8", xla)
     # Context parallelism: each of cp ranks keeps its 1/cp of the sequence's tokens (flash attention keeps
     # no S×S matrix, so every saved tensor is per token); the K/V chunks a ring step received are freed.
     mask = document_mask_bytes(workload, lay, recompute)[0]
@@ -188,13 +192,14 @@ def document_mask_bytes(workload: Workload, lay: Layout, recompute: str | None =
 @lru_cache(maxsize=65536)
 def _activation_bytes_by_kind(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int, sp: bool,
                               recompute: str, attention: str, elem: int, fused: bool,
-                              fp8: bool = False) -> tuple[float, float]:
+                              fp8: bool = False, xla: bool = False) -> tuple[float, float]:
     if attention == "unfused":
         per_layer = analytics.korthikanti_activation_bytes_per_layer(
             seq_len, micro_batch, cfg.dim, cfg.n_heads, tp=tp, sequence_parallel=sp, recompute=recompute)
         return per_layer, per_layer
     kw = dict(tp=tp, sequence_parallel=sp, recompute=recompute, bytes_per_element=elem, fused=fused,
-              gemm_input_bytes=1 if fp8 else None)  # FP8 GEMMs keep their FP8 inputs for backward
+              gemm_input_bytes=1 if fp8 else None,  # FP8 GEMMs keep their FP8 inputs for backward
+              attention_output_saved=not xla)
     n_moe = moe_layer_count(cfg)
     dense = 0.0 if n_moe == cfg.n_layers else analytics.activation_bytes_per_layer(
         cfg, seq_len, micro_batch, layer=_first_layer(cfg, moe=False), **kw)
@@ -299,15 +304,17 @@ def held_layer_microbatches(cfg: ModelConfig, pp: int, virtual: int, schedule: s
 def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakdown:
     """Peak memory of the busiest GPU (the larger of the first and the last pipeline stage)."""
     cfg, lay, gpu = workload.model, layout, cluster.gpu
+    xla = bool(gpu.xla_step)
     elem = 4 if workload.precision == "fp32" else 2
     m = lay.microbatches(workload.global_batch)
     T = workload.seq_len * lay.micro_batch / lay.cp  # tokens of one micro-batch on this rank
     sp = lay.tp if lay.sequence_parallel else 1
-    dense_layer, moe_layer = layer_activation_bytes(workload, layout)
+    dense_layer, moe_layer = layer_activation_bytes(workload, layout, xla=xla)
     act_layer = _average_layer(cfg, dense_layer, moe_layer)
     first_held, last_held = held_layer_microbatches(cfg, lay.pp, lay.virtual_stages, lay.pp_schedule, m)
     # Full recompute: one layer's full activations while it is recomputed, the largest kind the rank holds
-    recomputed = layer_activation_bytes(workload, layout, "none") if lay.activation_checkpoint == "full" else (0.0, 0.0)
+    recomputed = (layer_activation_bytes(workload, layout, "none", xla) if lay.activation_checkpoint == "full"
+                  else (0.0, 0.0))
     logits_last = T * cfg.vocab_size / lay.tp * (LOSS_BYTES_FUSED if workload.kernels == "fused" else elem + LOSS_BYTES_EAGER)
     # The embeddings' output (and a recomputed run's boolean document mask) of each micro-batch in flight.
     embed_first = (T * cfg.dim * elem / sp + document_mask_bytes(workload, lay)[1]) * (min(lay.pp, m) if lay.pp > 1 else 1)
@@ -329,10 +336,13 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         we, ge, oe = model_state_bytes(params.expert, edp, lay.zero, workload.precision)
         psi = params.dense + params.expert
         o += extra_state_bytes(workload, psi, psi / (shard if lay.zero >= 2 else 1))
-        activations = held[0] * dense_layer + held[1] * moe_layer
-        activations += max((b for b, n in zip(recomputed, held) if n), default=0.0)
+        working = max((b for b, n in zip(recomputed, held) if n), default=0.0)
+        activations = held[0] * dense_layer + held[1] * moe_layer + working
         w, g, o, activations, host = _offloaded(lay, w + we, g + ge, o + oe, activations, act_layer, params, elem)
-        buffers = _buffers(workload, layout, params.layer, T, elem, sp, copies)
+        buffers = _buffers(workload, layout, params.layer, T, elem, sp, copies, xla)
+        if xla:  # the embedding outputs are the first layer's inputs, which its checkpoints hold already
+            loss = logits_last if stage != "first" else 0.0
+            activations, logits, buffers = _xla_peak(cfg, lay, activations, working, loss, buffers, elem)
         dynamic = activations + logits + buffers
         bd = MemoryBreakdown(params=w, grads=g, optimizer=o, activations=activations,
                              logits=logits, buffers=buffers,
@@ -343,6 +353,23 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         if lay.pp == 1:
             break
     return best
+
+
+def _xla_peak(cfg: ModelConfig, lay: Layout, activations: float, working: float, loss: float, buffers: float,
+              elem: int) -> tuple[float, float, float]:
+    """(activations, logits, buffers) alive at the peak of an XLA program (catalog.GPU.xla_step): the larger of
+    two points of its schedule, which eager PyTorch's count adds together. At the output head's backward every
+    layer's checkpoints are held, with the loss's vocabulary-wide tensors (`loss`) and, under ZeRO-3, the
+    head's gathered weights and their gradient; at the last layer's backward the same checkpoints, that layer's
+    recomputed activations (`working`) and `buffers`, the loss's tensors freed. XLA checks the largest set of
+    buffers alive at one point of the program against the HBM (openxla/xla docs/errors/error_1000.md), so
+    this is the number it compiles to."""
+    head = 0.0
+    if loss and lay.zero == 3 and lay.dp * lay.cp > 1:  # the vocab-parallel head, gathered, and its gradient
+        head = 2 * cfg.vocab_size * cfg.dim / lay.tp * elem
+    if loss + head > working + buffers:
+        return max(0.0, activations - working), loss, head
+    return activations, 0.0, buffers
 
 
 OFFLOAD_RESIDENT_LAYERS = 2
@@ -386,16 +413,22 @@ GRAD_BUFFER_BYTES = 4
 
 
 def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem: int, sp: int,
-             chunks: int = 1) -> float:
+             chunks: int = 1, xla: bool = False) -> float:
     """`chunks`: micro-batch chunks computing at once, each with its own sends and all-to-all buffers (2 for a
-    DualPipe F&B pair, DeepSeek-V3 §3.2.1)."""
+    DualPipe F&B pair, DeepSeek-V3 §3.2.1). `xla` (catalog.GPU.xla_step): a scanned layer's weights are
+    gathered in its own iteration, none prefetched beside them, and its gradients reduced in the compute
+    dtype before the cast back to the fp32 weights: one layer's weights and gradients, elem bytes each
+    (MaxText's custom-model guide, docs/guides/optimization/custom_model.md at e591f30c: pure FSDP must "hold
+    ... a full, single layer of weights", "10B params per layer, which corresponds to 40GiB of bf16 weights
+    and gradients")."""
     cfg = workload.model
     out = 0.0
+    grad = elem if xla else GRAD_BUFFER_BYTES
     if lay.dp * lay.cp > 1:
-        if lay.zero == 3:
-            out += 2 * layer_params * elem + layer_params * 4  # gathered layer + prefetched one; fp32 grad reduce
+        if lay.zero == 3:  # the gathered layer (+ the prefetched one, eager FSDP); its gradients being reduced
+            out += (1 if xla else 2) * layer_params * elem + layer_params * grad
         elif lay.zero == 2:
-            out += layer_params * 4  # one layer's gradients being reduce-scattered
+            out += layer_params * grad  # one layer's gradients being reduce-scattered
         else:
             out += 2 * DDP_BUCKET_BYTES
     if lay.tp > 1 and lay.sequence_parallel:

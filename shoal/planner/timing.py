@@ -214,7 +214,7 @@ class _Kernels:
 
         self.fwd, self.bwd, self.attn_fwd, self.gemm_fwd = avg("fwd"), avg("bwd"), avg("attn_fwd"), avg("gemm_fwd")
         self.recompute = {"none": 0.0, "selective": avg("selective_fwd"), "selective-op": avg("op_fwd"),
-                          "full": self.fwd}[lay.activation_checkpoint]
+                          "full": avg("full_fwd")}[lay.activation_checkpoint]
         self.head = head_time(cfg, gpu, workload.seq_len, lay.micro_batch, lay.tp, self.prec, lay.cp)
         self.dualpipe = lay.pp_schedule == "dualpipe" and lay.pp > 1
         # The micro-batches whose output head the busiest rank runs: all on the last stage, half under DualPipe
@@ -336,7 +336,7 @@ def _offload_per_layer(k: _Kernels) -> tuple[float, float]:
         fwd += _overlap(layer * k.elem / pcie, k.fwd, hide)
         bwd += _overlap((layer * k.elem + layer * GRAD_REDUCE_BYTES) / pcie, k.bwd, hide)
     if lay.activation_offload:
-        act = activation_bytes_per_layer(k.workload, lay) / pcie
+        act = activation_bytes_per_layer(k.workload, lay, xla=bool(k.gpu.xla_step)) / pcie
         fwd, bwd = fwd + act, bwd + act
     return fwd, bwd
 
@@ -373,7 +373,8 @@ class _DataParallel:
         edp_stride = inner * lay.ep if etp == lay.tp else lay.ep
         self.g_dp, self.g_edp = group_ranks_per_node(self.n, inner, k.G), group_ranks_per_node(self.edp, edp_stride, k.G)
         self.net, self.net_edp = k.net.for_group(self.n, inner), k.net.for_group(self.edp, edp_stride)
-        self.grad = (k.elem if k.prec == "fp32" else GRAD_REDUCE_BYTES) * grad_wire_factor(
+        # An XLA device reduces them in the compute dtype, before the cast back to fp32 (catalog.GPU.xla_step)
+        self.grad = (k.elem if k.prec == "fp32" or k.gpu.xla_step else GRAD_REDUCE_BYTES) * grad_wire_factor(
             w.grad_compression, lay.dp, cfg, w.topk_density, w.powersgd_rank)
         # Once-per-step reductions go in buckets, each its own collective paying its latency: plain DDP's
         # 25 MiB; sharded optimizers (ZeRO-1/2) as Megatron-Core's distributed optimizer buckets them, max(40M,
