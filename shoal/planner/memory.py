@@ -164,7 +164,7 @@ def layer_activation_bytes(workload: Workload, layout: Layout, recompute: str | 
         workload.model, workload.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel,
         lay.activation_checkpoint if recompute is None else recompute, workload.attention,
         4 if workload.precision == "fp32" else 2, workload.kernels == "fused",
-        workload.precision == "fp8" and workload.fp8_saves == "fp8")
+        workload.precision == "fp8" and workload.fp8_saves == "fp8", workload.moe_probs)
     # Context parallelism: each of cp ranks keeps its 1/cp of the sequence's tokens (flash attention keeps
     # no S×S matrix, so every saved tensor is per token); the K/V chunks a ring step received are freed.
     mask = document_mask_bytes(workload, lay, recompute)[0]
@@ -188,13 +188,14 @@ def document_mask_bytes(workload: Workload, lay: Layout, recompute: str | None =
 @lru_cache(maxsize=65536)
 def _activation_bytes_by_kind(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int, sp: bool,
                               recompute: str, attention: str, elem: int, fused: bool,
-                              fp8: bool = False) -> tuple[float, float]:
+                              fp8: bool = False, moe_probs: str = "activation") -> tuple[float, float]:
     if attention == "unfused":
         per_layer = analytics.korthikanti_activation_bytes_per_layer(
             seq_len, micro_batch, cfg.dim, cfg.n_heads, tp=tp, sequence_parallel=sp, recompute=recompute)
         return per_layer, per_layer
     kw = dict(tp=tp, sequence_parallel=sp, recompute=recompute, bytes_per_element=elem, fused=fused,
-              gemm_input_bytes=1 if fp8 else None)  # FP8 GEMMs keep their FP8 inputs for backward
+              gemm_input_bytes=1 if fp8 else None,  # FP8 GEMMs keep their FP8 inputs for backward
+              moe_probs=moe_probs)
     n_moe = moe_layer_count(cfg)
     dense = 0.0 if n_moe == cfg.n_layers else analytics.activation_bytes_per_layer(
         cfg, seq_len, micro_batch, layer=_first_layer(cfg, moe=False), **kw)

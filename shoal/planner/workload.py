@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from shoal.errors import UserError
 from shoal.layout import MAX_GPUS
+from shoal.model import analytics
 from shoal.model.config import ModelConfig
 from shoal.hardware.catalog import GPU
 
@@ -21,6 +22,7 @@ PRECISIONS = ("bf16", "fp32", "fp8", "fp16")
 ATTENTION = ("flash", "flash2", "unfused")
 KERNELS = ("fused", "eager")
 MOE_DISPATCH = ("dedup", "per-expert")
+MOE_PROBS = analytics.MOE_PROBS
 FP8_SAVES = ("fp8", "input")
 
 
@@ -54,6 +56,12 @@ class Workload:
     MoEAlltoAllTokenDispatcher.preprocess: num_out_tokens = tokens x topk), the default moe_token_dispatcher_type
     of Megatron-Bridge's Qwen3, GPT-OSS and DeepSeek providers, and shoal train's (parallel/expert_parallel.py
     sends the tokens sorted by expert)."""
+    moe_probs: str = "activation"
+    """Where an MoE layer multiplies each expert's output by its routing weight, which decides what its combine
+    keeps for backward (analytics.moe_combine_elements). `activation`: inside the expert's activation, before the
+    down-projection (Megatron-Core's TEGroupedMLP, weighted_bias_swiglu_impl), so the combine keeps no h-wide
+    tensor. `output`: after the down-projection, keeping each copy's output (shoal train's MoE.forward, and
+    eager its index_add_'s source too)."""
     attention: str = "flash"
     """`flash`: fused attention that keeps no S×S matrix, the device's own kernel (what shoal runs: cuDNN's
     on Hopper and newer, as Transformer Engine does; FlashAttention-2 on Ampere). `flash2`: FlashAttention-2
@@ -97,7 +105,8 @@ class Workload:
 
         t = job.cfg.train
         return cls(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash",
-                   kernels="fused" if t.compile else "eager", moe_dispatch="per-expert", fp8_saves="input",
+                   kernels="fused" if t.compile else "eager", moe_dispatch="per-expert", moe_probs="output",
+                   fp8_saves="input",
                    document_mask=job.cfg.data.document_mask, **slow_link_fields(asdict(job.cfg.parallel)))
 
     @property
