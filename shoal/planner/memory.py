@@ -309,7 +309,7 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
     first_held, last_held = held_layer_microbatches(cfg, lay.pp, lay.virtual_stages, lay.pp_schedule, m)
     # Full recompute: one layer's full activations while it is recomputed, the largest kind the rank holds
     recomputed = layer_activation_bytes(workload, layout, "none") if lay.activation_checkpoint == "full" else (0.0, 0.0)
-    logits_last = T * cfg.vocab_size / lay.tp * (LOSS_BYTES_FUSED if workload.kernels == "fused" else elem + LOSS_BYTES_EAGER)
+    logits_last = T * cfg.vocab_size / lay.tp * loss_bytes_per_logit(workload, elem)
     # The embeddings' output (and a recomputed run's boolean document mask) of each micro-batch in flight.
     embed_first = (T * cfg.dim * elem / sp + document_mask_bytes(workload, lay)[1]) * (min(lay.pp, m) if lay.pp > 1 else 1)
 
@@ -375,6 +375,19 @@ def _offloaded(lay: Layout, w: float, g: float, o: float, activations: float, ac
 
 LOSS_BYTES_FUSED = 8
 """Bytes per logit the loss holds at its peak with a fused cross-entropy: fp32 logits and their gradient."""
+MEGATRON_LOSS_BYTES = 4
+"""Beyond the logits' own dtype: Megatron-Core's fused_vocab_parallel_cross_entropy (cross_entropy_fusion_impl
+"native") keeps the fp32 exp(logits) (fusions/fused_cross_entropy.py saves exp_logits), turns it into the
+gradient in place in backward, and the upcast's backward casts that to the logits' dtype beside it."""
+
+
+def loss_bytes_per_logit(workload: Workload, elem: int) -> float:
+    """Bytes per logit the loss holds at the last stage's peak (Workload.loss)."""
+    if workload.kernels == "eager":
+        return elem + LOSS_BYTES_EAGER
+    if workload.loss == "te":  # the gradient written over the logits in forward: they are all it keeps
+        return elem
+    return MEGATRON_LOSS_BYTES + elem if workload.loss == "megatron" else LOSS_BYTES_FUSED
 LOSS_BYTES_EAGER = 12
 """Beyond the caller's logits (elem bytes each), what eager F.cross_entropy over upcast logits holds while
 its backward runs: the fp32 log-probabilities log_softmax saved, their gradient and the fp32 logits'

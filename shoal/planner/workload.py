@@ -23,6 +23,7 @@ ATTENTION = ("flash", "flash2", "unfused")
 KERNELS = ("fused", "eager")
 MOE_DISPATCH = ("dedup", "per-expert")
 MOE_PROBS = analytics.MOE_PROBS
+LOSSES = ("fp32", "te", "megatron")
 FP8_SAVES = ("fp8", "input")
 
 
@@ -56,6 +57,13 @@ class Workload:
     MoEAlltoAllTokenDispatcher.preprocess: num_out_tokens = tokens x topk), the default moe_token_dispatcher_type
     of Megatron-Bridge's Qwen3, GPT-OSS and DeepSeek providers, and shoal train's (parallel/expert_parallel.py
     sends the tokens sorted by expert)."""
+    loss: str = "fp32"
+    """kernels=fused: the fused cross-entropy, which decides what the last stage holds per logit
+    (memory.loss_bytes_per_logit). `fp32`: the fp32 logits and their gradient, 8 bytes. `te`: Transformer Engine's
+    parallel_cross_entropy (Megatron-Core's cross_entropy_fusion_impl="te", set by Megatron-Bridge's Llama, Qwen3
+    and DeepSeek recipes) writes the gradient over the 16-bit logits in forward (triton/cross_entropy.py) and keeps
+    only them, 2 bytes. `megatron`: Megatron-Core's own fused loss (cross_entropy_fusion_impl="native", its
+    default), the fp32 exp(logits) and a 16-bit copy of their gradient, 6 bytes."""
     moe_probs: str = "activation"
     """Where an MoE layer multiplies each expert's output by its routing weight, which decides what its combine
     keeps for backward (analytics.moe_combine_elements). `activation`: inside the expert's activation, before the
