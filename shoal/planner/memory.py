@@ -33,13 +33,15 @@ STATE_BYTES["fp8"] = STATE_BYTES["bf16"]  # FP8 recipes keep bf16 weights and fp
 STATE_BYTES["fp16"] = STATE_BYTES["bf16"]  # fp16 mixed precision: the same, plus one fp32 loss scale
 
 
-def model_state_bytes(psi: float, dp: int, zero: int, precision: str = "bf16") -> tuple[float, float, float]:
+def model_state_bytes(psi: float, dp: int, zero: int, precision: str = "bf16",
+                      adam_moments: str = "fp32") -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes per device for psi parameters: ZeRO paper Table 1.
 
     zero 0: 2Ψ + 2Ψ + KΨ;  1 (P_os): 2Ψ + 2Ψ + KΨ/N_d;  2 (P_os+g): 2Ψ + (2 + K)Ψ/N_d;
-    3 (P_os+g+p): (2 + 2 + K)Ψ/N_d.
+    3 (P_os+g+p): (2 + 2 + K)Ψ/N_d. BF16 Adam moments (Workload.adam_moments) take 2 bytes each off K.
     """
     w, g, k = STATE_BYTES[precision]
+    k -= 4 if adam_moments == "bf16" else 0
     return (w * psi / (dp if zero >= 3 else 1),
             g * psi / (dp if zero >= 2 else 1),
             k * psi / (dp if zero >= 1 else 1))
@@ -326,8 +328,8 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         params = stage_params(cfg, lay, "last" if stage == "only" else stage, etp)
         # context-parallel ranks hold the same weights: ZeRO shards over them too (and over a DualPipe stage's copies)
         shard = lay.dp * lay.cp * copies
-        w, g, o = model_state_bytes(params.dense, shard, lay.zero, workload.precision)
-        we, ge, oe = model_state_bytes(params.expert, edp, lay.zero, workload.precision)
+        w, g, o = model_state_bytes(params.dense, shard, lay.zero, workload.precision, workload.adam_moments)
+        we, ge, oe = model_state_bytes(params.expert, edp, lay.zero, workload.precision, workload.adam_moments)
         psi = params.dense + params.expert
         o += extra_state_bytes(workload, psi, psi / (shard if lay.zero >= 2 else 1))
         activations = held[0] * dense_layer + held[1] * moe_layer

@@ -24,6 +24,7 @@ KERNELS = ("fused", "eager")
 MOE_DISPATCH = ("dedup", "per-expert")
 MOE_PROBS = analytics.MOE_PROBS
 LOSSES = ("fp32", "te", "megatron")
+ADAM_MOMENTS = ("fp32", "bf16")
 FP8_SAVES = ("fp8", "input")
 
 
@@ -57,6 +58,11 @@ class Workload:
     MoEAlltoAllTokenDispatcher.preprocess: num_out_tokens = tokens x topk), the default moe_token_dispatcher_type
     of Megatron-Bridge's Qwen3, GPT-OSS and DeepSeek providers, and shoal train's (parallel/expert_parallel.py
     sends the tokens sorted by expert)."""
+    adam_moments: str = "fp32"
+    """The dtype of Adam's two moments (memory.model_state_bytes): `fp32` (the ZeRO paper's K = 12 with the fp32
+    master weights), or `bf16` (K = 8): DeepSeek-V3 §3.3.3 tracks them in BF16, and Megatron-Bridge's DeepSeek-V3
+    recipe sets use_precision_aware_optimizer with exp_avg_dtype = exp_avg_sq_dtype = bfloat16 (recipes/deepseek/
+    deepseek_v3.py at 00b7660b). Memory only: the optimizer step's time is planned as with fp32 moments."""
     loss: str = "fp32"
     """kernels=fused: the fused cross-entropy, which decides what the last stage holds per logit
     (memory.loss_bytes_per_logit). `fp32`: the fp32 logits and their gradient, 8 bytes. `te`: Transformer Engine's

@@ -179,3 +179,9 @@ def test_the_loss_keeps_what_its_kernel_keeps_per_logit():
     # fp32 logits and their gradient; TE writes the gradient over the bf16 logits; Megatron's fp32 exp + a bf16 cast
     assert per_logit == {"fp32": 8, "te": 2, "megatron": 6}
     assert loss_bytes_per_logit(Workload(cfg, 8192, 8, kernels="eager", loss="te"), 2) == 14  # eager ignores it
+
+
+def test_bf16_adam_moments_take_four_bytes_off_each_parameter():
+    # DeepSeek-V3 §3.3.3; Megatron-Core's precision-aware optimizer with exp_avg_dtype = exp_avg_sq_dtype = bf16
+    assert model_state_bytes(1e9, 8, 1, "bf16", "bf16") == (2e9, 2e9, 8e9 / 8)
+    assert model_state_bytes(1e9, 8, 1, "fp32", "bf16") == (4e9, 4e9, 4e9 / 8)
