@@ -216,22 +216,16 @@ def activation_bytes_per_layer(
     gemm_in, other_in = _attention_saved(cfg, kv, g, qk_saved)
     glu = cfg.mlp == "swiglu"
     act_in = (glu_saved - 1 if glu else 1)  # kept before the activation output: gate and up (+ silu), or GeLU's input
-    if cfg.is_moe_layer(layer):
-        f = cfg.expert_hidden
-        copies = cfg.top_k + cfg.n_shared_experts
-        gemm_in += cfg.top_k * h + copies * f  # each copy's expert input, each expert's activation output
-        other_in += copies * act_in * f + moe_combine_elements(cfg, moe_probs, fused)  # activation inputs
-        other_in += cfg.n_experts * 2  # router logits in fp32, counted as 2 elements of 16 bits
-        mlp_out = copies * f
-    else:
-        f = cfg.ffn_hidden
-        gemm_in += f
-        other_in += act_in * f
-        mlp_out = f
+    mlp_gemm_in, mlp_other_in, mlp_out = _mlp_saved(cfg, layer, act_in, moe_probs, fused)
+    gemm_in, other_in = gemm_in + mlp_gemm_in, other_in + mlp_other_in
+    # An MoE router keeps the MLP norm's output in 16 bits (Megatron-Core's RouterGatingLinearFunction saves its
+    # input, as nn.Linear does); beside FP8 casts it is an FP8 cast only for a shared expert's fc1.
+    router_in = h if cfg.is_moe_layer(layer) and g != 1 else 0
+    gemm_out, other_out = gemm_out - (0 if cfg.n_shared_experts else router_in), other_out + router_in
     if recompute in ("selective", "selective-op"):
         # Element-wise work is recomputed, matmul outputs are kept (layout.py's meaning): each norm keeps only
         # its input (its output and eager's normalized x go), and the MLP's activation output goes.
-        gemm_out, other_out = 0, other_out - (2 * h if not fused else 0)
+        gemm_out, other_out = 0, other_out - router_in - (2 * h if not fused else 0)
         gemm_in -= mlp_out
         if cfg.qk_norm:
             other_in -= (qk_saved - 1) * (q + kv)
@@ -251,6 +245,17 @@ def activation_bytes_per_layer(
         latent = cfg.q_lora_rank + cfg.kv_lora_rank  # read, the norms' inputs and the shared rotary key
         elements += sb * (g * latent + latent + cfg.qk_rope_head_dim)
     return elements * bytes_per_element
+
+
+def _mlp_saved(cfg: ModelConfig, layer: int, act_in: int, moe_probs: str, fused: bool) -> tuple[int, int, int]:
+    """(GEMM inputs, other elements, activation output) the MLP or MoE block keeps per token past its norm.
+    `act_in`: the activation's saved inputs per hidden unit."""
+    if not cfg.is_moe_layer(layer):
+        return cfg.ffn_hidden, act_in * cfg.ffn_hidden, cfg.ffn_hidden
+    f, copies = cfg.expert_hidden, cfg.top_k + cfg.n_shared_experts
+    gemm_in = cfg.top_k * cfg.dim + copies * f  # each copy's expert input, each expert's activation output
+    other = copies * act_in * f + moe_combine_elements(cfg, moe_probs, fused)  # activation inputs; the combine
+    return gemm_in, other + cfg.n_experts * 2, copies * f  # + router logits in fp32 (2 elements of 16 bits)
 
 
 def _attention_saved(cfg: ModelConfig, kv: float, g: float, qk_saved: int) -> tuple[float, float]:
