@@ -61,6 +61,7 @@ def predict(run: dict, cfg: ModelConfig):
     lay = run["layout"]
     wl = Workload(cfg, run["seq"], run["global_batch"], attention=run.get("attention", "flash"),
                   precision=run.get("precision", "bf16"), moe_dispatch=run.get("moe_dispatch", "dedup"),
+                  loss=run.get("loss", "fp32"), adam_moments=run.get("adam_moments", "fp32"),
                   grad_overlap=run.get("grad_overlap", True))
     cluster = Cluster(gpu, run["gpus"], gpu.gpus_per_node)
     if "micro_batch" not in lay or "recompute" not in lay:

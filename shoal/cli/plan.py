@@ -13,7 +13,8 @@ from shoal.cli.argtypes import non_empty, nonnegative_float, positive_float
 from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
-from shoal.planner.workload import ATTENTION, FP8_SAVES, KERNELS, MOE_DISPATCH, PRECISIONS
+from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_SAVES, KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS,
+                                    PRECISIONS)
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -73,6 +74,18 @@ def _workload_flags(p) -> None:
                    help="dedup (default on GPUs): the expert all-to-all sends a token once per rank holding its "
                         "experts, in FP8 under fp8 (DeepEP); per-expert (the default with --gpu local): one copy per "
                         "chosen expert in the activations' precision (Megatron-Core's alltoall dispatcher, shoal train)")
+    w.add_argument("--adam-moments", choices=ADAM_MOMENTS, default="fp32",
+                   help="the dtype of Adam's two moments: fp32 (default) or bf16 (DeepSeek-V3; Megatron-Core's "
+                        "precision-aware optimizer with exp_avg_dtype bf16), 4 bytes less per parameter")
+    w.add_argument("--loss", choices=LOSSES, default="fp32",
+                   help="with fused kernels, what the cross-entropy keeps per logit: fp32 (its fp32 logits and their "
+                        "gradient, 8 bytes; default), te (Transformer Engine's, the gradient over the 16-bit logits, "
+                        "2 bytes) or megatron (Megatron-Core's own fused loss, 6 bytes)")
+    w.add_argument("--moe-probs", choices=MOE_PROBS,
+                   help="where an MoE layer weighs each expert's output by its router probability: activation "
+                        "(default on GPUs: inside the expert's SwiGLU, as Megatron-Core; its combine keeps nothing) "
+                        "or output (the default with --gpu local: after the expert, as shoal train, which keeps the "
+                        "expert outputs for backward)")
     w.add_argument("--attention", choices=ATTENTION, default="flash",
                    help="flash: the device's own fused kernel (cuDNN on Hopper+, as shoal and Transformer Engine "
                         "run it; default); flash2: FlashAttention-2, PyTorch SDPA's default backend; unfused: S×S "

@@ -161,6 +161,25 @@ LNs' inputs plus the two matmul inputs (Table 2's 34sbh less its 2sbh of dropout
 (TE's swiglu, Megatron's bias_swiglu_impl, inductor's min-cut partition) keeps its 2f input and the f
 product w2 reads."""
 
+MOE_PROBS = ("activation", "output")
+"""Where an MoE layer multiplies each expert's output by its routing weight (Workload.moe_probs)."""
+
+
+def moe_combine_elements(cfg: ModelConfig, moe_probs: str, fused: bool) -> int:
+    """16-bit elements per token an MoE layer's routing-weight product keeps for backward.
+
+    `activation`: the weight multiplies each copy inside its expert's activation, before the down-projection,
+    as Megatron-Core's TEGroupedMLP does (moe/experts.py calls weighted_bias_swiglu_impl with permuted_probs;
+    WeightedSwiGLUFunction saves its 2f input, counted already, and the fp32 weights), and its `alltoall`
+    dispatcher's combine unpermutes without probs (token_dispatcher.py combine_postprocess), so the combine
+    keeps one fp32 weight per copy and no h-wide tensor. `output`: shoal's MoE.forward multiplies each expert
+    output by its weight after the down-projection, so the product keeps the outputs (top_k x h) for the
+    weights' gradient; eager, the index_add_ that adds them back keeps its source too (its derivative's
+    expand_as(source); measured with ActivationMeter on `tiny` with 8 experts, tests/unit/test_planner_moe_memory.py)."""
+    if moe_probs == "activation":
+        return 2 * cfg.top_k
+    return cfg.top_k * cfg.dim * (1 if fused else 2)
+
 
 def activation_bytes_per_layer(
     cfg: ModelConfig,
@@ -175,16 +194,18 @@ def activation_bytes_per_layer(
     fused: bool = False,
     gemm_input_bytes: int | None = None,
     attention_output_saved: bool = True,
+    moe_probs: str = "output",
 ) -> float:
     """Bytes one transformer layer keeps for backward, per micro-batch, on one rank.
 
     Counted the way Korthikanti et al. (2022) count them, but for the tensors shoal's layer saves:
     attention through fused scaled_dot_product_attention keeps no S×S score matrix, SwiGLU keeps
     its gate, up, silu(gate) and product, each RMSNorm its input, normalized x and output, and there
-    is no dropout. With tensor parallelism the tensors inside
-    the parallel region are split tp ways; sequence parallelism splits the rest (norm inputs and
-    outputs) too. Full recomputation keeps only the layer input. `attention_output_saved=False`: selective
-    recomputation reruns the attention kernel too (JAX's dots policy, MaxText's minimal: GPU.xla_step).
+    is no dropout; `moe_probs`: where an MoE layer weighs its experts' outputs (moe_combine_elements).
+    With tensor parallelism the tensors inside the parallel region are split tp ways; sequence parallelism
+    splits the rest (norm inputs and outputs) too. Full recomputation keeps only the layer input.
+    `attention_output_saved=False`: selective recomputation reruns the attention kernel too (JAX's dots
+    policy, MaxText's minimal: GPU.xla_step).
     """
     sb = seq_len * micro_batch
     h = cfg.dim
@@ -200,31 +221,27 @@ def activation_bytes_per_layer(
     # They are each norm's output, the attention output, the MLP's activation output and each routed copy's
     # expert input; q, k, v, the attention kernel's and the norms' inputs stay 16-bit.
     q = cfg.n_heads * cfg.head_size
+    g = (bytes_per_element if gemm_input_bytes is None else gemm_input_bytes) / bytes_per_element
     gemm_out, other_out = 2 * h, outside_tp - 2 * h
-    gemm_in, other_in = cfg.n_heads * cfg.v_head_size, q + 2 * kv  # attention output; q, k, v for attention
-    if cfg.qk_norm:  # each q/k RMSNorm keeps three tensors of its size, as the block's norms do
-        other_in += 3 * (q + kv)
+    # A q/k RMSNorm keeps three tensors of its size eagerly, fused only its input (TE's RMSNorm op saves x and
+    # rstdevs; its fused RoPE only the frequencies, rope.py FusedRoPEFunc; attention keeps the rotated q, k).
+    qk_saved = 1 if fused else norm_saved
+    gemm_in, other_in = _attention_saved(cfg, kv, g, qk_saved)
     glu = cfg.mlp == "swiglu"
     act_in = (glu_saved - 1 if glu else 1)  # kept before the activation output: gate and up (+ silu), or GeLU's input
-    if cfg.is_moe_layer(layer):
-        f = cfg.expert_hidden
-        copies = cfg.top_k + cfg.n_shared_experts
-        gemm_in += cfg.top_k * h + copies * f  # each copy's expert input, each expert's activation output
-        other_in += copies * act_in * f + cfg.top_k * h  # activation inputs; the output the combine weighs
-        other_in += cfg.n_experts * 2  # router logits in fp32, counted as 2 elements of 16 bits
-        mlp_out = copies * f
-    else:
-        f = cfg.ffn_hidden
-        gemm_in += f
-        other_in += act_in * f
-        mlp_out = f
+    mlp_gemm_in, mlp_other_in, mlp_out = _mlp_saved(cfg, layer, act_in, moe_probs, fused)
+    gemm_in, other_in = gemm_in + mlp_gemm_in, other_in + mlp_other_in
+    # An MoE router keeps the MLP norm's output in 16 bits (Megatron-Core's RouterGatingLinearFunction saves its
+    # input, as nn.Linear does); beside FP8 casts it is an FP8 cast only for a shared expert's fc1.
+    router_in = h if cfg.is_moe_layer(layer) and g != 1 else 0
+    gemm_out, other_out = gemm_out - (0 if cfg.n_shared_experts else router_in), other_out + router_in
     if recompute in ("selective", "selective-op"):
         # Element-wise work is recomputed, matmul outputs are kept (layout.py's meaning): each norm keeps only
         # its input (its output and eager's normalized x go), and the MLP's activation output goes.
-        gemm_out, other_out = 0, other_out - (2 * h if not fused else 0)
+        gemm_out, other_out = 0, other_out - router_in - (2 * h if not fused else 0)
         gemm_in -= mlp_out + (0 if attention_output_saved else cfg.n_heads * cfg.v_head_size)
         if cfg.qk_norm:
-            other_in -= 2 * (q + kv)
+            other_in -= (qk_saved - 1) * (q + kv)
         if cfg.is_mla:  # and MLA's up-projections: q, k, v come again from the kept latents (mla_up_flops)
             other_in -= q + 2 * kv
     if recompute == "selective-op":
@@ -235,13 +252,33 @@ def activation_bytes_per_layer(
     # their input's sequence slice and gather it again in backward. shoal's DTensor plan (as torchtitan's)
     # keeps the gathered input instead, 2h(1 - 1/tp) more per token (21.8 MiB a `tiny` layer at tp 2, not
     # 19.75); not counted, so that the published Megatron layouts the planner is checked on fit as they did.
-    g = (bytes_per_element if gemm_input_bytes is None else gemm_input_bytes) / bytes_per_element
     sp = tp if sequence_parallel else 1
     elements = sb * ((other_out + g * gemm_out) / sp + (other_in + g * gemm_in) / tp)
     if cfg.is_mla:  # its latents, whole on every tp rank (mla_params): the normed ones the up-projections
         latent = cfg.q_lora_rank + cfg.kv_lora_rank  # read, the norms' inputs and the shared rotary key
         elements += sb * (g * latent + latent + cfg.qk_rope_head_dim)
     return elements * bytes_per_element
+
+
+def _mlp_saved(cfg: ModelConfig, layer: int, act_in: int, moe_probs: str, fused: bool) -> tuple[int, int, int]:
+    """(GEMM inputs, other elements, activation output) the MLP or MoE block keeps per token past its norm.
+    `act_in`: the activation's saved inputs per hidden unit."""
+    if not cfg.is_moe_layer(layer):
+        return cfg.ffn_hidden, act_in * cfg.ffn_hidden, cfg.ffn_hidden
+    f, copies = cfg.expert_hidden, cfg.top_k + cfg.n_shared_experts
+    gemm_in = cfg.top_k * cfg.dim + copies * f  # each copy's expert input, each expert's activation output
+    other = copies * act_in * f + moe_combine_elements(cfg, moe_probs, fused)  # activation inputs; the combine
+    return gemm_in, other + cfg.n_experts * 2, copies * f  # + router logits in fp32 (2 elements of 16 bits)
+
+
+def _attention_saved(cfg: ModelConfig, kv: float, g: float, qk_saved: int) -> tuple[float, float]:
+    """(GEMM input, other elements) attention keeps per token: its output, which the output projection keeps
+    (as its FP8 cast where g != 1), and q, k, v, each q/k norm's `qk_saved` tensors and, beside an FP8 cast,
+    the 16-bit output, which the attention kernel keeps for its own backward (Transformer Engine's
+    FusedAttnFunc saves q, k, v and out; FlashAttention's backward reads out too)."""
+    q, out = cfg.n_heads * cfg.head_size, cfg.n_heads * cfg.v_head_size
+    other = q + 2 * kv + (out if g != 1 else 0) + (qk_saved * (q + kv) if cfg.qk_norm else 0)
+    return out, other
 
 
 def activation_bytes(

@@ -33,13 +33,15 @@ STATE_BYTES["fp8"] = STATE_BYTES["bf16"]  # FP8 recipes keep bf16 weights and fp
 STATE_BYTES["fp16"] = STATE_BYTES["bf16"]  # fp16 mixed precision: the same, plus one fp32 loss scale
 
 
-def model_state_bytes(psi: float, dp: int, zero: int, precision: str = "bf16") -> tuple[float, float, float]:
+def model_state_bytes(psi: float, dp: int, zero: int, precision: str = "bf16",
+                      adam_moments: str = "fp32") -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes per device for psi parameters: ZeRO paper Table 1.
 
     zero 0: 2Ψ + 2Ψ + KΨ;  1 (P_os): 2Ψ + 2Ψ + KΨ/N_d;  2 (P_os+g): 2Ψ + (2 + K)Ψ/N_d;
-    3 (P_os+g+p): (2 + 2 + K)Ψ/N_d.
+    3 (P_os+g+p): (2 + 2 + K)Ψ/N_d. BF16 Adam moments (Workload.adam_moments) take 2 bytes each off K.
     """
     w, g, k = STATE_BYTES[precision]
+    k -= 4 if adam_moments == "bf16" else 0
     return (w * psi / (dp if zero >= 3 else 1),
             g * psi / (dp if zero >= 2 else 1),
             k * psi / (dp if zero >= 1 else 1))
@@ -168,7 +170,7 @@ def layer_activation_bytes(workload: Workload, layout: Layout, recompute: str | 
         workload.model, workload.seq_len, lay.micro_batch, lay.tp, lay.sequence_parallel,
         lay.activation_checkpoint if recompute is None else recompute, workload.attention,
         4 if workload.precision == "fp32" else 2, workload.kernels == "fused",
-        workload.precision == "fp8" and workload.fp8_saves == "fp8", xla)
+        workload.precision == "fp8" and workload.fp8_saves == "fp8", workload.moe_probs, xla)
     # Context parallelism: each of cp ranks keeps its 1/cp of the sequence's tokens (flash attention keeps
     # no S×S matrix, so every saved tensor is per token); the K/V chunks a ring step received are freed.
     mask = document_mask_bytes(workload, lay, recompute)[0]
@@ -192,14 +194,15 @@ def document_mask_bytes(workload: Workload, lay: Layout, recompute: str | None =
 @lru_cache(maxsize=65536)
 def _activation_bytes_by_kind(cfg: ModelConfig, seq_len: int, micro_batch: int, tp: int, sp: bool,
                               recompute: str, attention: str, elem: int, fused: bool,
-                              fp8: bool = False, xla: bool = False) -> tuple[float, float]:
+                              fp8: bool = False, moe_probs: str = "activation",
+                              xla: bool = False) -> tuple[float, float]:
     if attention == "unfused":
         per_layer = analytics.korthikanti_activation_bytes_per_layer(
             seq_len, micro_batch, cfg.dim, cfg.n_heads, tp=tp, sequence_parallel=sp, recompute=recompute)
         return per_layer, per_layer
     kw = dict(tp=tp, sequence_parallel=sp, recompute=recompute, bytes_per_element=elem, fused=fused,
               gemm_input_bytes=1 if fp8 else None,  # FP8 GEMMs keep their FP8 inputs for backward
-              attention_output_saved=not xla)
+              moe_probs=moe_probs, attention_output_saved=not xla)
     n_moe = moe_layer_count(cfg)
     dense = 0.0 if n_moe == cfg.n_layers else analytics.activation_bytes_per_layer(
         cfg, seq_len, micro_batch, layer=_first_layer(cfg, moe=False), **kw)
@@ -315,7 +318,7 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
     # Full recompute: one layer's full activations while it is recomputed, the largest kind the rank holds
     recomputed = (layer_activation_bytes(workload, layout, "none", xla) if lay.activation_checkpoint == "full"
                   else (0.0, 0.0))
-    logits_last = T * cfg.vocab_size / lay.tp * (LOSS_BYTES_FUSED if workload.kernels == "fused" else elem + LOSS_BYTES_EAGER)
+    logits_last = T * cfg.vocab_size / lay.tp * loss_bytes_per_logit(workload, elem)
     # The embeddings' output (and a recomputed run's boolean document mask) of each micro-batch in flight.
     embed_first = (T * cfg.dim * elem / sp + document_mask_bytes(workload, lay)[1]) * (min(lay.pp, m) if lay.pp > 1 else 1)
 
@@ -332,8 +335,8 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         params = stage_params(cfg, lay, "last" if stage == "only" else stage, etp)
         # context-parallel ranks hold the same weights: ZeRO shards over them too (and over a DualPipe stage's copies)
         shard = lay.dp * lay.cp * copies
-        w, g, o = model_state_bytes(params.dense, shard, lay.zero, workload.precision)
-        we, ge, oe = model_state_bytes(params.expert, edp, lay.zero, workload.precision)
+        w, g, o = model_state_bytes(params.dense, shard, lay.zero, workload.precision, workload.adam_moments)
+        we, ge, oe = model_state_bytes(params.expert, edp, lay.zero, workload.precision, workload.adam_moments)
         psi = params.dense + params.expert
         o += extra_state_bytes(workload, psi, psi / (shard if lay.zero >= 2 else 1))
         working = max((b for b, n in zip(recomputed, held) if n), default=0.0)
@@ -401,6 +404,19 @@ def _offloaded(lay: Layout, w: float, g: float, o: float, activations: float, ac
 
 LOSS_BYTES_FUSED = 8
 """Bytes per logit the loss holds at its peak with a fused cross-entropy: fp32 logits and their gradient."""
+MEGATRON_LOSS_BYTES = 4
+"""Beyond the logits' own dtype: Megatron-Core's fused_vocab_parallel_cross_entropy (cross_entropy_fusion_impl
+"native") keeps the fp32 exp(logits) (fusions/fused_cross_entropy.py saves exp_logits), turns it into the
+gradient in place in backward, and the upcast's backward casts that to the logits' dtype beside it."""
+
+
+def loss_bytes_per_logit(workload: Workload, elem: int) -> float:
+    """Bytes per logit the loss holds at the last stage's peak (Workload.loss)."""
+    if workload.kernels == "eager":
+        return elem + LOSS_BYTES_EAGER
+    if workload.loss == "te":  # the gradient written over the logits in forward: they are all it keeps
+        return elem
+    return MEGATRON_LOSS_BYTES + elem if workload.loss == "megatron" else LOSS_BYTES_FUSED
 LOSS_BYTES_EAGER = 12
 """Beyond the caller's logits (elem bytes each), what eager F.cross_entropy over upcast logits holds while
 its backward runs: the fp32 log-probabilities log_softmax saved, their gradient and the fp32 logits'

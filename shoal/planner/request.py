@@ -112,10 +112,12 @@ def build(args) -> Inputs:
                                             f"with --hw peak_fp8_flops=...")
     _slow_link_flags(args)
     kernels = args.kernels or ("eager" if local_hardware.is_local(gpu) else "fused")
-    # the local CPU plans shoal train, whose dispatcher sends a copy per expert
+    # the local CPU plans shoal train: its dispatcher sends a copy per expert, its MoE weighs the experts' outputs
     moe_dispatch = args.moe_dispatch or ("per-expert" if local_hardware.is_local(gpu) else "dedup")
+    moe_probs = args.moe_probs or ("output" if local_hardware.is_local(gpu) else "activation")
     workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention,
-                        kernels=kernels, moe_dispatch=moe_dispatch, document_mask=args.document_mask,
+                        kernels=kernels, moe_dispatch=moe_dispatch, moe_probs=moe_probs, loss=args.loss,
+                        adam_moments=args.adam_moments, document_mask=args.document_mask,
                         fp8_saves=args.fp8_saves, grad_overlap=args.grad_overlap == "on",
                         grad_compression=args.grad_compression, topk_density=args.topk_density,
                         powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from shoal.errors import UserError
 from shoal.layout import MAX_GPUS
+from shoal.model import analytics
 from shoal.model.config import ModelConfig
 from shoal.hardware.catalog import GPU
 
@@ -21,6 +22,9 @@ PRECISIONS = ("bf16", "fp32", "fp8", "fp16")
 ATTENTION = ("flash", "flash2", "unfused")
 KERNELS = ("fused", "eager")
 MOE_DISPATCH = ("dedup", "per-expert")
+MOE_PROBS = analytics.MOE_PROBS
+LOSSES = ("fp32", "te", "megatron")
+ADAM_MOMENTS = ("fp32", "bf16")
 FP8_SAVES = ("fp8", "input")
 
 
@@ -54,6 +58,24 @@ class Workload:
     MoEAlltoAllTokenDispatcher.preprocess: num_out_tokens = tokens x topk), the default moe_token_dispatcher_type
     of Megatron-Bridge's Qwen3, GPT-OSS and DeepSeek providers, and shoal train's (parallel/expert_parallel.py
     sends the tokens sorted by expert)."""
+    adam_moments: str = "fp32"
+    """The dtype of Adam's two moments (memory.model_state_bytes): `fp32` (the ZeRO paper's K = 12 with the fp32
+    master weights), or `bf16` (K = 8): DeepSeek-V3 §3.3.3 tracks them in BF16, and Megatron-Bridge's DeepSeek-V3
+    recipe sets use_precision_aware_optimizer with exp_avg_dtype = exp_avg_sq_dtype = bfloat16 (recipes/deepseek/
+    deepseek_v3.py at 00b7660b). Memory only: the optimizer step's time is planned as with fp32 moments."""
+    loss: str = "fp32"
+    """kernels=fused: the fused cross-entropy, which decides what the last stage holds per logit
+    (memory.loss_bytes_per_logit). `fp32`: the fp32 logits and their gradient, 8 bytes. `te`: Transformer Engine's
+    parallel_cross_entropy (Megatron-Core's cross_entropy_fusion_impl="te", set by Megatron-Bridge's Llama, Qwen3
+    and DeepSeek recipes) writes the gradient over the 16-bit logits in forward (triton/cross_entropy.py) and keeps
+    only them, 2 bytes. `megatron`: Megatron-Core's own fused loss (cross_entropy_fusion_impl="native", its
+    default), the fp32 exp(logits) and a 16-bit copy of their gradient, 6 bytes."""
+    moe_probs: str = "activation"
+    """Where an MoE layer multiplies each expert's output by its routing weight, which decides what its combine
+    keeps for backward (analytics.moe_combine_elements). `activation`: inside the expert's activation, before the
+    down-projection (Megatron-Core's TEGroupedMLP, weighted_bias_swiglu_impl), so the combine keeps no h-wide
+    tensor. `output`: after the down-projection, keeping each copy's output (shoal train's MoE.forward, and
+    eager its index_add_'s source too)."""
     attention: str = "flash"
     """`flash`: fused attention that keeps no S×S matrix, the device's own kernel (what shoal runs: cuDNN's
     on Hopper and newer, as Transformer Engine does; FlashAttention-2 on Ampere). `flash2`: FlashAttention-2
@@ -97,7 +119,8 @@ class Workload:
 
         t = job.cfg.train
         return cls(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash",
-                   kernels="fused" if t.compile else "eager", moe_dispatch="per-expert", fp8_saves="input",
+                   kernels="fused" if t.compile else "eager", moe_dispatch="per-expert", moe_probs="output",
+                   fp8_saves="input",
                    document_mask=job.cfg.data.document_mask, **slow_link_fields(asdict(job.cfg.parallel)))
 
     @property

@@ -10,7 +10,7 @@ from shoal.hardware.catalog import GiB
 from shoal.hardware.lookup import get_gpu
 from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload
-from shoal.planner.memory import inflight_layer_microbatches, memory, model_state_bytes
+from shoal.planner.memory import inflight_layer_microbatches, loss_bytes_per_logit, memory, model_state_bytes
 from shoal.planner.search import Fixed, search
 
 # ZeRO (Rajbhandari et al. 2020) Table 1: per-device model-state GB for (Ψ, stage) at each DP degree.
@@ -171,3 +171,17 @@ def test_search_respects_memory_and_pins():
     for miss in result.closest_misses:
         assert not miss.fits and miss.reasons[0].startswith("needs ")
         assert f"> {get_gpu('h100').hbm_bytes / GiB:.0f} GiB" in miss.reasons[0]
+
+
+def test_the_loss_keeps_what_its_kernel_keeps_per_logit():
+    cfg = PRESETS["llama3-8b"]
+    per_logit = {loss: loss_bytes_per_logit(Workload(cfg, 8192, 8, loss=loss), 2) for loss in ("fp32", "te", "megatron")}
+    # fp32 logits and their gradient; TE writes the gradient over the bf16 logits; Megatron's fp32 exp + a bf16 cast
+    assert per_logit == {"fp32": 8, "te": 2, "megatron": 6}
+    assert loss_bytes_per_logit(Workload(cfg, 8192, 8, kernels="eager", loss="te"), 2) == 14  # eager ignores it
+
+
+def test_bf16_adam_moments_take_four_bytes_off_each_parameter():
+    # DeepSeek-V3 §3.3.3; Megatron-Core's precision-aware optimizer with exp_avg_dtype = exp_avg_sq_dtype = bf16
+    assert model_state_bytes(1e9, 8, 1, "bf16", "bf16") == (2e9, 2e9, 8e9 / 8)
+    assert model_state_bytes(1e9, 8, 1, "fp32", "bf16") == (4e9, 4e9, 4e9 / 8)
