@@ -267,7 +267,7 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     # JAX's dots policy (an XLA device's selective) keeps no attention output: the attention forward reruns
     selective = (attn_fwd if attention == "unfused" else elementwise + (attn_fwd if gpu.xla_step else 0.0)) + up
     fwd, bwd = gemm + attn_fwd + elementwise + gaps, 2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps
-    if moe and kernels == "eager":
+    if moe and _host_bound_moe(gpu, kernels):
         fwd, bwd = _wait_for_host(fwd, bwd, cfg, gpu, ep)
     return KernelTime(fwd=fwd, bwd=bwd, attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective,
                       op_fwd=selective + every_second, full_fwd=fwd - (down if gpu.xla_step else 0.0))
@@ -284,6 +284,20 @@ def _fused_attention_time(cfg: ModelConfig, gpu: GPU, core_flops: float, scores:
         return fwd, 2.5 * fwd
     fwd = core_flops / (rate * (1.0 if is_local(gpu) else MASKED_ATTENTION_SHARE))
     return fwd + _stream(scores * (1 + elem), gpu), 2.5 * fwd  # the mask: read 1 byte, write elem
+
+
+def _host_bound_moe(gpu: GPU, kernels: str) -> bool:
+    """Whether an MoE layer waits for its host. On a GPU, dropless routing syncs the host before the experts
+    whatever the stack: shoal's layer (above), and Megatron-Core's alltoall dispatcher, which waits on the
+    stream for the split sizes before the expert-parallel exchange (moe/token_dispatcher.py, cuda_sync_point
+    "before_ep_alltoall"; "before_finish" without ep), fused kernels or not (torch.compile breaks its graph at
+    the sync). How many ops the host then issues per expert is measured for shoal's layer only; it stands for
+    the others (an estimate: Transformer Engine issues its grouped GEMMs' per-expert casts and GEMMs from C++).
+    XLA compiles static shapes (capacity-padded experts) and syncs nothing; the `local` CPU is its own host, so
+    only its eager dispatch is counted."""
+    if gpu.xla_step:
+        return False
+    return kernels == "eager" or not is_local(gpu)
 
 
 def _wait_for_host(fwd: float, bwd: float, cfg: ModelConfig, gpu: GPU, ep: int) -> tuple[float, float]:
