@@ -13,9 +13,13 @@ import re
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from jax.ad_checkpoint import print_saved_residuals  # noqa: E402
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax.ad_checkpoint import print_saved_residuals
+except ImportError:
+    raise SystemExit("bench/xla_remat_check.py needs JAX, which shoal does not depend on: "
+                     "python -m venv /tmp/jax && /tmp/jax/bin/pip install jax && /tmp/jax/bin/python bench/xla_remat_check.py")
 
 B, S, H, N, D, F = 2, 256, 512, 8, 64, 1536
 BF = jnp.bfloat16
