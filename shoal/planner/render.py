@@ -36,6 +36,11 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
+STACK_SETTINGS = ("attention", "kernels", "document_mask", "grad_overlap", "fp8_saves", "moe_dispatch", "moe_probs",
+                  "loss", "adam_moments")
+"""The Workload fields `--json` reports beside the batch: how the planned software runs the layer."""
+
+
 def headline(workload: Workload, cluster: Cluster, model_name: str) -> str:
     counts = param_counts(workload.model)
     active = f", {human(counts.active)} active" if workload.model.is_moe else ""
@@ -186,8 +191,8 @@ def plan_json(workload: Workload, cluster: Cluster, model_name: str, *, result: 
         "model": model_dict(workload, model_name),
         "workload": {"seq_len": workload.seq_len, "global_batch": workload.global_batch,
                      "tokens_per_step": workload.tokens_per_step, "precision": workload.precision,
-                     "attention": workload.attention, "document_mask": workload.document_mask,
-                     "grad_overlap": workload.grad_overlap},
+                     # what the software stack is assumed to do (Workload's fields, `shoal plan --help`)
+                     **{name: getattr(workload, name) for name in STACK_SETTINGS}},
         "cluster": {"gpu": dataclasses.asdict(cluster.gpu), "n_gpus": cluster.n_gpus,
                     "gpus_per_node": cluster.gpus_per_node, "n_nodes": cluster.n_nodes},
         "closest_misses": [plan_dict(p) for p in (result.closest_misses if result else [])],
