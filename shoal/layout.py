@@ -213,8 +213,10 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     if lay.zero not in ZERO_STAGES:
         bad("zero", lay.zero, "use 0, 1, 2 or 3")
     elif lay.zero == 1 and lay.dp * lay.cp == 1:
-        bad("zero", 1, "ZeRO-1 shards the optimizer over data-parallel ranks but dp=1; use zero=0 "
-            "or give data parallelism ranks (parallel.dp_shard)")
+        # A no-op, not a contradiction: Megatron's distributed optimizer runs on one data-parallel rank, and
+        # published layouts name it so; the planner plans it as zero=0, shoal train asks for the honest setting.
+        limit("zero", 1, "ZeRO-1 shards the optimizer over data-parallel ranks but dp=1; use zero=0 "
+              "or give data parallelism ranks (parallel.dp_shard)")
     if lay.ep > 1:
         if not m.is_moe:
             bad("ep", lay.ep, "expert parallelism needs an MoE model (model.n_experts > 0); use ep=1")
