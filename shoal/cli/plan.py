@@ -42,6 +42,8 @@ def _model_flags(p) -> None:
     m.add_argument("--hidden", type=int)
     m.add_argument("--heads", type=int)
     m.add_argument("--kv-heads", type=int, help="default: --heads (multi-head attention)")
+    m.add_argument("--head-dim", type=int, help="width of one head where it is not hidden/heads (Qwen3, Gemma)")
+    m.add_argument("--qk-norm", action="store_true", default=None, help="RMSNorm on each head's q and k (Qwen3)")
     m.add_argument("--ffn-hidden", type=int, help="default: 4H for gelu, ~8H/3 rounded to 256 for swiglu")
     m.add_argument("--vocab", type=int, help="default 32000")
     m.add_argument("--mlp", choices=("swiglu", "gelu"))

@@ -79,7 +79,7 @@ def _flag(field: str) -> str:
 
 
 SHAPE_FLAGS = {"n_layers": "layers", "dim": "hidden", "n_heads": "heads", "n_kv_heads": "kv_heads",
-               "ffn_hidden": "ffn_hidden", "vocab_size": "vocab", "mlp": "mlp", "n_experts": "experts", "top_k": "top_k",
+               "head_dim": "head_dim", "qk_norm": "qk_norm", "ffn_hidden": "ffn_hidden", "vocab_size": "vocab", "mlp": "mlp", "n_experts": "experts", "top_k": "top_k",
                "expert_ffn_hidden": "expert_ffn_hidden", "n_shared_experts": "shared_experts"}
 """ModelConfig field -> the `shoal plan` flag (argparse's name) that sets it."""
 

@@ -110,6 +110,7 @@ def test_text_output_names_winner_and_failures():
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--ep", "2"], "ep=2"),
     (["--model", "llama3-9b", *BASE, "--gpus", "64"], "model.preset="),
     (["--layers", "4", *BASE, "--gpus", "8"], "model="),
+    (["--layers", "40", "--hidden", "4096", "--heads", "40", *BASE, "--gpus", "8"], "--head-dim"),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--scale", "64-8"], "scale="),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--hw", "nvlink=1"], "hw.nvlink="),
     (["--model", "llama3-8b", *BASE, "--gpus", "16", "--tp", "8", "--pp", "1", "--dp", "2", "--zero", "1",
@@ -193,6 +194,19 @@ def test_a_model_folder_is_planned_from_its_config(tmp_path):
     assert dataclasses.replace(planned, note="") == dataclasses.replace(folder, note="")
     out = plan("--model", str(tmp_path / "nothing"), *BASE, "--gpus", "64")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "model='" in out.stderr, out.stderr
+
+
+def test_shape_flags_express_a_head_dim_apart_from_the_hidden_size(capsys):
+    """Qwen3-30B-A3B by flags alone: 32 heads of 128 over a 2048-wide model, q/k norms, 128 experts."""
+    from shoal.cli.main import main
+
+    assert main(["plan", "--layers", "48", "--hidden", "2048", "--heads", "32", "--kv-heads", "4", "--head-dim", "128",
+                 "--qk-norm", "--ffn-hidden", "6144", "--experts", "128", "--top-k", "8", "--expert-ffn-hidden", "768",
+                 "--vocab", "151936", *BASE, "--gpus", "16", "--top", "1", "--json"]) == 0
+    model = json.loads(capsys.readouterr().out)["model"]
+    assert (model["config"]["head_dim"], model["config"]["qk_norm"]) == (128, True)
+    assert model["params_total"] == pytest.approx(30.5e9, rel=0.01)  # Qwen3-30B-A3B: 30.5B total,
+    assert model["params_active"] == pytest.approx(3.3e9, rel=0.03)  # 3.3B active (its model card)
 
 
 def test_json_pins_context_parallel_offload_and_fp16():
