@@ -402,8 +402,8 @@ CATALOG: dict[str, GPU] = {
 
 # Newer parts, from the vendors' pages (matmul and attention shares are their generation's, approximate):
 # - GB200 and GB300 in NVL72 racks: 72 GPUs on one NVLink 5 switch fabric (900 GB/s each way per GPU), so
-#   the "node" is the rack's NVLink domain, taken as the 64 of its 72 GPUs that power-of-two layouts fill
-#   (jobs of 64, 128, 256... GPUs; --gpus-per-node 72 plans whole racks). NVIDIA's GB200 NVL72 page: 360 PFLOP/s FP16/BF16 with sparsity per rack, 2.5
+#   the "node" is the rack's NVLink domain, 72 GPUs; a job of 128, 256... GPUs fills 64 of each (ranks fill
+#   nodes evenly: planner/workload.py Cluster). NVIDIA's GB200 NVL72 page: 360 PFLOP/s FP16/BF16 with sparsity per rack, 2.5
 #   dense per GPU (FP8 5), 13.4 TB of HBM3e (186 GB per GPU) at 8 TB/s, ConnectX-7 400 Gb/s per GPU between
 #   racks; GB300 NVL72: the same BF16 rate, 279 GB of HBM3e per GPU, ConnectX-8 800 Gb/s. Board power
 #   1.2 and 1.4 kW. Matmul efficiency as B200's sustained 0.64; attention as B200's (Hopper's measured
@@ -417,7 +417,7 @@ CATALOG: dict[str, GPU] = {
 #   6 TB/s, 1000 W.
 CATALOG["gb200"] = dataclasses.replace(
     CATALOG["b200"], name="gb200", peak_bf16_flops=2500e12, peak_fp8_flops=5000e12, hbm_bytes=186e9,
-    gpus_per_node=64, attention_score_cost=1816, power_watts=1200, usd_per_gpu_hour=0.0,
+    gpus_per_node=72, attention_score_cost=1816, power_watts=1200, usd_per_gpu_hour=0.0,
     note="GB200 NVL72: 72 Blackwell GPUs on NVLink 5 (1.8 TB/s bidirectional each), 400 Gb/s per GPU between racks")
 CATALOG["gb300"] = dataclasses.replace(
     CATALOG["gb200"], name="gb300", hbm_bytes=279e9, inter_node_bandwidth=100e9, attention_score_cost=849,

@@ -142,12 +142,12 @@ class Cluster:
     def __post_init__(self):
         if not 1 <= self.n_gpus <= MAX_GPUS:
             raise UserError("gpus", self.n_gpus, f"must be from 1 to {MAX_GPUS:,}")
-        # Whole nodes, or part of one: launchers, Slurm and Kubernetes start as many ranks on every
-        # node, and a partial last node was planned as a full one.
+        # Launchers, Slurm and Kubernetes start as many ranks on every node: a count that is not a whole
+        # number of nodes runs on fewer GPUs of each (72 of NVL72 racks: 2 x 36; 1,024: 16 x 64), the most
+        # that divide it evenly.
         n, per = self.n_gpus, self.gpus_per_node
         if n > per and n % per:
-            raise UserError("gpus", n, f"is not a whole number of nodes of {per} GPUs (gpus per node); use --gpus "
-                                       f"{n // per * per} or {(n // per + 1) * per}, or a --gpus-per-node that divides {n}")
+            object.__setattr__(self, "gpus_per_node", max(d for d in range(1, per + 1) if n % d == 0))
 
     @property
     def n_nodes(self) -> int:

@@ -235,3 +235,14 @@ def test_selective_op_recomputes_every_second_gemm_and_keeps_less():
     activations = {ac: p.memory.activations for ac, p in plans.items()}
     assert activations["full"] < activations["selective-op"] < activations["selective"]
     assert plans["selective"].hfu < plans["selective-op"].hfu and plans["selective"].mfu > plans["selective-op"].mfu
+
+
+@pytest.mark.parametrize("gpu,n,per_node,nodes", [
+    ("gb200", 72, 72, 1),     # one NVL72 rack
+    ("gb200", 128, 64, 2),    # power-of-two jobs fill 64 of each rack's 72
+    ("h100", 12, 6, 2),       # launchers start as many ranks on every node
+    ("h100", 16, 8, 2),
+])
+def test_ranks_fill_nodes_evenly(gpu, n, per_node, nodes):
+    cluster = Cluster(hardware.get_gpu(gpu), n, hardware.get_gpu(gpu).gpus_per_node)
+    assert (cluster.gpus_per_node, cluster.n_nodes) == (per_node, nodes)
