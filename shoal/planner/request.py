@@ -123,6 +123,11 @@ def build(args) -> Inputs:
                         powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,
                         diloco_quantize=args.diloco_quantize, diloco_overlap_steps=args.diloco_overlap_steps)
     per_node = args.gpus_per_node or gpu.gpus_per_node
+    n = args.gpus or 0
+    if args.gpus_per_node and n > per_node and n % per_node:  # a node size the user gave, not the catalog's
+        raise UserError("gpus", n, f"is not a whole number of nodes of {per_node} GPUs (--gpus-per-node); use "
+                                   f"--gpus {n // per_node * per_node} or {(n // per_node + 1) * per_node}, or a "
+                                   f"--gpus-per-node that divides {n}")
     cluster = Cluster(gpu, args.gpus, per_node) if args.gpus else Cluster(gpu, 1, per_node)
     schedule = args.pp_schedule
     if schedule is None and args.pp_virtual_stages and args.pp_virtual_stages > 1:
