@@ -64,17 +64,17 @@ def _workload_flags(p) -> None:
                    help="default bf16 (mixed precision); fp32 with --gpu local, as CPUs train in fp32; fp8: GEMMs "
                         "in FP8 (Transformer Engine), the rest as bf16; fp16: as bf16 plus a loss scaler; MFU stays "
                         "against the BF16 peak")
-    w.add_argument("--fp8-saves", choices=FP8_SAVES, default="fp8",
+    w.add_argument("--fp8-saves", choices=FP8_SAVES,
                    help="with --precision fp8, what a GEMM keeps of its input for backward: fp8 (its 1-byte cast, as "
                         "Transformer Engine and DeepSeek-V3; default) or input (the 16-bit input, as torchao's "
-                        "Float8Linear and shoal train)")
+                        "Float8Linear and shoal train: the default with --emit or --gpu local)")
     w.add_argument("--kernels", choices=KERNELS,
                    help="fused (default on GPUs: norms and activations as fused kernels, as Megatron/TE, "
                         "torch.compile and XLA run them; an emitted recipe sets train.compile) or eager (one PyTorch "
                         "op per kernel: shoal train without train.compile; the default with --gpu local)")
     w.add_argument("--moe-dispatch", choices=MOE_DISPATCH,
                    help="dedup (default on GPUs): the expert all-to-all sends a token once per rank holding its "
-                        "experts, in FP8 under fp8 (DeepEP); per-expert (the default with --gpu local): one copy per "
+                        "experts, in FP8 under fp8 (DeepEP); per-expert (the default with --emit or --gpu local): one copy per "
                         "chosen expert in the activations' precision (Megatron-Core's alltoall dispatcher, shoal train)")
     w.add_argument("--adam-moments", choices=ADAM_MOMENTS, default="fp32",
                    help="the dtype of Adam's two moments: fp32 (default) or bf16 (DeepSeek-V3; Megatron-Core's "
@@ -86,7 +86,7 @@ def _workload_flags(p) -> None:
     w.add_argument("--moe-probs", choices=MOE_PROBS,
                    help="where an MoE layer weighs each expert's output by its router probability: activation "
                         "(default on GPUs: inside the expert's SwiGLU, as Megatron-Core; its combine keeps nothing) "
-                        "or output (the default with --gpu local: after the expert, as shoal train, which keeps the "
+                        "or output (the default with --emit or --gpu local: after the expert, as shoal train, which keeps the "
                         "expert outputs for backward)")
     w.add_argument("--attention", choices=ATTENTION, default="flash",
                    help="flash: the device's own fused kernel (cuDNN on Hopper+, as shoal and Transformer Engine "

@@ -112,13 +112,17 @@ def build(args) -> Inputs:
                                             f"with --hw peak_fp8_flops=...")
     _slow_link_flags(args)
     kernels = args.kernels or ("eager" if local_hardware.is_local(gpu) else "fused")
-    # the local CPU plans shoal train: its dispatcher sends a copy per expert, its MoE weighs the experts' outputs
-    moe_dispatch = args.moe_dispatch or ("per-expert" if local_hardware.is_local(gpu) else "dedup")
-    moe_probs = args.moe_probs or ("output" if local_hardware.is_local(gpu) else "activation")
+    # The local CPU, and a plan written as a recipe (--emit), plan shoal train as it runs (Workload.of_job): its
+    # dispatcher sends a copy per expert, its MoE weighs the experts' outputs, torchao keeps FP8 GEMMs' 16-bit
+    # inputs; otherwise the stacks published runs use (Megatron-Core with Transformer Engine, DeepEP).
+    plans_shoal = local_hardware.is_local(gpu) or bool(getattr(args, "emit", None))
+    moe_dispatch = args.moe_dispatch or ("per-expert" if plans_shoal else "dedup")
+    moe_probs = args.moe_probs or ("output" if plans_shoal else "activation")
+    fp8_saves = args.fp8_saves or ("input" if plans_shoal else "fp8")
     workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention,
                         kernels=kernels, moe_dispatch=moe_dispatch, moe_probs=moe_probs, loss=args.loss,
                         adam_moments=args.adam_moments, document_mask=args.document_mask,
-                        fp8_saves=args.fp8_saves, grad_overlap=args.grad_overlap == "on",
+                        fp8_saves=fp8_saves, grad_overlap=args.grad_overlap == "on",
                         grad_compression=args.grad_compression, topk_density=args.topk_density,
                         powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,
                         diloco_quantize=args.diloco_quantize, diloco_overlap_steps=args.diloco_overlap_steps)
