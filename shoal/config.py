@@ -17,7 +17,8 @@ from typing import Any, Optional
 from shoal.config_values import coerce, toml_float
 from shoal.errors import UserError
 from shoal.files import read_toml
-from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, DILOCO_QUANTIZE, slow_link_setting_problems
+from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, DILOCO_QUANTIZE
+from shoal.setting_rules import slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
 from shoal.pretrained import model_of, open_pretrained, take_the_folder
 from shoal.rundir.folder import checkpoint_dir_problem

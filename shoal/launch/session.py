@@ -275,9 +275,9 @@ def warn_ignored(cfg: JobConfig) -> None:
     """The settings the layout leaves without effect, one warning line each (the job runs without them)."""
     import dataclasses
 
-    from shoal.layout import ignored_settings
+    from shoal.setting_rules import ignored_settings
 
-    def fields(c: JobConfig) -> dict:  # layout.ENABLED_BY's names: parallel's bare, the others dotted
+    def fields(c: JobConfig) -> dict:  # setting_rules.ENABLED_BY's names: parallel's bare, the others dotted
         return dataclasses.asdict(c.parallel) | {f"{section}.{k}": v for section in ("checkpoint", "train")
                                                   for k, v in dataclasses.asdict(getattr(c, section)).items()}
 

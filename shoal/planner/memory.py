@@ -425,7 +425,7 @@ an eager 1B run at micro-batch 8 peaked 24.4 GiB above the planner's 8 bytes per
 per logit over its 4.2e9 logits; 2 + 12 is 6 more."""
 
 GRAD_BUFFER_BYTES = 4
-"""A layer's gradients wait in fp32 for their reduction before they leave (timing.GRAD_REDUCE_BYTES)."""
+"""A layer's gradients wait in fp32 for their reduction before they leave (data_parallel.GRAD_REDUCE_BYTES)."""
 
 
 def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem: int, sp: int,

@@ -15,7 +15,8 @@ from pathlib import Path
 from shoal import hardware
 from shoal.errors import UserError
 from shoal.hardware import local as local_hardware
-from shoal.layout import ENABLED_BY, Layout, TrainerLimit, ignored_settings, problems, slow_link_setting_problems
+from shoal.layout import Layout, TrainerLimit, problems
+from shoal.setting_rules import ENABLED_BY, ignored_settings, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
 from shoal.planner import cost, energy, scaling
 from shoal.planner.evaluate import Plan
@@ -148,7 +149,7 @@ def build(args) -> Inputs:
 
 
 def ignored_flags(args) -> list[str]:
-    """The flags that their switch leaves off, so they change nothing in the plan (layout.ENABLED_BY,
+    """The flags that their switch leaves off, so they change nothing in the plan (setting_rules.ENABLED_BY,
     as `shoal train` says of its settings). A switch not given (None) is searched: it judges nothing."""
     defaults = {f.name: f.default for f in (*fields(Workload), *fields(Layout))}
     given = {name: getattr(args, name, None) for name in {*ENABLED_BY, *(switch for switch, _ in ENABLED_BY.values())}}

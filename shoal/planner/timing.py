@@ -40,14 +40,8 @@ from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload, expert_grid, group_ranks_per_node, layers_per_rank, moe_layer_count
 from shoal.hardware.catalog import GPU
 from shoal.hardware.local import is_local
-from shoal.planner.memory import DDP_BUCKET_BYTES, rank_params, stage_params
-from shoal.planner.slow_links import QUANTIZED, grad_wire_factor
-
-GRAD_REDUCE_BYTES = 4
-"""Gradients are reduced in fp32 under bf16 mixed precision: shoal's FSDP2 policy (reduce_dtype=float32,
-parallel/data_parallel.py), torchtitan's default, Composer's DEFAULT policy and Megatron's
---accumulate-allreduce-grads-in-fp32. So reduce-scatters and all-reduces of gradients move 4 bytes per
-parameter while parameter all-gathers move 2."""
+from shoal.planner.memory import rank_params
+from shoal.planner.data_parallel import GRAD_REDUCE_BYTES, DataParallel, overlap
 
 RANK_SPEED_SIGMA = 0.01
 """Spread (standard deviation, as a fraction) of the sustained speed of nominally identical GPUs. A
@@ -145,7 +139,7 @@ def _step(workload: Workload, layout: Layout, cluster: Cluster, data_parallel: b
     off_fwd, off_bwd = _offload_per_layer(k)
     # save_on_cpu wraps the loss too: its fp32 log-probabilities [T, V/tp] go out and come back.
     off_head = k.T * k.cfg.vocab_size / k.lay.tp * 4 / k.gpu.host_bandwidth if k.lay.activation_offload else 0.0
-    dp = _DataParallel(k) if data_parallel else None
+    dp = DataParallel(k) if data_parallel else None
     fsdp_fwd, fsdp_bwd, fsdp_start = dp.per_layer(k.fwd + tp_fwd, k.bwd + k.recompute + tp_bwd) if dp else (0.0,) * 3
 
     # --- one micro-batch on the busiest rank, then the pipeline (its bubble per schedule: pipeline.py) ---
@@ -239,7 +233,7 @@ def _tp_comm(k: _Kernels) -> tuple[float, float]:
         tp_fwd = 0.0
     tp_bwd = tp_fwd + (tp_fwd if lay.activation_checkpoint == "full" else 0.0)
     if gpu.tp_overlap:  # collective matmul: each collective beside the matmul it feeds (catalog.tp_overlap)
-        return _overlap(tp_fwd, k.gemm_fwd, gpu.overlap_cost), _overlap(tp_bwd, 2 * k.gemm_fwd, gpu.overlap_cost)
+        return overlap(tp_fwd, k.gemm_fwd, gpu.overlap_cost), overlap(tp_bwd, 2 * k.gemm_fwd, gpu.overlap_cost)
     return tp_fwd, tp_bwd
 
 
@@ -270,7 +264,7 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
     moe = k.moe_kernels
     # Forward and backward each exchange twice (dispatch, combine); together they run beside one forward
     # and one backward of the MoE layer of another micro-batch.
-    beside = _overlap(2 * a2a, moe.fwd + moe.bwd, k.gpu.overlap_cost) / 2
+    beside = overlap(2 * a2a, moe.fwd + moe.bwd, k.gpu.overlap_cost) / 2
     if k.m < 2 or g_ep >= lay.ep:  # nothing else in flight to hide behind, or inside a node (not overlapped)
         ordinary = a2a
     else:
@@ -309,8 +303,8 @@ def _cp_comm(k: _Kernels) -> tuple[float, float]:
     kv = 2 * k.T * kv_width(cfg) / min(lay.tp, cfg.n_kv_heads) * k.elem
     step_attn = k.attn_fwd / lay.cp
     hide = k.gpu.overlap_cost
-    fwd = (lay.cp - 1) * _overlap(coll.p2p(kv, same_node, k.net), step_attn, hide)
-    bwd = (lay.cp - 1) * _overlap(coll.p2p(2 * kv, same_node, k.net), ATTENTION_BWD_RATIO * step_attn, hide)
+    fwd = (lay.cp - 1) * overlap(coll.p2p(kv, same_node, k.net), step_attn, hide)
+    bwd = (lay.cp - 1) * overlap(coll.p2p(2 * kv, same_node, k.net), ATTENTION_BWD_RATIO * step_attn, hide)
     return fwd, bwd
 
 
@@ -333,8 +327,8 @@ def _offload_per_layer(k: _Kernels) -> tuple[float, float]:
     fwd = bwd = 0.0
     if lay.offload == "params":
         layer = rank_params(k.cfg, lay.tp, lay.ep, lay.pp, lay.virtual_stages, "last", expert_grid(lay)[0]).layer
-        fwd += _overlap(layer * k.elem / pcie, k.fwd, hide)
-        bwd += _overlap((layer * k.elem + layer * GRAD_REDUCE_BYTES) / pcie, k.bwd, hide)
+        fwd += overlap(layer * k.elem / pcie, k.fwd, hide)
+        bwd += overlap((layer * k.elem + layer * GRAD_REDUCE_BYTES) / pcie, k.bwd, hide)
     if lay.activation_offload:
         act = activation_bytes_per_layer(k.workload, lay, xla=bool(k.gpu.xla_step)) / pcie
         fwd, bwd = fwd + act, bwd + act
@@ -351,129 +345,8 @@ def _p2p(k: _Kernels) -> float:
     # Megatron's scatter/gather sends a 1/tp slice and all-gathers it over NVLink (Narayanan §4.1).
     send = lay.virtual_stages * coll.p2p(k.act / lay.tp, same_node, k.net)
     if k.dualpipe:  # a DualPipe pair's sends run beside its kernels too (DeepSeek-V3 §3.2.1)
-        return k.paired * _overlap(send, k.layers * k.fwd, k.gpu.overlap_cost) + (1 - k.paired) * send
+        return k.paired * overlap(send, k.layers * k.fwd, k.gpu.overlap_cost) + (1 - k.paired) * send
     return send
-
-
-class _DataParallel:
-    """Data-parallel traffic: per layer (ZeRO-2 reduce-scatters, ZeRO-3 gathers) and once per step
-    (DDP / ZeRO-1 reduction, ZeRO-1/2 parameter gather, DiLoCo's outer all-reduce)."""
-
-    def __init__(self, k: _Kernels):
-        lay, cfg, w = k.lay, k.cfg, k.workload
-        self.k = k
-        etp, self.edp = expert_grid(lay)
-        self.params = stage_params(cfg, lay, "last", etp)
-        # Gradients are reduced over the data-parallel ranks and the context-parallel ones (which hold the same
-        # weights): torchtitan's dp_shard_cp mesh, Megatron's data-parallel-with-context-parallel group; under
-        # DualPipe over both pipeline ranks that hold the stage too (pipeline.DUALPIPE_STAGE_COPIES).
-        copies = pipeline.stage_copies(lay.pp_schedule) if lay.pp > 1 else 1
-        self.n, self.edp = lay.dp * lay.cp * copies, self.edp * copies
-        inner = lay.rank_stride("cp") if lay.cp > 1 else lay.rank_stride("dp")
-        edp_stride = inner * lay.ep if etp == lay.tp else lay.ep
-        self.g_dp, self.g_edp = group_ranks_per_node(self.n, inner, k.G), group_ranks_per_node(self.edp, edp_stride, k.G)
-        self.net, self.net_edp = k.net.for_group(self.n, inner), k.net.for_group(self.edp, edp_stride)
-        # An XLA device reduces them in the compute dtype, before the cast back to fp32 (catalog.GPU.xla_step)
-        self.grad = (k.elem if k.prec == "fp32" or k.gpu.xla_step else GRAD_REDUCE_BYTES) * grad_wire_factor(
-            w.grad_compression, lay.dp, cfg, w.topk_density, w.powersgd_rank)
-        # Once-per-step reductions go in buckets, each its own collective paying its latency: plain DDP's
-        # 25 MiB; sharded optimizers (ZeRO-1/2) as Megatron-Core's distributed optimizer buckets them, max(40M,
-        # 1M x dp) parameters (distributed_data_parallel.py: larger with dp "to ensure collectives do not become
-        # latency-bound").
-        ddp = lay.replicates_with_ddp and lay.zero == 0
-        self.bucket_bytes = DDP_BUCKET_BYTES if ddp else max(40e6, 1e6 * self.n) * GRAD_REDUCE_BYTES
-        self.buckets = self.bucket_count(self.params.dense * self.grad)
-
-    def bucket_count(self, nbytes: float) -> int:
-        return max(1, math.ceil(nbytes / self.bucket_bytes))
-
-    def gather(self, n_dense: float, n_expert: float, nbytes: int | None = None, buckets: int = 1) -> float:
-        """All-gather (or reduce-scatter: same time) of these many unsharded parameters, in `buckets` calls."""
-        k = self.k
-        nbytes = k.elem if nbytes is None else nbytes
-        if self.n == 1:
-            return 0.0
-        return buckets * (coll.all_gather(n_dense * nbytes / buckets, self.n, self.g_dp, self.net)
-                          + coll.all_gather(n_expert * nbytes / buckets, self.edp, self.g_edp, self.net_edp))
-
-    def per_layer(self, fwd: float, bwd: float) -> tuple[float, float, float]:
-        """(exposed per layer forward, backward, once per step): ZeRO-2/3 collectives hide behind the
-        layer they are prefetched for; the very first gather and the very last reduce-scatter show."""
-        lay, hide = self.k.lay, self.k.gpu.overlap_cost
-        if not (self.n > 1 and lay.zero >= 2):
-            return 0.0, 0.0, 0.0
-        # Sizes are the full (unsharded) layer on this TP rank.
-        rs = self.gather(self.params.layer_dense, self.params.layer_expert, self.grad)
-        ag = self.gather(self.params.layer_dense, self.params.layer_expert) if lay.zero == 3 else 0.0
-        return _overlap(ag, fwd, hide), _overlap(ag + rs, bwd, hide), ag + rs
-
-    def per_step(self, t_f: float, t_b: float, layer_fwd: float, layer_bwd: float) -> tuple[float, float]:
-        """(total, exposed) seconds of the once-per-step data-parallel traffic."""
-        k, lay, w, params, hide = self.k, self.k.lay, self.k.workload, self.params, self.k.gpu.overlap_cost
-        layer_dense, layer_expert, m, layers = params.layer_dense, params.layer_expert, k.m, k.layers
-        if lay.dp > 1 and w.diloco_inner_steps:
-            # DiLoCo: no gradient traffic across ranks; the parameters' all-reduce every H steps, waited for
-            # at once, or with overlap running beside that many steps' kernels (int8's and fp4's all-to-all is not)
-            outer = 4 * QUANTIZED[w.diloco_quantize]
-            b = self.bucket_count(params.dense * outer)
-            sync = b * (coll.all_reduce(params.dense * outer / b, self.n, self.g_dp, self.net)
-                        + coll.all_reduce(params.expert * outer / b, self.edp, self.g_edp, self.net_edp))
-            quantized = w.diloco_quantize in ("int8", "fp4")
-            beside = 0.0 if quantized else w.diloco_overlap_steps * m * (t_f + t_b)
-            return sync / w.diloco_inner_steps, _overlap(sync, beside, hide) / w.diloco_inner_steps
-        if self.n > 1 and lay.zero <= 2:
-            b = self.buckets
-            if lay.zero == 0:
-                sync = b * (coll.all_reduce(params.dense * self.grad / b, self.n, self.g_dp, self.net)
-                            + coll.all_reduce(params.expert * self.grad / b, self.edp, self.g_edp, self.net_edp))
-                regather = 0.0
-            else:
-                regather = self.gather(params.dense, params.expert, buckets=b)  # updated weights back to every rank
-                # ZeRO-2 reduced its gradients per micro-batch
-                sync = self.gather(params.dense, params.expert, self.grad, buckets=b) if lay.zero == 1 else 0.0
-            v = lay.virtual_stages
-            total = sync + regather + (m * layers * self.gather(layer_dense, layer_expert, self.grad)
-                                       if lay.zero == 2 else 0.0)
-            if not w.grad_overlap:  # reduced after the last backward, gathered after the step (Workload.grad_overlap)
-                return total, sync + regather
-            # A bucket's reduction starts once every gradient in it exists, so the one that fills last (the
-            # rank's first layers, in the chunk that finishes last) shows whole: 1/b of the reduction, and
-            # with fewer buckets than layers it also waits on layers/b layers' backward, not one. Megatron-
-            # Core's buckets grow with dp (max(40M, 1M x dp) parameters, above), so at a fixed per-GPU batch
-            # this exposed tail grows with the data-parallel size.
-            chunk_buckets = max(1.0, b / v)
-            last_bucket = sync / v / chunk_buckets
-            waited = max(1.0, layers / v / chunk_buckets) * layer_bwd
-            if v == 1:
-                # The last micro-batch's backward, all but what the last bucket waits on, hides the rest.
-                exposed = last_bucket + _overlap(sync - last_bucket, max(0.0, t_b - waited), hide)
-            else:
-                # Interleaved: a chunk's gradients are final only after the last micro-batch's backward through
-                # that chunk. The chunk that finishes last (1/v of the rank's parameters) has only its own
-                # backward, t_b/v, to hide behind; the others overlap the rest of the cool-down.
-                chunk = sync / v
-                exposed = (last_bucket + _overlap(chunk - last_bucket, max(0.0, t_b / v - waited), hide)
-                           + _overlap(sync - chunk, t_b * (v - 1) / v, hide))
-            return total, exposed + self.gather_exposed(regather, t_f, layer_fwd, chunk_buckets)
-        if self.n > 1:
-            return m * layers * (2 * self.gather(layer_dense, layer_expert)
-                                 + self.gather(layer_dense, layer_expert, self.grad)), 0.0
-        return 0.0, 0.0
-
-
-    def gather_exposed(self, regather: float, t_f: float, layer_fwd: float, chunk_buckets: float) -> float:
-        """What the ZeRO-1/2 parameter all-gather adds to the first forward. ZeRO-1 as Megatron-Core's
-        distributed optimizer runs it (--overlap-param-gather): the first module's forward pre-hook dispatches the
-        first bucket's all-gather and waits for it, then each bucket's gather is dispatched when the one before
-        completes (core/distributed/param_and_grad_buffer.py, finish_param_sync), so the first bucket shows whole
-        and the others hide behind the forward of the layers before them. ZeRO-2 (FSDP's per-layer units) hides
-        it behind the forward."""
-        lay, hide = self.k.lay, self.k.gpu.overlap_cost
-        if lay.zero != 1:
-            return _overlap(regather, t_f, hide)
-        first = regather / lay.virtual_stages / chunk_buckets
-        waited = max(1.0, self.k.layers / lay.virtual_stages / chunk_buckets) * layer_fwd
-        return first + _overlap(regather - first, max(0.0, t_f - waited), hide)
 
 
 HOST_MEMORY_BANDWIDTH_PER_GPU = 60e9
@@ -482,7 +355,7 @@ HOST_MEMORY_BANDWIDTH_PER_GPU = 60e9
 8 GPUs: ~60 GB/s. Derived, approximate; CPU Adam is memory-bound (ZeRO-Offload, Ren et al. 2021, §5)."""
 
 
-def _optimizer_time(k: _Kernels, dp: _DataParallel, backward: float) -> tuple[float, float]:
+def _optimizer_time(k: _Kernels, dp: DataParallel, backward: float) -> tuple[float, float]:
     """(GPU optimizer step, host-side step) on this rank's shard. On the GPU: memory-bound, plus per-tensor
     dispatch on CPU ranks. Offloaded (ZeRO-Offload): the gradients go to the host over PCIe beside the
     backward, the update runs there at host memory speed, the 16-bit weights come back; not hidden."""
@@ -491,19 +364,12 @@ def _optimizer_time(k: _Kernels, dp: _DataParallel, backward: float) -> tuple[fl
     local = params.dense / (shard if lay.zero >= 1 else 1) + params.expert / (dp.edp if lay.zero >= 1 else 1)
     if lay.offload != "none":
         pcie, hide = k.gpu.host_bandwidth, k.gpu.overlap_cost
-        grads_out = _overlap(local * k.elem / pcie, backward, hide)
+        grads_out = overlap(local * k.elem / pcie, backward, hide)
         return 0.0, grads_out + OPTIMIZER_BYTES_PER_PARAM * local / HOST_MEMORY_BANDWIDTH_PER_GPU + local * k.elem / pcie
     optimizer = OPTIMIZER_BYTES_PER_PARAM * local / (k.gpu.hbm_bandwidth * k.gpu.hbm_efficiency)
     if is_local(k.gpu):
         optimizer += _unfused_update_dispatch(lay, params.tensors, k.gpu)
     return optimizer, 0.0
-
-
-def _overlap(comm: float, compute: float, cost: float) -> float:
-    """Time a collective adds when it runs beside `compute` seconds of kernels; `cost` is the share of
-    the hidden part still paid (the device's overlap_cost)."""
-    hidden = min(comm, compute)
-    return (comm - hidden) + cost * hidden
 
 
 def _unfused_update_dispatch(lay: Layout, tensors: float, gpu: GPU) -> float:

@@ -13,7 +13,7 @@ import pytest
 SHOAL = Path(__file__).resolve().parents[2] / "shoal"
 
 FLOORS = [
-    ("errors", "files", "config_values", "cache", "comm", "model", "layout"),
+    ("errors", "files", "config_values", "cache", "comm", "model", "layout", "setting_rules"),
     ("config", "job", "pretrained", "data", "hardware", "rundir", "worker"),
     ("parallel", "debug", "planner"),
     ("checkpoint",),

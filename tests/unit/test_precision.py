@@ -96,7 +96,7 @@ def test_activation_offload_changes_nothing(tmp_path):
 
 
 def test_a_recipe_setting_without_its_precision_is_named():
-    from shoal.layout import ignored_settings
+    from shoal.setting_rules import ignored_settings
 
     given = {"train.precision": "bf16", "train.fp8_recipe": "rowwise", "train.loss_scale": 1024.0}
     lines = ignored_settings(given, {"train.fp8_recipe": "tensorwise", "train.loss_scale": 65536.0})

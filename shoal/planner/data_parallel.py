@@ -1,0 +1,148 @@
+"""Data-parallel traffic in the step: the per-layer ZeRO-2 reduce-scatters and ZeRO-3 gathers, and the
+once-per-step gradient reduction, parameter gather and DiLoCo outer all-reduce, with what of each hides
+behind the kernels (timing.py composes the step; its module docstring says what overlaps and why)."""
+
+from __future__ import annotations
+
+import math
+
+from shoal.planner import collectives as coll
+from shoal.planner import pipeline
+from shoal.planner.memory import DDP_BUCKET_BYTES, stage_params
+from shoal.planner.slow_links import QUANTIZED, grad_wire_factor
+from shoal.planner.workload import expert_grid, group_ranks_per_node
+
+GRAD_REDUCE_BYTES = 4
+"""Gradients are reduced in fp32 under bf16 mixed precision: shoal's FSDP2 policy (reduce_dtype=float32,
+parallel/data_parallel.py), torchtitan's default, Composer's DEFAULT policy and Megatron's
+--accumulate-allreduce-grads-in-fp32. So reduce-scatters and all-reduces of gradients move 4 bytes per
+parameter while parameter all-gathers move 2."""
+
+
+def overlap(comm: float, compute: float, cost: float) -> float:
+    """Time a collective adds when it runs beside `compute` seconds of kernels; `cost` is the share of
+    the hidden part still paid (the device's overlap_cost)."""
+    hidden = min(comm, compute)
+    return (comm - hidden) + cost * hidden
+
+
+
+class DataParallel:
+    """Data-parallel traffic: per layer (ZeRO-2 reduce-scatters, ZeRO-3 gathers) and once per step
+    (DDP / ZeRO-1 reduction, ZeRO-1/2 parameter gather, DiLoCo's outer all-reduce)."""
+
+    def __init__(self, k):  # timing._Kernels: the step's shape and one layer's kernels
+        lay, cfg, w = k.lay, k.cfg, k.workload
+        self.k = k
+        etp, self.edp = expert_grid(lay)
+        self.params = stage_params(cfg, lay, "last", etp)
+        # Gradients are reduced over the data-parallel ranks and the context-parallel ones (which hold the same
+        # weights): torchtitan's dp_shard_cp mesh, Megatron's data-parallel-with-context-parallel group; under
+        # DualPipe over both pipeline ranks that hold the stage too (pipeline.DUALPIPE_STAGE_COPIES).
+        copies = pipeline.stage_copies(lay.pp_schedule) if lay.pp > 1 else 1
+        self.n, self.edp = lay.dp * lay.cp * copies, self.edp * copies
+        inner = lay.rank_stride("cp") if lay.cp > 1 else lay.rank_stride("dp")
+        edp_stride = inner * lay.ep if etp == lay.tp else lay.ep
+        self.g_dp, self.g_edp = group_ranks_per_node(self.n, inner, k.G), group_ranks_per_node(self.edp, edp_stride, k.G)
+        self.net, self.net_edp = k.net.for_group(self.n, inner), k.net.for_group(self.edp, edp_stride)
+        # An XLA device reduces them in the compute dtype, before the cast back to fp32 (catalog.GPU.xla_step)
+        self.grad = (k.elem if k.prec == "fp32" or k.gpu.xla_step else GRAD_REDUCE_BYTES) * grad_wire_factor(
+            w.grad_compression, lay.dp, cfg, w.topk_density, w.powersgd_rank)
+        # Once-per-step reductions go in buckets, each its own collective paying its latency: plain DDP's
+        # 25 MiB; sharded optimizers (ZeRO-1/2) as Megatron-Core's distributed optimizer buckets them, max(40M,
+        # 1M x dp) parameters (distributed_data_parallel.py: larger with dp "to ensure collectives do not become
+        # latency-bound").
+        ddp = lay.replicates_with_ddp and lay.zero == 0
+        self.bucket_bytes = DDP_BUCKET_BYTES if ddp else max(40e6, 1e6 * self.n) * GRAD_REDUCE_BYTES
+        self.buckets = self.bucket_count(self.params.dense * self.grad)
+
+    def bucket_count(self, nbytes: float) -> int:
+        return max(1, math.ceil(nbytes / self.bucket_bytes))
+
+    def gather(self, n_dense: float, n_expert: float, nbytes: int | None = None, buckets: int = 1) -> float:
+        """All-gather (or reduce-scatter: same time) of these many unsharded parameters, in `buckets` calls."""
+        k = self.k
+        nbytes = k.elem if nbytes is None else nbytes
+        if self.n == 1:
+            return 0.0
+        return buckets * (coll.all_gather(n_dense * nbytes / buckets, self.n, self.g_dp, self.net)
+                          + coll.all_gather(n_expert * nbytes / buckets, self.edp, self.g_edp, self.net_edp))
+
+    def per_layer(self, fwd: float, bwd: float) -> tuple[float, float, float]:
+        """(exposed per layer forward, backward, once per step): ZeRO-2/3 collectives hide behind the
+        layer they are prefetched for; the very first gather and the very last reduce-scatter show."""
+        lay, hide = self.k.lay, self.k.gpu.overlap_cost
+        if not (self.n > 1 and lay.zero >= 2):
+            return 0.0, 0.0, 0.0
+        # Sizes are the full (unsharded) layer on this TP rank.
+        rs = self.gather(self.params.layer_dense, self.params.layer_expert, self.grad)
+        ag = self.gather(self.params.layer_dense, self.params.layer_expert) if lay.zero == 3 else 0.0
+        return overlap(ag, fwd, hide), overlap(ag + rs, bwd, hide), ag + rs
+
+    def per_step(self, t_f: float, t_b: float, layer_fwd: float, layer_bwd: float) -> tuple[float, float]:
+        """(total, exposed) seconds of the once-per-step data-parallel traffic."""
+        k, lay, w, params, hide = self.k, self.k.lay, self.k.workload, self.params, self.k.gpu.overlap_cost
+        layer_dense, layer_expert, m, layers = params.layer_dense, params.layer_expert, k.m, k.layers
+        if lay.dp > 1 and w.diloco_inner_steps:
+            # DiLoCo: no gradient traffic across ranks; the parameters' all-reduce every H steps, waited for
+            # at once, or with overlap running beside that many steps' kernels (int8's and fp4's all-to-all is not)
+            outer = 4 * QUANTIZED[w.diloco_quantize]
+            b = self.bucket_count(params.dense * outer)
+            sync = b * (coll.all_reduce(params.dense * outer / b, self.n, self.g_dp, self.net)
+                        + coll.all_reduce(params.expert * outer / b, self.edp, self.g_edp, self.net_edp))
+            quantized = w.diloco_quantize in ("int8", "fp4")
+            beside = 0.0 if quantized else w.diloco_overlap_steps * m * (t_f + t_b)
+            return sync / w.diloco_inner_steps, overlap(sync, beside, hide) / w.diloco_inner_steps
+        if self.n > 1 and lay.zero <= 2:
+            b = self.buckets
+            if lay.zero == 0:
+                sync = b * (coll.all_reduce(params.dense * self.grad / b, self.n, self.g_dp, self.net)
+                            + coll.all_reduce(params.expert * self.grad / b, self.edp, self.g_edp, self.net_edp))
+                regather = 0.0
+            else:
+                regather = self.gather(params.dense, params.expert, buckets=b)  # updated weights back to every rank
+                # ZeRO-2 reduced its gradients per micro-batch
+                sync = self.gather(params.dense, params.expert, self.grad, buckets=b) if lay.zero == 1 else 0.0
+            v = lay.virtual_stages
+            total = sync + regather + (m * layers * self.gather(layer_dense, layer_expert, self.grad)
+                                       if lay.zero == 2 else 0.0)
+            if not w.grad_overlap:  # reduced after the last backward, gathered after the step (Workload.grad_overlap)
+                return total, sync + regather
+            # A bucket's reduction starts once every gradient in it exists, so the one that fills last (the
+            # rank's first layers, in the chunk that finishes last) shows whole: 1/b of the reduction, and
+            # with fewer buckets than layers it also waits on layers/b layers' backward, not one. Megatron-
+            # Core's buckets grow with dp (max(40M, 1M x dp) parameters, above), so at a fixed per-GPU batch
+            # this exposed tail grows with the data-parallel size.
+            chunk_buckets = max(1.0, b / v)
+            last_bucket = sync / v / chunk_buckets
+            waited = max(1.0, layers / v / chunk_buckets) * layer_bwd
+            if v == 1:
+                # The last micro-batch's backward, all but what the last bucket waits on, hides the rest.
+                exposed = last_bucket + overlap(sync - last_bucket, max(0.0, t_b - waited), hide)
+            else:
+                # Interleaved: a chunk's gradients are final only after the last micro-batch's backward through
+                # that chunk. The chunk that finishes last (1/v of the rank's parameters) has only its own
+                # backward, t_b/v, to hide behind; the others overlap the rest of the cool-down.
+                chunk = sync / v
+                exposed = (last_bucket + overlap(chunk - last_bucket, max(0.0, t_b / v - waited), hide)
+                           + overlap(sync - chunk, t_b * (v - 1) / v, hide))
+            return total, exposed + self.gather_exposed(regather, t_f, layer_fwd, chunk_buckets)
+        if self.n > 1:
+            return m * layers * (2 * self.gather(layer_dense, layer_expert)
+                                 + self.gather(layer_dense, layer_expert, self.grad)), 0.0
+        return 0.0, 0.0
+
+
+    def gather_exposed(self, regather: float, t_f: float, layer_fwd: float, chunk_buckets: float) -> float:
+        """What the ZeRO-1/2 parameter all-gather adds to the first forward. ZeRO-1 as Megatron-Core's
+        distributed optimizer runs it (--overlap-param-gather): the first module's forward pre-hook dispatches the
+        first bucket's all-gather and waits for it, then each bucket's gather is dispatched when the one before
+        completes (core/distributed/param_and_grad_buffer.py, finish_param_sync), so the first bucket shows whole
+        and the others hide behind the forward of the layers before them. ZeRO-2 (FSDP's per-layer units) hides
+        it behind the forward."""
+        lay, hide = self.k.lay, self.k.gpu.overlap_cost
+        if lay.zero != 1:
+            return overlap(regather, t_f, hide)
+        first = regather / lay.virtual_stages / chunk_buckets
+        waited = max(1.0, self.k.layers / lay.virtual_stages / chunk_buckets) * layer_fwd
+        return first + overlap(regather - first, max(0.0, t_f - waited), hide)
