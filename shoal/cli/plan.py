@@ -14,7 +14,7 @@ from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
 from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_SAVES, KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS,
-                                    PRECISIONS)
+                                    PRECISIONS, WEIGHT_GATHERS)
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -68,6 +68,10 @@ def _workload_flags(p) -> None:
                    help="with --precision fp8, what a GEMM keeps of its input for backward: fp8 (its 1-byte cast, as "
                         "Transformer Engine and DeepSeek-V3; default) or input (the 16-bit input, as torchao's "
                         "Float8Linear and shoal train: the default with --emit or --gpu local)")
+    w.add_argument("--weight-gather", choices=WEIGHT_GATHERS,
+                   help="the dtype sharded weights are gathered in (ZeRO-3, ZeRO-1/2's re-gather): bf16 (default: "
+                        "torchtitan, Megatron-Core, DeepSpeed) or fp32 (shoal train under bf16/fp8/fp16, whose FSDP2 "
+                        "gathers the fp32 weights: the default with --emit or --gpu local)")
     w.add_argument("--kernels", choices=KERNELS,
                    help="fused (default on GPUs: norms and activations as fused kernels, as Megatron/TE, "
                         "torch.compile and XLA run them; an emitted recipe sets train.compile) or eager (one PyTorch "

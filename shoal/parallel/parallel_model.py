@@ -2,7 +2,7 @@
 
 `parallelize` builds it and records which wrapper data parallelism used, so the training step and
 evaluation never probe wrappers: `forward_backward` runs a step's micro-batches (through the
-pipeline schedule, or one by one with gradient reduction deferred to the last), `eval_loss` the
+pipeline schedule, or one by one: see _reduce_gradients), `eval_loss` the
 held-out batches, each under the run's precision and, with tensor parallelism, the vocabulary-
 parallel loss.
 """
@@ -143,11 +143,18 @@ class ParallelModel:
         return stack
 
     def _reduce_gradients(self, model: nn.Module, last: bool):
-        """Gradient accumulation: reduce across data-parallel ranks only on the step's last micro-batch."""
+        """Gradient accumulation. Replicated gradients (DDP, FSDP2's `replicate`) are reduced once, on the
+        step's last micro-batch: they are whole on every rank anyway. Sharded ones (ZeRO-2/3) are
+        reduce-scattered after every micro-batch's backward, as the ZeRO paper and torchtitan do: FSDP2
+        with its gradient sync off accumulates the unsharded gradient, the whole model's in fp32 on every
+        rank, which undoes what sharding saves (the planner counts them sharded: planner/memory.py).
+        Compressed reductions (parallel/compression_fsdp.py) stay once per step: their error feedback and
+        step count are per optimizer step."""
         if self.wrapper == "ddp":
             return nullcontext() if last else model.no_sync()
         if self.wrapper == "fsdp":
-            model.set_requires_gradient_sync(last)
+            sharded = self.zero >= 2 and self.grad_compressor is None
+            model.set_requires_gradient_sync(last or sharded)
             if self.zero == 2:  # ZeRO-2 keeps parameters gathered until the step's last backward
                 model.set_reshard_after_backward(last)
         return nullcontext()

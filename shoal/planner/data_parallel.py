@@ -62,7 +62,7 @@ class DataParallel:
     def gather(self, n_dense: float, n_expert: float, nbytes: int | None = None, buckets: int = 1) -> float:
         """All-gather (or reduce-scatter: same time) of these many unsharded parameters, in `buckets` calls."""
         k = self.k
-        nbytes = k.elem if nbytes is None else nbytes
+        nbytes = k.gathered if nbytes is None else nbytes
         if self.n == 1:
             return 0.0
         return buckets * (coll.all_gather(n_dense * nbytes / buckets, self.n, self.g_dp, self.net)

@@ -341,7 +341,10 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         o += extra_state_bytes(workload, psi, psi / (shard if lay.zero >= 2 else 1))
         working = max((b for b, n in zip(recomputed, held) if n), default=0.0)
         activations = held[0] * dense_layer + held[1] * moe_layer + working
-        w, g, o, activations, host = _offloaded(lay, w + we, g + ge, o + oe, activations, act_layer, params, elem)
+        w, g = w + we, g + ge
+        if stage_unsharded(lay, xla):
+            w, g = psi * workload.gathered_weight_bytes, psi * GRAD_BUFFER_BYTES
+        w, g, o, activations, host = _offloaded(lay, w, g, o + oe, activations, act_layer, params, elem)
         buffers = _buffers(workload, layout, params.layer, T, elem, sp, copies, xla)
         if xla:  # the embedding outputs are the first layer's inputs, which its checkpoints hold already
             loss = logits_last if stage != "first" else 0.0
@@ -378,6 +381,18 @@ def _xla_peak(cfg: ModelConfig, lay: Layout, activations: float, working: float,
 OFFLOAD_RESIDENT_LAYERS = 2
 """Layers whose offloaded tensors sit in HBM at once: the one computing and the one being prefetched
 (DeepSpeed ZeRO-Infinity's and torchao/FSDP2 CPU offload's double buffer)."""
+
+
+def stage_unsharded(lay: Layout, xla: bool) -> bool:
+    """Whether a pipeline stage sharded by FSDP (zero 2/3) holds its weights and gradients whole for most of
+    the step. torch.distributed.pipelining runs every micro-batch's backward with FSDP2's gradient sync and
+    its re-shard after backward turned off (stage.py, backward_maybe_with_nosync) and reduces once, after
+    the last (perform_reduce_grad); FSDP2 then keeps each unsharded gradient, accumulated in the reduce dtype
+    (fp32: _fsdp_param_group.post_backward, to_accumulated_grad_if_needed), and after a backward every layer
+    of the stage is still gathered. So such a rank holds its stage's 16-bit weights and fp32 gradients
+    unsharded, beside the sharded optimizer state: shoal train and torchtitan, which both pipeline through
+    it. (Megatron-Core and DeepSpeed pipeline with ZeRO-1 at most.) An XLA program shards as it compiles."""
+    return lay.pp > 1 and lay.zero >= 2 and lay.dp * lay.cp > 1 and not xla
 
 
 def _offloaded(lay: Layout, w: float, g: float, o: float, activations: float, act_layer: float,
@@ -440,9 +455,11 @@ def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem:
     cfg = workload.model
     out = 0.0
     grad = elem if xla else GRAD_BUFFER_BYTES
-    if lay.dp * lay.cp > 1:
+    if stage_unsharded(lay, xla):
+        pass  # the whole stage is gathered already (memory's weights and gradients)
+    elif lay.dp * lay.cp > 1:
         if lay.zero == 3:  # the gathered layer (+ the prefetched one, eager FSDP); its gradients being reduced
-            out += (1 if xla else 2) * layer_params * elem + layer_params * grad
+            out += (1 if xla else 2) * layer_params * workload.gathered_weight_bytes + layer_params * grad
         elif lay.zero == 2:
             out += layer_params * grad  # one layer's gradients being reduce-scattered
         else:

@@ -188,6 +188,7 @@ class _Kernels:
         self.workload, self.lay, self.cfg, self.gpu = workload, layout, cfg, gpu
         self.net, self.G = network(cluster), cluster.gpus_per_node
         self.prec, self.elem = workload.precision, (4 if workload.precision == "fp32" else 2)
+        self.gathered = workload.gathered_weight_bytes
         self.m = lay.microbatches(workload.global_batch)
         self.T = workload.seq_len * lay.micro_batch / lay.cp  # tokens of one micro-batch on this rank
         n_moe = moe_layer_count(cfg)

@@ -26,6 +26,7 @@ MOE_PROBS = analytics.MOE_PROBS
 LOSSES = ("fp32", "te", "megatron")
 ADAM_MOMENTS = ("fp32", "bf16")
 FP8_SAVES = ("fp8", "input")
+WEIGHT_GATHERS = ("bf16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,13 @@ class Workload:
     DeepSeek-V3 §3.3.2 caches its Linear inputs in FP8). `input`: the 16-bit input, cast again in backward
     (torchao's Float8Linear: matmul_with_hp_or_float8_args saves input_hp, pytorch/ao#1850), which is what
     `shoal train` runs (its routed experts stay 16-bit GEMMs too)."""
+    weight_gather: str = "bf16"
+    """The dtype sharded weights are gathered in (ZeRO-3's per-layer all-gathers, ZeRO-1/2's re-gather of the
+    updated weights) and held while gathered. `bf16`: the 16-bit copy, as torchtitan (FSDP2 param_dtype bf16),
+    Megatron-Core's distributed optimizer and DeepSpeed gather them. `fp32`: the fp32 weights themselves, cast
+    by autocast per op: shoal train under bf16, fp8 and fp16 (FSDP2 with no param_dtype, and ZeRO-1's
+    broadcast of the fp32 weights it updated: parallel/data_parallel.py, zero1.py); bf16-params gathers bf16.
+    Twice the bytes on the wire and in the gathered layers."""
     kernels: str = "fused"
     """`fused`: the layer's norms, activation and loss run as fused kernels, as Megatron-Core/Transformer
     Engine, torch.compile and XLA run them: a norm saves only its input (memory.py, analytics.py). `eager`:
@@ -119,9 +127,15 @@ class Workload:
 
         t = job.cfg.train
         return cls(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash",
+                   weight_gather="bf16" if t.precision == "bf16-params" else "fp32",
                    kernels="fused" if t.compile else "eager", moe_dispatch="per-expert", moe_probs="output",
                    fp8_saves="input",
                    document_mask=job.cfg.data.document_mask, **slow_link_fields(asdict(job.cfg.parallel)))
+
+    @property
+    def gathered_weight_bytes(self) -> int:
+        """Bytes per weight that an FSDP gather moves and holds (weight_gather; fp32 training gathers fp32)."""
+        return 4 if "fp32" in (self.precision, self.weight_gather) else 2
 
     @property
     def tokens_per_step(self) -> int:

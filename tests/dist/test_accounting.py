@@ -43,9 +43,10 @@ def test_model_state_bytes(runs, zero, expected):
 @pytest.mark.parametrize("zero,kind,expected", [
     # ZeRO-3 gathers for forward and again for backward, in every micro-batch
     ("zero=3", "all_gather", 2 * ACCUMULATION * RING * B * P),
-    ("zero=3", "reduce_scatter", RING * B * P),    # gradients reduced once per step, not per micro-batch
+    # sharded gradients are reduce-scattered after every micro-batch, so they stay sharded
+    ("zero=3", "reduce_scatter", ACCUMULATION * RING * B * P),
     ("zero=2", "all_gather", RING * B * P),        # gathered once, kept through every micro-batch
-    ("zero=2", "reduce_scatter", RING * B * P),
+    ("zero=2", "reduce_scatter", ACCUMULATION * RING * B * P),
     ("zero=1", "all_reduce", 2 * RING * B * P),    # DDP's gradient all-reduce
     ("zero=1", "broadcast", RING * B * P),         # each rank broadcasts the parameters it updated
     ("zero=0", "all_reduce", 2 * RING * B * P),

@@ -216,9 +216,9 @@ def test_an_emitted_plan_is_planned_as_shoal_train_runs(tmp_path, capsys):
 
     args = ["plan", "--model", "mixtral-8x7b", "--seq-len", "4096", "--global-batch", "64", "--gpu", "h100",
             "--gpus", "32", "--precision", "fp8", "--top", "1", "--json"]
-    settings = ("moe_dispatch", "moe_probs", "fp8_saves")
-    for extra, expected in (([], ("dedup", "activation", "fp8")),
-                            (["--emit", str(tmp_path / "r.toml")], ("per-expert", "output", "input"))):
+    settings = ("moe_dispatch", "moe_probs", "fp8_saves", "weight_gather")
+    for extra, expected in (([], ("dedup", "activation", "fp8", "bf16")),
+                            (["--emit", str(tmp_path / "r.toml")], ("per-expert", "output", "input", "fp32"))):
         assert main(args + extra) == 0
         workload = json.loads(capsys.readouterr().out)["workload"]
         assert tuple(workload[k] for k in settings) == expected

@@ -1,5 +1,6 @@
 """Planner memory model against the ZeRO paper (Table 1, exactly) and Korthikanti et al. (Table 2, Eq. 5/6)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -10,7 +11,7 @@ from shoal.hardware.catalog import GiB
 from shoal.hardware.lookup import get_gpu
 from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload
-from shoal.planner.memory import inflight_layer_microbatches, loss_bytes_per_logit, memory, model_state_bytes
+from shoal.planner.memory import inflight_layer_microbatches, loss_bytes_per_logit, memory, model_state_bytes, stage_params
 from shoal.planner.search import Fixed, search
 
 # ZeRO (Rajbhandari et al. 2020) Table 1: per-device model-state GB for (Ψ, stage) at each DP degree.
@@ -185,3 +186,33 @@ def test_bf16_adam_moments_take_four_bytes_off_each_parameter():
     # DeepSeek-V3 §3.3.3; Megatron-Core's precision-aware optimizer with exp_avg_dtype = exp_avg_sq_dtype = bf16
     assert model_state_bytes(1e9, 8, 1, "bf16", "bf16") == (2e9, 2e9, 8e9 / 8)
     assert model_state_bytes(1e9, 8, 1, "fp32", "bf16") == (4e9, 4e9, 4e9 / 8)
+
+
+def test_a_pipeline_stage_under_fsdp_holds_its_weights_and_gradients_whole():
+    """torch.distributed.pipelining reduces a stage's gradients once, after its last micro-batch, and FSDP2
+    keeps them unsharded in fp32 until then, with the stage's weights still gathered: zero 2/3 under a
+    pipeline shards only the optimizer state (memory.stage_unsharded)."""
+    wl = Workload(PRESETS["llama3-8b"], 4096, 256)
+    cl = Cluster(get_gpu("h100"), 64, 8)
+    zero1 = memory(wl, Layout(dp_shard=8, pp=8, zero=1), cl)
+    for zero in (2, 3):
+        m = memory(wl, Layout(dp_shard=8, pp=8, zero=zero), cl)
+        assert (m.params, m.grads, m.optimizer) == (zero1.params, 2 * zero1.grads, zero1.optimizer)
+
+
+def test_shoal_train_gathers_fp32_weights_unless_bf16_params():
+    """FSDP2 with no param_dtype gathers shoal train's fp32 weights (train.precision bf16, fp8, fp16); bf16-params
+    gathers bf16, as torchtitan: the memory check plans what the run gathers and holds."""
+    from shoal.config import load_config
+    from shoal.job import resolve
+
+    def of(precision):
+        return Workload.of_job(resolve(load_config(None, ["model.preset=tiny", f"train.precision={precision}"]), 1))
+
+    assert (of("bf16").weight_gather, of("bf16-params").weight_gather) == ("fp32", "bf16")
+    wl = Workload(PRESETS["llama3-8b"], 4096, 64)
+    cl, lay = Cluster(get_gpu("h100"), 8, 8), Layout(dp_shard=8, zero=3)
+    fp32 = memory(dataclasses.replace(wl, weight_gather="fp32"), lay, cl)
+    layer = stage_params(PRESETS["llama3-8b"], lay, "only").layer
+    # the gathered layer and the one prefetched, 2 bytes more per weight each
+    assert fp32.buffers - memory(wl, lay, cl).buffers == pytest.approx(2 * 2 * layer)
