@@ -40,15 +40,19 @@ def expert_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
-               expert_mesh: DeviceMesh | None = None, deferred_weight_grads: bool = False,
+               expert_mesh: DeviceMesh | None = None, pipelined: bool = False,
                grad_compression: str = "none", offload: bool = False, pin_memory: bool = False) -> list[nn.Module]:
     """zero=2/3 (and zero=0 through `replicate`) on one model or pipeline stage, block by block;
     returns the wrapped modules (FSDP's units), experts and blocks first, the model last.
 
-    deferred_weight_grads: the pipeline schedule computes weight gradients after later micro-batches'
-    forwards (zero-bubble). Parameters then stay gathered until the step's gradient reduction, as
-    under zero=2: re-sharding after each forward loses the pending weight gradients (found by
-    `shoal verify`: pp2 x dp_shard2 zero=3 was off by 0.35 in loss).
+    pipelined: the model is a pipeline stage. Parameters then stay gathered from their first forward
+    until the step's gradient reduction, as under zero=2: PyTorch's stages run every micro-batch's
+    backward with FSDP2's re-shard after backward off and reduce once after the last (pipelining/
+    stage.py), so each layer is gathered again after its backward anyway, and re-sharding after each
+    forward would only add an all-gather per micro-batch (torchtitan keeps them gathered under a
+    pipeline for the same reason). Zero-bubble needs it besides: it computes weight gradients after
+    later micro-batches' forwards, and re-sharding in between loses them (found by `shoal verify`:
+    pp2 x dp_shard2 zero=3 was off by 0.35 in loss).
 
     Expert weights sharded by expert parallelism are wrapped on their own mesh: the data-parallel
     ranks that hold the same experts (see expert_parallel.py for how their gradients are scaled).
@@ -66,7 +70,7 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
         kwargs = {"mp_policy": mp}
     else:
         wrap = fully_shard
-        kwargs = {"mp_policy": mp, "reshard_after_forward": zero == 3 and not deferred_weight_grads,
+        kwargs = {"mp_policy": mp, "reshard_after_forward": zero == 3 and not pipelined,
                   "offload_policy": CPUOffloadPolicy(pin_memory=pin_memory) if offload else OffloadPolicy()}
     units = []
     for experts in expert_modules(model) if expert_mesh is not None else []:

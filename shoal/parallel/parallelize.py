@@ -75,7 +75,7 @@ def parallelize(model: nn.Module, job, mesh, expert_mesh, device: torch.device, 
             units = apply_fsdp(m, dp_mesh(mesh, dims, lay.zero, lay.diloco_inner_steps > 0, lay.grad_compression),
                                zero=data_parallel_zero(dims, lay.zero), precision=train.precision,
                                expert_mesh=expert_mesh["dp_mod_ep"] if dims.ep > 1 else None,
-                               deferred_weight_grads=dims.pp > 1 and lay.pp_schedule == "zero-bubble",
+                               pipelined=dims.pp > 1,
                                grad_compression=lay.grad_compression, offload=lay.offload == "params",
                                pin_memory=device.type == "cuda")
             materialize(m, home, train.seed, weights)

@@ -8,7 +8,7 @@ import math
 
 from shoal.planner import collectives as coll
 from shoal.planner import pipeline
-from shoal.planner.memory import DDP_BUCKET_BYTES, stage_params
+from shoal.planner.memory import DDP_BUCKET_BYTES, stage_params, stage_unsharded
 from shoal.planner.slow_links import QUANTIZED, grad_wire_factor
 from shoal.planner.workload import expert_grid, group_ranks_per_node
 
@@ -40,6 +40,7 @@ class DataParallel:
         # weights): torchtitan's dp_shard_cp mesh, Megatron's data-parallel-with-context-parallel group; under
         # DualPipe over both pipeline ranks that hold the stage too (pipeline.DUALPIPE_STAGE_COPIES).
         copies = pipeline.stage_copies(lay.pp_schedule) if lay.pp > 1 else 1
+        self.whole_stage = stage_unsharded(lay, bool(k.gpu.xla_step))
         self.n, self.edp = lay.dp * lay.cp * copies, self.edp * copies
         inner = lay.rank_stride("cp") if lay.cp > 1 else lay.rank_stride("dp")
         edp_stride = inner * lay.ep if etp == lay.tp else lay.ep
@@ -72,7 +73,7 @@ class DataParallel:
         """(exposed per layer forward, backward, once per step): ZeRO-2/3 collectives hide behind the
         layer they are prefetched for; the very first gather and the very last reduce-scatter show."""
         lay, hide = self.k.lay, self.k.gpu.overlap_cost
-        if not (self.n > 1 and lay.zero >= 2):
+        if not (self.n > 1 and lay.zero >= 2) or self.whole_stage:
             return 0.0, 0.0, 0.0
         # Sizes are the full (unsharded) layer on this TP rank.
         rs = self.gather(self.params.layer_dense, self.params.layer_expert, self.grad)
@@ -93,6 +94,13 @@ class DataParallel:
             quantized = w.diloco_quantize in ("int8", "fp4")
             beside = 0.0 if quantized else w.diloco_overlap_steps * m * (t_f + t_b)
             return sync / w.diloco_inner_steps, overlap(sync, beside, hide) / w.diloco_inner_steps
+        if self.whole_stage:
+            # A pipeline stage under FSDP (memory.stage_unsharded): each layer is gathered at its first forward
+            # (prefetched beside the forward) and kept; the gradients are reduce-scattered once, after the stage's
+            # last backward (pipelining's REDUCE_GRAD action), with nothing left to hide behind.
+            regather = self.gather(params.dense, params.expert)
+            sync = self.gather(params.dense, params.expert, self.grad)
+            return sync + regather, sync + overlap(regather, t_f, hide)
         if self.n > 1 and lay.zero <= 2:
             b = self.buckets
             if lay.zero == 0:

@@ -246,3 +246,17 @@ def test_selective_op_recomputes_every_second_gemm_and_keeps_less():
 def test_ranks_fill_nodes_evenly(gpu, n, per_node, nodes):
     cluster = Cluster(hardware.get_gpu(gpu), n, hardware.get_gpu(gpu).gpus_per_node)
     assert (cluster.gpus_per_node, cluster.n_nodes) == (per_node, nodes)
+
+
+def test_a_pipeline_stage_under_fsdp_gathers_and_reduces_once_per_step():
+    """torch.distributed.pipelining keeps a stage gathered from its first forward and reduce-scatters once after its
+    last backward (torchtitan and shoal train do not re-shard after forward under a pipeline), so its data-parallel
+    traffic does not grow with the micro-batches; without a pipeline ZeRO-3 gathers twice and reduces each one."""
+    cluster = Cluster(hardware.get_gpu("h100"), 64, 8)
+
+    def traffic(pp, batch):
+        lay = Layout(dp_shard=64 // pp, pp=pp, zero=3, pp_schedule="1f1b" if pp > 1 else "gpipe")
+        return evaluate(Workload(PRESETS["llama3-8b"], 4096, batch), lay, cluster).time.dp_comm_total
+
+    assert traffic(8, 64) == pytest.approx(traffic(8, 128))
+    assert traffic(1, 128) == pytest.approx(2 * traffic(1, 64))
