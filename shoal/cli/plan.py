@@ -14,7 +14,7 @@ from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
 from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_SAVES, KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS,
-                                    PRECISIONS, WEIGHT_GATHERS)
+                                    GRAD_ACCUMULATION, PP_P2P, PRECISIONS, WEIGHT_GATHERS)
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -103,6 +103,15 @@ def _workload_flags(p) -> None:
                    help="on (default): the gradient reduction runs beside the backward and the parameter gather beside "
                         "the next forward (DDP, FSDP, Megatron-Core --overlap-grad-reduce); off: both after the last "
                         "backward, as Megatron-LM until 2023 and DeepSpeed's pipeline engine ran them")
+    w.add_argument("--grad-accumulation", choices=GRAD_ACCUMULATION,
+                   help="fused (default on GPUs): each micro-batch's weight gradient is accumulated inside its GEMM "
+                        "(Megatron-Core, Transformer Engine); separate (the default with --emit or --gpu local): a "
+                        "pass over the GPU's gradients per micro-batch adds it, as PyTorch autograd (shoal train, "
+                        "DeepSpeed's pipeline engine) and Megatron-LM's 2021 DDP do")
+    w.add_argument("--pp-p2p", choices=PP_P2P, default="batched",
+                   help="batched (default): a pipeline stage posts a step's send and receive together (shoal train, "
+                        "Megatron-LM); blocking: each send and receive on its own, four per micro-batch, the 1/tp "
+                        "slices re-gathered over TP, as DeepSpeed's pipeline engine runs them")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
     w.add_argument("--hw-file", metavar="TOML", type=non_empty("--hw-file hw.toml"),

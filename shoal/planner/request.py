@@ -121,10 +121,12 @@ def build(args) -> Inputs:
     moe_probs = args.moe_probs or ("output" if plans_shoal else "activation")
     fp8_saves = args.fp8_saves or ("input" if plans_shoal else "fp8")
     weight_gather = args.weight_gather or ("fp32" if plans_shoal else "bf16")  # as Workload.of_job
+    grad_accumulation = args.grad_accumulation or ("separate" if plans_shoal else "fused")
     workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention,
                         kernels=kernels, moe_dispatch=moe_dispatch, moe_probs=moe_probs, loss=args.loss,
                         adam_moments=args.adam_moments, document_mask=args.document_mask,
                         fp8_saves=fp8_saves, weight_gather=weight_gather, grad_overlap=args.grad_overlap == "on",
+                        pp_p2p=args.pp_p2p, grad_accumulation=grad_accumulation,
                         grad_compression=args.grad_compression, topk_density=args.topk_density,
                         powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,
                         diloco_quantize=args.diloco_quantize, diloco_overlap_steps=args.diloco_overlap_steps)

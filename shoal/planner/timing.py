@@ -40,7 +40,7 @@ from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload, expert_grid, group_ranks_per_node, layers_per_rank, moe_layer_count
 from shoal.hardware.catalog import GPU
 from shoal.hardware.local import is_local
-from shoal.planner.memory import rank_params
+from shoal.planner.memory import rank_params, stage_params
 from shoal.planner.data_parallel import GRAD_REDUCE_BYTES, DataParallel, overlap
 
 RANK_SPEED_SIGMA = 0.01
@@ -144,9 +144,10 @@ def _step(workload: Workload, layout: Layout, cluster: Cluster, data_parallel: b
 
     # --- one micro-batch on the busiest rank, then the pipeline (its bubble per schedule: pipeline.py) ---
     lay, m, layers, head = layout, k.m, k.layers, k.head_share
-    p2p = _p2p(k)
-    t_f = layers * (k.fwd + tp_fwd + ep_fwd + cp_fwd + off_fwd + fsdp_fwd) + head * (k.head.fwd + off_head) + p2p
-    t_b = layers * (k.bwd + k.recompute + tp_bwd + ep_bwd + cp_bwd + off_bwd + fsdp_bwd) + head * (k.head.bwd + off_head) + p2p
+    p2p_f, p2p_b = _p2p(k)
+    t_f = layers * (k.fwd + tp_fwd + ep_fwd + cp_fwd + off_fwd + fsdp_fwd) + head * (k.head.fwd + off_head) + p2p_f
+    t_b = layers * (k.bwd + k.recompute + tp_bwd + ep_bwd + cp_bwd + off_bwd + fsdp_bwd) + head * (k.head.bwd + off_head) + p2p_b \
+        + k.accumulate
     # W: the weight-gradient GEMMs of backward, as many FLOPs as the forward's (compute.py)
     bubble = pipeline.bubble(lay.pp_schedule, lay.pp, lay.virtual_stages, t_f, t_b,
                              layers * k.gemm_fwd + head * k.head.gemm_fwd)
@@ -155,15 +156,15 @@ def _step(workload: Workload, layout: Layout, cluster: Cluster, data_parallel: b
     dp_total, dp_exposed = dp.per_step(t_f, t_b, k.fwd + tp_fwd, k.bwd + k.recompute + tp_bwd) if dp else (0.0, 0.0)
     optimizer, host_step = _optimizer_time(k, dp, m * t_b) if dp else (0.0, 0.0)
     # The slowest GPU's kernels set the pace: its spread stretches kernel time, not the wire time.
-    kernels = m * (layers * (k.fwd + k.bwd + k.recompute) + head * k.head.fwd + head * k.head.bwd)
+    kernels = m * (layers * (k.fwd + k.bwd + k.recompute) + head * k.head.fwd + head * k.head.bwd + k.accumulate)
     n = cluster.n_gpus
     tail = kernels * RANK_SPEED_SIGMA * math.sqrt(2 * math.log(n)) if n > 1 else 0.0
     step = m * (t_f + t_b) + bubble + fsdp_start + dp_exposed + optimizer + tail + host_step
     return StepTime(
-        compute=m * (layers * (k.fwd + k.bwd) + head * k.head.fwd + head * k.head.bwd),
+        compute=m * (layers * (k.fwd + k.bwd) + head * k.head.fwd + head * k.head.bwd + k.accumulate),
         recompute=m * layers * k.recompute,
         tp_comm=m * layers * (tp_fwd + tp_bwd),
-        pp_comm=m * 2 * p2p,
+        pp_comm=m * (p2p_f + p2p_b),
         ep_comm=m * layers * (ep_fwd + ep_bwd),
         fsdp_comm=m * layers * (fsdp_fwd + fsdp_bwd) + fsdp_start,
         bubble=bubble,
@@ -217,7 +218,20 @@ class _Kernels:
         # The share of chunks that run in an overlapped DualPipe F&B pair (none otherwise)
         self.paired = pipeline.dualpipe_paired_share(lay.pp, self.m) if self.dualpipe else 0.0
         self.act = self.T * cfg.dim * self.elem  # one full-sequence activation tensor
+        self.accumulate = _accumulation_pass(self) if workload.grad_accumulation == "separate" else 0.0
         self.g_tp = group_ranks_per_node(lay.tp, lay.rank_stride("tp"), self.G)
+
+
+def _accumulation_pass(k: _Kernels) -> float:
+    """Workload.grad_accumulation `separate`, per micro-batch: a kernel adds each new weight gradient into the
+    accumulated one, reading the new gradient and reading and writing the sum (3 gradient-sized tensors, 16-bit
+    but under fp32) for every parameter on this GPU. The first micro-batch's gradient is taken as it is
+    (autograd's AccumulateGrad), so a step runs m - 1 of them, spread here over its m backwards."""
+    if k.m == 1:
+        return 0.0
+    params = stage_params(k.cfg, k.lay, "last", expert_grid(k.lay)[0])
+    passes = (k.m - 1) / k.m
+    return passes * 3 * k.elem * (params.dense + params.expert) / (k.gpu.hbm_bandwidth * k.gpu.hbm_efficiency)
 
 
 def _tp_comm(k: _Kernels) -> tuple[float, float]:
@@ -336,18 +350,46 @@ def _offload_per_layer(k: _Kernels) -> tuple[float, float]:
     return fwd, bwd
 
 
-def _p2p(k: _Kernels) -> float:
-    """Pipeline send (or receive) of one micro-batch's activation per chunk boundary."""
+def _p2p(k: _Kernels) -> tuple[float, float]:
+    """Pipeline transfers on the busiest rank's critical path per micro-batch, (forward, backward): its
+    activation out and its gradient back at each chunk boundary, or DeepSpeed's blocking exchange
+    (Workload.pp_p2p, _blocking_p2p)."""
     lay = k.lay
     if lay.pp == 1:
-        return 0.0
+        return 0.0, 0.0
     same_node = lay.rank_stride("pp") < k.G
     # Only 1/tp of the activation crosses: sequence parallelism leaves it split, and without it
     # Megatron's scatter/gather sends a 1/tp slice and all-gathers it over NVLink (Narayanan §4.1).
     send = lay.virtual_stages * coll.p2p(k.act / lay.tp, same_node, k.net)
+    if k.workload.pp_p2p == "blocking":
+        per_microbatch = lay.virtual_stages * _blocking_p2p(k, same_node)
+        return per_microbatch / 2, per_microbatch / 2
     if k.dualpipe:  # a DualPipe pair's sends run beside its kernels too (DeepSeek-V3 §3.2.1)
-        return k.paired * overlap(send, k.layers * k.fwd, k.gpu.overlap_cost) + (1 - k.paired) * send
-    return send
+        send = k.paired * overlap(send, k.layers * k.fwd, k.gpu.overlap_cost) + (1 - k.paired) * send
+    return send, send
+
+
+def _blocking_p2p(k: _Kernels, same_node: bool) -> float:
+    """DeepSpeed's PipelineEngine (Workload.pp_p2p `blocking`, engine.py and p2p.py at 30965ea7): what one
+    micro-batch's exchanges add to the pace of the pipeline. Each transfer is a blocking p2p.send/recv of the
+    partition's metadata (PartitionedTensor.to_meta: ndims, the shape, the part count, the rank and the
+    tp + 1 offsets, int64) and then of the 1/tp slice, cut with narrow().clone(). Each received tensor is put
+    back whole: zeros, the TP all-gather, and a clone (PartitionedTensor.full). A middle stage runs four
+    transfers and three re-assemblies one after another; the last stage, which also runs the output head,
+    only receives the activation and sends its gradient (TrainSchedule has no next stage for it). Steps
+    meet their neighbours' (each send waits for its receive), so the slower of the two sets the pace."""
+    lay, elem_time = k.lay, 1 / (k.gpu.hbm_bandwidth * k.gpu.hbm_efficiency)
+    meta = 8 * (1 + 3 + 2 + lay.tp + 1)  # [s, b, h] activation
+    transfer = coll.p2p(meta, same_node, k.net) + coll.p2p(k.act / lay.tp, same_node, k.net) \
+        + 2 * k.act / lay.tp * elem_time  # the slice's clone before it is sent
+    gather = 0.0
+    if lay.tp > 1:  # PipelineEngine partitions only when there is model parallelism (is_pipe_partitioned)
+        gather = coll.all_gather(k.act, lay.tp, k.g_tp, k.net.for_group(lay.tp, lay.rank_stride("tp"))) \
+            + 3 * k.act * elem_time  # zeros written, then the clone read and written
+    last_stage = 2 * transfer + gather
+    middle_stage = 4 * transfer + 3 * gather
+    head = k.head_share * (k.head.fwd + k.head.bwd)
+    return max(last_stage, middle_stage - head)
 
 
 HOST_MEMORY_BANDWIDTH_PER_GPU = 60e9

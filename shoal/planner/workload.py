@@ -27,6 +27,8 @@ LOSSES = ("fp32", "te", "megatron")
 ADAM_MOMENTS = ("fp32", "bf16")
 FP8_SAVES = ("fp8", "input")
 WEIGHT_GATHERS = ("bf16", "fp32")
+PP_P2P = ("batched", "blocking")
+GRAD_ACCUMULATION = ("fused", "separate")
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,29 @@ class Workload:
     2023: reduce_model_grads, then the optimizer step, then gather_model_params) and as DeepSpeed's pipeline
     engine does (runtime/pipe/schedule.py TrainSchedule: ReduceTiedGrads, ReduceGrads, OptimizerStep after the
     last step). Use it to compare with runs on those stacks (MT-NLG, BLOOM, GPT-NeoX, Megatron-LM of 2021-23)."""
+    grad_accumulation: str = "fused"
+    """How a micro-batch's weight gradients join the ones accumulated over the step (timing._Kernels.accumulate).
+    `fused`: inside the weight-gradient GEMM, which writes into the accumulator (Megatron-Core's
+    gradient_accumulation_fusion, Transformer Engine's fuse_wgrad_accumulation), or sharded as FSDP reduces every
+    micro-batch: nothing more. `separate`: a kernel of its own adds each new 16-bit gradient into the
+    accumulated one, a pass over the GPU's parameters per micro-batch (read the new gradient, read and write the
+    sum: 3 gradient-sized tensors): PyTorch autograd's AccumulateGrad, which DeepSpeed's pipeline engine leaves it
+    to (its ZeRO-0/1 optimizer reduces once at the step's end: runtime/zero/stage2.py at 30965ea7, hooks only
+    under partition_gradients or overlap_comm, and those run after the accumulation), and shoal train's
+    no_sync / set_requires_gradient_sync(False); Megatron-LM's own DDP of 2021 hooks every gradient into its
+    buffer, param.main_grad.add_(param.grad.data) (megatron/model/distributed.py at b4bc51b1)."""
+    pp_p2p: str = "batched"
+    """How pipeline stages exchange a micro-batch's activation and its gradient (timing._p2p). `batched`: a
+    stage posts its send and its receive of a step together, and one transfer each way per micro-batch is on
+    the critical path: torch.distributed.pipelining's schedules (shoal train) and Megatron-LM's
+    send_forward_recv_backward both batch them with batch_isend_irecv. `blocking`: DeepSpeed's PipelineEngine
+    (runtime/pipe/engine.py and p2p.py at 30965ea7, October 2021; the same since the engine came, 65c2f974,
+    September 2020): every send and receive is a blocking call of its own, a middle stage runs four per
+    micro-batch one after another (TrainSchedule: RecvActivation and SendGrad before the forward, SendActivation
+    and RecvGrad before the backward), each a small metadata tensor and then the 1/tp slice, and every tensor
+    it receives is put back whole by an all-gather over the TP group (PartitionedTensor.full: zeros, the
+    gather, a clone) before it is used: the forward's input, and in backward the saved output and its
+    gradient. Megatron-DeepSpeed's runs (MT-NLG, BLOOM, GLM-130B) and GPT-NeoX's (DeeperSpeed) run it."""
     grad_compression: str = "none"
     """parallel.grad_compression: scales the data-parallel gradient bytes (planner/slow_links.py)."""
     topk_density: float = 0.1
@@ -129,7 +154,7 @@ class Workload:
         return cls(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash",
                    weight_gather="bf16" if t.precision == "bf16-params" else "fp32",
                    kernels="fused" if t.compile else "eager", moe_dispatch="per-expert", moe_probs="output",
-                   fp8_saves="input",
+                   fp8_saves="input", grad_accumulation="separate",
                    document_mask=job.cfg.data.document_mask, **slow_link_fields(asdict(job.cfg.parallel)))
 
     @property

@@ -210,15 +210,15 @@ def test_shape_flags_express_a_head_dim_apart_from_the_hidden_size(capsys):
 
 
 def test_an_emitted_plan_is_planned_as_shoal_train_runs(tmp_path, capsys):
-    """--emit writes a recipe for shoal train, so its MoE and FP8 settings default to shoal's own (the ones
+    """--emit writes a recipe for shoal train, so its MoE, FP8 and accumulation settings default to shoal's own (the ones
     its memory check plans with: Workload.of_job), not the published stacks' of a plain GPU plan."""
     from shoal.cli.main import main
 
     args = ["plan", "--model", "mixtral-8x7b", "--seq-len", "4096", "--global-batch", "64", "--gpu", "h100",
             "--gpus", "32", "--precision", "fp8", "--top", "1", "--json"]
-    settings = ("moe_dispatch", "moe_probs", "fp8_saves", "weight_gather")
-    for extra, expected in (([], ("dedup", "activation", "fp8", "bf16")),
-                            (["--emit", str(tmp_path / "r.toml")], ("per-expert", "output", "input", "fp32"))):
+    settings = ("moe_dispatch", "moe_probs", "fp8_saves", "weight_gather", "grad_accumulation", "pp_p2p")
+    for extra, expected in (([], ("dedup", "activation", "fp8", "bf16", "fused", "batched")),
+                            (["--emit", str(tmp_path / "r.toml")], ("per-expert", "output", "input", "fp32", "separate", "batched"))):
         assert main(args + extra) == 0
         workload = json.loads(capsys.readouterr().out)["workload"]
         assert tuple(workload[k] for k in settings) == expected
