@@ -21,7 +21,9 @@ from pathlib import Path
 from shoal.model import analytics
 from shoal.model.config import PRESETS, ModelConfig
 from shoal import hardware
+from shoal.planner.request import STACK_FLAGS
 from shoal.planner.search import Fixed, evaluate_pinned, search
+from shoal.planner.stacks import stack_settings
 from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload
 
@@ -59,11 +61,9 @@ def predict(run: dict, cfg: ModelConfig):
     if run.get("hw"):
         gpu = hardware.apply_overrides(gpu, run["hw"])
     lay = run["layout"]
-    wl = Workload(cfg, run["seq"], run["global_batch"], attention=run.get("attention", "flash"),
-                  precision=run.get("precision", "bf16"), moe_dispatch=run.get("moe_dispatch", "dedup"),
-                  loss=run.get("loss", "fp32"), adam_moments=run.get("adam_moments", "fp32"),
-                  grad_overlap=run.get("grad_overlap", True), pp_p2p=run.get("pp_p2p", "batched"),
-                  grad_accumulation=run.get("grad_accumulation", "fused"))
+    # The row's stack (stacks.py), then the settings the row gives itself; the rest are the Workload's defaults.
+    settings = stack_settings(run.get("stack"), {name: run.get(name) for name in STACK_FLAGS})
+    wl = Workload(cfg, run["seq"], run["global_batch"], precision=run.get("precision", "bf16"), **settings)
     cluster = Cluster(gpu, run["gpus"], gpu.gpus_per_node)
     if "micro_batch" not in lay or "recompute" not in lay:
         # The source leaves them out: search them, as `shoal plan` does with only these dimensions pinned.

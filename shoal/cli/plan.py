@@ -13,6 +13,7 @@ from shoal.cli.argtypes import non_empty, nonnegative_float, positive_float
 from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
+from shoal.planner.stacks import STACKS
 from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_SAVES, KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS,
                                     GRAD_ACCUMULATION, PP_P2P, PRECISIONS, WEIGHT_GATHERS)
 
@@ -68,6 +69,11 @@ def _workload_flags(p) -> None:
                    help="with --precision fp8, what a GEMM keeps of its input for backward: fp8 (its 1-byte cast, as "
                         "Transformer Engine and DeepSeek-V3; default) or input (the 16-bit input, as torchao's "
                         "Float8Linear and shoal train: the default with --emit or --gpu local)")
+    w.add_argument("--stack", choices=tuple(STACKS),
+                   help="the software the run trains on, which sets the stack settings below that are not given "
+                        "(docs/planner.md, shoal/planner/stacks.py): shoal (shoal train: the default with --emit or "
+                        "--gpu local), megatron-bridge, torchtitan, megatron-lm-2021, megatron-deepspeed; without it "
+                        "each setting takes its own default")
     w.add_argument("--weight-gather", choices=WEIGHT_GATHERS,
                    help="the dtype sharded weights are gathered in (ZeRO-3, ZeRO-1/2's re-gather): bf16 (default: "
                         "torchtitan, Megatron-Core, DeepSpeed) or fp32 (shoal train under bf16/fp8/fp16, whose FSDP2 "
@@ -80,10 +86,10 @@ def _workload_flags(p) -> None:
                    help="dedup (default on GPUs): the expert all-to-all sends a token once per rank holding its "
                         "experts, in FP8 under fp8 (DeepEP); per-expert (the default with --emit or --gpu local): one copy per "
                         "chosen expert in the activations' precision (Megatron-Core's alltoall dispatcher, shoal train)")
-    w.add_argument("--adam-moments", choices=ADAM_MOMENTS, default="fp32",
+    w.add_argument("--adam-moments", choices=ADAM_MOMENTS,
                    help="the dtype of Adam's two moments: fp32 (default) or bf16 (DeepSeek-V3; Megatron-Core's "
                         "precision-aware optimizer with exp_avg_dtype bf16), 4 bytes less per parameter")
-    w.add_argument("--loss", choices=LOSSES, default="fp32",
+    w.add_argument("--loss", choices=LOSSES,
                    help="with fused kernels, what the cross-entropy keeps per logit: fp32 (its fp32 logits and their "
                         "gradient, 8 bytes; default), te (Transformer Engine's, the gradient over the 16-bit logits, "
                         "2 bytes) or megatron (Megatron-Core's own fused loss, 6 bytes)")
@@ -92,14 +98,14 @@ def _workload_flags(p) -> None:
                         "(default on GPUs: inside the expert's SwiGLU, as Megatron-Core; its combine keeps nothing) "
                         "or output (the default with --emit or --gpu local: after the expert, as shoal train, which keeps the "
                         "expert outputs for backward)")
-    w.add_argument("--attention", choices=ATTENTION, default="flash",
+    w.add_argument("--attention", choices=ATTENTION,
                    help="flash: the device's own fused kernel (cuDNN on Hopper+, as shoal and Transformer Engine "
                         "run it; default); flash2: FlashAttention-2, PyTorch SDPA's default backend; unfused: S×S "
                         "scores in memory, as Megatron-LM before flash attention")
     w.add_argument("--document-mask", action="store_true",
                    help="packed documents attend only within themselves (data.document_mask): an explicit mask "
                         "per layer, and attention without the causal skip")
-    w.add_argument("--grad-overlap", choices=("on", "off"), default="on",
+    w.add_argument("--grad-overlap", choices=("on", "off"),
                    help="on (default): the gradient reduction runs beside the backward and the parameter gather beside "
                         "the next forward (DDP, FSDP, Megatron-Core --overlap-grad-reduce); off: both after the last "
                         "backward, as Megatron-LM until 2023 and DeepSpeed's pipeline engine ran them")
@@ -108,7 +114,7 @@ def _workload_flags(p) -> None:
                         "(Megatron-Core, Transformer Engine); separate (the default with --emit or --gpu local): a "
                         "pass over the GPU's gradients per micro-batch adds it, as PyTorch autograd (shoal train, "
                         "DeepSpeed's pipeline engine) and Megatron-LM's 2021 DDP do")
-    w.add_argument("--pp-p2p", choices=PP_P2P, default="batched",
+    w.add_argument("--pp-p2p", choices=PP_P2P,
                    help="batched (default): a pipeline stage posts a step's send and receive together (shoal train, "
                         "Megatron-LM); blocking: each send and receive on its own, four per micro-batch, the 1/tp "
                         "slices re-gathered over TP, as DeepSpeed's pipeline engine runs them")

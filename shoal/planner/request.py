@@ -21,6 +21,7 @@ from shoal.model.config import ModelConfig, get_preset
 from shoal.planner import cost, energy, scaling
 from shoal.planner.evaluate import Plan
 from shoal.planner.search import Fixed, SearchResult, evaluate_pinned, search
+from shoal.planner.stacks import stack_settings
 from shoal.planner.workload import Cluster, Workload
 
 
@@ -85,6 +86,11 @@ SHAPE_FLAGS = {"n_layers": "layers", "dim": "hidden", "n_heads": "heads", "n_kv_
 """ModelConfig field -> the `shoal plan` flag (argparse's name) that sets it."""
 
 
+STACK_FLAGS = ("attention", "fp8_saves", "weight_gather", "grad_accumulation", "moe_dispatch", "moe_probs", "loss",
+               "adam_moments", "grad_overlap", "pp_p2p")
+"""The stack settings `shoal plan` takes as flags (--stack fills the ones not given: stacks.py)."""
+
+
 def build(args) -> Inputs:
     """The flags -> the planner's inputs, every one checked before any search."""
 
@@ -113,20 +119,14 @@ def build(args) -> Inputs:
                                             f"with --hw peak_fp8_flops=...")
     _slow_link_flags(args)
     kernels = args.kernels or ("eager" if local_hardware.is_local(gpu) else "fused")
-    # The local CPU, and a plan written as a recipe (--emit), plan shoal train as it runs (Workload.of_job): its
-    # dispatcher sends a copy per expert, its MoE weighs the experts' outputs, torchao keeps FP8 GEMMs' 16-bit
-    # inputs; otherwise the stacks published runs use (Megatron-Core with Transformer Engine, DeepEP).
+    # The local CPU, and a plan written as a recipe (--emit), plan shoal train as it runs (Workload.of_job);
+    # otherwise the stack named, or the Workload's defaults (stacks.py).
     plans_shoal = local_hardware.is_local(gpu) or bool(getattr(args, "emit", None))
-    moe_dispatch = args.moe_dispatch or ("per-expert" if plans_shoal else "dedup")
-    moe_probs = args.moe_probs or ("output" if plans_shoal else "activation")
-    fp8_saves = args.fp8_saves or ("input" if plans_shoal else "fp8")
-    weight_gather = args.weight_gather or ("fp32" if plans_shoal else "bf16")  # as Workload.of_job
-    grad_accumulation = args.grad_accumulation or ("separate" if plans_shoal else "fused")
-    workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, attention=args.attention,
-                        kernels=kernels, moe_dispatch=moe_dispatch, moe_probs=moe_probs, loss=args.loss,
-                        adam_moments=args.adam_moments, document_mask=args.document_mask,
-                        fp8_saves=fp8_saves, weight_gather=weight_gather, grad_overlap=args.grad_overlap == "on",
-                        pp_p2p=args.pp_p2p, grad_accumulation=grad_accumulation,
+    given = {name: getattr(args, name) for name in STACK_FLAGS}
+    given["grad_overlap"] = None if args.grad_overlap is None else args.grad_overlap == "on"
+    settings = stack_settings(args.stack or ("shoal" if plans_shoal else None), given)
+    workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, kernels=kernels,
+                        document_mask=args.document_mask, **settings,
                         grad_compression=args.grad_compression, topk_density=args.topk_density,
                         powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,
                         diloco_quantize=args.diloco_quantize, diloco_overlap_steps=args.diloco_overlap_steps)

@@ -144,18 +144,19 @@ class Workload:
 
     @classmethod
     def of_job(cls, job) -> Workload:
-        """What a `shoal train` job (shoal.job.Job) computes and sends: its model, batch, precision,
-        the attention it runs (with its document mask) and its slow-link settings."""
+        """What a `shoal train` job (shoal.job.Job) computes and sends: its model, batch, precision, how
+        shoal's software runs it (stacks.STACKS["shoal"]; compiled or not, bf16-params gathering bf16), its
+        document mask and its slow-link settings."""
         from dataclasses import asdict
 
         from shoal.planner.slow_links import slow_link_fields
+        from shoal.planner.stacks import STACKS
 
         t = job.cfg.train
-        return cls(job.model, t.seq_len, t.global_batch, precision=t.precision, attention="flash",
-                   weight_gather="bf16" if t.precision == "bf16-params" else "fp32",
-                   kernels="fused" if t.compile else "eager", moe_dispatch="per-expert", moe_probs="output",
-                   fp8_saves="input", grad_accumulation="separate",
-                   document_mask=job.cfg.data.document_mask, **slow_link_fields(asdict(job.cfg.parallel)))
+        settings = {**STACKS["shoal"], **({"weight_gather": "bf16"} if t.precision == "bf16-params" else {})}
+        return cls(job.model, t.seq_len, t.global_batch, precision=t.precision,
+                   kernels="fused" if t.compile else "eager", document_mask=job.cfg.data.document_mask,
+                   **settings, **slow_link_fields(asdict(job.cfg.parallel)))
 
     @property
     def gathered_weight_bytes(self) -> int:

@@ -234,3 +234,15 @@ def test_json_pins_context_parallel_offload_and_fp16():
     assert (p["strategy"]["cp"], p["strategy"]["offload"], p["precision"]) == (2, "optimizer", "fp16")
     assert p["memory_breakdown_gib"]["optimizer"] == 0 and p["host_memory_gib"] > 0
     assert p["time_breakdown_s"]["offload"] > 0 and p["time_breakdown_s"]["cp_comm"] >= 0
+
+
+def test_a_stack_sets_the_settings_not_given(capsys):
+    from shoal.cli.main import main
+
+    args = ["plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--gpu", "h100", "--gpus", "8",
+            "--top", "1", "--json", "--stack", "megatron-deepspeed"]
+    for extra, expected in (([], ("unfused", False, "blocking", "fp32")),
+                            (["--attention", "flash", "--loss", "te"], ("flash", False, "blocking", "te"))):
+        assert main(args + extra) == 0
+        workload = json.loads(capsys.readouterr().out)["workload"]
+        assert (workload["attention"], workload["grad_overlap"], workload["pp_p2p"], workload["loss"]) == expected

@@ -1,0 +1,41 @@
+"""The software published runs train on, as the planner's settings: which value of each stack setting
+(render.STACK_SETTINGS, the Workload fields that say how the software runs the layer) one stack fixes.
+
+What each value means, and the code or paper it comes from, is in the field's docstring (workload.py);
+this table only says which stack runs which. `shoal plan --stack NAME` starts from an entry and a flag
+given beside it wins; without --stack a GPU plan takes the Workload's defaults (the most common choice
+among published stacks), and --emit or --gpu local take `shoal` (a recipe is what shoal train runs, and
+Workload.of_job checks a job with the same entry).
+"""
+
+from __future__ import annotations
+
+STACKS: dict[str, dict[str, object]] = {
+    # shoal train: SDPA's fused kernels, torchao's Float8Linear, FSDP2 over the fp32 weights, autograd's
+    # accumulation, its own MoE layer and all-to-all (parallel/, model/moe.py).
+    "shoal": dict(attention="flash", fp8_saves="input", weight_gather="fp32", grad_accumulation="separate",
+                  moe_dispatch="per-expert", moe_probs="output"),
+    # Megatron-Core with Transformer Engine as Megatron-Bridge's recipes and performance scripts set it up
+    # (TE's cuDNN attention, FP8 GEMMs saving their FP8 inputs, the alltoall dispatcher, SwiGLU-weighted
+    # experts, cross_entropy_fusion_impl "te", bf16 weights gathered by the distributed optimizer, gradients
+    # accumulated in the GEMM).
+    "megatron-bridge": dict(attention="flash", fp8_saves="fp8", weight_gather="bf16", grad_accumulation="fused",
+                            moe_dispatch="per-expert", moe_probs="activation", loss="te"),
+    # torchtitan: SDPA's default FlashAttention-2 backend, torchao's Float8Linear, FSDP2 gathering bf16
+    # (param_dtype bfloat16).
+    "torchtitan": dict(attention="flash2", fp8_saves="input", weight_gather="bf16"),
+    # Megatron-LM of 2021-22 (Narayanan et al. 2021): attention without flash kernels, its DDP hook's
+    # accumulation, the gradient reduction after the last backward.
+    "megatron-lm-2021": dict(attention="unfused", grad_overlap=False, grad_accumulation="separate"),
+    # Megatron-DeepSpeed (MT-NLG, BLOOM, GPT-NeoX, GLM-130B): the same, pipelined by DeepSpeed's engine with
+    # its blocking transfers.
+    "megatron-deepspeed": dict(attention="unfused", grad_overlap=False, grad_accumulation="separate",
+                               pp_p2p="blocking"),
+}
+
+
+def stack_settings(stack: str | None, given: dict[str, object]) -> dict[str, object]:
+    """The Workload's stack fields for a plan: the named stack's values, then the ones given (None: not given)."""
+    settings = dict(STACKS[stack]) if stack else {}
+    settings.update({name: value for name, value in given.items() if value is not None})
+    return settings
