@@ -62,7 +62,8 @@ def predict(run: dict, cfg: ModelConfig):
     wl = Workload(cfg, run["seq"], run["global_batch"], attention=run.get("attention", "flash"),
                   precision=run.get("precision", "bf16"), moe_dispatch=run.get("moe_dispatch", "dedup"),
                   loss=run.get("loss", "fp32"), adam_moments=run.get("adam_moments", "fp32"),
-                  grad_overlap=run.get("grad_overlap", True))
+                  grad_overlap=run.get("grad_overlap", True), grad_reduce=run.get("grad_reduce", "fp32"),
+                  fp8_gather=run.get("fp8_gather", "none"), pp_overlap=run.get("pp_overlap", False))
     cluster = Cluster(gpu, run["gpus"], gpu.gpus_per_node)
     if "micro_batch" not in lay or "recompute" not in lay:
         # The source leaves them out: search them, as `shoal plan` does with only these dimensions pinned.

@@ -13,8 +13,8 @@ from shoal.cli.argtypes import non_empty, nonnegative_float, positive_float
 from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
-from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_SAVES, KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS,
-                                    PRECISIONS)
+from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_GATHERS, FP8_SAVES, GRAD_REDUCES, KERNELS, LOSSES,
+                                    MOE_DISPATCH, MOE_PROBS, PRECISIONS)
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -99,6 +99,16 @@ def _workload_flags(p) -> None:
                    help="on (default): the gradient reduction runs beside the backward and the parameter gather beside "
                         "the next forward (DDP, FSDP, Megatron-Core --overlap-grad-reduce); off: both after the last "
                         "backward, as Megatron-LM until 2023 and DeepSpeed's pipeline engine ran them")
+    w.add_argument("--grad-reduce", choices=GRAD_REDUCES, default="fp32",
+                   help="the dtype gradients are reduced in across data-parallel ranks: fp32 (default; shoal, "
+                        "torchtitan, Megatron's default) or bf16 (Megatron-Bridge's performance recipes)")
+    w.add_argument("--fp8-gather", choices=FP8_GATHERS, default="none",
+                   help="with --precision fp8, which all-gathers move FP8: none (default, as shoal train), "
+                        "activations (sequence-parallel gathers of the GEMM inputs: Transformer Engine) or all "
+                        "(also the ZeRO weight gathers: Megatron-Core's fp8_param_gather)")
+    w.add_argument("--pp-overlap", choices=("on", "off"), default="off",
+                   help="on: an interleaved pipeline's sends and receives run beside the chunk computed meanwhile "
+                        "(Megatron's overlap_p2p_comm); off (default): on the critical path, as shoal train runs them")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
     w.add_argument("--hw-file", metavar="TOML", type=non_empty("--hw-file hw.toml"),

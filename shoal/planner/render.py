@@ -36,8 +36,8 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-STACK_SETTINGS = ("attention", "kernels", "document_mask", "grad_overlap", "fp8_saves", "moe_dispatch", "moe_probs",
-                  "loss", "adam_moments")
+STACK_SETTINGS = ("attention", "kernels", "document_mask", "grad_overlap", "grad_reduce", "pp_overlap", "fp8_saves",
+                  "fp8_gather", "moe_dispatch", "moe_probs", "loss", "adam_moments")
 """The Workload fields `--json` reports beside the batch: how the planned software runs the layer."""
 
 

@@ -124,6 +124,7 @@ def build(args) -> Inputs:
                         kernels=kernels, moe_dispatch=moe_dispatch, moe_probs=moe_probs, loss=args.loss,
                         adam_moments=args.adam_moments, document_mask=args.document_mask,
                         fp8_saves=fp8_saves, grad_overlap=args.grad_overlap == "on",
+                        grad_reduce=args.grad_reduce, fp8_gather=args.fp8_gather, pp_overlap=args.pp_overlap == "on",
                         grad_compression=args.grad_compression, topk_density=args.topk_density,
                         powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,
                         diloco_quantize=args.diloco_quantize, diloco_overlap_steps=args.diloco_overlap_steps)
