@@ -72,3 +72,13 @@ def test_the_flags_reach_the_plans_workload(capsys):
     assert main(args + ["--grad-reduce", "bf16", "--fp8-gather", "all", "--pp-overlap", "on"]) == 0
     workload = json.loads(capsys.readouterr().out)["workload"]
     assert (workload["grad_reduce"], workload["fp8_gather"], workload["pp_overlap"]) == ("bf16", "all", True)
+
+
+def test_fp8_gathers_without_fp8_are_named_as_ignored():
+    import argparse
+
+    from shoal.planner.request import ignored_flags
+
+    args = argparse.Namespace(precision="bf16", fp8_gather="all")
+    assert any("--fp8-gather=all has no effect" in line for line in ignored_flags(args))
+    assert not ignored_flags(argparse.Namespace(precision="fp8", fp8_gather="all"))
