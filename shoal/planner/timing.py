@@ -351,7 +351,7 @@ def _p2p(k: _Kernels) -> float:
     send = lay.virtual_stages * one
     if k.dualpipe:  # a DualPipe pair's sends run beside its kernels too (DeepSeek-V3 §3.2.1)
         return k.paired * overlap(send, k.layers * k.fwd, k.gpu.overlap_cost) + (1 - k.paired) * send
-    if k.workload.pp_overlap and lay.virtual_stages > 1:
+    if k.workload.pp_overlap and lay.pp_schedule == "interleaved-1f1b" and lay.virtual_stages > 1:
         # Megatron's overlap_p2p_comm (Workload.pp_overlap): each chunk's send and receive run beside the chunk
         # computed meanwhile, its layers' forward, and show only beyond it
         chunk = k.layers / lay.virtual_stages * k.fwd

@@ -55,6 +55,8 @@ def test_pipeline_overlap_hides_interleaved_sends_only():
     assert hidden.pp_comm < 0.5 * waited.pp_comm and hidden.step < waited.step
     plain = dataclasses.replace(inter, pp_schedule="1f1b", pp_virtual_stages=1)
     assert _step(plain, 128, pp_overlap=True).pp_comm == _step(plain, 128).pp_comm  # Megatron: interleaved only
+    zb = dataclasses.replace(inter, pp_schedule="zero-bubble")  # not Megatron's schedule: nothing overlapped
+    assert _step(zb, 128, pp_overlap=True).pp_comm == _step(zb, 128).pp_comm
 
 
 def test_the_defaults_are_shoal_trains_stack():
