@@ -116,7 +116,7 @@ class Workload:
     fp8_param_gather, on in Megatron-Bridge's FP8 recipes: training/mixed_precision.py at 00b7660b,
     bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed). Time only: memory as with 16-bit gathers."""
     pp_overlap: bool = False
-    """Whether an interleaved pipeline's sends and receives run beside the chunk computed meanwhile (timing._p2p):
+    """Whether an interleaved 1F1B pipeline's sends and receives run beside the chunk computed meanwhile (timing._p2p):
     Megatron's overlap_p2p_comm, which posts a chunk's isend/irecv and waits for them only before the chunk that
     needs them; Megatron-LM's command line turns it on for interleaved schedules (--no-overlap-p2p-communication
     turns it off), NeMo's launcher configs set it (conf/training/llama/llama2_70b.yaml, gpt3/175b.yaml) and
