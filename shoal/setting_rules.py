@@ -41,6 +41,7 @@ ENABLED_BY = {
     "sequence_parallel": ("tp", "> 1"),
     "checkpoint.async_save": ("checkpoint.every", "> 0"),  # not the layout's, but the same kind of switch
     "train.fp8_recipe": ("train.precision", "fp8"),
+    "fp8_gather": ("precision", "fp8"),  # the planner's --fp8-gather (planner/workload.py)
     "train.loss_scale": ("train.precision", "fp16"), "train.loss_scale_window": ("train.precision", "fp16"),
 }
 

@@ -14,8 +14,8 @@ from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
 from shoal.planner.stacks import STACKS
-from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_SAVES, KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS,
-                                    GRAD_ACCUMULATION, PP_P2P, PRECISIONS, WEIGHT_GATHERS)
+from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_GATHERS, FP8_SAVES, GRAD_ACCUMULATION, GRAD_REDUCES,
+                                    KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS, PP_P2P, PRECISIONS, WEIGHT_GATHERS)
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -118,6 +118,16 @@ def _workload_flags(p) -> None:
                    help="batched (default): a pipeline stage posts a step's send and receive together (shoal train, "
                         "Megatron-LM); blocking: each send and receive on its own, four per micro-batch, the 1/tp "
                         "slices re-gathered over TP, as DeepSpeed's pipeline engine runs them")
+    w.add_argument("--grad-reduce", choices=GRAD_REDUCES,
+                   help="the dtype gradients are reduced in across data-parallel ranks: fp32 (default; shoal, "
+                        "torchtitan, Megatron's default) or bf16 (Megatron-Bridge's performance recipes)")
+    w.add_argument("--fp8-gather", choices=FP8_GATHERS,
+                   help="with --precision fp8, which all-gathers move FP8: none (default, as shoal train), "
+                        "activations (sequence-parallel gathers of the GEMM inputs: Transformer Engine) or all "
+                        "(also the ZeRO weight gathers: Megatron-Core's fp8_param_gather)")
+    w.add_argument("--pp-overlap", choices=("on", "off"),
+                   help="on: an interleaved pipeline's sends and receives run beside the chunk computed meanwhile "
+                        "(Megatron's overlap_p2p_comm); off (default): on the critical path, as shoal train runs them")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
     w.add_argument("--hw-file", metavar="TOML", type=non_empty("--hw-file hw.toml"),

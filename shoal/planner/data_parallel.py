@@ -16,7 +16,18 @@ GRAD_REDUCE_BYTES = 4
 """Gradients are reduced in fp32 under bf16 mixed precision: shoal's FSDP2 policy (reduce_dtype=float32,
 parallel/data_parallel.py), torchtitan's default, Composer's DEFAULT policy and Megatron's
 --accumulate-allreduce-grads-in-fp32. So reduce-scatters and all-reduces of gradients move 4 bytes per
-parameter while parameter all-gathers move 2."""
+parameter while parameter all-gathers move 2. A stack that reduces in bf16 says so (Workload.grad_reduce)."""
+
+
+def grad_reduce_bytes(workload) -> int:
+    """Bytes per gradient element on the wire under 16-bit mixed precision (Workload.grad_reduce)."""
+    return 2 if workload.grad_reduce == "bf16" else GRAD_REDUCE_BYTES
+
+
+def weight_gather_bytes(workload, elem: int) -> int:
+    """Bytes per weight a ZeRO all-gather moves: the compute dtype's, or one byte where the stack keeps its
+    weights in FP8 and gathers them so (Workload.fp8_gather `all`; MXFP8's one scale per 32 left out)."""
+    return 1 if workload.precision == "fp8" and workload.fp8_gather == "all" else elem
 
 
 def overlap(comm: float, compute: float, cost: float) -> float:
@@ -47,14 +58,15 @@ class DataParallel:
         self.g_dp, self.g_edp = group_ranks_per_node(self.n, inner, k.G), group_ranks_per_node(self.edp, edp_stride, k.G)
         self.net, self.net_edp = k.net.for_group(self.n, inner), k.net.for_group(self.edp, edp_stride)
         # An XLA device reduces them in the compute dtype, before the cast back to fp32 (catalog.GPU.xla_step)
-        self.grad = (k.elem if k.prec == "fp32" or k.gpu.xla_step else GRAD_REDUCE_BYTES) * grad_wire_factor(
+        self.weight = weight_gather_bytes(w, k.gathered)
+        self.grad = (k.elem if k.prec == "fp32" or k.gpu.xla_step else grad_reduce_bytes(w)) * grad_wire_factor(
             w.grad_compression, lay.dp, cfg, w.topk_density, w.powersgd_rank)
         # Once-per-step reductions go in buckets, each its own collective paying its latency: plain DDP's
         # 25 MiB; sharded optimizers (ZeRO-1/2) as Megatron-Core's distributed optimizer buckets them, max(40M,
         # 1M x dp) parameters (distributed_data_parallel.py: larger with dp "to ensure collectives do not become
         # latency-bound").
         ddp = lay.replicates_with_ddp and lay.zero == 0
-        self.bucket_bytes = DDP_BUCKET_BYTES if ddp else max(40e6, 1e6 * self.n) * GRAD_REDUCE_BYTES
+        self.bucket_bytes = DDP_BUCKET_BYTES if ddp else max(40e6, 1e6 * self.n) * grad_reduce_bytes(w)
         self.buckets = self.bucket_count(self.params.dense * self.grad)
 
     def bucket_count(self, nbytes: float) -> int:
@@ -62,8 +74,7 @@ class DataParallel:
 
     def gather(self, n_dense: float, n_expert: float, nbytes: int | None = None, buckets: int = 1) -> float:
         """All-gather (or reduce-scatter: same time) of these many unsharded parameters, in `buckets` calls."""
-        k = self.k
-        nbytes = k.gathered if nbytes is None else nbytes
+        nbytes = self.weight if nbytes is None else nbytes
         if self.n == 1:
             return 0.0
         return buckets * (coll.all_gather(n_dense * nbytes / buckets, self.n, self.g_dp, self.net)

@@ -36,8 +36,8 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-STACK_SETTINGS = ("attention", "kernels", "document_mask", "grad_overlap", "grad_accumulation", "pp_p2p",
-                  "fp8_saves", "moe_dispatch", "moe_probs", "loss", "adam_moments", "weight_gather")
+STACK_SETTINGS = ("attention", "kernels", "document_mask", "grad_overlap", "grad_accumulation", "pp_p2p", "grad_reduce",
+                  "pp_overlap", "fp8_saves", "fp8_gather", "moe_dispatch", "moe_probs", "loss", "adam_moments", "weight_gather")
 """The Workload fields `--json` reports beside the batch: how the planned software runs the layer."""
 
 

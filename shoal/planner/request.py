@@ -87,7 +87,7 @@ SHAPE_FLAGS = {"n_layers": "layers", "dim": "hidden", "n_heads": "heads", "n_kv_
 
 
 STACK_FLAGS = ("attention", "fp8_saves", "weight_gather", "grad_accumulation", "moe_dispatch", "moe_probs", "loss",
-               "adam_moments", "grad_overlap", "pp_p2p")
+               "adam_moments", "grad_overlap", "pp_p2p", "grad_reduce", "fp8_gather", "pp_overlap")
 """The stack settings `shoal plan` takes as flags (--stack fills the ones not given: stacks.py)."""
 
 
@@ -123,7 +123,8 @@ def build(args) -> Inputs:
     # otherwise the stack named, or the Workload's defaults (stacks.py).
     plans_shoal = local_hardware.is_local(gpu) or bool(getattr(args, "emit", None))
     given = {name: getattr(args, name) for name in STACK_FLAGS}
-    given["grad_overlap"] = None if args.grad_overlap is None else args.grad_overlap == "on"
+    for switch in ("grad_overlap", "pp_overlap"):  # on/off flags, booleans in the Workload
+        given[switch] = None if given[switch] is None else given[switch] == "on"
     settings = stack_settings(args.stack or ("shoal" if plans_shoal else None), given)
     workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, kernels=kernels,
                         document_mask=args.document_mask, **settings,

@@ -18,9 +18,11 @@ STACKS: dict[str, dict[str, object]] = {
     # Megatron-Core with Transformer Engine as Megatron-Bridge's recipes and performance scripts set it up
     # (TE's cuDNN attention, FP8 GEMMs saving their FP8 inputs, the alltoall dispatcher, SwiGLU-weighted
     # experts, cross_entropy_fusion_impl "te", bf16 weights gathered by the distributed optimizer, gradients
-    # accumulated in the GEMM).
+    # accumulated in the GEMM and reduced in bf16, FP8 weights and activations gathered in FP8, interleaved
+    # pipelines' transfers beside the compute).
     "megatron-bridge": dict(attention="flash", fp8_saves="fp8", weight_gather="bf16", grad_accumulation="fused",
-                            moe_dispatch="per-expert", moe_probs="activation", loss="te"),
+                            moe_dispatch="per-expert", moe_probs="activation", loss="te", grad_reduce="bf16",
+                            fp8_gather="all", pp_overlap=True),
     # torchtitan: SDPA's default FlashAttention-2 backend, torchao's Float8Linear, FSDP2 gathering bf16
     # (param_dtype bfloat16).
     "torchtitan": dict(attention="flash2", fp8_saves="input", weight_gather="bf16"),

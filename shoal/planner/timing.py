@@ -241,7 +241,11 @@ def _tp_comm(k: _Kernels) -> tuple[float, float]:
     redistribute = gpu.tp_redistribute_latency + k.act * gpu.tp_redistribute_per_byte
     net = k.net.for_group(lay.tp, lay.rank_stride("tp"))
     if lay.tp > 1 and lay.sequence_parallel:
-        tp_fwd = 4 * (coll.all_gather(k.act, lay.tp, k.g_tp, net) + redistribute)  # 2 all-gathers + 2 reduce-scatters
+        # 2 all-gathers (in front of QKV and the first MLP GEMM; in backward the output gradients in front of
+        # the row-parallel GEMMs' dgrad) + 2 reduce-scatters (the row-parallel outputs; in backward the dgrads)
+        gathered = k.act * (0.5 if k.prec == "fp8" and k.workload.fp8_gather != "none" else 1.0)  # Workload.fp8_gather
+        tp_fwd = 2 * (coll.all_gather(gathered, lay.tp, k.g_tp, net) + coll.all_gather(k.act, lay.tp, k.g_tp, net)
+                      + 2 * redistribute)
     elif lay.tp > 1:
         tp_fwd = 2 * (coll.all_reduce(k.act, lay.tp, k.g_tp, net) + gpu.tp_redistribute_latency)
     else:
@@ -360,12 +364,18 @@ def _p2p(k: _Kernels) -> tuple[float, float]:
     same_node = lay.rank_stride("pp") < k.G
     # Only 1/tp of the activation crosses: sequence parallelism leaves it split, and without it
     # Megatron's scatter/gather sends a 1/tp slice and all-gathers it over NVLink (Narayanan §4.1).
-    send = lay.virtual_stages * coll.p2p(k.act / lay.tp, same_node, k.net)
+    one = coll.p2p(k.act / lay.tp, same_node, k.net)
+    send = lay.virtual_stages * one
     if k.workload.pp_p2p == "blocking":
         per_microbatch = lay.virtual_stages * _blocking_p2p(k, same_node)
         return per_microbatch / 2, per_microbatch / 2
     if k.dualpipe:  # a DualPipe pair's sends run beside its kernels too (DeepSeek-V3 §3.2.1)
         send = k.paired * overlap(send, k.layers * k.fwd, k.gpu.overlap_cost) + (1 - k.paired) * send
+    elif k.workload.pp_overlap and lay.pp_schedule == "interleaved-1f1b" and lay.virtual_stages > 1:
+        # Megatron's overlap_p2p_comm (Workload.pp_overlap): each chunk's send and receive run beside the chunk
+        # computed meanwhile, its layers' forward, and show only beyond it
+        chunk = k.layers / lay.virtual_stages * k.fwd
+        send = lay.virtual_stages * overlap(one, chunk, k.gpu.overlap_cost)
     return send, send
 
 

@@ -29,6 +29,8 @@ FP8_SAVES = ("fp8", "input")
 WEIGHT_GATHERS = ("bf16", "fp32")
 PP_P2P = ("batched", "blocking")
 GRAD_ACCUMULATION = ("fused", "separate")
+GRAD_REDUCES = ("fp32", "bf16")
+FP8_GATHERS = ("none", "activations", "all")
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,33 @@ class Workload:
     it receives is put back whole by an all-gather over the TP group (PartitionedTensor.full: zeros, the
     gather, a clone) before it is used: the forward's input, and in backward the saved output and its
     gradient. Megatron-DeepSpeed's runs (MT-NLG, BLOOM, GLM-130B) and GPT-NeoX's (DeeperSpeed) run it."""
+    grad_reduce: str = "fp32"
+    """The dtype gradients cross the data-parallel ranks in (data_parallel.grad_reduce_bytes). `fp32`: shoal's
+    FSDP2 policy (reduce_dtype=float32), torchtitan's default, Megatron's --accumulate-allreduce-grads-in-fp32 and
+    Megatron-Bridge's MixedPrecisionConfig.grad_reduce_in_fp32 default, Apex's DistributedFusedAdam (NeMo 1.x:
+    grad_sync_dtype defaults to its fp32 state dtype). `bf16`: half the bytes, as Megatron-Bridge's performance
+    recipes set it (grad_reduce_in_fp32 = False in scripts/performance/configs/{llama,qwen,deepseek,gpt_oss}/
+    *_llm_pretrain.py at 00b7660b). An XLA device reduces in the compute dtype whatever this says. Time only: the
+    memory is planned as with fp32 (Megatron's bf16 gradient buffer would hold 2 bytes less per parameter)."""
+    fp8_gather: str = "none"
+    """precision=fp8: which all-gathers move FP8 bytes instead of 16-bit ones (timing._tp_comm,
+    data_parallel.DataParallel.gather). `none`: every gather in 16 bits, as shoal train runs FP8 (torchao's
+    Float8Linear under plain ColwiseParallel and FSDP2). `activations`: under sequence parallelism the
+    all-gathers in front of the column-parallel GEMMs, forward and backward, move the FP8 cast: Transformer Engine
+    casts before it gathers (module/layernorm_linear.py at v1.8: the norm writes FP8, then gather_along_first_dim;
+    module/base.py grad_output_preprocess casts the output gradient before its gather; at v2.8 distributed.py
+    _all_gather_fp8 for delayed and current scaling alike); the reduce-scatters stay 16-bit (GEMM outputs).
+    `all`: the ZeRO weight gathers too, FP8 weights gathered once per step or per layer (Megatron-Core's
+    fp8_param_gather, on in Megatron-Bridge's FP8 recipes: training/mixed_precision.py at 00b7660b,
+    bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed). Time only: memory as with 16-bit gathers."""
+    pp_overlap: bool = False
+    """Whether an interleaved 1F1B pipeline's sends and receives run beside the chunk computed meanwhile (timing._p2p):
+    Megatron's overlap_p2p_comm, which posts a chunk's isend/irecv and waits for them only before the chunk that
+    needs them; Megatron-LM's command line turns it on for interleaved schedules (--no-overlap-p2p-communication
+    turns it off), NeMo's launcher configs set it (conf/training/llama/llama2_70b.yaml, gpt3/175b.yaml) and
+    Megatron-Bridge sets it wherever VP > 1 (training/comm_overlap.py at 00b7660b). False: each chunk's
+    communication on the critical path, as torch.distributed.pipelining's schedules run it for shoal train
+    (PipelineScheduleMulti waits for every time step's sends and receives before the next compute)."""
     grad_compression: str = "none"
     """parallel.grad_compression: scales the data-parallel gradient bytes (planner/slow_links.py)."""
     topk_density: float = 0.1
