@@ -111,9 +111,9 @@ class GPU:
     thread block per channel, each on its own SM, and opens 16-32 channels on NVSwitch nodes
     (NCCL_MIN_NCHANNELS/NCCL_MAX_NCHANNELS; nccl-tests prints the count), i.e. 12-24% of an H100's 132
     SMs or 15-30% of an A100's 108, and streams its buffers through HBM; 0.15 is the low end of that SM
-    share (derived, not measured; DeepSeek-V3's all-to-all kernels hold 20 of an H800's 132 SMs, arXiv:2412.19437 §3.2.2 and §3.5.1). Used
-    for the expert all-to-all, the context-parallel ring and offload copies; the data-parallel rings, whose
-    interference was measured, use ring_overlap_cost. `local`: 1.0, a CPU rank has one core and gloo's send/receive
+    share (derived, not measured; DeepSeek-V3's all-to-all kernels hold 20 of an H800's 132 SMs, arXiv:2412.19437
+    §3.2.2 and §3.5.1). Used for the expert all-to-all, the context-parallel ring and offload copies; the
+    data-parallel rings, whose interference was measured, use ring_overlap_cost. `local`: 1.0, a CPU rank has one core and gloo's send/receive
     threads run on it too, so nothing overlaps."""
     ring_overlap_cost: float = 0.61
     """The same for the data-parallel rings (FSDP's per-layer all-gathers and reduce-scatters, the gradient
