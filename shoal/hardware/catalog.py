@@ -111,8 +111,25 @@ class GPU:
     thread block per channel, each on its own SM, and opens 16-32 channels on NVSwitch nodes
     (NCCL_MIN_NCHANNELS/NCCL_MAX_NCHANNELS; nccl-tests prints the count), i.e. 12-24% of an H100's 132
     SMs or 15-30% of an A100's 108, and streams its buffers through HBM; 0.15 is the low end of that SM
-    share (derived, not measured). `local`: 1.0, a CPU rank has one core and gloo's send/receive
+    share (derived, not measured; DeepSeek-V3's all-to-all kernels hold 20 of an H800's 132 SMs, arXiv:2412.19437
+    §3.2.2 and §3.5.1). Used for the expert all-to-all, the context-parallel ring and offload copies; the
+    data-parallel rings, whose interference was measured, use ring_overlap_cost. `local`: 1.0, a CPU rank has one core and gloo's send/receive
     threads run on it too, so nothing overlaps."""
+    ring_overlap_cost: float = 0.61
+    """The same for the data-parallel rings (FSDP's per-layer all-gathers and reduce-scatters, the gradient
+    reduction and parameter gather of DDP and ZeRO-1/2) when they run over NVLink at its bus bandwidth;
+    a ring held back by the network costs its bus bandwidth's share of this (planner/data_parallel.py,
+    ring_overlap_cost). Derived from Lee et al., "Characterizing Compute-Communication Overlap in
+    GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114, 2025; GPT and LLaMA training on four A100,
+    H100, MI250 and MI210 of one node): overlapped, the compute ran 18.9% slower on average than with no
+    communication beside it, and running compute and communication one after the other was only 10.2%
+    slower than overlapping them; so the communication took (1.102 x 1.189 - 1) = 0.31 of the compute time
+    and the overlap still paid 0.189 / 0.31 = 0.61 of it (a ratio of the paper's two averages, approximate).
+    More than NCCL's SM share (overlap_cost) because the ring also streams its bytes through HBM and L2, and a
+    GEMM that filled the SMs in whole waves spills into one more wave (an H100 GEMM of 132 blocks beside a
+    24-block ncclAllGather took nearly twice as long: NVIDIA developer forums, "Compute-Communication Overlap
+    Causes Severe GEMM Performance Degradation because of Tail Effect", 2025). `local`: 1.0, as overlap_cost.
+    Not used on XLA devices (TPUs), whose collectives keep overlap_cost."""
     kernel_gap: float = 2e-6
     """Seconds each kernel costs beyond its work: launch and the idle gap between dependent kernels
     (eager PyTorch on a CPU: the per-op dispatch cost). What makes tiny models slow. 2 us is the order

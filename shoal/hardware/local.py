@@ -124,7 +124,7 @@ def gpu_from_profile(profile: dict) -> GPU:
         tp_redistribute_latency=float(profile.get("tp_redistribute_latency", 0.0)),
         tp_redistribute_per_byte=float(profile.get("tp_redistribute_per_byte", 0.0)),
         allocator_slack=LOCAL_ALLOCATOR_SLACK,
-        overlap_cost=1.0,
+        overlap_cost=1.0, ring_overlap_cost=1.0,
         reserved_bytes=LOCAL_PROCESS_BYTES,
         note=f"measured on {profile.get('host', 'this machine')} at {profile.get('measured_at', '?')} "
              f"(one thread per rank, gloo between local processes)",

@@ -17,7 +17,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(GPU)}
 _ZERO_ALLOWED = {"reserved_bytes", "peak_fp32_flops", "peak_fp8_flops", "kernel_gap", "kernel_gap_one_process",
                  "host_op_cost", "host_gemm_cost",
                  "tp_kernel_overhead", "tp_redistribute_latency", "tp_redistribute_per_byte", "power_watts",
-                 "power_limit_watts", "nodes_per_leaf", "overlap_cost", "tp_overlap", "torus_dims",
+                 "power_limit_watts", "nodes_per_leaf", "overlap_cost", "ring_overlap_cost", "tp_overlap", "torus_dims",
                  "allocator_slack", "xla_step", "usd_per_gpu_hour", "flash2_attention_efficiency", "attention_score_cost"}
 """Fields where 0 means "none" or "not set" (see each field's docstring); every other number is > 0."""
 
@@ -80,7 +80,7 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
             raise UserError(f"{source}.{key}", raw, "may not be empty; e.g. name=my-h100")
         if key.endswith("_efficiency") and not (0 < value <= 1 or value == 0 and key in _ZERO_ALLOWED):
             raise UserError(f"{source}.{key}", raw, "an efficiency is a fraction in (0, 1]")
-        if key == "overlap_cost" and value > 1:
+        if key in ("overlap_cost", "ring_overlap_cost") and value > 1:
             raise UserError(f"{source}.{key}", raw, "a share of the collective's time, in [0, 1]")
         if key not in _ZERO_ALLOWED and value == 0:
             raise UserError(f"{source}.{key}", raw, "must be positive")

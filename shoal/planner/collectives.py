@@ -5,10 +5,11 @@ nccl-tests one (shoal.comm.ops, the one table of them): all_reduce 2(n-1)/n with
 (n-1)/n with S the full (gathered) buffer; all_to_all (n-1)/n with S the per-rank send buffer.
 So the bus bandwidth a nccl-tests run reports on a tier is exactly the busbw used here.
 
-When a group spans nodes (g members per node, k = n/g nodes) the collective is hierarchical, as
-NCCL does it: reduce-scatter inside the node over NVLink, then the inter-node part on 1/g of the
-data — all g GPUs of a node drive their own NICs at once — then all-gather inside the node.
-Latency, as NCCL's own cost model counts it (src/graph/tuning.cc, ncclTopoTuneModel, NVIDIA/nccl at
+When a group spans nodes (g members per node, k = n/g nodes) NCCL's ring still runs over all n
+ranks as one pipeline: each chunk crosses NVLink and network hops at once, so the ring moves at its
+slowest hop's bandwidth, and each of a node's g members leaves the node on its own NIC for 1/g of the
+ring's channels, so the network side carries g NICs' worth (ring_busbw). A phase over NVLink followed
+by a phase over the network, which this model used to charge, takes up to twice as long. Latency, as NCCL's own cost model counts it (src/graph/tuning.cc, ncclTopoTuneModel, NVIDIA/nccl at
 01afd20): a ring over n ranks on k nodes takes n-1 steps (all_reduce 2(n-1)), k-1 of them across nodes
 (all_reduce 2(k-1)) and the other n-k over NVLink — so ring latency grows with the ranks, not the nodes,
 and a multi-node all_reduce ring of a large buffer pays 1.9x it ("plateau effect of ring"). all_reduce
@@ -109,18 +110,32 @@ def _ring_latency(n: int, k: int, net: Network, rounds: int) -> float:
     return rounds * (intra_steps * net.intra_latency + (k - 1) * net.inter_hop_latency(k))
 
 
+def ring_busbw(g: int, k: int, net: Network) -> float:
+    """Bus bandwidth of NCCL's ring (and tree) over k nodes of g group members each. NCCL's cost model
+    gives a collective one bus bandwidth, nChannels x the per-channel bandwidth of its graph (bwIntra on
+    one or two nodes, bwInter beyond: ncclTopoTuneModel in src/graph/tuning.cc, NVIDIA/nccl at 5067397),
+    not an NVLink time plus a network time: the ring is a pipeline whose hops all run at once, so its
+    slowest hop sets the pace. Each of a node's g members is the ring's way out of the node for 1/g of
+    the channels (a rail-aligned fabric, one NIC per GPU), so the network side moves g x inter_bw for
+    each member: an 8-GPU H100 node's eight 400 Gb/s NICs (8 x 45 GB/s) keep up with NVLink's 360."""
+    if k == 1:
+        return net.intra_busbw
+    if g == 1:
+        return net.inter_bw(k)
+    return min(net.intra_busbw, g * net.inter_bw(k))
+
+
 def all_reduce(nbytes: float, n: int, per_node: int, net: Network) -> float:
     """Time for an all_reduce of a `nbytes` buffer on every rank: the faster of NCCL's ring and tree."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     g, k = min(per_node, n), max(1, n // min(per_node, n))
-    intra_bw = 0.0 if g == 1 else 2 * nbytes * bus_factor("all_gather", g) / net.intra_busbw
+    wire = nbytes * bus_factor("all_reduce", n) / ring_busbw(g, k, net)
     if k == 1:
-        return _ring_latency(n, 1, net, 2) + nbytes * bus_factor("all_reduce", g) / net.intra_busbw
-    inter_bw = (nbytes / g) * bus_factor("all_reduce", k) / net.inter_bw(k)
-    ring = RING_PLATEAU * _ring_latency(n, k, net, 2) + intra_bw + inter_bw
+        return _ring_latency(n, 1, net, 2) + wire
+    ring = RING_PLATEAU * _ring_latency(n, k, net, 2) + wire
     tree = (2 * ((g - 1) * TREE_STEP_INTRA * net.intra_latency + _inter_steps(k) * TREE_STEP_INTER
-                 * net.inter_hop_latency(k)) + intra_bw + inter_bw / TREE_BANDWIDTH)
+                 * net.inter_hop_latency(k)) + wire / TREE_BANDWIDTH)
     return min(ring, tree)
 
 
@@ -129,10 +144,7 @@ def all_gather(nbytes: float, n: int, per_node: int, net: Network) -> float:
     if n <= 1 or nbytes <= 0:
         return 0.0
     g, k = min(per_node, n), max(1, n // min(per_node, n))
-    intra = 0.0 if g == 1 else nbytes * bus_factor("all_gather", g) / net.intra_busbw
-    # Across nodes first, on each GPU's own NIC: every GPU ends up with its node-slot's 1/g share.
-    inter = 0.0 if k == 1 else (nbytes / g) * bus_factor("all_gather", k) / net.inter_bw(k)
-    return _ring_latency(n, k, net, 1) + inter + intra
+    return _ring_latency(n, k, net, 1) + nbytes * bus_factor("all_gather", n) / ring_busbw(g, k, net)
 
 
 def reduce_scatter(nbytes: float, n: int, per_node: int, net: Network) -> float:

@@ -30,9 +30,22 @@ def weight_gather_bytes(workload, elem: int) -> int:
     return 1 if workload.precision == "fp8" and workload.fp8_gather == "all" else elem
 
 
+def ring_overlap_cost(gpu, net: coll.Network, n: int, g: int) -> float:
+    """Share of a data-parallel ring's duration still paid while it runs beside kernels (the device's
+    ring_overlap_cost, measured over NVLink), scaled by how fast the ring drives the GPU: NCCL opens
+    channels, each a thread block streaming through HBM, in proportion to the bus bandwidth its links allow
+    (tuning.cc: busBw = nChannels x the per-channel bandwidth), so a ring the network holds to a fraction of
+    NVLink's bus bandwidth takes that fraction of the SMs and memory traffic from the kernels beside it.
+    An XLA device keeps its overlap_cost; a device where nothing overlaps (cost 1: the `local` CPU) pays all."""
+    if gpu.xla_step or gpu.ring_overlap_cost >= 1.0:
+        return gpu.overlap_cost if gpu.xla_step else gpu.ring_overlap_cost
+    k = max(1, n // g)
+    return gpu.ring_overlap_cost * min(1.0, coll.ring_busbw(g, k, net) / net.intra_busbw)
+
+
 def overlap(comm: float, compute: float, cost: float) -> float:
     """Time a collective adds when it runs beside `compute` seconds of kernels; `cost` is the share of
-    the hidden part still paid (the device's overlap_cost)."""
+    the hidden part still paid (the device's overlap_cost, or for the data-parallel rings ring_overlap_cost)."""
     hidden = min(comm, compute)
     return (comm - hidden) + cost * hidden
 
@@ -68,6 +81,8 @@ class DataParallel:
         ddp = lay.replicates_with_ddp and lay.zero == 0
         self.bucket_bytes = DDP_BUCKET_BYTES if ddp else max(40e6, 1e6 * self.n) * grad_reduce_bytes(w)
         self.buckets = self.bucket_count(self.params.dense * self.grad)
+        # What a hidden data-parallel collective still costs: the (dense) data-parallel group's ring
+        self.hide = ring_overlap_cost(k.gpu, self.net, self.n, self.g_dp) if self.n > 1 else k.gpu.overlap_cost
 
     def bucket_count(self, nbytes: float) -> int:
         return max(1, math.ceil(nbytes / self.bucket_bytes))
@@ -83,7 +98,7 @@ class DataParallel:
     def per_layer(self, fwd: float, bwd: float) -> tuple[float, float, float]:
         """(exposed per layer forward, backward, once per step): ZeRO-2/3 collectives hide behind the
         layer they are prefetched for; the very first gather and the very last reduce-scatter show."""
-        lay, hide = self.k.lay, self.k.gpu.overlap_cost
+        lay, hide = self.k.lay, self.hide
         if not (self.n > 1 and lay.zero >= 2) or self.whole_stage:
             return 0.0, 0.0, 0.0
         # Sizes are the full (unsharded) layer on this TP rank.
@@ -93,7 +108,7 @@ class DataParallel:
 
     def per_step(self, t_f: float, t_b: float, layer_fwd: float, layer_bwd: float) -> tuple[float, float]:
         """(total, exposed) seconds of the once-per-step data-parallel traffic."""
-        k, lay, w, params, hide = self.k, self.k.lay, self.k.workload, self.params, self.k.gpu.overlap_cost
+        k, lay, w, params, hide = self.k, self.k.lay, self.k.workload, self.params, self.hide
         layer_dense, layer_expert, m, layers = params.layer_dense, params.layer_expert, k.m, k.layers
         if lay.dp > 1 and w.diloco_inner_steps:
             # DiLoCo: no gradient traffic across ranks; the parameters' all-reduce every H steps, waited for
@@ -159,7 +174,7 @@ class DataParallel:
         completes (core/distributed/param_and_grad_buffer.py, finish_param_sync), so the first bucket shows whole
         and the others hide behind the forward of the layers before them. ZeRO-2 (FSDP's per-layer units) hides
         it behind the forward."""
-        lay, hide = self.k.lay, self.k.gpu.overlap_cost
+        lay, hide = self.k.lay, self.hide
         if lay.zero != 1:
             return overlap(regather, t_f, hide)
         first = regather / lay.virtual_stages / chunk_buckets

@@ -31,9 +31,12 @@ def test_collectives_follow_nccl_tests_busbw():
     assert coll.all_to_all(S, 8, 8, NET) == pytest.approx(S * 7 / 8 / 100e9)
     # One rank per node: the whole ring runs on the NICs.
     assert coll.all_reduce(S, 16, 1, NET) == pytest.approx(S * 2 * 15 / 16 / 10e9)
-    # Hierarchical: NVLink reduce-scatter + all-gather, and 1/8 of the data over the NICs.
-    expected = 2 * S * 7 / 8 / 100e9 + (S / 8) * 2 * 15 / 16 / 10e9
-    assert coll.all_reduce(S, 128, 8, NET) == pytest.approx(expected)
+    # Across nodes NCCL's ring is one pipeline over all 128 ranks at its slowest hop's bus bandwidth: each of a
+    # node's 8 GPUs leaves it on its own NIC for 1/8 of the channels, so the network side carries 8 x 10 GB/s.
+    assert coll.all_reduce(S, 128, 8, NET) == pytest.approx(S * 2 * 127 / 128 / 80e9)
+    assert coll.all_gather(S, 128, 8, NET) == pytest.approx(S * 127 / 128 / 80e9)
+    fast_nics = dataclasses.replace(NET, inter_busbw=50e9)  # 8 x 50 GB/s outruns NVLink: NVLink sets the pace
+    assert coll.all_gather(S, 128, 8, fast_nics) == pytest.approx(S * 127 / 128 / 100e9)
     assert coll.all_reduce(S, 1, 1, NET) == 0.0
 
 
@@ -54,7 +57,7 @@ def test_groups_wider_than_a_leaf_share_the_spine():
     inside = coll.all_gather(S, 32 * 8, 8, tiered)  # 32 nodes: one leaf, full bandwidth
     assert inside == pytest.approx(coll.all_gather(S, 32 * 8, 8, NET) + 31 * 1e-5)
     wide = coll.all_gather(S, 64 * 8, 8, tiered)  # 64 nodes: through the 4:1 spine, two more hops per step
-    assert wide == pytest.approx(S * 7 / 8 / 100e9 + (S / 8) * 63 / 64 / (10e9 / 4) + 63 * 1.5e-5)
+    assert wide == pytest.approx(S * 511 / 512 / (8 * 10e9 / 4) + 63 * 1.5e-5)
     assert coll.all_reduce(S, 64 * 8, 8, tiered) > 2 * coll.all_reduce(S, 64 * 8, 8, NET)  # NVLink part unchanged
 
 

@@ -97,10 +97,11 @@ def test_the_data_parallel_wall_grows_with_ranks():
 def test_the_last_gradient_bucket_shows_whole():
     # Megatron-Core's buckets hold max(40M, 1M x dp) parameters: at dp 4096 an 8B model has 2 buckets for 32
     # layers, and the one the first layers fill cannot start before the backward ends.
-    wl, per_gpu = Workload(PRESETS["llama3-8b"], 8192, 0), {}
+    # (what hides is free here, ring_overlap_cost 0, so only the buckets' structure counts)
+    wl, per_gpu, free = Workload(PRESETS["llama3-8b"], 8192, 0), {}, dataclasses.replace(H100, ring_overlap_cost=0.0)
     for n in (256, 4096):
         t = step_time(dataclasses.replace(wl, global_batch=n), Layout(dp_shard=n, zero=1, micro_batch=1),
-                      Cluster(H100, n, 8))
+                      Cluster(free, n, 8))
         per_gpu[n] = t
     assert per_gpu[4096].dp_comm_total == pytest.approx(per_gpu[256].dp_comm_total, rel=0.05)
     assert per_gpu[4096].dp_comm > 2 * per_gpu[256].dp_comm  # half the reduction exposed, not 1/32
@@ -116,11 +117,12 @@ def test_the_first_parameter_gather_bucket_shows_whole():
 
 def test_a_reduction_after_the_backward_shows_whole():
     # Megatron-LM until 2023 and DeepSpeed's pipeline engine reduce after the last backward and gather after the
-    # optimizer step: all of it on the critical path, where the overlapped default hides most of it.
+    # optimizer step: all of it on the critical path, where the overlapped default hides most of it (what
+    # hides still costs ring_overlap_cost of its time: 0.61 over NVLink, so about a third is saved).
     wl, lay, cl = Workload(PRESETS["llama3-8b"], 8192, 256), Layout(dp_shard=256, zero=1, micro_batch=1), Cluster(H100, 256, 8)
     hidden, after = (step_time(dataclasses.replace(wl, grad_overlap=o), lay, cl) for o in (True, False))
     assert after.dp_comm == pytest.approx(after.dp_comm_total) and after.dp_comm_total == hidden.dp_comm_total
-    assert hidden.dp_comm < after.dp_comm / 2
+    assert hidden.dp_comm < 0.7 * after.dp_comm
     assert after.step - hidden.step == pytest.approx(after.dp_comm - hidden.dp_comm)
 
 def test_head_dim_and_replicated_kv_heads_are_planned():

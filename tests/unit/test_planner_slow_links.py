@@ -40,10 +40,11 @@ def test_the_dp_term_shrinks_by_the_methods_factor(changes, factor):
 
 def test_an_overlapped_outer_all_reduce_hides_behind_the_steps_beside_it():
     """diloco_overlap_steps: the same bytes, shown only past the steps' kernels it runs beside (and
-    the device's overlap cost); int8's all-to-all runs when the fragment lands, so it stays exposed."""
+    the device's ring overlap cost: a ring across 8 nodes of 8 runs at NVLink's pace, so the whole of it);
+    int8's all-to-all runs when the fragment lands, so it stays exposed."""
     total, exposed = _dp(diloco_inner_steps=50)
     total1, exposed1 = _dp(diloco_inner_steps=50, diloco_overlap_steps=1)
-    assert total1 == total and exposed1 == pytest.approx(CLUSTER.gpu.overlap_cost * total)
+    assert total1 == total and exposed1 == pytest.approx(CLUSTER.gpu.ring_overlap_cost * total)
     _, exposed8 = _dp(diloco_inner_steps=50, diloco_quantize="int8", diloco_overlap_steps=1)
     assert exposed8 == _dp(diloco_inner_steps=50, diloco_quantize="int8")[1]
 
