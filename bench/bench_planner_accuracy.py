@@ -63,7 +63,8 @@ def predict(run: dict, cfg: ModelConfig):
                   precision=run.get("precision", "bf16"), moe_dispatch=run.get("moe_dispatch", "dedup"),
                   loss=run.get("loss", "fp32"), adam_moments=run.get("adam_moments", "fp32"),
                   grad_overlap=run.get("grad_overlap", True), pp_p2p=run.get("pp_p2p", "batched"),
-                  grad_accumulation=run.get("grad_accumulation", "fused"))
+                  grad_accumulation=run.get("grad_accumulation", "fused"),
+                  zero3_impl=run.get("zero3_impl", "fsdp"))
     cluster = Cluster(gpu, run["gpus"], gpu.gpus_per_node)
     if "micro_batch" not in lay or "recompute" not in lay:
         # The source leaves them out: search them, as `shoal plan` does with only these dimensions pinned.

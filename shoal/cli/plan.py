@@ -14,7 +14,7 @@ from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
 from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_SAVES, KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS,
-                                    GRAD_ACCUMULATION, PP_P2P, PRECISIONS, WEIGHT_GATHERS)
+                                    GRAD_ACCUMULATION, PP_P2P, PRECISIONS, WEIGHT_GATHERS, ZERO3_IMPLS)
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -112,6 +112,10 @@ def _workload_flags(p) -> None:
                    help="batched (default): a pipeline stage posts a step's send and receive together (shoal train, "
                         "Megatron-LM); blocking: each send and receive on its own, four per micro-batch, the 1/tp "
                         "slices re-gathered over TP, as DeepSpeed's pipeline engine runs them")
+    w.add_argument("--zero3-impl", choices=ZERO3_IMPLS, default="fsdp",
+                   help="how ZeRO-3 gathers and reduces: fsdp (default: a layer at a time, the next prefetched, fp32 "
+                        "reduce-scatter; FSDP2, shoal train) or deepspeed-2021 (DeepSpeed v0.3.13: one all_gather per "
+                        "weight, one module ahead, host and device in step, fp16 all-reduce of gradient buckets)")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
     w.add_argument("--hw-file", metavar="TOML", type=non_empty("--hw-file hw.toml"),

@@ -126,7 +126,7 @@ def build(args) -> Inputs:
                         kernels=kernels, moe_dispatch=moe_dispatch, moe_probs=moe_probs, loss=args.loss,
                         adam_moments=args.adam_moments, document_mask=args.document_mask,
                         fp8_saves=fp8_saves, weight_gather=weight_gather, grad_overlap=args.grad_overlap == "on",
-                        pp_p2p=args.pp_p2p, grad_accumulation=grad_accumulation,
+                        pp_p2p=args.pp_p2p, grad_accumulation=grad_accumulation, zero3_impl=args.zero3_impl,
                         grad_compression=args.grad_compression, topk_density=args.topk_density,
                         powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,
                         diloco_quantize=args.diloco_quantize, diloco_overlap_steps=args.diloco_overlap_steps)

@@ -29,6 +29,7 @@ FP8_SAVES = ("fp8", "input")
 WEIGHT_GATHERS = ("bf16", "fp32")
 PP_P2P = ("batched", "blocking")
 GRAD_ACCUMULATION = ("fused", "separate")
+ZERO3_IMPLS = ("fsdp", "deepspeed-2021")
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,13 @@ class Workload:
     it receives is put back whole by an all-gather over the TP group (PartitionedTensor.full: zeros, the
     gather, a clone) before it is used: the forward's input, and in backward the saved output and its
     gradient. Megatron-DeepSpeed's runs (MT-NLG, BLOOM, GLM-130B) and GPT-NeoX's (DeeperSpeed) run it."""
+    zero3_impl: str = "fsdp"
+    """How ZeRO-3 gathers the weights and reduces the gradients. `fsdp`: a layer at a time, the next layer
+    prefetched beside this one's kernels, gradients reduce-scattered in fp32 (FSDP2 as shoal train, torchtitan
+    and llm-foundry run it; data_parallel.py). `deepspeed-2021`: DeepSpeed's ZeRO-3 of v0.3.13 (March 2021), one
+    all_gather per weight into per-rank views, one module ahead, the host synchronising the device at each
+    module, gradients all-reduced in fp16 buckets (planner/deepspeed_zero3.py); use it for runs on that stack
+    (Narayanan et al. 2021's ZeRO-3 comparison)."""
     grad_compression: str = "none"
     """parallel.grad_compression: scales the data-parallel gradient bytes (planner/slow_links.py)."""
     topk_density: float = 0.1
