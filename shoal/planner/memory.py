@@ -350,6 +350,11 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         if xla:  # the embedding outputs are the first layer's inputs, which its checkpoints hold already
             loss = logits_last if stage != "first" else 0.0
             activations, logits, buffers = _xla_peak(cfg, lay, activations, working, loss, buffers, elem)
+        elif working and stage != "first" and not lay.activation_offload:
+            # Eager too, the loss's tensors are gone before the last layer is recomputed: autograd frees a node's
+            # saved tensors when its backward runs (the loss's, then the head's), and the caching allocator hands
+            # their blocks to the recompute. Only what the loss holds beyond the recomputed layer adds to the peak.
+            logits -= min(logits_last, working)
         dynamic = activations + logits + buffers
         bd = MemoryBreakdown(params=w, grads=g, optimizer=o, activations=activations,
                              logits=logits, buffers=buffers,
