@@ -15,7 +15,8 @@ from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
 from shoal.planner.stacks import STACKS
 from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_GATHERS, FP8_SAVES, GRAD_ACCUMULATION, GRAD_REDUCES,
-                                    KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS, PP_P2P, PRECISIONS, WEIGHT_GATHERS)
+                                    KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS, PP_P2P, PRECISIONS, WEIGHT_GATHERS,
+                                    ZERO3_IMPLS)
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -128,6 +129,10 @@ def _workload_flags(p) -> None:
     w.add_argument("--pp-overlap", choices=("on", "off"),
                    help="on: an interleaved pipeline's sends and receives run beside the chunk computed meanwhile "
                         "(Megatron's overlap_p2p_comm); off (default): on the critical path, as shoal train runs them")
+    w.add_argument("--zero3-impl", choices=ZERO3_IMPLS,
+                   help="how ZeRO-3 gathers and reduces: fsdp (default: a layer at a time, the next prefetched, fp32 "
+                        "reduce-scatter; FSDP2, shoal train) or deepspeed-2021 (DeepSpeed v0.3.13: one all_gather per "
+                        "weight, one module ahead, host and device in step, fp16 all-reduce of gradient buckets)")
     w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
     w.add_argument("--hw-file", metavar="TOML", type=non_empty("--hw-file hw.toml"),

@@ -168,6 +168,13 @@ def all_to_all(nbytes: float, n: int, per_node: int, net: Network) -> float:
     return latency + max(intra, inter)
 
 
+def overlap(comm: float, compute: float, cost: float) -> float:
+    """Time a collective adds when it runs beside `compute` seconds of kernels; `cost` is the share of
+    the hidden part still paid (the device's overlap_cost, or for the data-parallel rings ring_overlap_cost)."""
+    hidden = min(comm, compute)
+    return (comm - hidden) + cost * hidden
+
+
 def p2p(nbytes: float, same_node: bool, net: Network) -> float:
     """One send/recv between two ranks (pipeline stages)."""
     if nbytes <= 0:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 from shoal.planner import collectives as coll
-from shoal.planner import pipeline
+from shoal.planner import deepspeed_zero3, pipeline
+from shoal.planner.collectives import overlap
 from shoal.planner.memory import DDP_BUCKET_BYTES, stage_params, stage_unsharded
 from shoal.planner.slow_links import QUANTIZED, grad_wire_factor
 from shoal.planner.workload import expert_grid, group_ranks_per_node
@@ -42,12 +43,6 @@ def ring_overlap_cost(gpu, net: coll.Network, n: int, g: int) -> float:
     k = max(1, n // g)
     return gpu.ring_overlap_cost * min(1.0, coll.ring_busbw(g, k, net) / net.intra_busbw)
 
-
-def overlap(comm: float, compute: float, cost: float) -> float:
-    """Time a collective adds when it runs beside `compute` seconds of kernels; `cost` is the share of
-    the hidden part still paid (the device's overlap_cost, or for the data-parallel rings ring_overlap_cost)."""
-    hidden = min(comm, compute)
-    return (comm - hidden) + cost * hidden
 
 
 
@@ -84,6 +79,19 @@ class DataParallel:
         # What a hidden data-parallel collective still costs: the (dense) data-parallel group's ring
         self.hide = ring_overlap_cost(k.gpu, self.net, self.n, self.g_dp) if self.n > 1 else k.gpu.overlap_cost
 
+    @property
+    def deepspeed_2021(self) -> bool:
+        return self.k.lay.zero == 3 and self.k.workload.zero3_impl == "deepspeed-2021"
+
+    def deepspeed_layer(self, fwd: float, bwd: float) -> deepspeed_zero3.Zero3Layer:
+        """One layer under DeepSpeed-2021 ZeRO-3; `bwd` holds the recompute, which gathers again."""
+        k = self.k
+        weights = deepspeed_zero3.module_weights(k.cfg, self.params.layer)
+        # compute.layer_time: fwd = gemm + attention + the rest, bwd = 2 gemm + attention's backward + 2x the rest
+        core = (k.attn_fwd, max(0.0, k.bwd - 2 * (k.fwd - k.attn_fwd)))
+        return deepspeed_zero3.layer_cost(weights, fwd, k.recompute, bwd - k.recompute, core, self.n, self.g_dp,
+                                          self.net, k.gpu, k.elem)
+
     def bucket_count(self, nbytes: float) -> int:
         return max(1, math.ceil(nbytes / self.bucket_bytes))
 
@@ -101,6 +109,9 @@ class DataParallel:
         lay, hide = self.k.lay, self.hide
         if not (self.n > 1 and lay.zero >= 2) or self.whole_stage:
             return 0.0, 0.0, 0.0
+        if self.deepspeed_2021:  # a weight at a time, one module ahead (deepspeed_zero3.py); its first gather included
+            z = self.deepspeed_layer(fwd, bwd)
+            return z.fwd, z.bwd, 0.0
         # Sizes are the full (unsharded) layer on this TP rank.
         rs = self.gather(self.params.layer_dense, self.params.layer_expert, self.grad)
         ag = self.gather(self.params.layer_dense, self.params.layer_expert) if lay.zero == 3 else 0.0
@@ -161,6 +172,8 @@ class DataParallel:
                 exposed = (last_bucket + overlap(chunk - last_bucket, max(0.0, t_b / v - waited), hide)
                            + overlap(sync - chunk, t_b * (v - 1) / v, hide))
             return total, exposed + self.gather_exposed(regather, t_f, layer_fwd, chunk_buckets)
+        if self.n > 1 and self.deepspeed_2021:
+            return m * layers * self.deepspeed_layer(layer_fwd, layer_bwd).traffic, 0.0
         if self.n > 1:
             return m * layers * (2 * self.gather(layer_dense, layer_expert)
                                  + self.gather(layer_dense, layer_expert, self.grad)), 0.0

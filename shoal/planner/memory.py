@@ -19,6 +19,7 @@ from itertools import accumulate
 from shoal.layout import INTERLEAVED, Layout
 from shoal.model import analytics
 from shoal.model.config import ModelConfig
+from shoal.planner import deepspeed_zero3
 from shoal.planner.workload import Cluster, Workload, expert_grid, moe_layer_count
 from shoal.planner.pipeline import stage_copies
 from shoal.planner.slow_links import extra_state_bytes
@@ -349,6 +350,11 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         if xla:  # the embedding outputs are the first layer's inputs, which its checkpoints hold already
             loss = logits_last if stage != "first" else 0.0
             activations, logits, buffers = _xla_peak(cfg, lay, activations, working, loss, buffers, elem)
+        elif working and stage != "first" and not lay.activation_offload:
+            # Eager too, the loss's tensors are gone before the last layer is recomputed: autograd frees a node's
+            # saved tensors when its backward runs (the loss's, then the head's), and the caching allocator hands
+            # their blocks to the recompute. Only what the loss holds beyond the recomputed layer adds to the peak.
+            logits -= min(logits_last, working)
         dynamic = activations + logits + buffers
         bd = MemoryBreakdown(params=w, grads=g, optimizer=o, activations=activations,
                              logits=logits, buffers=buffers,
@@ -458,7 +464,9 @@ def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem:
     if stage_unsharded(lay, xla):
         pass  # the whole stage is gathered already (memory's weights and gradients)
     elif lay.dp * lay.cp > 1:
-        if lay.zero == 3:  # the gathered layer (+ the prefetched one, eager FSDP); its gradients being reduced
+        if lay.zero == 3 and workload.zero3_impl == "deepspeed-2021":  # a module's weights at a time
+            out += deepspeed_zero3.buffer_elements(deepspeed_zero3.module_weights(cfg, layer_params)) * elem
+        elif lay.zero == 3:  # the gathered layer (+ the prefetched one, eager FSDP); its gradients being reduced
             out += (1 if xla else 2) * layer_params * workload.gathered_weight_bytes + layer_params * grad
         elif lay.zero == 2:
             out += layer_params * grad  # one layer's gradients being reduce-scattered

@@ -37,7 +37,8 @@ def duration(seconds: float) -> str:
 
 
 STACK_SETTINGS = ("attention", "kernels", "document_mask", "grad_overlap", "grad_accumulation", "pp_p2p", "grad_reduce",
-                  "pp_overlap", "fp8_saves", "fp8_gather", "moe_dispatch", "moe_probs", "loss", "adam_moments", "weight_gather")
+                  "pp_overlap", "zero3_impl", "fp8_saves", "fp8_gather", "moe_dispatch", "moe_probs", "loss", "adam_moments",
+                  "weight_gather")
 """The Workload fields `--json` reports beside the batch: how the planned software runs the layer."""
 
 

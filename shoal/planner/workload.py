@@ -31,6 +31,7 @@ PP_P2P = ("batched", "blocking")
 GRAD_ACCUMULATION = ("fused", "separate")
 GRAD_REDUCES = ("fp32", "bf16")
 FP8_GATHERS = ("none", "activations", "all")
+ZERO3_IMPLS = ("fsdp", "deepspeed-2021")
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,13 @@ class Workload:
     Megatron-Bridge sets it wherever VP > 1 (training/comm_overlap.py at 00b7660b). False: each chunk's
     communication on the critical path, as torch.distributed.pipelining's schedules run it for shoal train
     (PipelineScheduleMulti waits for every time step's sends and receives before the next compute)."""
+    zero3_impl: str = "fsdp"
+    """How ZeRO-3 gathers the weights and reduces the gradients. `fsdp`: a layer at a time, the next layer
+    prefetched beside this one's kernels, gradients reduce-scattered in fp32 (FSDP2 as shoal train, torchtitan
+    and llm-foundry run it; data_parallel.py). `deepspeed-2021`: DeepSpeed's ZeRO-3 of v0.3.13 (March 2021), one
+    all_gather per weight into per-rank views, one module ahead, the host synchronising the device at each
+    module, gradients all-reduced in fp16 buckets (planner/deepspeed_zero3.py); use it for runs on that stack
+    (Narayanan et al. 2021's ZeRO-3 comparison)."""
     grad_compression: str = "none"
     """parallel.grad_compression: scales the data-parallel gradient bytes (planner/slow_links.py)."""
     topk_density: float = 0.1

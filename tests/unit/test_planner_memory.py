@@ -216,3 +216,17 @@ def test_shoal_train_gathers_fp32_weights_unless_bf16_params():
     layer = stage_params(PRESETS["llama3-8b"], lay, "only").layer
     # the gathered layer and the one prefetched, 2 bytes more per weight each
     assert fp32.buffers - memory(wl, lay, cl).buffers == pytest.approx(2 * 2 * layer)
+
+
+def test_the_loss_is_freed_before_the_last_layer_is_recomputed():
+    # Under full recompute the head's backward frees the loss's tensors before the last layer runs again, so
+    # the peak holds the larger of the two, not both (eager as XLA).
+    from shoal.planner.memory import layer_activation_bytes
+
+    cfg, h100 = PRESETS["llama3-8b"], get_gpu("h100")
+    wl, cl = Workload(cfg, 8192, 64), Cluster(h100, 8, 8)
+    full, selective = (Layout(dp_shard=8, zero=3, micro_batch=1, activation_checkpoint=ac) for ac in ("full", "selective"))
+    loss, embedding = 8192 * cfg.vocab_size * loss_bytes_per_logit(wl, 2), 8192 * cfg.dim * 2
+    working = layer_activation_bytes(wl, full, "none")[0]
+    assert memory(wl, selective, cl).logits == pytest.approx(loss + embedding)
+    assert memory(wl, full, cl).logits == pytest.approx(embedding + loss - min(loss, working))
