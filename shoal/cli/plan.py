@@ -30,7 +30,7 @@ EPILOG = """examples:
 def register(sub) -> None:
     p = sub.add_parser("plan", help="predict memory/time/MFU/cost of parallel layouts and search them",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for add in (_model_flags, _workload_flags, _layout_flags, _slow_link_flags, _budget_flags, _validate_flags):
+    for add in (_model_flags, _workload_flags, _stack_flags, _layout_flags, _slow_link_flags, _budget_flags, _validate_flags):
         add(p)
     p.set_defaults(func=run)
     p.set_defaults(plan_defaults=vars(p.parse_args([])))  # what "not given" looks like, for --validate's check
@@ -66,46 +66,55 @@ def _workload_flags(p) -> None:
                    help="default bf16 (mixed precision); fp32 with --gpu local, as CPUs train in fp32; fp8: GEMMs "
                         "in FP8 (Transformer Engine), the rest as bf16; fp16: as bf16 plus a loss scaler; MFU stays "
                         "against the BF16 peak")
-    w.add_argument("--fp8-saves", choices=FP8_SAVES,
-                   help="with --precision fp8, what a GEMM keeps of its input for backward: fp8 (its 1-byte cast, as "
-                        "Transformer Engine and DeepSeek-V3; default) or input (the 16-bit input, as torchao's "
-                        "Float8Linear and shoal train: the default with --emit or --gpu local)")
+    w.add_argument("--kernels", choices=KERNELS,
+                   help="fused (default on GPUs: norms and activations as fused kernels, as Megatron/TE, "
+                        "torch.compile and XLA run them; an emitted recipe sets train.compile) or eager (one PyTorch "
+                        "op per kernel: shoal train without train.compile; the default with --gpu local)")
+    w.add_argument("--document-mask", action="store_true",
+                   help="packed documents attend only within themselves (data.document_mask): an explicit mask "
+                        "per layer, and attention without the causal skip")
+    w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
+    w.add_argument("--hw-file", metavar="TOML", type=non_empty("--hw-file hw.toml"),
+                   help="hardware fields in TOML (base = \"h100-sxm\" + overrides)")
+    w.add_argument("--remeasure", action="store_true", help="with --gpu local: measure this machine again")
+
+
+def _stack_flags(p) -> None:
+    w = p.add_argument_group("software stack (how the run's software runs the layer; --stack sets the ones not given)")
     w.add_argument("--stack", choices=tuple(STACKS),
                    help="the software the run trains on, which sets the stack settings below that are not given "
                         "(docs/planner.md, shoal/planner/stacks.py): shoal (shoal train: the default with --emit or "
                         "--gpu local), megatron-bridge, torchtitan, megatron-lm-2021, megatron-deepspeed; without it "
                         "each setting takes its own default")
+    w.add_argument("--attention", choices=ATTENTION,
+                   help="flash: the device's own fused kernel (cuDNN on Hopper+, as shoal and Transformer Engine "
+                        "run it; default); flash2: FlashAttention-2, PyTorch SDPA's default backend; unfused: S×S "
+                        "scores in memory, as Megatron-LM before flash attention")
+    w.add_argument("--fp8-saves", choices=FP8_SAVES,
+                   help="with --precision fp8, what a GEMM keeps of its input for backward: fp8 (its 1-byte cast, as "
+                        "Transformer Engine and DeepSeek-V3; default) or input (the 16-bit input, as torchao's "
+                        "Float8Linear and shoal train: the default with --emit or --gpu local)")
     w.add_argument("--weight-gather", choices=WEIGHT_GATHERS,
                    help="the dtype sharded weights are gathered in (ZeRO-3, ZeRO-1/2's re-gather): bf16 (default: "
                         "torchtitan, Megatron-Core, DeepSpeed) or fp32 (shoal train under bf16/fp8/fp16, whose FSDP2 "
                         "gathers the fp32 weights: the default with --emit or --gpu local)")
-    w.add_argument("--kernels", choices=KERNELS,
-                   help="fused (default on GPUs: norms and activations as fused kernels, as Megatron/TE, "
-                        "torch.compile and XLA run them; an emitted recipe sets train.compile) or eager (one PyTorch "
-                        "op per kernel: shoal train without train.compile; the default with --gpu local)")
     w.add_argument("--moe-dispatch", choices=MOE_DISPATCH,
                    help="dedup (default on GPUs): the expert all-to-all sends a token once per rank holding its "
                         "experts, in FP8 under fp8 (DeepEP); per-expert (the default with --emit or --gpu local): one copy per "
                         "chosen expert in the activations' precision (Megatron-Core's alltoall dispatcher, shoal train)")
-    w.add_argument("--adam-moments", choices=ADAM_MOMENTS,
-                   help="the dtype of Adam's two moments: fp32 (default) or bf16 (DeepSeek-V3; Megatron-Core's "
-                        "precision-aware optimizer with exp_avg_dtype bf16), 4 bytes less per parameter")
-    w.add_argument("--loss", choices=LOSSES,
-                   help="with fused kernels, what the cross-entropy keeps per logit: fp32 (its fp32 logits and their "
-                        "gradient, 8 bytes; default), te (Transformer Engine's, the gradient over the 16-bit logits, "
-                        "2 bytes) or megatron (Megatron-Core's own fused loss, 6 bytes)")
     w.add_argument("--moe-probs", choices=MOE_PROBS,
                    help="where an MoE layer weighs each expert's output by its router probability: activation "
                         "(default on GPUs: inside the expert's SwiGLU, as Megatron-Core; its combine keeps nothing) "
                         "or output (the default with --emit or --gpu local: after the expert, as shoal train, which keeps the "
                         "expert outputs for backward)")
-    w.add_argument("--attention", choices=ATTENTION,
-                   help="flash: the device's own fused kernel (cuDNN on Hopper+, as shoal and Transformer Engine "
-                        "run it; default); flash2: FlashAttention-2, PyTorch SDPA's default backend; unfused: S×S "
-                        "scores in memory, as Megatron-LM before flash attention")
-    w.add_argument("--document-mask", action="store_true",
-                   help="packed documents attend only within themselves (data.document_mask): an explicit mask "
-                        "per layer, and attention without the causal skip")
+    w.add_argument("--loss", choices=LOSSES,
+                   help="with fused kernels, what the cross-entropy keeps per logit: fp32 (its fp32 logits and their "
+                        "gradient, 8 bytes; default), te (Transformer Engine's, the gradient over the 16-bit logits, "
+                        "2 bytes) or megatron (Megatron-Core's own fused loss, 6 bytes)")
+    w.add_argument("--adam-moments", choices=ADAM_MOMENTS,
+                   help="the dtype of Adam's two moments: fp32 (default) or bf16 (DeepSeek-V3; Megatron-Core's "
+                        "precision-aware optimizer with exp_avg_dtype bf16), 4 bytes less per parameter")
     w.add_argument("--grad-overlap", choices=("on", "off"),
                    help="on (default): the gradient reduction runs beside the backward and the parameter gather beside "
                         "the next forward (DDP, FSDP, Megatron-Core --overlap-grad-reduce); off: both after the last "
@@ -115,10 +124,6 @@ def _workload_flags(p) -> None:
                         "(Megatron-Core, Transformer Engine); separate (the default with --emit or --gpu local): a "
                         "pass over the GPU's gradients per micro-batch adds it, as PyTorch autograd (shoal train, "
                         "DeepSpeed's pipeline engine) and Megatron-LM's 2021 DDP do")
-    w.add_argument("--pp-p2p", choices=PP_P2P,
-                   help="batched (default): a pipeline stage posts a step's send and receive together (shoal train, "
-                        "Megatron-LM); blocking: each send and receive on its own, four per micro-batch, the 1/tp "
-                        "slices re-gathered over TP, as DeepSpeed's pipeline engine runs them")
     w.add_argument("--grad-reduce", choices=GRAD_REDUCES,
                    help="the dtype gradients are reduced in across data-parallel ranks: fp32 (default; shoal, "
                         "torchtitan, Megatron's default) or bf16 (Megatron-Bridge's performance recipes)")
@@ -126,6 +131,10 @@ def _workload_flags(p) -> None:
                    help="with --precision fp8, which all-gathers move FP8: none (default, as shoal train), "
                         "activations (sequence-parallel gathers of the GEMM inputs: Transformer Engine) or all "
                         "(also the ZeRO weight gathers: Megatron-Core's fp8_param_gather)")
+    w.add_argument("--pp-p2p", choices=PP_P2P,
+                   help="batched (default): a pipeline stage posts a step's send and receive together (shoal train, "
+                        "Megatron-LM); blocking: each send and receive on its own, four per micro-batch, the 1/tp "
+                        "slices re-gathered over TP, as DeepSpeed's pipeline engine runs them")
     w.add_argument("--pp-overlap", choices=("on", "off"),
                    help="on: an interleaved pipeline's sends and receives run beside the chunk computed meanwhile "
                         "(Megatron's overlap_p2p_comm); off (default): on the critical path, as shoal train runs them")
@@ -133,11 +142,6 @@ def _workload_flags(p) -> None:
                    help="how ZeRO-3 gathers and reduces: fsdp (default: a layer at a time, the next prefetched, fp32 "
                         "reduce-scatter; FSDP2, shoal train) or deepspeed-2021 (DeepSpeed v0.3.13: one all_gather per "
                         "weight, one module ahead, host and device in step, fp16 all-reduce of gradient buckets)")
-    w.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a hardware field, e.g. --hw inter_node_bandwidth=25e9 (repeatable)")
-    w.add_argument("--hw-file", metavar="TOML", type=non_empty("--hw-file hw.toml"),
-                   help="hardware fields in TOML (base = \"h100-sxm\" + overrides)")
-    w.add_argument("--remeasure", action="store_true", help="with --gpu local: measure this machine again")
 
 
 def _layout_flags(p) -> None:

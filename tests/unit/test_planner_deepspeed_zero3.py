@@ -39,7 +39,7 @@ def test_strong_scaling_is_bound_by_the_per_weight_schedule_not_the_kernels():
     fsdp, _ = plan(GPT175, 1536, 1536, 1, "fsdp")
     deepspeed, _ = plan(GPT175, 1536, 1536, 1, "deepspeed-2021")
     assert deepspeed.compute == fsdp.compute
-    assert deepspeed.fsdp_comm > 5 * fsdp.fsdp_comm
+    assert deepspeed.fsdp_comm > 3 * fsdp.fsdp_comm
     assert deepspeed.fsdp_comm > deepspeed.compute + deepspeed.recompute
 
 
