@@ -123,6 +123,9 @@ def build(args) -> Inputs:
     # The local CPU, and a plan written as a recipe (--emit), plan shoal train as it runs (Workload.of_job);
     # otherwise the stack named, or the Workload's defaults (stacks.py).
     plans_shoal = local_hardware.is_local(gpu) or bool(getattr(args, "emit", None))
+    if getattr(args, "emit", None) and args.stack not in (None, "shoal"):
+        raise UserError("stack", args.stack, "--emit writes a recipe that shoal train runs, so it plans the shoal "
+                                             "stack; drop --stack (or plan without --emit)")
     given = {name: getattr(args, name) for name in STACK_FLAGS}
     for switch in ("grad_overlap", "pp_overlap"):  # on/off flags, booleans in the Workload
         given[switch] = None if given[switch] is None else given[switch] == "on"

@@ -246,3 +246,12 @@ def test_a_stack_sets_the_settings_not_given(capsys):
         assert main(args + extra) == 0
         workload = json.loads(capsys.readouterr().out)["workload"]
         assert (workload["attention"], workload["grad_overlap"], workload["pp_p2p"], workload["loss"]) == expected
+
+
+def test_a_recipe_is_not_planned_on_another_stack(tmp_path, capsys):
+    from shoal.cli.main import main
+
+    assert main(["plan", "--model", "tiny", "--seq-len", "256", "--global-batch", "16", "--gpu", "h100", "--gpus", "8",
+                 "--stack", "torchtitan", "--emit", str(tmp_path / "r.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stack" in err[0] and "--emit" in err[0]
