@@ -12,8 +12,9 @@ fused kernel per layer, 1/cp of the work each (compute.layer_time; the planner c
   all-gathered before attention runs, again in backward (nothing of the other ranks' is kept), and the
   keys' and values' gradients, fp32 and summed over the query heads, are reduce-scattered after it; each
   collective is waited for before the code goes on, so none hides.
-- `torch-ring`: PyTorch's context_parallel as torchtitan ran it (torch at 1963fc8, December 2024;
-  torch 2.13's torch/distributed/tensor/experimental/_context_parallel/_attention.py keeps the design):
+- `torch-ring`: PyTorch's context_parallel as torchtitan ran it (its benchmark names torch 1963fc8, December
+  2024; read here in pytorch 0123248a's torch/distributed/tensor/experimental/_attention.py and in torch 2.13's
+  _context_parallel/_attention.py, which have the same ring, rotaters and merger; 1963fc8 itself was not read):
   `_cp_options.rotate_method` defaults to ALL_GATHER and torchtitan's `context_parallel_rotate_method`
   to "allgather" (torchtitan config_manager.py at 9dec370). `_templated_ring_attention` all-gathers the
   cat of K and V once, at the first of its cp SDPA calls, and waits for it at the second, so it shows
@@ -56,11 +57,18 @@ def ring_pass_bytes(cfg: ModelConfig, tokens: float, tp: int, cp: int, cp_comm: 
     busiest rank: the last, whose every call is a whole one). `compiled` (Workload.kernels fused:
     torchtitan compiles each block, its ring included): a merge step, an accumulation, a cast is one
     kernel, reading its inputs once and writing once; eager, every op is its own pass."""
-    if cp <= 1 or cp_comm == "p2p":
-        return 0.0, 0.0  # TE's ring merges inside its own kernels' epilogue (not counted)
+    if cp <= 1:
+        return 0.0, 0.0
     q = tokens * cfg.n_heads * cfg.head_size / tp  # elements of this rank's queries (and attention output)
     kv = tokens * exchanged_width(cfg, tp, cp_comm)  # elements of its K (and of its V)
     copy = 2 * elem  # read and write a 16-bit tensor
+    if cp_comm == "p2p":
+        # Transformer Engine (dot_product_attention/context_parallel.py at d0067d0d, AttnFuncWithCPAndKVP2P, 16-bit
+        # without FP8): the first step's output scaled into `out` (flash_attn_fwd_out_correction_init), each later
+        # one added in (out.add_, one jit-fused kernel: read both, write out); backward adds each step's dq into
+        # its buffer and dk/dv into the one sent on (dq.add_, dk.add_), in the activations' dtype.
+        add = 3 * elem
+        return q * copy + (cp - 1) * q * add, cp * (q + 2 * kv) * add
     if cp_comm == "all-gather":
         # shoal (gather_kv, reduce_scatter_kv): the gathered K/V upcast to fp32, cat'ed in global order and
         # repeated to the query heads; the queries upcast, the output laid out [B, T, H, E] and cast back. Backward
