@@ -16,7 +16,7 @@ from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSIO
 from shoal.planner.stacks import STACKS
 from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_GATHERS, FP8_SAVES, GRAD_ACCUMULATION, GRAD_REDUCES,
                                     KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS, PP_P2P, PRECISIONS, WEIGHT_GATHERS,
-                                    ZERO3_IMPLS)
+                                    ZERO3_IMPLS, CP_COMMS)
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -142,6 +142,11 @@ def _stack_flags(p) -> None:
                    help="how ZeRO-3 gathers and reduces: fsdp (default: a layer at a time, the next prefetched, fp32 "
                         "reduce-scatter; FSDP2, shoal train) or deepspeed-2021 (DeepSpeed v0.3.13: one all_gather per "
                         "weight, one module ahead, host and device in step, fp16 all-reduce of gradient buckets)")
+    w.add_argument("--cp-comm", choices=CP_COMMS,
+                   help="how context parallelism moves K/V: p2p (default: Transformer Engine's ring, each step beside "
+                        "its attention), all-gather (shoal train: gathered before attention, dK/dV reduce-scattered, "
+                        "not overlapped) or torch-ring (PyTorch's context_parallel as torchtitan ran it: one gather "
+                        "beside the first attention call, fp32 merges, fp32 dK/dV ring)")
 
 
 def _layout_flags(p) -> None:

@@ -18,6 +18,7 @@ from shoal.model.analytics import attention_core_width, kv_heads_per_rank, kv_wi
 from shoal.model.config import ModelConfig
 from shoal.hardware.catalog import GPU
 from shoal.hardware.local import is_local
+from shoal.planner.context_parallel import ring_pass_bytes
 
 
 @dataclass(frozen=True)
@@ -193,13 +194,12 @@ def _stream(nbytes: float, gpu: GPU) -> float:
 @lru_cache(maxsize=65536)
 def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
                attention: str, precision: str, moe: bool, ep: int, cp: int = 1, kernels: str = "fused",
-               document_mask: bool = False) -> KernelTime:
-    """Kernel time of one layer; `moe` picks an MoE layer (routed experts spread over ep ranks). Under
-    context parallelism each of cp ranks runs 1/cp of the tokens, each attending over the whole sequence
-    (balanced causal chunks), in cp attention kernels (one per ring step). With `kernels` eager an MoE layer is
-    shoal's own, its ops issued one by one after a host sync: it takes at least the host's time to issue them
-    (moe_host_time; on the `local` CPU, the host is the device, that time adds to the work). With
-    `document_mask` attention takes an explicit mask (MASKED_ATTENTION_SHARE), built once per layer call."""
+               document_mask: bool = False, cp_comm: str = "p2p", cp_compiled: bool = True) -> KernelTime:
+    """Kernel time of one layer; `moe` picks an MoE layer (routed experts spread over ep ranks). Under context
+    parallelism each of cp ranks runs 1/cp of the tokens over the whole sequence (balanced causal chunks) in cp
+    attention kernels, with `cp_comm`'s merges and copies. With `kernels` eager an MoE layer is shoal's own, its
+    ops issued one by one after a host sync: it takes at least the host's time to issue them (moe_host_time; on the
+    `local` CPU that time adds to the work). With `document_mask` attention takes an explicit mask (MASKED_ATTENTION_SHARE)."""
     elem = 4 if precision == "fp32" else 2  # activations: FP8 runs keep them in bf16 between GEMMs
     core = "bf16" if precision == "fp8" else precision  # attention runs in 16 bits under FP8 too
     T = float(seq_len * micro_batch) / cp  # tokens through the TP group
@@ -243,8 +243,9 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     # Attention core. FLOPs of QK^T and PV: 4·T·S·H per layer, over tp (H: q_dim, or MLA's mean width).
     core_flops = 4.0 * T * seq_len * attention_core_width(cfg) / tp
     if attention != "unfused":
+        ring = ring_pass_bytes(cfg, T, tp, cp, cp_comm, elem, cp_compiled)
         attn_fwd, attn_bwd = _fused_attention_time(cfg, gpu, core_flops, T * seq_len, attention, core, elem,
-                                                   document_mask)
+                                                   document_mask, ring)
         outside = EAGER_OUTSIDE_ELEMS * h
         inside = (EAGER_ROTARY_PASSES * (q_dim + kv_dim) + EAGER_ATTN_OUT_COPY * q_dim) / tp + act_elems
     else:
@@ -274,16 +275,21 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
 
 
 def _fused_attention_time(cfg: ModelConfig, gpu: GPU, core_flops: float, scores: float, attention: str,
-                          precision: str, elem: int, document_mask: bool) -> tuple[float, float]:
+                          precision: str, elem: int, document_mask: bool,
+                          ring: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
     """Forward and backward of fused attention. Causal, it skips the upper triangle (half the work);
     backward does 2.5x the forward FLOPs because it recomputes the scores. Given an explicit mask it cannot
-    skip, and SDPA makes the boolean mask (`scores`: micro-batch x tokens here x seq) additive on every call."""
+    skip, and SDPA makes the boolean mask (`scores`: micro-batch x tokens here x seq) additive on every call.
+    `ring`: the bytes context parallelism's merges and copies move around the calls (forward, backward), part of
+    the attention op (context_parallel.ring_pass_bytes): a full recompute repeats them, selective does not."""
     rate = attention_rate(gpu, attention, attention_core_width(cfg) / cfg.n_heads, precision)
+    merges_fwd, merges_bwd = _stream(ring[0], gpu), _stream(ring[1], gpu)
     if not document_mask:
         fwd = 0.5 * core_flops / rate
-        return fwd, 2.5 * fwd
+        return fwd + merges_fwd, 2.5 * fwd + merges_bwd
     fwd = core_flops / (rate * (1.0 if is_local(gpu) else MASKED_ATTENTION_SHARE))
-    return fwd + _stream(scores * (1 + elem), gpu), 2.5 * fwd  # the mask: read 1 byte, write elem
+    # the mask: read 1 byte, write elem
+    return fwd + _stream(scores * (1 + elem), gpu) + merges_fwd, 2.5 * fwd + merges_bwd
 
 
 def _host_bound_moe(gpu: GPU, kernels: str) -> bool:

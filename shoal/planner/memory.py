@@ -19,7 +19,7 @@ from itertools import accumulate
 from shoal.layout import INTERLEAVED, Layout
 from shoal.model import analytics
 from shoal.model.config import ModelConfig
-from shoal.planner import deepspeed_zero3
+from shoal.planner import context_parallel, deepspeed_zero3
 from shoal.planner.workload import Cluster, Workload, expert_grid, moe_layer_count
 from shoal.planner.pipeline import stage_copies
 from shoal.planner.slow_links import extra_state_bytes
@@ -478,8 +478,6 @@ def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem:
         out += chunks * 4 * T * cfg.dim * elem / sp  # activations and gradients, sent and received
     if lay.ep > 1:
         out += chunks * 2 * T * cfg.top_k * cfg.dim * elem / lay.tp  # dispatch and combine
-    if lay.cp > 1:
-        # The ring's K/V chunk being received beside the one attention reads (forward; dK/dV in backward)
-        kv = analytics.kv_width(cfg) / min(lay.tp, cfg.n_kv_heads)
-        out += 2 * 2 * T * kv * elem
+    # Context parallelism's K/V exchange, by the way the stack runs it (Workload.cp_comm)
+    out += context_parallel.buffer_bytes(cfg, T, lay.tp, lay.cp, workload.cp_comm, elem)
     return out

@@ -38,7 +38,7 @@ def duration(seconds: float) -> str:
 
 STACK_SETTINGS = ("attention", "kernels", "document_mask", "grad_overlap", "grad_accumulation", "pp_p2p", "grad_reduce",
                   "pp_overlap", "zero3_impl", "fp8_saves", "fp8_gather", "moe_dispatch", "moe_probs", "loss", "adam_moments",
-                  "weight_gather")
+                  "weight_gather", "cp_comm")
 """The Workload fields `--json` reports beside the batch: how the planned software runs the layer."""
 
 

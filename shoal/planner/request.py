@@ -88,7 +88,7 @@ SHAPE_FLAGS = {"n_layers": "layers", "dim": "hidden", "n_heads": "heads", "n_kv_
 
 STACK_FLAGS = ("attention", "fp8_saves", "weight_gather", "grad_accumulation", "moe_dispatch", "moe_probs", "loss",
                "adam_moments", "grad_overlap", "pp_p2p", "grad_reduce", "fp8_gather", "pp_overlap",
-               "zero3_impl")
+               "zero3_impl", "cp_comm")
 """The stack settings `shoal plan` takes as flags (--stack fills the ones not given: stacks.py)."""
 
 

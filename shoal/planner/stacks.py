@@ -12,9 +12,9 @@ from __future__ import annotations
 
 STACKS: dict[str, dict[str, object]] = {
     # shoal train: SDPA's fused kernels, torchao's Float8Linear, FSDP2 over the fp32 weights, autograd's
-    # accumulation, its own MoE layer and all-to-all (parallel/, model/moe.py).
+    # accumulation, its own MoE layer and all-to-all, its context parallelism's gathers (parallel/, model/moe.py).
     "shoal": dict(attention="flash", fp8_saves="input", weight_gather="fp32", grad_accumulation="separate",
-                  moe_dispatch="per-expert", moe_probs="output"),
+                  moe_dispatch="per-expert", moe_probs="output", cp_comm="all-gather"),
     # Megatron-Core with Transformer Engine as Megatron-Bridge's recipes and performance scripts set it up
     # (TE's cuDNN attention, FP8 GEMMs saving their FP8 inputs, the alltoall dispatcher, SwiGLU-weighted
     # experts, cross_entropy_fusion_impl "te", bf16 weights gathered by the distributed optimizer, gradients
@@ -24,8 +24,8 @@ STACKS: dict[str, dict[str, object]] = {
                             moe_dispatch="per-expert", moe_probs="activation", loss="te", grad_reduce="bf16",
                             fp8_gather="all", pp_overlap=True),
     # torchtitan: SDPA's default FlashAttention-2 backend, torchao's Float8Linear, FSDP2 gathering bf16
-    # (param_dtype bfloat16).
-    "torchtitan": dict(attention="flash2", fp8_saves="input", weight_gather="bf16"),
+    # (param_dtype bfloat16), PyTorch's context_parallel with its all-gather rotation.
+    "torchtitan": dict(attention="flash2", fp8_saves="input", weight_gather="bf16", cp_comm="torch-ring"),
     # Megatron-LM of 2021-22 (Narayanan et al. 2021): attention without flash kernels, its DDP hook's
     # accumulation, the gradient reduction after the last backward.
     "megatron-lm-2021": dict(attention="unfused", grad_overlap=False, grad_accumulation="separate"),

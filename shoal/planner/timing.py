@@ -18,7 +18,8 @@ Overlap, and why:
   one micro-batch run beside another micro-batch's attention and expert kernels (DeepSeek-V3's DualPipe,
   §3.2.1; Megatron-Core's --overlap-moe-expert-parallel-comm): only what is longer than that compute
   shows. A fully recomputed layer reruns its experts on the tokens it already holds, not the exchange.
-- context-parallel K/V ring: each step's send hides behind that step's attention kernel.
+- context-parallel K/V exchange: a ring step's send hides behind that step's attention kernel, PyTorch's
+  all-gather behind the first of its attention calls, shoal's gathers not at all (context_parallel.py).
 - offloading: PCIe copies per layer hide behind the layer's kernels; the host optimizer step does not.
 - DDP / ZeRO-1 gradient reduction starts as soon as the last micro-batch's gradients for a bucket
   exist, so it hides behind that backward, all but the last bucket; the ZeRO-1/2 parameter
@@ -33,8 +34,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from shoal.planner import collectives as coll
-from shoal.planner import pipeline, torus
-from shoal.model.analytics import kv_width
+from shoal.planner import context_parallel, pipeline, torus
 from shoal.planner.compute import head_time, layer_time
 from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload, expert_grid, group_ranks_per_node, layers_per_rank, moe_layer_count
@@ -135,7 +135,7 @@ def _step(workload: Workload, layout: Layout, cluster: Cluster, data_parallel: b
     k = _Kernels(workload, layout, cluster)
     tp_fwd, tp_bwd = _tp_comm(k)
     ep_fwd, ep_bwd = _ep_comm(k)
-    cp_fwd, cp_bwd = _cp_comm(k)
+    cp_fwd, cp_bwd = context_parallel.exchange_time(k)
     off_fwd, off_bwd = _offload_per_layer(k)
     # save_on_cpu wraps the loss too: its fp32 log-probabilities [T, V/tp] go out and come back.
     off_head = k.T * k.cfg.vocab_size / k.lay.tp * 4 / k.gpu.host_bandwidth if k.lay.activation_offload else 0.0
@@ -199,8 +199,9 @@ class _Kernels:
                 self.prec)
         mask = workload.document_mask
         # `kernels` matters for MoE layers only
-        dense = layer_time(*args, False, lay.ep, lay.cp, "fused", mask) if n_moe < cfg.n_layers else None
-        moe = layer_time(*args, True, lay.ep, lay.cp, workload.kernels, mask) if n_moe else None
+        cp = dict(cp_comm=workload.cp_comm, cp_compiled=workload.kernels == "fused")
+        dense = layer_time(*args, False, lay.ep, lay.cp, "fused", mask, **cp) if n_moe < cfg.n_layers else None
+        moe = layer_time(*args, True, lay.ep, lay.cp, workload.kernels, mask, **cp) if n_moe else None
         self.moe_kernels = moe
 
         def avg(field: str) -> float:
@@ -308,27 +309,6 @@ def ranks_per_token(n_experts: int, top_k: int, ep: int) -> float:
     for i in range(min(top_k, n_experts)):
         none_here *= max(0.0, (n_experts - local - i) / (n_experts - i))
     return ep * (1 - none_here)
-
-
-def _cp_comm(k: _Kernels) -> tuple[float, float]:
-    """Context parallelism's ring, per layer (Liu et al. 2023, Ring Attention; Transformer Engine's p2p
-    context parallelism): cp-1 steps, each sending this rank's K and V chunk to the next while attention
-    runs on the chunk in hand; backward sends K, V and their gradients. Each step shows only beyond
-    that step's attention kernel."""
-    lay, cfg = k.lay, k.cfg
-    if lay.cp <= 1:
-        return 0.0, 0.0
-    same_node = lay.rank_stride("cp") * lay.cp <= k.G
-    kv = 2 * k.T * kv_width(cfg) / min(lay.tp, cfg.n_kv_heads) * k.elem
-    step_attn = k.attn_fwd / lay.cp
-    hide = k.gpu.overlap_cost
-    fwd = (lay.cp - 1) * overlap(coll.p2p(kv, same_node, k.net), step_attn, hide)
-    bwd = (lay.cp - 1) * overlap(coll.p2p(2 * kv, same_node, k.net), ATTENTION_BWD_RATIO * step_attn, hide)
-    return fwd, bwd
-
-
-ATTENTION_BWD_RATIO = 2.5
-"""Flash attention's backward against its forward (compute.py: it recomputes the scores)."""
 
 
 def _offload_per_layer(k: _Kernels) -> tuple[float, float]:

@@ -32,6 +32,7 @@ GRAD_ACCUMULATION = ("fused", "separate")
 GRAD_REDUCES = ("fp32", "bf16")
 FP8_GATHERS = ("none", "activations", "all")
 ZERO3_IMPLS = ("fsdp", "deepspeed-2021")
+CP_COMMS = ("p2p", "all-gather", "torch-ring")
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,14 @@ class Workload:
     all_gather per weight into per-rank views, one module ahead, the host synchronising the device at each
     module, gradients all-reduced in fp16 buckets (planner/deepspeed_zero3.py); use it for runs on that stack
     (Narayanan et al. 2021's ZeRO-3 comparison)."""
+    cp_comm: str = "p2p"
+    """How context parallelism moves the keys and values (planner/context_parallel.py has the code each follows).
+    `p2p`: Transformer Engine's ring, Megatron-Core's default, each step's send beside that step's attention.
+    `all-gather`: shoal train's, K/V all-gathered before attention and again in backward, dK/dV reduce-scattered
+    in fp32 after it, none of it beside compute. `torch-ring`: PyTorch's context_parallel with its default
+    all-gather rotation as torchtitan ran it (torch 1963fc8, torchtitan 9dec370): one all-gather beside the first
+    of cp attention calls, fp32 merges of their outputs, fp32 dK/dV passed round the ring in backward, on K/V
+    repeated to the query heads (torchtitan's repeat_kv)."""
     grad_compression: str = "none"
     """parallel.grad_compression: scales the data-parallel gradient bytes (planner/slow_links.py)."""
     topk_density: float = 0.1
