@@ -21,9 +21,8 @@ from pathlib import Path
 from shoal.model import analytics
 from shoal.model.config import PRESETS, ModelConfig
 from shoal import hardware
-from shoal.planner.request import STACK_FLAGS
 from shoal.planner.search import Fixed, evaluate_pinned, search
-from shoal.planner.stacks import stack_settings
+from shoal.planner.stacks import STACK_SETTINGS, stack_settings
 from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload
 
@@ -62,7 +61,7 @@ def predict(run: dict, cfg: ModelConfig):
         gpu = hardware.apply_overrides(gpu, run["hw"])
     lay = run["layout"]
     # The row's stack (stacks.py), then the settings the row gives itself; the rest are the Workload's defaults.
-    settings = stack_settings(run.get("stack"), {name: run.get(name) for name in STACK_FLAGS})
+    settings = stack_settings(run.get("stack"), {name: run.get(name) for name in STACK_SETTINGS})
     wl = Workload(cfg, run["seq"], run["global_batch"], precision=run.get("precision", "bf16"), **settings)
     cluster = Cluster(gpu, run["gpus"], gpu.gpus_per_node)
     if "micro_batch" not in lay or "recompute" not in lay:

@@ -12,6 +12,7 @@ from shoal.hardware.catalog import GiB
 from shoal.planner.workload import Cluster, Workload
 from shoal.planner.scaling import ScalePoint, efficiency, knee
 from shoal.planner.search import SearchResult
+from shoal.planner.stacks import STACK_SETTINGS
 
 
 
@@ -36,9 +37,7 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-STACK_SETTINGS = ("attention", "kernels", "document_mask", "grad_overlap", "grad_accumulation", "pp_p2p", "grad_reduce",
-                  "pp_overlap", "zero3_impl", "fp8_saves", "fp8_gather", "moe_dispatch", "moe_probs", "loss", "adam_moments",
-                  "weight_gather", "cp_comm")
+WORKLOAD_SETTINGS = ("kernels", "document_mask", *STACK_SETTINGS)
 """The Workload fields `--json` reports beside the batch: how the planned software runs the layer."""
 
 
@@ -193,7 +192,7 @@ def plan_json(workload: Workload, cluster: Cluster, model_name: str, *, result: 
         "workload": {"seq_len": workload.seq_len, "global_batch": workload.global_batch,
                      "tokens_per_step": workload.tokens_per_step, "precision": workload.precision,
                      # what the software stack is assumed to do (Workload's fields, `shoal plan --help`)
-                     **{name: getattr(workload, name) for name in STACK_SETTINGS}},
+                     **{name: getattr(workload, name) for name in WORKLOAD_SETTINGS}},
         "cluster": {"gpu": dataclasses.asdict(cluster.gpu), "n_gpus": cluster.n_gpus,
                     "gpus_per_node": cluster.gpus_per_node, "n_nodes": cluster.n_nodes},
         "closest_misses": [plan_dict(p) for p in (result.closest_misses if result else [])],

@@ -21,7 +21,7 @@ from shoal.model.config import ModelConfig, get_preset
 from shoal.planner import cost, energy, scaling
 from shoal.planner.evaluate import Plan
 from shoal.planner.search import Fixed, SearchResult, evaluate_pinned, search
-from shoal.planner.stacks import stack_settings
+from shoal.planner.stacks import STACK_SETTINGS, stack_settings
 from shoal.planner.workload import Cluster, Workload
 
 
@@ -86,12 +86,6 @@ SHAPE_FLAGS = {"n_layers": "layers", "dim": "hidden", "n_heads": "heads", "n_kv_
 """ModelConfig field -> the `shoal plan` flag (argparse's name) that sets it."""
 
 
-STACK_FLAGS = ("attention", "fp8_saves", "weight_gather", "grad_accumulation", "moe_dispatch", "moe_probs", "loss",
-               "adam_moments", "grad_overlap", "pp_p2p", "grad_reduce", "fp8_gather", "pp_overlap",
-               "zero3_impl", "cp_comm")
-"""The stack settings `shoal plan` takes as flags (--stack fills the ones not given: stacks.py)."""
-
-
 def build(args) -> Inputs:
     """The flags -> the planner's inputs, every one checked before any search."""
 
@@ -126,7 +120,7 @@ def build(args) -> Inputs:
     if getattr(args, "emit", None) and args.stack not in (None, "shoal"):
         raise UserError("stack", args.stack, "--emit writes a recipe that shoal train runs, so it plans the shoal "
                                              "stack; drop --stack (or plan without --emit)")
-    given = {name: getattr(args, name) for name in STACK_FLAGS}
+    given = {name: getattr(args, name) for name in STACK_SETTINGS}
     for switch in ("grad_overlap", "pp_overlap"):  # on/off flags, booleans in the Workload
         given[switch] = None if given[switch] is None else given[switch] == "on"
     settings = stack_settings(args.stack or ("shoal" if plans_shoal else None), given)

@@ -1,5 +1,5 @@
 """The software published runs train on, as the planner's settings: which value of each stack setting
-(render.STACK_SETTINGS, the Workload fields that say how the software runs the layer) one stack fixes.
+(STACK_SETTINGS below, the Workload fields that say how the software runs the layer) one stack fixes.
 
 What each value means, and the code or paper it comes from, is in the field's docstring (workload.py);
 this table only says which stack runs which. `shoal plan --stack NAME` starts from an entry and a flag
@@ -9,6 +9,12 @@ Workload.of_job checks a job with the same entry).
 """
 
 from __future__ import annotations
+
+STACK_SETTINGS = ("attention", "fp8_saves", "weight_gather", "grad_accumulation", "moe_dispatch", "moe_probs", "loss",
+                  "adam_moments", "grad_overlap", "pp_p2p", "grad_reduce", "fp8_gather", "pp_overlap", "zero3_impl",
+                  "cp_comm")
+"""The Workload fields that say how a piece of software runs the layer: each a `shoal plan` flag, and what
+--stack fills when the flag is not given (render.py reports them with --json)."""
 
 STACKS: dict[str, dict[str, object]] = {
     # shoal train: SDPA's fused kernels, torchao's Float8Linear, FSDP2 over the fp32 weights, autograd's
