@@ -16,6 +16,7 @@ from shoal.errors import UserError, first_line
 from shoal.model.config import ModelConfig
 from shoal.model.hf_config import CONFIG as HF_CONFIG
 from shoal.model.hf_config import hf_config_to_model_config, read_hf_config
+from shoal.model.hf_shape import hf_config_to_shape
 from shoal.rundir.names import MODEL, MODEL_CONFIG
 
 
@@ -30,8 +31,9 @@ class Pretrained:
     model recorded ("byte", or a path); None when the folder names none."""
 
 
-def open_pretrained(path: str, field: str = "model.init_from") -> Pretrained:
-    """The model folder at `path`, or one UserError naming `field` and what is wrong with it."""
+def open_pretrained(path: str, field: str = "model.init_from", shape_only: bool = False) -> Pretrained:
+    """The model folder at `path`, or one UserError naming `field` and what is wrong with it. shape_only (for
+    `shoal plan`): a Hugging Face config of any decoder family, read for its shape (model/hf_shape.py)."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise UserError(field, path, "no such folder; give a Hugging Face model folder (config.json + "
@@ -44,7 +46,8 @@ def open_pretrained(path: str, field: str = "model.init_from") -> Pretrained:
             return Pretrained(folder, "shoal", model, tokenizer)
         if (folder / HF_CONFIG).is_file():
             local = folder / TOKENIZER
-            return Pretrained(folder, "hf", hf_config_to_model_config(read_hf_config(folder)),
+            convert = hf_config_to_shape if shape_only else hf_config_to_model_config
+            return Pretrained(folder, "hf", convert(read_hf_config(folder)),
                               str(local) if local.is_file() else None)
     except UserError as e:  # the folder's own field, said as the folder's
         raise UserError(field, path, f"{e.field}={e.value!r}: {e.fix}") from None

@@ -13,6 +13,7 @@ from shoal.cli.argtypes import non_empty, nonnegative_float, positive_float
 from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
+from shoal.model.hf_shape import SHAPE_NOTE
 from shoal.planner.stacks import STACKS
 from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_GATHERS, FP8_SAVES, GRAD_ACCUMULATION, GRAD_REDUCES,
                                     KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS, PP_P2P, PRECISIONS, WEIGHT_GATHERS,
@@ -334,6 +335,8 @@ def _print_text(ans, emitted, figures, top: int) -> None:
         con = Console(width=160)  # piped or captured: don't squeeze the tables into 80 columns
     if single or result:
         con.print(f"[bold]shoal plan[/]: {headline(workload, cluster, name)}")
+        if workload.model.note.startswith(SHAPE_NOTE):  # a model folder of a family shoal train does not compute
+            con.print(f"[bold yellow]note[/]: {workload.model.note}")
     else:
         con.print(f"[bold]shoal plan[/]: {name} on {cluster.gpu.name}, seq {workload.seq_len}, batch {workload.global_batch}")
     if single:

@@ -140,7 +140,8 @@ def scale_table(points: list[ScalePoint], usd_per_gpu_hour: float | None = None)
 def model_dict(workload: Workload, name: str) -> dict:
     counts = param_counts(workload.model)
     cfg = {k: v for k, v in dataclasses.asdict(workload.model).items() if k != "note"}
-    return {"name": name, "params_total": counts.total, "params_active": counts.active, "config": cfg}
+    return {"name": name, "params_total": counts.total, "params_active": counts.active, "config": cfg,
+            "note": workload.model.note or None}
 
 
 def plan_dict(plan: Plan, budget=None) -> dict:

@@ -49,7 +49,7 @@ def build_model(args) -> ModelConfig:
     if args.model and ("/" in args.model or Path(args.model).expanduser().is_dir()):
         from shoal.pretrained import open_pretrained  # its config.json (or shoal_model.json); no weights read
 
-        cfg = open_pretrained(args.model, field="model").model
+        cfg = open_pretrained(args.model, field="model", shape_only=True).model
     elif args.model:
         cfg = get_preset(args.model)
     elif None in (args.layers, args.hidden, args.heads):

@@ -1,0 +1,104 @@
+"""The shape of any decoder-only Hugging Face config, for planning.
+
+`shoal train` starts only from the families its transformer computes exactly (hf_config.py), and refuses
+the rest in one line. `shoal plan` needs only the shape: widths, layers, heads, experts. So a config of any
+other family (GPT-OSS, Gemma, Phi-3, OLMo 2, Falcon, GPT-NeoX, ...) is read from the fields those families
+spell alike, and what shoal's layer would count differently is approximated, and said in the model's note:
+
+- a gated MLP (SwiGLU, GeGLU: three matrices) plans as SwiGLU; the families listed in PLAIN_MLP (two
+  matrices, as GPT-2 and GPT-NeoX) as GeLU;
+- sliding windows that differ from layer to layer (GPT-OSS, Gemma 2/3) plan as full attention, an upper
+  bound on its time and memory; one window for every layer (`sliding_window`) is kept;
+- biases, extra norms and the routers' scoring functions are left out (a few thousand parameters a layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from shoal.errors import UserError
+from shoal.model.config import ModelConfig
+from shoal.model.hf_config import ARCHITECTURES, hf_config_to_model_config
+
+PLAIN_MLP = ("gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "mpt", "phi", "starcoder2",
+             "codegen")
+"""Families whose MLP is two matrices around an activation (up, down), not a gated three."""
+SHAPE_NOTE = "planned from its shape"
+"""How the note of a model read this way begins (`shoal plan` prints it under its headline)."""
+QK_NORM = ("qwen3", "qwen3_moe", "olmo2", "gemma3", "gemma3_text")
+"""Families that normalize each query and key head (planned as Qwen3's qk_norm)."""
+
+# ModelConfig field -> the config.json names families give it, first found wins.
+_ALIASES = {
+    "dim": ("hidden_size", "n_embd", "d_model"),
+    "n_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "n_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "n_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
+    "ffn_hidden": ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim"),
+    "vocab_size": ("vocab_size", "padded_vocab_size"),
+    "head_dim": ("head_dim",),
+    "max_seq_len": ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"),
+    "n_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
+    "top_k": ("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_selected_experts"),
+    "expert_ffn_hidden": ("moe_intermediate_size", "expert_intermediate_size"),
+}
+_REQUIRED = ("dim", "n_layers", "n_heads", "vocab_size")
+
+
+def hf_config_to_shape(hf: Mapping) -> ModelConfig:
+    """Any decoder config's shape: the exact conversion where shoal computes the family and what it asks,
+    else the fields read by their common names (module docstring). One UserError when the shape is missing."""
+    family = str(hf.get("model_type", "llama"))
+    why = f"model_type {family!r} is not a family shoal train computes"
+    if family in ARCHITECTURES:
+        try:
+            return hf_config_to_model_config(hf)
+        except UserError as exact:
+            if exact.field.removeprefix("hf.") in _REQUIRED_NAMES:
+                raise
+            why = f"shoal train does not compute its {exact.field}={exact.value!r}"
+    shape = {ours: _first(hf, names) for ours, names in _ALIASES.items()}
+    for ours in _REQUIRED:
+        if shape[ours] is None:
+            raise UserError(f"hf.{_ALIASES[ours][0]}", None, f"config.json of model_type {family!r} gives no "
+                            f"{' / '.join(_ALIASES[ours])}; plan the model by its shape flags instead")
+    gated = family not in PLAIN_MLP
+    dim, heads = shape["dim"], shape["n_heads"]
+    kv = 1 if hf.get("multi_query") else shape["n_kv_heads"] or heads
+    ffn = shape["ffn_hidden"] or 4 * dim
+    fields = dict(vocab_size=shape["vocab_size"], dim=dim, n_layers=shape["n_layers"], n_heads=heads, n_kv_heads=kv,
+                  ffn_hidden=ffn, mlp="swiglu" if gated else "gelu", max_seq_len=shape["max_seq_len"] or 2048,
+                  tie_embeddings=bool(hf.get("tie_word_embeddings", False)), qk_norm=family in QK_NORM,
+                  rope_theta=max(1.0, float(hf.get("rope_theta") or 10000.0)))
+    if shape["head_dim"] and shape["head_dim"] * heads != dim:
+        fields["head_dim"] = shape["head_dim"]
+    window, kinds = hf.get("sliding_window"), hf.get("layer_types")
+    if isinstance(window, int) and window > 0 and not (isinstance(kinds, list) and len(set(kinds)) > 1):
+        fields["sliding_window"] = window
+    if shape["n_experts"]:
+        expert = shape["expert_ffn_hidden"] or ffn
+        shared = hf.get("n_shared_experts") or 0
+        if not shared and hf.get("shared_expert_intermediate_size"):  # one wide shared expert (Qwen2-MoE)
+            shared = max(1, round(hf["shared_expert_intermediate_size"] / expert))
+        fields.update(n_experts=shape["n_experts"], top_k=shape["top_k"] or 2, expert_ffn_hidden=expert,
+                      n_shared_experts=int(shared), n_dense_layers=int(hf.get("first_k_dense_replace") or 0))
+    note = f"{SHAPE_NOTE}: {why}" + (
+        "; its per-layer sliding windows planned as full attention" if isinstance(kinds, list) and len(set(kinds)) > 1 else "")
+    try:
+        return ModelConfig(**fields, note=note).validate(prefix="hf")
+    except UserError as e:
+        short = e.field.removeprefix("hf.")
+        names = _ALIASES.get(short)
+        raise UserError(f"hf.{names[0] if names else short}", e.value, e.fix) from None
+
+
+_REQUIRED_NAMES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+"""config.json fields whose absence the exact conversion reports itself (the shape reader has nothing more)."""
+
+
+def _first(hf: Mapping, names: tuple[str, ...]):
+    for name in names:
+        value = hf.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return int(value)
+    return None

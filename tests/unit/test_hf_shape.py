@@ -1,0 +1,40 @@
+"""shoal plan reads any decoder config's shape (model/hf_shape.py); shoal train still refuses what it does not compute."""
+
+import json
+
+import pytest
+
+from shoal.errors import UserError
+from shoal.model.analytics import param_counts
+from shoal.model.hf_config import hf_config_to_model_config
+from shoal.model.hf_shape import SHAPE_NOTE, hf_config_to_shape
+
+GPT_OSS_120B = {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
+                "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 128,
+                "num_experts_per_tok": 4, "vocab_size": 201088, "sliding_window": 128,
+                "layer_types": ["sliding_attention", "full_attention"] * 18, "attention_bias": True}
+GPT_NEOX_20B = {"model_type": "gpt_neox", "hidden_size": 6144, "num_hidden_layers": 44, "num_attention_heads": 64,
+                "intermediate_size": 24576, "vocab_size": 50432, "max_position_embeddings": 2048,
+                "tie_word_embeddings": False, "hidden_act": "gelu"}
+
+
+@pytest.mark.parametrize("hf,total", [
+    (GPT_OSS_120B, 116.8e9),  # its model card: 116.8B parameters
+    (GPT_NEOX_20B, 20.6e9),   # Black et al. 2022: 20.6B (a two-matrix GeLU MLP; gated it would be 27B)
+])
+def test_a_family_shoal_does_not_compute_is_planned_by_its_shape(hf, total):
+    cfg = hf_config_to_shape(hf)
+    assert cfg.note.startswith(SHAPE_NOTE)
+    assert param_counts(cfg).total == pytest.approx(total, rel=0.01)
+    with pytest.raises(UserError, match="model_type"):  # shoal train still starts only from what it computes
+        hf_config_to_model_config(hf)
+
+
+def test_a_config_without_a_shape_is_one_line_naming_the_field(tmp_path, capsys):
+    from shoal.cli.main import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_oss", "num_hidden_layers": 4}))
+    assert main(["plan", "--model", str(tmp_path), "--seq-len", "256", "--global-batch", "8", "--gpu", "h100",
+                 "--gpus", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "hidden_size" in err[0]
