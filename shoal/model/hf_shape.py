@@ -48,6 +48,9 @@ _REQUIRED = ("dim", "n_layers", "n_heads", "vocab_size")
 def hf_config_to_shape(hf: Mapping) -> ModelConfig:
     """Any decoder config's shape: the exact conversion where shoal computes the family and what it asks,
     else the fields read by their common names (module docstring). One UserError when the shape is missing."""
+    if isinstance(hf.get("text_config"), Mapping) and _first(hf, _ALIASES["dim"]) is None:
+        # a multimodal model's folder (Gemma 3, Llama 4, Qwen2.5-VL): the language model it trains is text_config
+        hf = {"tie_word_embeddings": hf.get("tie_word_embeddings", False), **hf["text_config"]}
     family = str(hf.get("model_type", "llama"))
     why = f"model_type {family!r} is not a family shoal train computes"
     if family in ARCHITECTURES:

@@ -38,3 +38,11 @@ def test_a_config_without_a_shape_is_one_line_naming_the_field(tmp_path, capsys)
                  "--gpus", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "hidden_size" in err[0]
+
+
+def test_a_multimodal_folder_plans_its_language_model():
+    gemma3_27b = {"model_type": "gemma3", "text_config": {
+        "model_type": "gemma3_text", "hidden_size": 5376, "num_hidden_layers": 62, "num_attention_heads": 32,
+        "num_key_value_heads": 16, "head_dim": 128, "intermediate_size": 21504, "vocab_size": 262208}}
+    cfg = hf_config_to_shape(gemma3_27b)
+    assert (cfg.dim, cfg.n_layers, cfg.qk_norm) == (5376, 62, True)
