@@ -243,3 +243,16 @@ def test_packed_documents_lose_what_they_lose_alone(window):
         alone = alone + F.cross_entropy(model(ids[:, :-1])[0], ids[0, 1:], reduction="sum")
     assert torch.allclose(total, alone, rtol=1e-12)
     assert not torch.allclose(F.cross_entropy(model(inputs)[0], targets[0], reduction="sum"), alone, rtol=1e-3)
+
+
+@pytest.mark.parametrize("name,total,active", [
+    ("llama2-7b", 6.74e9, None), ("llama2-70b", 68.98e9, None), ("mistral-7b", 7.25e9, None),
+    ("qwen2.5-72b", 72.7e9, None), ("qwen3-32b", 32.8e9, None),
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9), ("qwen3-235b-a22b", 235e9, 22e9), ("gpt-oss-120b", 116.8e9, None),
+])
+def test_open_model_presets_have_their_published_sizes(name, total, active):
+    # the model cards' counts (Qwen3's "30.5B / 3.3B activated", "235B / 22B"; gpt-oss's 116.8B)
+    counts = param_counts(get_preset(name))
+    assert counts.total == pytest.approx(total, rel=0.01)
+    if active:
+        assert counts.active == pytest.approx(active, rel=0.02)
