@@ -34,6 +34,8 @@ CONFIG = "config.json"
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                  "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+"""config.json fields every family here must give."""
 MOE_FAMILIES = ("mixtral", "qwen3_moe")
 MLA_FAMILIES = ("deepseek_v2", "deepseek_v3")
 """Read for planning: shoal's transformer has no multi-head latent attention (build_model refuses it)."""
@@ -81,7 +83,7 @@ def hf_config_to_model_config(hf: Mapping) -> ModelConfig:
     if hasattr(hf, "to_dict"):
         hf = hf.to_dict()
     family = family_of(hf)
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+    for key in REQUIRED:
         if key not in hf:
             raise UserError(f"hf.{key}", None, f"config.json lacks this required {family} field")
     _refuse_what_shoal_does_not_compute(hf, family)

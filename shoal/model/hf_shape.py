@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from shoal.errors import UserError
 from shoal.model.config import ModelConfig
-from shoal.model.hf_config import ARCHITECTURES, hf_config_to_model_config
+from shoal.model.hf_config import ARCHITECTURES, REQUIRED, hf_config_to_model_config
 
 PLAIN_MLP = ("gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "mpt", "phi", "starcoder2",
              "codegen")
@@ -57,7 +57,7 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
         try:
             return hf_config_to_model_config(hf)
         except UserError as exact:
-            if exact.field.removeprefix("hf.") in _REQUIRED_NAMES:
+            if exact.field.removeprefix("hf.") in REQUIRED:  # missing: the reader below has nothing more
                 raise
             why = f"shoal train does not compute its {exact.field}={exact.value!r}"
     shape = {ours: _first(hf, names) for ours, names in _ALIASES.items()}
@@ -76,7 +76,8 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
     if shape["head_dim"] and shape["head_dim"] * heads != dim:
         fields["head_dim"] = shape["head_dim"]
     window, kinds = hf.get("sliding_window"), hf.get("layer_types")
-    if isinstance(window, int) and window > 0 and not (isinstance(kinds, list) and len(set(kinds)) > 1):
+    windows_vary = isinstance(kinds, list) and len(set(kinds)) > 1
+    if isinstance(window, int) and window > 0 and not windows_vary:
         fields["sliding_window"] = window
     if shape["n_experts"]:
         expert = shape["expert_ffn_hidden"] or ffn
@@ -85,18 +86,13 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
             shared = max(1, round(hf["shared_expert_intermediate_size"] / expert))
         fields.update(n_experts=shape["n_experts"], top_k=shape["top_k"] or 2, expert_ffn_hidden=expert,
                       n_shared_experts=int(shared), n_dense_layers=int(hf.get("first_k_dense_replace") or 0))
-    note = f"{SHAPE_NOTE}: {why}" + (
-        "; its per-layer sliding windows planned as full attention" if isinstance(kinds, list) and len(set(kinds)) > 1 else "")
+    note = f"{SHAPE_NOTE}: {why}" + ("; its per-layer sliding windows planned as full attention" if windows_vary else "")
     try:
         return ModelConfig(**fields, note=note).validate(prefix="hf")
     except UserError as e:
         short = e.field.removeprefix("hf.")
         names = _ALIASES.get(short)
         raise UserError(f"hf.{names[0] if names else short}", e.value, e.fix) from None
-
-
-_REQUIRED_NAMES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-"""config.json fields whose absence the exact conversion reports itself (the shape reader has nothing more)."""
 
 
 def _first(hf: Mapping, names: tuple[str, ...]):
