@@ -22,7 +22,7 @@ from shoal.model import analytics
 from shoal.model.config import PRESETS, ModelConfig
 from shoal import hardware
 from shoal.planner.search import Fixed, evaluate_pinned, search
-from shoal.planner.stacks import STACK_SETTINGS, stack_settings
+from shoal.planner.stacks import STACK_SETTINGS, default_stack, stack_settings
 from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload
 
@@ -56,12 +56,13 @@ def published_tokens_per_gpu_s(run: dict, cfg: ModelConfig) -> float:
 
 
 def predict(run: dict, cfg: ModelConfig):
-    gpu = hardware.get_gpu(run["gpu"])
+    gpu, lay = hardware.get_gpu(run["gpu"]), run["layout"]
     if run.get("hw"):
         gpu = hardware.apply_overrides(gpu, run["hw"])
-    lay = run["layout"]
-    # The row's stack (stacks.py), then the settings the row gives itself; the rest are the Workload's defaults.
-    settings = stack_settings(run.get("stack"), {name: run.get(name) for name in STACK_SETTINGS})
+    # The row's stack (stacks.py; without one, the stack its layout implies, as `shoal plan` takes it), then the
+    # settings the row gives itself; the rest are the Workload's defaults.
+    stack = run.get("stack") or default_stack(bool(gpu.xla_step), lay.get("zero"))
+    settings = stack_settings(stack, {name: run.get(name) for name in STACK_SETTINGS})
     wl = Workload(cfg, run["seq"], run["global_batch"], precision=run.get("precision", "bf16"), **settings)
     cluster = Cluster(gpu, run["gpus"], gpu.gpus_per_node)
     if "micro_batch" not in lay or "recompute" not in lay:
