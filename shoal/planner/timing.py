@@ -40,7 +40,7 @@ from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload, expert_grid, group_ranks_per_node, layers_per_rank, moe_layer_count
 from shoal.hardware.catalog import GPU
 from shoal.hardware.local import is_local
-from shoal.planner.memory import rank_params, stage_params
+from shoal.planner.memory import rank_params, stage_params, stage_unsharded
 from shoal.planner.data_parallel import GRAD_REDUCE_BYTES, DataParallel, overlap
 
 RANK_SPEED_SIGMA = 0.01
@@ -227,12 +227,21 @@ def _accumulation_pass(k: _Kernels) -> float:
     """Workload.grad_accumulation `separate`, per micro-batch: a kernel adds each new weight gradient into the
     accumulated one, reading the new gradient and reading and writing the sum (3 gradient-sized tensors, 16-bit
     but under fp32) for every parameter on this GPU. The first micro-batch's gradient is taken as it is
-    (autograd's AccumulateGrad), so a step runs m - 1 of them, spread here over its m backwards."""
+    (autograd's AccumulateGrad), so a step runs m - 1 of them, spread here over its m backwards. FSDP2 (zero 2/3)
+    accumulates in its fp32 reduce dtype: each micro-batch's reduce-scattered shard into the sharded sum, or,
+    under a pipeline, the whole stage's gradients unsharded (memory.stage_unsharded)."""
     if k.m == 1:
         return 0.0
-    params = stage_params(k.cfg, k.lay, "last", expert_grid(k.lay)[0])
+    lay = k.lay
+    expert_tp, expert_dp = expert_grid(lay)
+    params = stage_params(k.cfg, lay, "last", expert_tp)
+    dense, expert, elem = params.dense, params.expert, k.elem
+    if lay.zero >= 2 and not k.gpu.xla_step:
+        elem = 4
+        if not stage_unsharded(lay, False):
+            dense, expert = dense / (lay.dp_shard * lay.cp), expert / expert_dp
     passes = (k.m - 1) / k.m
-    return passes * 3 * k.elem * (params.dense + params.expert) / (k.gpu.hbm_bandwidth * k.gpu.hbm_efficiency)
+    return passes * 3 * elem * (dense + expert) / (k.gpu.hbm_bandwidth * k.gpu.hbm_efficiency)
 
 
 def _tp_comm(k: _Kernels) -> tuple[float, float]:
