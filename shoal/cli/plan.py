@@ -140,6 +140,10 @@ def _stack_flags(p) -> None:
     w.add_argument("--pp-overlap", choices=("on", "off"),
                    help="on: an interleaved pipeline's sends and receives run beside the chunk computed meanwhile "
                         "(Megatron's overlap_p2p_comm); off (default): on the critical path, as shoal train runs them")
+    w.add_argument("--offload-overlap", choices=("on", "off"),
+                   help="with --activation-offload: on (default) the copies to and from the host run on their own "
+                        "stream beside the next layer (Transformer Engine's CPU offload, Megatron-Core's "
+                        "cpu_offloading); off: on the compute stream, the next kernel waiting (save_on_cpu, shoal train)")
     w.add_argument("--zero3-impl", choices=ZERO3_IMPLS,
                    help="how ZeRO-3 gathers and reduces: fsdp (default: a layer at a time, the next prefetched, fp32 "
                         "reduce-scatter; FSDP2, shoal train) or deepspeed-2021 (DeepSpeed v0.3.13: one all_gather per "

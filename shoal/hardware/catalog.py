@@ -423,7 +423,8 @@ CATALOG: dict[str, GPU] = {
 #   nodes evenly: planner/workload.py Cluster). NVIDIA's GB200 NVL72 page: 360 PFLOP/s FP16/BF16 with sparsity per rack, 2.5
 #   dense per GPU (FP8 5), 13.4 TB of HBM3e (186 GB per GPU) at 8 TB/s, ConnectX-7 400 Gb/s per GPU between
 #   racks; GB300 NVL72: the same BF16 rate, 279 GB of HBM3e per GPU, ConnectX-8 800 Gb/s. Board power
-#   1.2 and 1.4 kW. Matmul efficiency as B200's sustained 0.64; attention as B200's (Hopper's measured
+#   1.2 and 1.4 kW. The host is the superchip's Grace CPU, on NVLink-C2C at 900 GB/s both ways for its two
+#   GPUs (NVIDIA's GB200 pages), so a GPU copies to it at 225 GB/s each way (host_bandwidth), not over PCIe. Matmul efficiency as B200's sustained 0.64; attention as B200's (Hopper's measured
 #   shares), its per-score cost from the special-function rate, 5 (GB200) and 10.7 (GB300) tera-
 #   exponentials/s against 2.5 PFLOP/s: 1816 and 849 by the H200's 955 at 989 / 4.18.
 # - TPU v6e (Trillium), Google Cloud's "TPU v6e" page: 918 TFLOP/s BF16, 32 GB at 1,638 GB/s, 800 GB/s of
@@ -434,7 +435,7 @@ CATALOG: dict[str, GPU] = {
 #   6 TB/s, 1000 W.
 CATALOG["gb200"] = dataclasses.replace(
     CATALOG["b200"], name="gb200", peak_bf16_flops=2500e12, peak_fp8_flops=5000e12, hbm_bytes=186e9,
-    gpus_per_node=72, attention_score_cost=1816, power_watts=1200, usd_per_gpu_hour=0.0,
+    gpus_per_node=72, attention_score_cost=1816, power_watts=1200, usd_per_gpu_hour=0.0, host_bandwidth=225e9,
     note="GB200 NVL72: 72 Blackwell GPUs on NVLink 5 (1.8 TB/s bidirectional each), 400 Gb/s per GPU between racks")
 CATALOG["gb300"] = dataclasses.replace(
     CATALOG["gb200"], name="gb300", hbm_bytes=279e9, inter_node_bandwidth=100e9, attention_score_cost=849,

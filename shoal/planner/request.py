@@ -121,7 +121,7 @@ def build(args) -> Inputs:
         raise UserError("stack", args.stack, "--emit writes a recipe that shoal train runs, so it plans the shoal "
                                              "stack; drop --stack (or plan without --emit)")
     given = {name: getattr(args, name) for name in STACK_SETTINGS}
-    for switch in ("grad_overlap", "pp_overlap"):  # on/off flags, booleans in the Workload
+    for switch in ("grad_overlap", "pp_overlap", "offload_overlap"):  # on/off flags, booleans in the Workload
         given[switch] = None if given[switch] is None else given[switch] == "on"
     stack = args.stack or ("shoal" if plans_shoal else default_stack(bool(gpu.xla_step), args.zero))
     workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, kernels=kernels,

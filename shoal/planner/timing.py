@@ -321,11 +321,12 @@ def ranks_per_token(n_experts: int, top_k: int, ep: int) -> float:
 
 
 def _offload_per_layer(k: _Kernels) -> tuple[float, float]:
-    """PCIe copies per layer and micro-batch: offloaded parameters come in for forward and backward and
+    """Host copies per layer and micro-batch: offloaded parameters come in for forward and backward and
     their gradients go out, beside the layer's kernels (FSDP2 copies on its all-gather and reduce-scatter
-    streams); offloaded activations go out after forward and come back for backward in full, on the compute
-    stream: torch.autograd.graph.save_on_cpu copies each saved tensor where it is saved, so the next kernel
-    waits (an H200 here: 1.39 s a step where the kernels take ~0.2 s, docs/debugging.md)."""
+    streams); offloaded activations go out after forward and come back for backward in full, beside the
+    neighbouring layer's kernels (Workload.offload_overlap) or on the compute stream: save_on_cpu copies each
+    saved tensor where it is saved, so the next kernel waits (an H200 here: 1.39 s a step where the kernels take
+    ~0.2 s, docs/debugging.md)."""
     lay = k.lay
     if lay.offload != "params" and not lay.activation_offload:
         return 0.0, 0.0
@@ -339,7 +340,10 @@ def _offload_per_layer(k: _Kernels) -> tuple[float, float]:
         bwd += overlap((layer * k.elem + layer * GRAD_REDUCE_BYTES) / pcie, k.bwd, hide)
     if lay.activation_offload:
         act = activation_bytes_per_layer(k.workload, lay, xla=bool(k.gpu.xla_step)) / pcie
-        fwd, bwd = fwd + act, bwd + act
+        if k.workload.offload_overlap:  # beside the next layer's forward, the reload beside the one after's backward
+            fwd, bwd = fwd + overlap(act, k.fwd, hide), bwd + overlap(act, k.bwd, hide)
+        else:
+            fwd, bwd = fwd + act, bwd + act
     return fwd, bwd
 
 

@@ -161,6 +161,14 @@ class Workload:
     Megatron-Bridge sets it wherever VP > 1 (training/comm_overlap.py at 00b7660b). False: each chunk's
     communication on the critical path, as torch.distributed.pipelining's schedules run it for shoal train
     (PipelineScheduleMulti waits for every time step's sends and receives before the next compute)."""
+    offload_overlap: bool = True
+    """With activation offload (layout.activation_offload): whether the copies to and from the host run on a
+    stream of their own, beside the next layer's kernels (timing._offload_per_layer). True: Transformer Engine's
+    CPU offload context, which Megatron-Core's cpu_offloading uses (transformer_engine/pytorch/cpu_offload.py at
+    d0067d0d: OffloadableLayerState puts each device-to-host copy on offload_stream after an event, and the
+    reload ahead of the layer's backward; transformer_block.py at d98e8a64). False: each copy on the compute
+    stream where the tensor is saved, so the next kernel waits: torch.autograd.graph.save_on_cpu, which shoal
+    train runs."""
     zero3_impl: str = "fsdp"
     """How ZeRO-3 gathers the weights and reduces the gradients. `fsdp`: a layer at a time, the next layer
     prefetched beside this one's kernels, gradients reduce-scattered in fp32 (FSDP2 as shoal train, torchtitan

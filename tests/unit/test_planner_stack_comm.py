@@ -87,3 +87,15 @@ def test_fp8_gathers_without_fp8_are_named_as_ignored():
     args = argparse.Namespace(precision="bf16", fp8_gather="all")
     assert any("--fp8-gather=all has no effect" in line for line in ignored_flags(args))
     assert not ignored_flags(argparse.Namespace(precision="fp8", fp8_gather="all"))
+
+
+def test_offload_copies_beside_the_next_layer_cost_less_than_waiting_for_them():
+    # Transformer Engine's CPU offload copies on its own stream; save_on_cpu (shoal train) on the compute stream
+    from shoal.planner.stacks import STACKS
+
+    offloaded = Layout(dp_shard=16, tp=8, zero=1, micro_batch=1, sequence_parallel=True, activation_offload=True)
+    beside, waiting = _step(offloaded, 128, offload_overlap=True), _step(offloaded, 128, offload_overlap=False)
+    assert 0 < beside.offload < waiting.offload and beside.step < waiting.step
+    kept = dataclasses.replace(offloaded, activation_offload=False)
+    assert _step(kept, 128, offload_overlap=True).step == _step(kept, 128, offload_overlap=False).step
+    assert STACKS["shoal"]["offload_overlap"] is False
