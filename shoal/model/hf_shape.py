@@ -9,7 +9,9 @@ spell alike, and what shoal's layer would count differently is approximated, and
   matrices, as GPT-2 and GPT-NeoX) as GeLU;
 - sliding windows that differ from layer to layer (GPT-OSS, Gemma 2/3) plan as full attention, an upper
   bound on its time and memory; one window for every layer (`sliding_window`) is kept;
-- biases, extra norms and the routers' scoring functions are left out (a few thousand parameters a layer).
+- biases, extra norms and the routers' scoring functions are left out (a few thousand parameters a layer);
+- DeepSeek's multi-head latent attention is read wherever `kv_lora_rank` is given (Kimi K2 and other families
+  built on DeepSeek-V3 under a model_type of their own).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Mapping
 
 from shoal.errors import UserError
 from shoal.model.config import ModelConfig
-from shoal.model.hf_config import ARCHITECTURES, REQUIRED, hf_config_to_model_config
+from shoal.model.hf_config import ARCHITECTURES, REQUIRED, hf_config_to_model_config, mla_widths
 
 PLAIN_MLP = ("gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "mpt", "phi", "starcoder2",
              "codegen")
@@ -75,6 +77,8 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
                   rope_theta=max(1.0, float(hf.get("rope_theta") or 10000.0)))
     if shape["head_dim"] and shape["head_dim"] * heads != dim:
         fields["head_dim"] = shape["head_dim"]
+    if isinstance(hf.get("kv_lora_rank"), int) and hf["kv_lora_rank"] > 0:  # DeepSeek's latent attention (Kimi K2)
+        fields.update(mla_widths(hf), n_kv_heads=heads)
     window, kinds = hf.get("sliding_window"), hf.get("layer_types")
     windows_vary = isinstance(kinds, list) and len(set(kinds)) > 1
     if isinstance(window, int) and window > 0 and not windows_vary:

@@ -17,10 +17,17 @@ GPT_NEOX_20B = {"model_type": "gpt_neox", "hidden_size": 6144, "num_hidden_layer
                 "intermediate_size": 24576, "vocab_size": 50432, "max_position_embeddings": 2048,
                 "tie_word_embeddings": False, "hidden_act": "gelu"}
 
+KIMI_K2 = {"model_type": "kimi_k2", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+           "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 384,
+           "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1, "kv_lora_rank": 512,
+           "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+           "vocab_size": 163840, "tie_word_embeddings": False}
+
 
 @pytest.mark.parametrize("hf,total", [
     (GPT_OSS_120B, 116.8e9),  # its model card: 116.8B parameters
     (GPT_NEOX_20B, 20.6e9),   # Black et al. 2022: 20.6B (a two-matrix GeLU MLP; gated it would be 27B)
+    (KIMI_K2, 1.03e12),       # its model card: 1T parameters, 32B activated (DeepSeek-V3 layers, 384 experts)
 ])
 def test_a_family_shoal_does_not_compute_is_planned_by_its_shape(hf, total):
     cfg = hf_config_to_shape(hf)
@@ -28,6 +35,8 @@ def test_a_family_shoal_does_not_compute_is_planned_by_its_shape(hf, total):
     assert param_counts(cfg).total == pytest.approx(total, rel=0.01)
     with pytest.raises(UserError, match="model_type"):  # shoal train still starts only from what it computes
         hf_config_to_model_config(hf)
+    if "kv_lora_rank" in hf:  # latent attention read by its fields, whatever the family: 32B active as published
+        assert cfg.is_mla and param_counts(cfg).active == pytest.approx(32.9e9, rel=0.01)
 
 
 def test_a_config_without_a_shape_is_one_line_naming_the_field(tmp_path, capsys):
