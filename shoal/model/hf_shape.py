@@ -11,7 +11,10 @@ spell alike, and what shoal's layer would count differently is approximated, and
   bound on its time and memory; one window for every layer (`sliding_window`) is kept;
 - biases, extra norms and the routers' scoring functions are left out (a few thousand parameters a layer);
 - DeepSeek's multi-head latent attention is read wherever `kv_lora_rank` is given (Kimi K2 and other families
-  built on DeepSeek-V3 under a model_type of their own).
+  built on DeepSeek-V3 under a model_type of their own);
+- MoE on every k-th layer only (Llama 4 Maverick's interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step)
+  plans as the same number of MoE layers after the dense ones (the counts, and so the sizes and times, are
+  the same; a pipeline's split is approximate).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ SHAPE_NOTE = "planned from its shape"
 """How the note of a model read this way begins (`shoal plan` prints it under its headline)."""
 QK_NORM = ("qwen3", "qwen3_moe", "olmo2", "gemma3", "gemma3_text")
 """Families that normalize each query and key head (planned as Qwen3's qk_norm)."""
+ONE_SHARED_EXPERT = ("llama4_text",)
+"""Families whose MoE layer always adds one shared expert as wide as a routed one, with no config field for
+it (transformers' Llama4TextMoe: shared_expert = Llama4TextMLP(config))."""
 
 # ModelConfig field -> the config.json names families give it, first found wins.
 _ALIASES = {
@@ -43,6 +49,8 @@ _ALIASES = {
     "n_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
     "top_k": ("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_selected_experts"),
     "expert_ffn_hidden": ("moe_intermediate_size", "expert_intermediate_size"),
+    "moe_every": ("interleave_moe_layer_step", "decoder_sparse_step"),
+    "dense_ffn_hidden": ("intermediate_size_mlp",),
 }
 _REQUIRED = ("dim", "n_layers", "n_heads", "vocab_size")
 
@@ -85,11 +93,15 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
         fields["sliding_window"] = window
     if shape["n_experts"]:
         expert = shape["expert_ffn_hidden"] or ffn
-        shared = hf.get("n_shared_experts") or 0
+        shared = hf.get("n_shared_experts") or (1 if family in ONE_SHARED_EXPERT else 0)
         if not shared and hf.get("shared_expert_intermediate_size"):  # one wide shared expert (Qwen2-MoE)
             shared = max(1, round(hf["shared_expert_intermediate_size"] / expert))
+        dense = int(hf.get("first_k_dense_replace") or 0)
+        if (shape["moe_every"] or 1) > 1:  # MoE on every k-th layer: that many MoE layers, the rest dense
+            dense = shape["n_layers"] - shape["n_layers"] // shape["moe_every"]
         fields.update(n_experts=shape["n_experts"], top_k=shape["top_k"] or 2, expert_ffn_hidden=expert,
-                      n_shared_experts=int(shared), n_dense_layers=int(hf.get("first_k_dense_replace") or 0))
+                      n_shared_experts=int(shared), n_dense_layers=dense,
+                      ffn_hidden=shape["dense_ffn_hidden"] or ffn)
     note = f"{SHAPE_NOTE}: {why}" + ("; its per-layer sliding windows planned as full attention" if windows_vary else "")
     try:
         return ModelConfig(**fields, note=note).validate(prefix="hf")
