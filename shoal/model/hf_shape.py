@@ -14,7 +14,8 @@ spell alike, and what shoal's layer would count differently is approximated, and
   built on DeepSeek-V3 under a model_type of their own);
 - MoE on every k-th layer only (Llama 4 Maverick's interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step)
   plans as the same number of MoE layers after the dense ones (the counts, and so the sizes and times, are
-  the same; a pipeline's split is approximate).
+  the same; a pipeline's split is approximate);
+- fields kept in nested `*_config` blocks (DBRX's attn_config and ffn_config) are read beside the top level's.
 """
 
 from __future__ import annotations
@@ -39,13 +40,13 @@ it (transformers' Llama4TextMoe: shared_expert = Llama4TextMLP(config))."""
 # ModelConfig field -> the config.json names families give it, first found wins.
 _ALIASES = {
     "dim": ("hidden_size", "n_embd", "d_model"),
-    "n_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "n_heads": ("num_attention_heads", "n_head", "num_heads"),
-    "n_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
+    "n_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "n_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
+    "n_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "kv_n_heads"),
     "ffn_hidden": ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim"),
     "vocab_size": ("vocab_size", "padded_vocab_size"),
     "head_dim": ("head_dim",),
-    "max_seq_len": ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"),
+    "max_seq_len": ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len"),
     "n_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
     "top_k": ("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_selected_experts"),
     "expert_ffn_hidden": ("moe_intermediate_size", "expert_intermediate_size"),
@@ -62,6 +63,7 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
         # a multimodal model's folder (Gemma 3, Llama 4, Qwen2.5-VL): the language model it trains is text_config
         hf = {"tie_word_embeddings": hf.get("tie_word_embeddings", False), **hf["text_config"]}
     family = str(hf.get("model_type", "llama"))
+    hf = _flattened(hf)
     why = f"model_type {family!r} is not a family shoal train computes"
     if family in ARCHITECTURES:
         try:
@@ -109,6 +111,16 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
         short = e.field.removeprefix("hf.")
         names = _ALIASES.get(short)
         raise UserError(f"hf.{names[0] if names else short}", e.value, e.fix) from None
+
+
+def _flattened(hf: Mapping) -> dict:
+    """The config with its nested blocks' fields beside its own (DBRX keeps heads and experts in attn_config and
+    ffn_config); a field given at the top wins."""
+    flat = {}
+    for key, value in hf.items():
+        if isinstance(value, Mapping) and key.endswith("_config"):
+            flat.update({k: v for k, v in value.items() if k not in hf})
+    return {**flat, **hf}
 
 
 def _first(hf: Mapping, names: tuple[str, ...]):
