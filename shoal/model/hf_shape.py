@@ -115,10 +115,11 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
 
 def _flattened(hf: Mapping) -> dict:
     """The config with its nested blocks' fields beside its own (DBRX keeps heads and experts in attn_config and
-    ffn_config); a field given at the top wins."""
+    ffn_config); a field given at the top wins, and another model's block (a vision tower's) is not read."""
     flat = {}
     for key, value in hf.items():
-        if isinstance(value, Mapping) and key.endswith("_config"):
+        other_model = any(part in key for part in ("vision", "audio", "speech", "image", "quantization"))
+        if isinstance(value, Mapping) and key.endswith("_config") and not other_model:
             flat.update({k: v for k, v in value.items() if k not in hf})
     return {**flat, **hf}
 
