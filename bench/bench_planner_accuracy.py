@@ -22,7 +22,7 @@ from shoal.model import analytics
 from shoal.model.config import PRESETS, ModelConfig
 from shoal import hardware
 from shoal.planner.search import Fixed, evaluate_pinned, search
-from shoal.planner.stacks import STACK_SETTINGS, stack_settings
+from shoal.planner.stacks import STACK_SETTINGS, default_stack, stack_settings
 from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload
 
@@ -56,24 +56,27 @@ def published_tokens_per_gpu_s(run: dict, cfg: ModelConfig) -> float:
 
 
 def predict(run: dict, cfg: ModelConfig):
-    gpu = hardware.get_gpu(run["gpu"])
+    gpu, lay = hardware.get_gpu(run["gpu"]), run["layout"]
     if run.get("hw"):
         gpu = hardware.apply_overrides(gpu, run["hw"])
-    lay = run["layout"]
-    # The row's stack (stacks.py), then the settings the row gives itself; the rest are the Workload's defaults.
-    settings = stack_settings(run.get("stack"), {name: run.get(name) for name in STACK_SETTINGS})
+    # The row's stack (stacks.py; without one, the stack its layout implies, as `shoal plan` takes it), then the
+    # settings the row gives itself; the rest are the Workload's defaults.
+    stack = run.get("stack") or default_stack(bool(gpu.xla_step), lay.get("zero"))
+    settings = stack_settings(stack, {name: run.get(name) for name in STACK_SETTINGS})
     wl = Workload(cfg, run["seq"], run["global_batch"], precision=run.get("precision", "bf16"), **settings)
     cluster = Cluster(gpu, run["gpus"], gpu.gpus_per_node)
     if "micro_batch" not in lay or "recompute" not in lay:
         # The source leaves them out: search them, as `shoal plan` does with only these dimensions pinned.
         fixed = Fixed(dp=lay["dp"], tp=lay["tp"], pp=lay["pp"], ep=lay.get("ep", 1), cp=lay.get("cp", 1),
                       zero=lay.get("zero"), sequence_parallel=lay.get("sp"), micro_batch=lay.get("micro_batch"),
-                      pp_schedule=lay.get("schedule"), pp_virtual_stages=lay.get("virtual"))
+                      pp_schedule=lay.get("schedule"), pp_virtual_stages=lay.get("virtual"),
+                      activation_offload=lay.get("activation_offload"))
         return search(wl, cluster, fixed).best
     layout = Layout(dp_shard=lay["dp"], tp=lay["tp"], pp=lay["pp"], ep=lay.get("ep", 1), cp=lay.get("cp", 1),
                     zero=lay["zero"], micro_batch=lay["micro_batch"],
                     activation_checkpoint=lay["recompute"], pp_schedule=lay.get("schedule", "1f1b"),
-                    pp_virtual_stages=lay.get("virtual", 1), sequence_parallel=lay.get("sp", False))
+                    pp_virtual_stages=lay.get("virtual", 1), sequence_parallel=lay.get("sp", False),
+                    activation_offload=lay.get("activation_offload", False))
     # The same call as `shoal plan` with every dimension pinned (an unpublished interleaving factor is searched).
     return evaluate_pinned(wl, layout, cluster, interleave_given="virtual" in lay)
 

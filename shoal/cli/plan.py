@@ -14,7 +14,7 @@ from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
 from shoal.model.hf_shape import SHAPE_NOTE
-from shoal.planner.stacks import STACKS
+from shoal.planner.stacks import DEFAULT_STACK_NOTE, STACKS
 from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_GATHERS, FP8_SAVES, GRAD_ACCUMULATION, GRAD_REDUCES,
                                     KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS, PP_P2P, PRECISIONS, WEIGHT_GATHERS,
                                     ZERO3_IMPLS, CP_COMMS)
@@ -129,9 +129,10 @@ def _stack_flags(p) -> None:
                    help="the dtype gradients are reduced in across data-parallel ranks: fp32 (default; shoal, "
                         "torchtitan, Megatron's default) or bf16 (Megatron-Bridge's performance recipes)")
     w.add_argument("--fp8-gather", choices=FP8_GATHERS,
-                   help="with --precision fp8, which all-gathers move FP8: none (default, as shoal train), "
-                        "activations (sequence-parallel gathers of the GEMM inputs: Transformer Engine) or all "
-                        "(also the ZeRO weight gathers: Megatron-Core's fp8_param_gather)")
+                   help="with --precision fp8, which all-gathers move FP8: activations (default: the "
+                        "sequence-parallel gathers of the GEMM inputs, as Transformer Engine and torchao cast "
+                        "before gathering), none (every gather 16-bit, as shoal train: the default with --emit or "
+                        "--gpu local) or all (also the ZeRO weight gathers: Megatron-Core's fp8_param_gather)")
     w.add_argument("--pp-p2p", choices=PP_P2P,
                    help="batched (default): a pipeline stage posts a step's send and receive together (shoal train, "
                         "Megatron-LM); blocking: each send and receive on its own, four per micro-batch, the 1/tp "
@@ -139,6 +140,10 @@ def _stack_flags(p) -> None:
     w.add_argument("--pp-overlap", choices=("on", "off"),
                    help="on: an interleaved pipeline's sends and receives run beside the chunk computed meanwhile "
                         "(Megatron's overlap_p2p_comm); off (default): on the critical path, as shoal train runs them")
+    w.add_argument("--offload-overlap", choices=("on", "off"),
+                   help="with --activation-offload: on (default) the copies to and from the host run on their own "
+                        "stream beside the next layer (Transformer Engine's CPU offload, Megatron-Core's "
+                        "cpu_offloading); off: on the compute stream, the next kernel waiting (save_on_cpu, shoal train)")
     w.add_argument("--zero3-impl", choices=ZERO3_IMPLS,
                    help="how ZeRO-3 gathers and reduces: fsdp (default: a layer at a time, the next prefetched, fp32 "
                         "reduce-scatter; FSDP2, shoal train) or deepspeed-2021 (DeepSpeed v0.3.13: one all_gather per "
@@ -295,7 +300,7 @@ def run(args) -> int:
                         budget=ans.budget, carbon_window=ans.window)
         print_json({**doc, "emitted": str(emitted) if emitted else None, "figures": [str(f) for f in figures]})
         return 0
-    _print_text(ans, emitted, figures, args.top)
+    _print_text(ans, emitted, figures, args.top, stack_given=bool(args.stack))
     return 0
 
 
@@ -321,7 +326,7 @@ def _figures(args, ans) -> list:
     return figures
 
 
-def _print_text(ans, emitted, figures, top: int) -> None:
+def _print_text(ans, emitted, figures, top: int, stack_given: bool) -> None:
     from rich.console import Console
 
     from shoal.hardware.catalog import GiB
@@ -337,6 +342,8 @@ def _print_text(ans, emitted, figures, top: int) -> None:
         con.print(f"[bold]shoal plan[/]: {headline(workload, cluster, name)}")
         if workload.model.note.startswith(SHAPE_NOTE):  # a model folder of a family shoal train does not compute
             con.print(f"[bold yellow]note[/]: {workload.model.note}")
+        if workload.stack not in (None, "shoal") and not stack_given:  # stacks.default_stack chose it
+            con.print(f"[bold yellow]note[/]: {DEFAULT_STACK_NOTE}")
     else:
         con.print(f"[bold]shoal plan[/]: {name} on {cluster.gpu.name}, seq {workload.seq_len}, batch {workload.global_batch}")
     if single:

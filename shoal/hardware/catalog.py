@@ -28,8 +28,11 @@ at 989, so 835/989 = (400/700) ** 0.30. Derived, approximate (a power law throug
 FP8_MATMUL_RATIO = 0.734 / 0.803
 """An FP8 GEMM reaches a smaller fraction of its (twice as high) peak than a BF16 one: ml-engineering's
 MAMF table measures H200 FP8 at 1453.4 of 1979 TFLOP/s (73.4%) against 80.3% for BF16 on the same chip.
-So an FP8 GEMM runs at peak_fp8_flops x matmul_efficiency x 0.914 (the ratio of the two measurements;
-B200's pair, 76.3% vs 77.6%, would give 0.98: approximate)."""
+So an FP8 GEMM runs at peak_fp8_flops x matmul_efficiency x 0.914 (the ratio of the two measurements), on
+every device whose own pair is not measured (GPU.fp8_matmul_ratio)."""
+B200_FP8_MATMUL_RATIO = 0.763 / 0.776
+"""The same table's B200 pair, FP8 76.3% against BF16 77.6% of their peaks: Blackwell's FP8 GEMMs keep
+nearly the BF16 share (0.98), so B200, GB200 and GB300 take their own ratio, not H200's."""
 
 
 TPU_RUNTIME_BYTES = 0.75 * GiB
@@ -196,6 +199,8 @@ class GPU:
     Computation via Decomposition in Large Deep Learning Models", ASPLOS 2023), which MaxText turns on
     (--xla_tpu_enable_async_collective_fusion, --xla_tpu_overlap_compute_collective_tc in its v5p configs);
     0: they wait on the matmul that needs their result (NCCL under eager PyTorch)."""
+    fp8_matmul_ratio: float = FP8_MATMUL_RATIO
+    """The share of matmul_efficiency an FP8 GEMM keeps against the FP8 peak (FP8_MATMUL_RATIO)."""
     host_bandwidth: float = 25e9
     """Host<->device copy bandwidth, one direction, bytes/s, for offloading: a PCIe Gen4 x16 link moves
     ~25 GB/s of its 31.5 GB/s (A100 hosts); Gen5 x16 (H100/H200/B200 hosts) ~50 GB/s of 63 GB/s."""
@@ -248,7 +253,7 @@ class GPU:
 
     def matmul_rate(self, precision: str = "bf16") -> float:
         """FLOP/s a large GEMM sustains in training at this precision (the power cap included)."""
-        ratio = FP8_MATMUL_RATIO if precision == "fp8" else 1.0
+        ratio = self.fp8_matmul_ratio if precision == "fp8" else 1.0
         return self.peak_flops(precision) * self.matmul_efficiency * ratio * self.sustained_scale
 
     def mfu_peak(self, precision: str = "bf16") -> float:
@@ -361,7 +366,8 @@ CATALOG: dict[str, GPU] = {
         peak_fp8_flops=1979e12, power_watts=700, usd_per_gpu_hour=3.50,
         note="HGX H200: H100 compute with 141 GB HBM3e; 400 Gb/s per GPU between nodes", host_bandwidth=50e9),
     "b200": GPU(
-        name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, attention_efficiency=0.49,
+        name="b200", peak_bf16_flops=2250e12, matmul_efficiency=0.64, fp8_matmul_ratio=B200_FP8_MATMUL_RATIO,
+        attention_efficiency=0.49,
         flash2_attention_efficiency=0.28, attention_score_cost=1950,
         hbm_bytes=180 * GiB, hbm_bandwidth=8.0e12, hbm_efficiency=0.85,
         gpus_per_node=8, intra_node_bandwidth=900e9, intra_node_efficiency=0.8, intra_node_latency=5e-6,
@@ -423,8 +429,9 @@ CATALOG: dict[str, GPU] = {
 #   nodes evenly: planner/workload.py Cluster). NVIDIA's GB200 NVL72 page: 360 PFLOP/s FP16/BF16 with sparsity per rack, 2.5
 #   dense per GPU (FP8 5), 13.4 TB of HBM3e (186 GB per GPU) at 8 TB/s, ConnectX-7 400 Gb/s per GPU between
 #   racks; GB300 NVL72: the same BF16 rate, 279 GB of HBM3e per GPU, ConnectX-8 800 Gb/s. Board power
-#   1.2 and 1.4 kW. Matmul efficiency as B200's sustained 0.64; attention as B200's (Hopper's measured
-#   shares), its per-score cost from the special-function rate, 5 (GB200) and 10.7 (GB300) tera-
+#   1.2 and 1.4 kW. The host is the superchip's Grace CPU, on NVLink-C2C at 900 GB/s both ways for its two
+#   GPUs (NVIDIA's GB200 pages), so a GPU copies to it at 225 GB/s each way (host_bandwidth), not over PCIe.
+#   Matmul efficiency as B200's sustained 0.64; attention as B200's (Hopper's measured shares), its per-score cost from the special-function rate, 5 (GB200) and 10.7 (GB300) tera-
 #   exponentials/s against 2.5 PFLOP/s: 1816 and 849 by the H200's 955 at 989 / 4.18.
 # - TPU v6e (Trillium), Google Cloud's "TPU v6e" page: 918 TFLOP/s BF16, 32 GB at 1,638 GB/s, 800 GB/s of
 #   ICI per chip both ways over 4 ports (v5e's 400 doubled), 256-chip pods in a 16x16 2D torus as v5e's;
@@ -434,7 +441,7 @@ CATALOG: dict[str, GPU] = {
 #   6 TB/s, 1000 W.
 CATALOG["gb200"] = dataclasses.replace(
     CATALOG["b200"], name="gb200", peak_bf16_flops=2500e12, peak_fp8_flops=5000e12, hbm_bytes=186e9,
-    gpus_per_node=72, attention_score_cost=1816, power_watts=1200, usd_per_gpu_hour=0.0,
+    gpus_per_node=72, attention_score_cost=1816, power_watts=1200, usd_per_gpu_hour=0.0, host_bandwidth=225e9,
     note="GB200 NVL72: 72 Blackwell GPUs on NVLink 5 (1.8 TB/s bidirectional each), 400 Gb/s per GPU between racks")
 CATALOG["gb300"] = dataclasses.replace(
     CATALOG["gb200"], name="gb300", hbm_bytes=279e9, inter_node_bandwidth=100e9, attention_score_cost=849,

@@ -204,13 +204,19 @@ def _deepseek(hf: Mapping) -> dict:
             raise UserError(f"hf.{key}", hf.get(key), "config.json lacks this required DeepSeek field")
     if hf.get("moe_layer_freq", 1) != 1:
         raise UserError("hf.moe_layer_freq", hf["moe_layer_freq"], "only every layer after the dense ones is read")
-    rope = hf.get("qk_rope_head_dim", 64)
-    return dict(head_dim=hf.get("qk_nope_head_dim", 128) + rope, q_lora_rank=hf.get("q_lora_rank") or 0,
-                kv_lora_rank=hf["kv_lora_rank"], qk_rope_head_dim=rope, v_head_dim=hf.get("v_head_dim", 128),
-                n_experts=hf["n_routed_experts"], top_k=hf.get("num_experts_per_tok", 8),
+    return dict(**mla_widths(hf), n_experts=hf["n_routed_experts"], top_k=hf.get("num_experts_per_tok", 8),
                 expert_ffn_hidden=hf["moe_intermediate_size"], n_shared_experts=hf.get("n_shared_experts") or 0,
                 n_dense_layers=hf.get("first_k_dense_replace", 0),
                 router_renormalize=bool(hf.get("norm_topk_prob", False)))
+
+
+def mla_widths(hf: Mapping) -> dict:
+    """Multi-head latent attention's widths as DeepSeek-V2's config.json names them (its paper §2.1; the same
+    names in V3 and the families built on it, Kimi K2 among them): a query head is qk_nope_head_dim plus
+    qk_rope_head_dim wide."""
+    rope = hf.get("qk_rope_head_dim", 64)
+    return dict(head_dim=hf.get("qk_nope_head_dim", 128) + rope, q_lora_rank=hf.get("q_lora_rank") or 0,
+                kv_lora_rank=hf["kv_lora_rank"], qk_rope_head_dim=rope, v_head_dim=hf.get("v_head_dim", 128))
 
 
 def export_family(cfg: ModelConfig) -> str:

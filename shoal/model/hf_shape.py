@@ -9,7 +9,13 @@ spell alike, and what shoal's layer would count differently is approximated, and
   matrices, as GPT-2 and GPT-NeoX) as GeLU;
 - sliding windows that differ from layer to layer (GPT-OSS, Gemma 2/3) plan as full attention, an upper
   bound on its time and memory; one window for every layer (`sliding_window`) is kept;
-- biases, extra norms and the routers' scoring functions are left out (a few thousand parameters a layer).
+- biases, extra norms and the routers' scoring functions are left out (a few thousand parameters a layer);
+- DeepSeek's multi-head latent attention is read wherever `kv_lora_rank` is given (Kimi K2 and other families
+  built on DeepSeek-V3 under a model_type of their own);
+- MoE on every k-th layer only (Llama 4 Maverick's interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step)
+  plans as the same number of MoE layers after the dense ones (the counts, and so the sizes and times, are
+  the same; a pipeline's split is approximate);
+- fields kept in nested `*_config` blocks (DBRX's attn_config and ffn_config) are read beside the top level's.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Mapping
 
 from shoal.errors import UserError
 from shoal.model.config import ModelConfig
-from shoal.model.hf_config import ARCHITECTURES, REQUIRED, hf_config_to_model_config
+from shoal.model.hf_config import ARCHITECTURES, REQUIRED, hf_config_to_model_config, mla_widths
 
 PLAIN_MLP = ("gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "mpt", "phi", "starcoder2",
              "codegen")
@@ -27,20 +33,25 @@ SHAPE_NOTE = "planned from its shape"
 """How the note of a model read this way begins (`shoal plan` prints it under its headline)."""
 QK_NORM = ("qwen3", "qwen3_moe", "olmo2", "gemma3", "gemma3_text")
 """Families that normalize each query and key head (planned as Qwen3's qk_norm)."""
+ONE_SHARED_EXPERT = ("llama4_text",)
+"""Families whose MoE layer always adds one shared expert as wide as a routed one, with no config field for
+it (transformers' Llama4TextMoe: shared_expert = Llama4TextMLP(config))."""
 
 # ModelConfig field -> the config.json names families give it, first found wins.
 _ALIASES = {
     "dim": ("hidden_size", "n_embd", "d_model"),
-    "n_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "n_heads": ("num_attention_heads", "n_head", "num_heads"),
-    "n_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
+    "n_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "n_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
+    "n_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "kv_n_heads"),
     "ffn_hidden": ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim"),
     "vocab_size": ("vocab_size", "padded_vocab_size"),
     "head_dim": ("head_dim",),
-    "max_seq_len": ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"),
+    "max_seq_len": ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len"),
     "n_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
     "top_k": ("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_selected_experts"),
     "expert_ffn_hidden": ("moe_intermediate_size", "expert_intermediate_size"),
+    "moe_every": ("interleave_moe_layer_step", "decoder_sparse_step"),
+    "dense_ffn_hidden": ("intermediate_size_mlp",),
 }
 _REQUIRED = ("dim", "n_layers", "n_heads", "vocab_size")
 
@@ -52,6 +63,7 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
         # a multimodal model's folder (Gemma 3, Llama 4, Qwen2.5-VL): the language model it trains is text_config
         hf = {"tie_word_embeddings": hf.get("tie_word_embeddings", False), **hf["text_config"]}
     family = str(hf.get("model_type", "llama"))
+    hf = _flattened(hf)
     why = f"model_type {family!r} is not a family shoal train computes"
     if family in ARCHITECTURES:
         try:
@@ -75,17 +87,23 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
                   rope_theta=max(1.0, float(hf.get("rope_theta") or 10000.0)))
     if shape["head_dim"] and shape["head_dim"] * heads != dim:
         fields["head_dim"] = shape["head_dim"]
+    if isinstance(hf.get("kv_lora_rank"), int) and hf["kv_lora_rank"] > 0:  # DeepSeek's latent attention (Kimi K2)
+        fields.update(mla_widths(hf), n_kv_heads=heads)
     window, kinds = hf.get("sliding_window"), hf.get("layer_types")
     windows_vary = isinstance(kinds, list) and len(set(kinds)) > 1
     if isinstance(window, int) and window > 0 and not windows_vary:
         fields["sliding_window"] = window
     if shape["n_experts"]:
         expert = shape["expert_ffn_hidden"] or ffn
-        shared = hf.get("n_shared_experts") or 0
+        shared = hf.get("n_shared_experts") or (1 if family in ONE_SHARED_EXPERT else 0)
         if not shared and hf.get("shared_expert_intermediate_size"):  # one wide shared expert (Qwen2-MoE)
             shared = max(1, round(hf["shared_expert_intermediate_size"] / expert))
+        dense = int(hf.get("first_k_dense_replace") or 0)
+        if (shape["moe_every"] or 1) > 1:  # MoE on every k-th layer: that many MoE layers, the rest dense
+            dense = shape["n_layers"] - shape["n_layers"] // shape["moe_every"]
         fields.update(n_experts=shape["n_experts"], top_k=shape["top_k"] or 2, expert_ffn_hidden=expert,
-                      n_shared_experts=int(shared), n_dense_layers=int(hf.get("first_k_dense_replace") or 0))
+                      n_shared_experts=int(shared), n_dense_layers=dense,
+                      ffn_hidden=shape["dense_ffn_hidden"] or ffn)
     note = f"{SHAPE_NOTE}: {why}" + ("; its per-layer sliding windows planned as full attention" if windows_vary else "")
     try:
         return ModelConfig(**fields, note=note).validate(prefix="hf")
@@ -93,6 +111,17 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
         short = e.field.removeprefix("hf.")
         names = _ALIASES.get(short)
         raise UserError(f"hf.{names[0] if names else short}", e.value, e.fix) from None
+
+
+def _flattened(hf: Mapping) -> dict:
+    """The config with its nested blocks' fields beside its own (DBRX keeps heads and experts in attn_config and
+    ffn_config); a field given at the top wins, and another model's block (a vision tower's) is not read."""
+    flat = {}
+    for key, value in hf.items():
+        other_model = any(part in key for part in ("vision", "audio", "speech", "image", "quantization"))
+        if isinstance(value, Mapping) and key.endswith("_config") and not other_model:
+            flat.update({k: v for k, v in value.items() if k not in hf})
+    return {**flat, **hf}
 
 
 def _first(hf: Mapping, names: tuple[str, ...]):

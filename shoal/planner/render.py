@@ -37,7 +37,7 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-WORKLOAD_SETTINGS = ("kernels", "document_mask", *STACK_SETTINGS)
+WORKLOAD_SETTINGS = ("kernels", "document_mask", "stack", *STACK_SETTINGS)
 """The Workload fields `--json` reports beside the batch: how the planned software runs the layer."""
 
 
@@ -47,7 +47,8 @@ def headline(workload: Workload, cluster: Cluster, model_name: str) -> str:
     return (f"{model_name} ({human(counts.total)} params{active}) · seq {workload.seq_len} · batch "
             f"{workload.global_batch} ({human(workload.tokens_per_step)} tokens/step) · {cluster.n_gpus} x "
             f"{cluster.gpu.name} ({cluster.n_nodes} node{'s' if cluster.n_nodes > 1 else ''} of {cluster.gpus_per_node})"
-            f" · {workload.attention} attention{' with document masks' if workload.document_mask else ''}")
+            f" · {workload.attention} attention{' with document masks' if workload.document_mask else ''}"
+            f" · {workload.stack or 'default'} stack settings")
 
 
 def layouts_table(plans: list[Plan], title: str):

@@ -21,7 +21,7 @@ from shoal.model.config import ModelConfig, get_preset
 from shoal.planner import cost, energy, scaling
 from shoal.planner.evaluate import Plan
 from shoal.planner.search import Fixed, SearchResult, evaluate_pinned, search
-from shoal.planner.stacks import STACK_SETTINGS, stack_settings
+from shoal.planner.stacks import STACK_SETTINGS, default_stack, stack_settings
 from shoal.planner.workload import Cluster, Workload
 
 
@@ -115,17 +115,17 @@ def build(args) -> Inputs:
     _slow_link_flags(args)
     kernels = args.kernels or ("eager" if local_hardware.is_local(gpu) else "fused")
     # The local CPU, and a plan written as a recipe (--emit), plan shoal train as it runs (Workload.of_job);
-    # otherwise the stack named, or the Workload's defaults (stacks.py).
+    # otherwise the stack named, or the one the pinned layout implies (stacks.default_stack).
     plans_shoal = local_hardware.is_local(gpu) or bool(getattr(args, "emit", None))
     if getattr(args, "emit", None) and args.stack not in (None, "shoal"):
         raise UserError("stack", args.stack, "--emit writes a recipe that shoal train runs, so it plans the shoal "
                                              "stack; drop --stack (or plan without --emit)")
     given = {name: getattr(args, name) for name in STACK_SETTINGS}
-    for switch in ("grad_overlap", "pp_overlap"):  # on/off flags, booleans in the Workload
+    for switch in ("grad_overlap", "pp_overlap", "offload_overlap"):  # on/off flags, booleans in the Workload
         given[switch] = None if given[switch] is None else given[switch] == "on"
-    settings = stack_settings(args.stack or ("shoal" if plans_shoal else None), given)
+    stack = args.stack or ("shoal" if plans_shoal else default_stack(bool(gpu.xla_step), args.zero))
     workload = Workload(cfg, args.seq_len, args.global_batch, precision=precision, kernels=kernels,
-                        document_mask=args.document_mask, **settings,
+                        document_mask=args.document_mask, **stack_settings(stack, given), stack=stack,
                         grad_compression=args.grad_compression, topk_density=args.topk_density,
                         powersgd_rank=args.powersgd_rank, diloco_inner_steps=args.diloco_inner_steps,
                         diloco_quantize=args.diloco_quantize, diloco_overlap_steps=args.diloco_overlap_steps)

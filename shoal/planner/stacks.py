@@ -3,24 +3,27 @@
 
 What each value means, and the code or paper it comes from, is in the field's docstring (workload.py);
 this table only says which stack runs which. `shoal plan --stack NAME` starts from an entry and a flag
-given beside it wins; without --stack a GPU plan takes the Workload's defaults (the most common choice
-among published stacks), and --emit or --gpu local take `shoal` (a recipe is what shoal train runs, and
-Workload.of_job checks a job with the same entry).
+given beside it wins; without --stack, --emit or --gpu local take `shoal` (a recipe is what shoal train runs,
+and Workload.of_job checks a job with the same entry), a GPU layout pinned to ZeRO-3 takes the FSDP programs'
+entry (default_stack), and any other plan the Workload's defaults (the most common choice among published
+stacks).
 """
 
 from __future__ import annotations
 
 STACK_SETTINGS = ("attention", "fp8_saves", "weight_gather", "grad_accumulation", "moe_dispatch", "moe_probs", "loss",
                   "adam_moments", "grad_overlap", "pp_p2p", "grad_reduce", "fp8_gather", "pp_overlap", "zero3_impl",
-                  "cp_comm")
+                  "cp_comm", "offload_overlap")
 """The Workload fields that say how a piece of software runs the layer: each a `shoal plan` flag, and what
 --stack fills when the flag is not given (render.py reports them with --json)."""
 
 STACKS: dict[str, dict[str, object]] = {
-    # shoal train: SDPA's fused kernels, torchao's Float8Linear, FSDP2 over the fp32 weights, autograd's
-    # accumulation, its own MoE layer and all-to-all, its context parallelism's gathers (parallel/, model/moe.py).
+    # shoal train: SDPA's fused kernels, torchao's Float8Linear under plain ColwiseParallel (16-bit gathers),
+    # FSDP2 over the fp32 weights, autograd's accumulation, its own MoE layer and all-to-all, its context
+    # parallelism's gathers, save_on_cpu's activation copies on the compute stream (parallel/, model/moe.py).
     "shoal": dict(attention="flash", fp8_saves="input", weight_gather="fp32", grad_accumulation="separate",
-                  moe_dispatch="per-expert", moe_probs="output", cp_comm="all-gather"),
+                  moe_dispatch="per-expert", moe_probs="output", cp_comm="all-gather", fp8_gather="none",
+                  offload_overlap=False),
     # Megatron-Core with Transformer Engine as Megatron-Bridge's recipes and performance scripts set it up
     # (TE's cuDNN attention, FP8 GEMMs saving their FP8 inputs, the alltoall dispatcher, SwiGLU-weighted
     # experts, cross_entropy_fusion_impl "te", bf16 weights gathered by the distributed optimizer, gradients
@@ -40,6 +43,23 @@ STACKS: dict[str, dict[str, object]] = {
     "megatron-deepspeed": dict(attention="unfused", grad_overlap=False, grad_accumulation="separate",
                                pp_p2p="blocking"),
 }
+
+
+def default_stack(xla: bool, zero: int | None) -> str | None:
+    """The stack a plan takes when --stack is not given (and it plans neither shoal train nor a recipe).
+
+    A GPU layout pinned to ZeRO-3 is a PyTorch FSDP program: torchtitan, llm-foundry (Composer), OLMo and
+    Hugging Face Accelerate all shard with torch FSDP, and all attend with FlashAttention-2 (the flash-attn
+    package, or SDPA's default flash backend), which is what moves such a plan most (compute.attention_rate):
+    it takes torchtitan's entry. Megatron-Core's own FSDP is the exception; name its stack for it. XLA shards
+    with GSPMD whatever the layout, and every other layout keeps the Workload's defaults: Megatron-Core's
+    choices, the most common among published runs of TP, PP and ZeRO-1."""
+    return "torchtitan" if zero == 3 and not xla else None
+
+
+DEFAULT_STACK_NOTE = ("ZeRO-3 pinned on a GPU plans a PyTorch FSDP program (torchtitan's stack settings: "
+                      "FlashAttention-2, torchao's FP8, PyTorch's context parallel); name the software with --stack")
+"""What `shoal plan` prints when default_stack chose the stack."""
 
 
 def stack_settings(stack: str | None, given: dict[str, object]) -> dict[str, object]:

@@ -40,7 +40,7 @@ from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload, expert_grid, group_ranks_per_node, layers_per_rank, moe_layer_count
 from shoal.hardware.catalog import GPU
 from shoal.hardware.local import is_local
-from shoal.planner.memory import rank_params, stage_params
+from shoal.planner.memory import rank_params, stage_params, stage_unsharded
 from shoal.planner.data_parallel import GRAD_REDUCE_BYTES, DataParallel, overlap
 
 RANK_SPEED_SIGMA = 0.01
@@ -227,12 +227,21 @@ def _accumulation_pass(k: _Kernels) -> float:
     """Workload.grad_accumulation `separate`, per micro-batch: a kernel adds each new weight gradient into the
     accumulated one, reading the new gradient and reading and writing the sum (3 gradient-sized tensors, 16-bit
     but under fp32) for every parameter on this GPU. The first micro-batch's gradient is taken as it is
-    (autograd's AccumulateGrad), so a step runs m - 1 of them, spread here over its m backwards."""
+    (autograd's AccumulateGrad), so a step runs m - 1 of them, spread here over its m backwards. FSDP2 (zero 2/3)
+    accumulates in its fp32 reduce dtype: each micro-batch's reduce-scattered shard into the sharded sum, or,
+    under a pipeline, the whole stage's gradients unsharded (memory.stage_unsharded)."""
     if k.m == 1:
         return 0.0
-    params = stage_params(k.cfg, k.lay, "last", expert_grid(k.lay)[0])
+    lay = k.lay
+    expert_tp, expert_dp = expert_grid(lay)
+    params = stage_params(k.cfg, lay, "last", expert_tp)
+    dense, expert, elem = params.dense, params.expert, k.elem
+    if lay.zero >= 2 and not k.gpu.xla_step:
+        elem = 4
+        if not stage_unsharded(lay, False):
+            dense, expert = dense / (lay.dp_shard * lay.cp), expert / expert_dp
     passes = (k.m - 1) / k.m
-    return passes * 3 * k.elem * (params.dense + params.expert) / (k.gpu.hbm_bandwidth * k.gpu.hbm_efficiency)
+    return passes * 3 * elem * (dense + expert) / (k.gpu.hbm_bandwidth * k.gpu.hbm_efficiency)
 
 
 def _tp_comm(k: _Kernels) -> tuple[float, float]:
@@ -312,11 +321,12 @@ def ranks_per_token(n_experts: int, top_k: int, ep: int) -> float:
 
 
 def _offload_per_layer(k: _Kernels) -> tuple[float, float]:
-    """PCIe copies per layer and micro-batch: offloaded parameters come in for forward and backward and
+    """Host copies per layer and micro-batch: offloaded parameters come in for forward and backward and
     their gradients go out, beside the layer's kernels (FSDP2 copies on its all-gather and reduce-scatter
-    streams); offloaded activations go out after forward and come back for backward in full, on the compute
-    stream: torch.autograd.graph.save_on_cpu copies each saved tensor where it is saved, so the next kernel
-    waits (an H200 here: 1.39 s a step where the kernels take ~0.2 s, docs/debugging.md)."""
+    streams); offloaded activations go out after forward and come back for backward in full, beside the
+    neighbouring layer's kernels (Workload.offload_overlap) or on the compute stream: save_on_cpu copies each
+    saved tensor where it is saved, so the next kernel waits (an H200 here: 1.39 s a step where the kernels take
+    ~0.2 s, docs/debugging.md)."""
     lay = k.lay
     if lay.offload != "params" and not lay.activation_offload:
         return 0.0, 0.0
@@ -330,7 +340,10 @@ def _offload_per_layer(k: _Kernels) -> tuple[float, float]:
         bwd += overlap((layer * k.elem + layer * GRAD_REDUCE_BYTES) / pcie, k.bwd, hide)
     if lay.activation_offload:
         act = activation_bytes_per_layer(k.workload, lay, xla=bool(k.gpu.xla_step)) / pcie
-        fwd, bwd = fwd + act, bwd + act
+        if k.workload.offload_overlap:  # beside the next layer's forward, the reload beside the one after's backward
+            fwd, bwd = fwd + overlap(act, k.fwd, hide), bwd + overlap(act, k.bwd, hide)
+        else:
+            fwd, bwd = fwd + act, bwd + act
     return fwd, bwd
 
 

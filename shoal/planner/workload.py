@@ -139,14 +139,17 @@ class Workload:
     recipes set it (grad_reduce_in_fp32 = False in scripts/performance/configs/{llama,qwen,deepseek,gpt_oss}/
     *_llm_pretrain.py at 00b7660b). An XLA device reduces in the compute dtype whatever this says. Time only: the
     memory is planned as with fp32 (Megatron's bf16 gradient buffer would hold 2 bytes less per parameter)."""
-    fp8_gather: str = "none"
+    fp8_gather: str = "activations"
     """precision=fp8: which all-gathers move FP8 bytes instead of 16-bit ones (timing._tp_comm,
     data_parallel.DataParallel.gather). `none`: every gather in 16 bits, as shoal train runs FP8 (torchao's
-    Float8Linear under plain ColwiseParallel and FSDP2). `activations`: under sequence parallelism the
-    all-gathers in front of the column-parallel GEMMs, forward and backward, move the FP8 cast: Transformer Engine
-    casts before it gathers (module/layernorm_linear.py at v1.8: the norm writes FP8, then gather_along_first_dim;
-    module/base.py grad_output_preprocess casts the output gradient before its gather; at v2.8 distributed.py
-    _all_gather_fp8 for delayed and current scaling alike); the reduce-scatters stay 16-bit (GEMM outputs).
+    Float8Linear under plain ColwiseParallel and FSDP2). `activations` (the default: both FP8 libraries do it):
+    under sequence parallelism the all-gathers in front of the column-parallel GEMMs, forward and backward, move
+    the FP8 cast: Transformer Engine casts before it gathers (module/layernorm_linear.py at v1.8: the norm writes
+    FP8, then gather_along_first_dim; module/base.py grad_output_preprocess casts the output gradient before its
+    gather; at v2.8 distributed.py _all_gather_fp8 for delayed and current scaling alike), and so do torchao's
+    Float8ColwiseParallel and PrepareFloat8ModuleInput, which torchtitan applies to every Float8Linear under TP
+    (float8_tensor_parallel.py; torchtitan docs/float8.md: "float8 all-gather ... for TP (by default)"); the
+    reduce-scatters stay 16-bit (GEMM outputs).
     `all`: the ZeRO weight gathers too, FP8 weights gathered once per step or per layer (Megatron-Core's
     fp8_param_gather, on in Megatron-Bridge's FP8 recipes: training/mixed_precision.py at 00b7660b,
     bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed). Time only: memory as with 16-bit gathers."""
@@ -158,6 +161,14 @@ class Workload:
     Megatron-Bridge sets it wherever VP > 1 (training/comm_overlap.py at 00b7660b). False: each chunk's
     communication on the critical path, as torch.distributed.pipelining's schedules run it for shoal train
     (PipelineScheduleMulti waits for every time step's sends and receives before the next compute)."""
+    offload_overlap: bool = True
+    """With activation offload (layout.activation_offload): whether the copies to and from the host run on a
+    stream of their own, beside the next layer's kernels (timing._offload_per_layer). True: Transformer Engine's
+    CPU offload context, which Megatron-Core's cpu_offloading uses (transformer_engine/pytorch/cpu_offload.py at
+    d0067d0d: OffloadableLayerState puts each device-to-host copy on offload_stream after an event, and the
+    reload ahead of the layer's backward; transformer_block.py at d98e8a64). False: each copy on the compute
+    stream where the tensor is saved, so the next kernel waits: torch.autograd.graph.save_on_cpu, which shoal
+    train runs."""
     zero3_impl: str = "fsdp"
     """How ZeRO-3 gathers the weights and reduces the gradients. `fsdp`: a layer at a time, the next layer
     prefetched beside this one's kernels, gradients reduce-scattered in fp32 (FSDP2 as shoal train, torchtitan
@@ -173,6 +184,9 @@ class Workload:
     all-gather rotation as torchtitan ran it (torch 1963fc8, torchtitan 9dec370): one all-gather beside the first
     of cp attention calls, fp32 merges of their outputs, fp32 dK/dV passed round the ring in backward, on K/V
     repeated to the query heads (torchtitan's repeat_kv)."""
+    stack: str | None = None
+    """The stacks.STACKS entry the settings above started from (None: each setting's own default), for the
+    output to say which software the plan assumes."""
     grad_compression: str = "none"
     """parallel.grad_compression: scales the data-parallel gradient bytes (planner/slow_links.py)."""
     topk_density: float = 0.1
@@ -202,7 +216,7 @@ class Workload:
         settings = {**STACKS["shoal"], **({"weight_gather": "bf16"} if t.precision == "bf16-params" else {})}
         return cls(job.model, t.seq_len, t.global_batch, precision=t.precision,
                    kernels="fused" if t.compile else "eager", document_mask=job.cfg.data.document_mask,
-                   **settings, **slow_link_fields(asdict(job.cfg.parallel)))
+                   **settings, stack="shoal", **slow_link_fields(asdict(job.cfg.parallel)))
 
     @property
     def gathered_weight_bytes(self) -> int:

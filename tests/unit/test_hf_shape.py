@@ -17,17 +17,37 @@ GPT_NEOX_20B = {"model_type": "gpt_neox", "hidden_size": 6144, "num_hidden_layer
                 "intermediate_size": 24576, "vocab_size": 50432, "max_position_embeddings": 2048,
                 "tie_word_embeddings": False, "hidden_act": "gelu"}
 
+KIMI_K2 = {"model_type": "kimi_k2", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+           "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 384,
+           "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1, "kv_lora_rank": 512,
+           "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+           "vocab_size": 163840, "tie_word_embeddings": False}
 
-@pytest.mark.parametrize("hf,total", [
-    (GPT_OSS_120B, 116.8e9),  # its model card: 116.8B parameters
-    (GPT_NEOX_20B, 20.6e9),   # Black et al. 2022: 20.6B (a two-matrix GeLU MLP; gated it would be 27B)
+LLAMA4_MAVERICK = {"model_type": "llama4", "text_config": {
+    "model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+    "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 202048, "num_local_experts": 128, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2}}
+
+DBRX = {"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40, "max_seq_len": 32768, "vocab_size": 100352,
+        "attn_config": {"kv_n_heads": 8, "rope_theta": 500000},
+        "ffn_config": {"ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 4}}
+
+
+@pytest.mark.parametrize("hf,total,active", [
+    (GPT_OSS_120B, 116.8e9, None),  # its model card: 116.8B parameters
+    (GPT_NEOX_20B, 20.6e9, None),   # Black et al. 2022: 20.6B (a two-matrix GeLU MLP; gated it would be 27B)
+    (KIMI_K2, 1.03e12, 32.9e9),     # its model card: 1T, 32B activated (DeepSeek-V3's latent attention, 384 experts)
+    (LLAMA4_MAVERICK, 400e9, 17.2e9),  # Meta's: 400B, 17B active (MoE every second layer, one shared expert)
+    (DBRX, 132e9, 36.5e9),          # Databricks': 132B, 36B active (heads and experts in nested blocks)
 ])
-def test_a_family_shoal_does_not_compute_is_planned_by_its_shape(hf, total):
+def test_a_family_shoal_does_not_compute_is_planned_by_its_shape(hf, total, active):
     cfg = hf_config_to_shape(hf)
     assert cfg.note.startswith(SHAPE_NOTE)
     assert param_counts(cfg).total == pytest.approx(total, rel=0.01)
+    if active:
+        assert param_counts(cfg).active == pytest.approx(active, rel=0.01)
     with pytest.raises(UserError, match="model_type"):  # shoal train still starts only from what it computes
-        hf_config_to_model_config(hf)
+        hf_config_to_model_config(hf.get("text_config", hf))
 
 
 def test_a_config_without_a_shape_is_one_line_naming_the_field(tmp_path, capsys):

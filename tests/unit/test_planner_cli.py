@@ -248,6 +248,22 @@ def test_a_stack_sets_the_settings_not_given(capsys):
         assert (workload["attention"], workload["grad_overlap"], workload["pp_p2p"], workload["loss"]) == expected
 
 
+def test_zero3_pinned_on_a_gpu_plans_an_fsdp_program(capsys):
+    # stacks.default_stack: without --stack, a GPU layout pinned to ZeRO-3 takes torchtitan's settings and says so
+    from shoal.cli.main import main
+
+    args = ["plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--gpus", "8", "--top", "1"]
+    for extra, expected in ((["--gpu", "h100", "--zero", "3"], ("torchtitan", "flash2")),
+                            (["--gpu", "h100", "--zero", "3", "--stack", "megatron-bridge"], ("megatron-bridge", "flash")),
+                            (["--gpu", "h100", "--zero", "1"], (None, "flash")),
+                            (["--gpu", "tpu-v5p", "--zero", "3"], (None, "flash"))):
+        assert main(args + extra + ["--json"]) == 0
+        workload = json.loads(capsys.readouterr().out)["workload"]
+        assert (workload["stack"], workload["attention"]) == expected
+    assert main(args + ["--gpu", "h100", "--zero", "3"]) == 0
+    assert "PyTorch FSDP program" in capsys.readouterr().out
+
+
 def test_a_recipe_is_not_planned_on_another_stack(tmp_path, capsys):
     from shoal.cli.main import main
 

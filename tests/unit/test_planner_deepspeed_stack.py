@@ -55,6 +55,19 @@ def test_separate_accumulation_is_a_pass_over_the_gpus_gradients_per_microbatch(
     assert separate.step > fused.step + passes  # in every micro-batch's backward, so in the bubble's too
 
 
+def test_fsdp_accumulates_its_fp32_shard_or_under_a_pipeline_the_whole_stage_in_fp32():
+    # shoal train's ZeRO-2/3 reduce-scatter every micro-batch and add the fp32 shard; pipelined, FSDP2 holds the
+    # stage's gradients unsharded in fp32 (memory.stage_unsharded)
+    def added(lay):
+        fused, separate = _steps(L8, lay, "grad_accumulation", ("fused", "separate"))
+        return separate.compute - fused.compute
+
+    zero1, zero3 = (Layout(dp_shard=8, tp=1, pp=1, zero=z, micro_batch=1) for z in (1, 3))
+    assert added(zero3) == pytest.approx(added(zero1) * 2 / 8)  # 4 bytes instead of 2, one eighth of them
+    piped1, piped3 = (dataclasses.replace(PIPELINE, dp_shard=2, zero=z) for z in (1, 3))
+    assert added(piped3) == pytest.approx(added(piped1) * 2)
+
+
 def test_one_microbatch_accumulates_nothing():
     fused, separate = _steps(L8, Layout(dp_shard=8, tp=1, pp=1, zero=1, micro_batch=1), "grad_accumulation",
                              ("fused", "separate"), batch=8)

@@ -172,11 +172,11 @@ def test_offload_moves_state_to_the_host_and_costs_pcie_time():
 
 
 def test_activation_offload_copies_wait_for_pcie_in_full():
-    # save_on_cpu copies on the compute stream: the step grows by every saved byte out and back over PCIe,
-    # the layers' and the loss's fp32 log-probabilities alike.
+    # save_on_cpu copies on the compute stream (offload_overlap off, shoal train): the step grows by every saved
+    # byte out and back over PCIe, the layers' and the loss's fp32 log-probabilities alike.
     from shoal.planner.memory import activation_bytes_per_layer
 
-    wl, cl = Workload(PRESETS["llama3-8b"], 4096, 8), Cluster(H100, 8, 8)
+    wl, cl = Workload(PRESETS["llama3-8b"], 4096, 8, offload_overlap=False), Cluster(H100, 8, 8)
     lay = Layout(dp_shard=8, zero=3, micro_batch=1)
     off = dataclasses.replace(lay, activation_offload=True)
     saved = activation_bytes_per_layer(wl, off) * wl.model.n_layers + 4096 * wl.model.vocab_size * 4

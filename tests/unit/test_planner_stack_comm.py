@@ -32,7 +32,7 @@ def test_bf16_gradients_halve_the_reduction_not_the_gather():
 def test_fp8_activation_gathers_cut_sequence_parallel_traffic_by_a_quarter():
     # Transformer Engine gathers the FP8 cast in front of the column-parallel GEMMs; reduce-scatters stay 16-bit
     lay = Layout(dp_shard=16, tp=8, zero=1, micro_batch=1, sequence_parallel=True)
-    plain, fp8 = _step(lay, 128), _step(lay, 128, fp8_gather="activations")
+    plain, fp8 = _step(lay, 128, fp8_gather="none"), _step(lay, 128, fp8_gather="activations")
     assert 0.74 * plain.tp_comm < fp8.tp_comm < 0.85 * plain.tp_comm  # half the bytes of half the collectives
     assert fp8.dp_comm_total == plain.dp_comm_total  # weights still gathered in bf16
     bf16 = Layout(dp_shard=16, tp=8, zero=1, micro_batch=1, sequence_parallel=True)
@@ -59,9 +59,12 @@ def test_pipeline_overlap_hides_interleaved_sends_only():
     assert _step(zb, 128, pp_overlap=True).pp_comm == _step(zb, 128).pp_comm
 
 
-def test_the_defaults_are_shoal_trains_stack():
+def test_shoal_gathers_in_16_bits_where_both_fp8_libraries_cast_first():
+    from shoal.planner.stacks import STACKS
+
     wl = Workload(L70, 4096, 128)
-    assert (wl.grad_reduce, wl.fp8_gather, wl.pp_overlap) == ("fp32", "none", False)
+    assert (wl.grad_reduce, wl.fp8_gather, wl.pp_overlap) == ("fp32", "activations", False)
+    assert STACKS["shoal"]["fp8_gather"] == "none"  # torchao's Float8Linear under plain ColwiseParallel
 
 
 def test_the_flags_reach_the_plans_workload(capsys):
@@ -84,3 +87,15 @@ def test_fp8_gathers_without_fp8_are_named_as_ignored():
     args = argparse.Namespace(precision="bf16", fp8_gather="all")
     assert any("--fp8-gather=all has no effect" in line for line in ignored_flags(args))
     assert not ignored_flags(argparse.Namespace(precision="fp8", fp8_gather="all"))
+
+
+def test_offload_copies_beside_the_next_layer_cost_less_than_waiting_for_them():
+    # Transformer Engine's CPU offload copies on its own stream; save_on_cpu (shoal train) on the compute stream
+    from shoal.planner.stacks import STACKS
+
+    offloaded = Layout(dp_shard=16, tp=8, zero=1, micro_batch=1, sequence_parallel=True, activation_offload=True)
+    beside, waiting = _step(offloaded, 128, offload_overlap=True), _step(offloaded, 128, offload_overlap=False)
+    assert 0 < beside.offload < waiting.offload and beside.step < waiting.step
+    kept = dataclasses.replace(offloaded, activation_offload=False)
+    assert _step(kept, 128, offload_overlap=True).step == _step(kept, 128, offload_overlap=False).step
+    assert STACKS["shoal"]["offload_overlap"] is False
