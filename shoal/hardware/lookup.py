@@ -33,9 +33,8 @@ def get_gpu(name: str, *, remeasure: bool = False) -> GPU:
 
 def _catalog_key(name: str) -> str:
     """The catalog's key for a name as people write it: any case, spaces or underscores for dashes, an alias, a
-    DGX or HGX system's name,
-    or a device name as torch.cuda.get_device_name() and nvidia-smi print it ("NVIDIA H100 80GB HBM3",
-    "A100-SXM4-40GB": catalog.lookup_gpu, which maps only the variants with the entry's peak)."""
+    DGX or HGX system's name, or a device name as torch.cuda.get_device_name() and nvidia-smi print it ("NVIDIA
+    H100 80GB HBM3", "A100-SXM4-40GB": catalog.lookup_gpu, which maps only the variants with the entry's peak)."""
     key = re.sub(r"[\s_]+", "-", name.strip().lower()).removeprefix("nvidia-")
     key = re.sub(r"^(dgx|hgx)-", "", key)  # a system's name for its GPUs (Megatron-Bridge's tables: DGX-GB200)
     key = ALIASES.get(key, key)
