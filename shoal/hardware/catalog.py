@@ -437,6 +437,9 @@ CATALOG: dict[str, GPU] = {
 #   ICI per chip both ways over 4 ports (v5e's 400 doubled), 256-chip pods in a 16x16 2D torus as v5e's;
 #   the page gives no NIC figure: v5e's per-chip DCN rate doubled, approximate. Matmul efficiency as
 #   tpu-v5e's (unmeasured for this chip).
+# - B300 (HGX B300, Blackwell Ultra in 8-GPU NVLink 5 nodes on PCIe hosts): B200's dense BF16/FP8 rates and
+#   matmul shares, GB300's memory, attention exponent rate and ConnectX-8 NICs, 1.1 kW; approximate (no
+#   datasheet figure read here gives its dense BF16 rate apart from GB300's).
 # - MI325X (AMD's datasheet): MI300X's compute (1307 TFLOP/s BF16, 2615 FP8) with 256 GB of HBM3e at
 #   6 TB/s, 1000 W.
 CATALOG["gb200"] = dataclasses.replace(
@@ -447,6 +450,11 @@ CATALOG["gb300"] = dataclasses.replace(
     CATALOG["gb200"], name="gb300", hbm_bytes=279e9, inter_node_bandwidth=100e9, attention_score_cost=849,
     power_watts=1400,
     note="GB300 NVL72: Blackwell Ultra, 279 GB HBM3e per GPU, 800 Gb/s per GPU between racks")
+CATALOG["b300"] = dataclasses.replace(
+    CATALOG["b200"], name="b300", hbm_bytes=CATALOG["gb300"].hbm_bytes, inter_node_bandwidth=100e9,
+    attention_score_cost=CATALOG["gb300"].attention_score_cost, power_watts=1100,
+    note="HGX B300: Blackwell Ultra in 8-GPU nodes, B200's dense rates, 279 GB HBM3e, 800 Gb/s per GPU "
+         "(approximate)")
 CATALOG["tpu-v6e"] = dataclasses.replace(
     CATALOG["tpu-v5e"], name="tpu-v6e", peak_bf16_flops=918e12, hbm_bytes=32 * GiB, hbm_bandwidth=1638e9,
     intra_node_bandwidth=180e9, inter_node_bandwidth=6.25e9, usd_per_gpu_hour=0.0,

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.files import read_toml
-from shoal.hardware.catalog import ALIASES, CATALOG, GPU
+from shoal.hardware.catalog import ALIASES, CATALOG, GPU, lookup_gpu
 from shoal.hardware.local import local_gpu
 from shoal.hardware.overrides import apply_overrides
 
@@ -20,8 +21,7 @@ def known_names() -> list[str]:
 
 def get_gpu(name: str, *, remeasure: bool = False) -> GPU:
     """The catalog entry for `--gpu NAME` (aliases and case accepted); `local` is measured once and cached."""
-    key = name.strip().lower()
-    key = ALIASES.get(key, key)
+    key = _catalog_key(name)
     if key == "local":
         return local_gpu(remeasure=remeasure)
     if key not in CATALOG:
@@ -29,6 +29,21 @@ def get_gpu(name: str, *, remeasure: bool = False) -> GPU:
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise UserError("gpu", name, f"{hint}known: {', '.join(known_names())} (or describe one with --hw-file)")
     return CATALOG[key]
+
+
+def _catalog_key(name: str) -> str:
+    """The catalog's key for a name as people write it: any case, spaces or underscores for dashes, an alias, a
+    DGX or HGX system's name, or a device name as torch.cuda.get_device_name() and nvidia-smi print it ("NVIDIA
+    H100 80GB HBM3", "A100-SXM4-40GB": catalog.lookup_gpu, which maps only the variants with the entry's peak)."""
+    key = re.sub(r"[\s_]+", "-", name.strip().lower()).removeprefix("nvidia-")
+    key = re.sub(r"^(dgx|hgx)-", "", key)  # a system's name for its GPUs (Megatron-Bridge's tables: DGX-GB200)
+    key = ALIASES.get(key, key)
+    if key in CATALOG or key == "local":
+        return key
+    device = lookup_gpu(key)
+    if device is None:
+        return key
+    return "a100-40gb" if device.name == "a100-80gb" and "40gb" in key else device.name
 
 
 def load_hw_file(path: str | os.PathLike, default_base: str | None) -> GPU:

@@ -71,6 +71,13 @@ def test_lookup_gpu_from_cuda_names():
     assert hardware.lookup_gpu("Tesla V100-SXM2-32GB").name == "v100"
     assert hardware.lookup_gpu("Tesla V100-PCIE-32GB") is None  # 112, not 125 TFLOP/s
     assert hardware.lookup_gpu("AMD Instinct MI250X").peak_bf16_flops == 191.5e12  # one GCD, as torch sees it
+    # --gpu takes the same names, and those with spaces, underscores and form factors (40 GB stays 40 GB)
+    for name, key in (("NVIDIA H100 80GB HBM3", "h100-sxm"), ("h100-sxm5", "h100-sxm"), ("H100_SXM", "h100-sxm"),
+                      ("A100-SXM4-40GB", "a100-40gb"), ("a100-sxm4-80gb", "a100-80gb"), ("TPU v5e", "tpu-v5e"),
+                      ("DGX-GB200", "gb200")):
+        assert hardware.get_gpu(name).name == key
+    with pytest.raises(UserError):
+        hardware.get_gpu("h100-pcie")  # another peak: refused, not planned as an SXM
 
 
 def test_catalog_and_overrides(tmp_path):
