@@ -431,8 +431,9 @@ CATALOG: dict[str, GPU] = {
 #   racks; GB300 NVL72: the same BF16 rate, 279 GB of HBM3e per GPU, ConnectX-8 800 Gb/s. Board power
 #   1.2 and 1.4 kW. The host is the superchip's Grace CPU, on NVLink-C2C at 900 GB/s both ways for its two
 #   GPUs (NVIDIA's GB200 pages), so a GPU copies to it at 225 GB/s each way (host_bandwidth), not over PCIe.
-#   Matmul efficiency as B200's sustained 0.64; attention as B200's (Hopper's measured shares), its per-score cost from the special-function rate, 5 (GB200) and 10.7 (GB300) tera-
-#   exponentials/s against 2.5 PFLOP/s: 1816 and 849 by the H200's 955 at 989 / 4.18.
+#   Matmul efficiency as B200's sustained 0.64; attention as B200's (Hopper's measured shares), its per-score
+#   cost from the special-function rate, 5 (GB200) and 10.7 (GB300) tera-exponentials/s against 2.5 PFLOP/s:
+#   1816 and 849 by the H200's 955 at 989 / 4.18.
 # - TPU v6e (Trillium), Google Cloud's "TPU v6e" page: 918 TFLOP/s BF16, 32 GB at 1,638 GB/s, 800 GB/s of
 #   ICI per chip both ways over 4 ports (v5e's 400 doubled), 256-chip pods in a 16x16 2D torus as v5e's;
 #   the page gives no NIC figure: v5e's per-chip DCN rate doubled, approximate. Matmul efficiency as
