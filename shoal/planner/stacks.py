@@ -33,7 +33,10 @@ STACKS: dict[str, dict[str, object]] = {
                             moe_dispatch="per-expert", moe_probs="activation", loss="te", grad_reduce="bf16",
                             fp8_gather="all", pp_overlap=True),
     # torchtitan: SDPA's default FlashAttention-2 backend, torchao's Float8Linear, FSDP2 gathering bf16
-    # (param_dtype bfloat16), PyTorch's context_parallel with its all-gather rotation.
+    # (param_dtype bfloat16), PyTorch's context_parallel with its all-gather rotation. (SDPA's default is the
+    # PyTorch of the published runs, 2024-25: torch 2.13 puts cuDNN first on sm90/sm100 with cuDNN >= 9.15.1,
+    # sdp_utils.cpp check_prefer_cudnn_attention, where 2.9 still put FlashAttention-2 first; plan a run on such
+    # a PyTorch with --attention flash.)
     "torchtitan": dict(attention="flash2", fp8_saves="input", weight_gather="bf16", cp_comm="torch-ring"),
     # Megatron-LM of 2021-22 (Narayanan et al. 2021): attention without flash kernels, its DDP hook's
     # accumulation, the gradient reduction after the last backward.
