@@ -8,7 +8,8 @@ spell alike, and what shoal's layer would count differently is approximated, and
 - a gated MLP (SwiGLU, GeGLU: three matrices) plans as SwiGLU; the families listed in PLAIN_MLP (two
   matrices, as GPT-2 and GPT-NeoX) as GeLU;
 - sliding windows that differ from layer to layer (GPT-OSS, Gemma 2/3) plan as full attention, an upper
-  bound on its time and memory; one window for every layer (`sliding_window`) is kept;
+  bound on its time and memory; one window for every layer (`sliding_window`) is kept; layers of other kinds
+  (linear attention, Mamba mixers) plan as full attention layers too, and the note names them;
 - biases, extra norms and the routers' scoring functions are left out (a few thousand parameters a layer);
 - DeepSeek's multi-head latent attention is read wherever `kv_lora_rank` is given (Kimi K2 and other families
   built on DeepSeek-V3 under a model_type of their own);
@@ -89,8 +90,8 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
         fields["head_dim"] = shape["head_dim"]
     if isinstance(hf.get("kv_lora_rank"), int) and hf["kv_lora_rank"] > 0:  # DeepSeek's latent attention (Kimi K2)
         fields.update(mla_widths(hf), n_kv_heads=heads)
-    window, kinds = hf.get("sliding_window"), hf.get("layer_types")
-    windows_vary = isinstance(kinds, list) and len(set(kinds)) > 1
+    window, kinds = hf.get("sliding_window"), _layer_kinds(hf)
+    windows_vary = len(kinds) > 1
     if isinstance(window, int) and window > 0 and not windows_vary:
         fields["sliding_window"] = window
     if shape["n_experts"]:
@@ -104,13 +105,27 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
         fields.update(n_experts=shape["n_experts"], top_k=shape["top_k"] or 2, expert_ffn_hidden=expert,
                       n_shared_experts=int(shared), n_dense_layers=dense,
                       ffn_hidden=shape["dense_ffn_hidden"] or ffn)
-    note = f"{SHAPE_NOTE}: {why}" + ("; its per-layer sliding windows planned as full attention" if windows_vary else "")
+    other = ", ".join(sorted(kinds - {"full_attention", "attention"}))
+    note = f"{SHAPE_NOTE}: {why}" + (f"; its layers of other kinds ({other}) planned as full-attention transformer layers"
+                                     if windows_vary else "")
     try:
         return ModelConfig(**fields, note=note).validate(prefix="hf")
     except UserError as e:
         short = e.field.removeprefix("hf.")
         names = _ALIASES.get(short)
         raise UserError(f"hf.{names[0] if names else short}", e.value, e.fix) from None
+
+
+def _layer_kinds(hf: Mapping) -> set[str]:
+    """The kinds of layer a config names, where they differ from layer to layer: transformers' layer_types
+    (Gemma's and GPT-OSS's sliding windows, Qwen3-Next's linear attention), Jamba's layers_block_type, and
+    Nemotron-H's hybrid_override_pattern (M a Mamba mixer, * attention, - an MLP, E a mixture of experts)."""
+    kinds = hf.get("layer_types") or hf.get("layers_block_type")
+    pattern = hf.get("hybrid_override_pattern")
+    if isinstance(pattern, str):
+        names = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+        kinds = [names.get(c, c) for c in pattern]
+    return {str(kind) for kind in kinds} if isinstance(kinds, list) else set()
 
 
 def _flattened(hf: Mapping) -> dict:

@@ -50,6 +50,17 @@ def test_a_family_shoal_does_not_compute_is_planned_by_its_shape(hf, total, acti
         hf_config_to_model_config(hf.get("text_config", hf))
 
 
+def test_layers_of_other_kinds_are_named_in_the_note():
+    # Qwen3-Next's linear attention and Nemotron-H's Mamba mixers plan as transformer layers, and the note says so
+    qwen3_next = {"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 16,
+                  "intermediate_size": 5120, "vocab_size": 151936,
+                  "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 2}
+    nemotron_h = {"model_type": "nemotron_h", "hidden_size": 4096, "num_hidden_layers": 8, "num_attention_heads": 32,
+                  "intermediate_size": 21504, "vocab_size": 131072, "hybrid_override_pattern": "M-M*-M-"}
+    assert "(linear_attention)" in hf_config_to_shape(qwen3_next).note
+    assert "(mamba, mlp)" in hf_config_to_shape(nemotron_h).note
+
+
 def test_a_config_without_a_shape_is_one_line_naming_the_field(tmp_path, capsys):
     from shoal.cli.main import main
 
