@@ -721,6 +721,8 @@ HF_DAMAGE = {  # -> what the one line names
     "index_garbled": (lambda d: ((d / "model.safetensors").unlink(),
                                  (d / "model.safetensors.index.json").write_text("[1]")), "weight_map"),
     "tokenizer_missing": (lambda d: (d / "tokenizer.json").unlink(), "data.tokenizer=PATH/tokenizer.json"),
+    "tokenizer_sentencepiece_only": (lambda d: ((d / "tokenizer.json").rename(d / "tokenizer.model")),
+                                     "AutoTokenizer.from_pretrained(FOLDER).save_pretrained(FOLDER)"),
     "tokenizer_larger": (lambda d: words(300).save(str(d / "tokenizer.json")), "vocab_size=256"),
 }
 
@@ -739,8 +741,10 @@ def test_bad_hugging_face_folder(damage, hf_folder, corpus, unchanged, tmp_path,
     (["model.preset=debug"], "model.preset"),  # two models named
     (["model.dim=128"], "model.dim"),  # the folder's weights decide the shape
     (["model.init_from=/no/such/folder"], "model.init_from='/no/such/folder': no such folder"),
+    (["model.init_from={folder}/config.json"], "config.json': is a file; give the folder holding the model"),
 ])
 def test_a_run_from_a_folder_takes_its_shape(sets, field, hf_folder, corpus, unchanged, capsys):
+    sets = [s.format(folder=hf_folder) for s in sets]
     assert_one_line(*run_cli(capsys, init_from(corpus, unchanged, hf_folder, *sets)), hint=field)
 
 
