@@ -415,6 +415,10 @@ def _check_data(d: DataConfig) -> None:
         _check(_finite(weight) and weight > 0, f"data.mix.{path}", weight,
                "a weight must be a number > 0 (weights are relative: 0.7 and 0.3, or 7 and 3); leave out a "
                "corpus rather than weighting it 0")
+    if d.mix:  # each share is weight / total: a total past a float's range, or weights too far apart, gives 0
+        total, (path, least) = sum(d.mix.values()), min(d.mix.items(), key=lambda kv: kv[1])
+        _check(least / total > 0, f"data.mix.{path}", least, f"leaves this corpus no share of the weights' total "
+               f"({total:g}); weights are relative: give numbers like 0.7 and 0.3")
     _check(not (d.mix and d.path != DataConfig.path), "data.mix", d.mix,
            f"data.path={d.path!r} is set too; train on one or the other (put it in the mix)")
 
