@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -89,7 +90,9 @@ def check_resume(cfg, out: Path, resume: str) -> None:
                         f"(e.g. {root}/step_00000100)")
     start = _likely_start(root, resume)
     if start is not None:
-        check_not_finished(store.read_train_state(start)["step"], cfg.train.steps, start, root, out)
+        train_state = store.read_train_state(start)
+        check_same_model(train_state.get("model", {}), cfg, start)  # here, not in a worker after it started
+        check_not_finished(train_state["step"], cfg.train.steps, start, root, out)
     elif has_rows(Path(out)):
         raise UserError("--out", str(out), f"holds {METRICS} of an earlier run but no checkpoint to continue "
                         "from, and a fresh run would overwrite it; pick another --out, or delete "
@@ -140,6 +143,23 @@ def run_mark(root: Path, out: Path) -> str:
     root: the way up where the root lies in the run folder (so the folder can move), else its path."""
     here, run = os.path.abspath(root), os.path.abspath(out)
     return os.path.relpath(run, here) if Path(here).is_relative_to(run) else run
+
+
+def model_fields(cfg) -> dict:
+    """The model a checkpoint is saved for (train_state.json's "model"): the job config's ModelConfig."""
+    fields = dataclasses.asdict(cfg.model_config())
+    fields.pop("note", None)
+    return fields
+
+
+def check_same_model(saved: dict, cfg, path: Path) -> None:
+    """A checkpoint resumes only into the model it was saved for (the fields both know)."""
+    now = model_fields(cfg)
+    diff = [f"{k}={v}" for k, v in saved.items() if k in now and now[k] != v]
+    if diff:
+        raise UserError("--resume", str(path), f"was saved for another model ({', '.join(diff[:4])}"
+                                               f"{' ...' if len(diff) > 4 else ''}); pass --resume never and another "
+                                               "--out, or the model settings it was saved with")
 
 
 def check_not_finished(step: int, steps: int, path: Path, root: Path, out: Path) -> None:

@@ -191,7 +191,10 @@ COMBO_CASES = [
     (["data.path=/tmp", 'data.mix={"/tmp" = 1}'], "data.mix"),
     (["data.repeat=false", "train.global_batch=100000", "train.micro_batch=1", "train.seq_len=64",
       "model.preset=debug"], "data.repeat"),  # fewer sequences than one global batch
-    (['data.mix={"a" = 1e308, "b" = 1e308}'], "no share"),  # the total overflowed: a ZeroDivisionError at step 1
+    (['data.mix={"a" = 1e308, "b" = 1e308}'], "no share"),
+    (['data.mix="web"'], "expected a TOML table"),  # was "expected an integer"
+    # resuming the run into another model: found in a worker, after job.json was rewritten
+    (["train.steps=4", "model.n_layers=3"], "was saved for another model (n_layers=4)"),  # the total overflowed: a ZeroDivisionError at step 1
     (["parallel.diloco_inner_steps=5"], "parallel.diloco_inner_steps"),  # one process: no dp_replicate groups
     (["parallel.diloco_inner_steps=4", "parallel.diloco_fragments=5"], "parallel.diloco_fragments"),
     (["parallel.diloco_overlap_steps=1"], "parallel.diloco_overlap_steps"),  # DiLoCo off
