@@ -143,6 +143,11 @@ def test_sources_errors(tmp_path):
     write(tmp_path / "empty" / "b.txt", "")
     with pytest.raises(UserError, match="corpus is empty"):
         list_documents(str(tmp_path / "empty"))
+    (tmp_path / "latin").mkdir()
+    with open(os.path.join(os.fsencode(tmp_path / "latin"), b"caf\xe9.txt"), "w") as f:  # a latin-1 name
+        f.write("text")
+    with pytest.raises(UserError, match="has a name that is not UTF-8 text"):  # was a UnicodeEncodeError
+        list_documents(str(tmp_path / "latin"))
     write(tmp_path / "blank.jsonl", '{"text": ""}\n{"text": null}\n')  # non-empty files, no text
     with pytest.raises(UserError, match="corpus is empty") as e:  # of the corpus, not of the token cache
         build(tmp_path / "blank.jsonl", cache=tmp_path / "cache")
