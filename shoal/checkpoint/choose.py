@@ -55,20 +55,25 @@ def choose_checkpoint(resume: str, root: Path, data_checksums: bool = True) -> P
         if chosen is None:
             _refuse_all_damaged(resume, path, len(list_checkpoints(path)))
         return chosen
-    kind = what_shoal_wrote(path) if path.is_dir() else None
-    if kind in ("a run directory", "a saved model", HF_EXPORT):  # not a checkpoint that failed to save
-        where = f"{path / 'checkpoints'} (or one step_* in it)" if kind == "a run directory" else "a step_* checkpoint"
-        raise UserError("--resume", resume, f"is {kind}, not a checkpoint; pass {where}, or --resume auto with "
-                                            "--out set to the run")
-    found = store.problems(path, data_checksums=data_checksums) if path.is_dir() else [f"{path} is not a directory"]
-    if found:
-        raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
+    _refuse_what_is_no_checkpoint(path, resume, data_checksums=data_checksums)
     step = store.read_train_state(path)["step"]
     newer = [s for s, p in list_checkpoints(root) if s > step and p.resolve() != path.resolve()]
     if newer:  # this run's saves would interleave with another timeline's, and `auto` would pick theirs
         raise UserError("--resume", resume, f"is step {step}, but {root} already holds later checkpoints "
                         f"(steps {', '.join(map(str, newer))}); resume into another --out or checkpoint.dir")
     return path
+
+
+def _refuse_what_is_no_checkpoint(path: Path, resume: str, checksums: bool = True, data_checksums: bool = True) -> None:
+    """--resume PATH names one checkpoint: not another folder shoal wrote, not a damaged or unfinished save."""
+    kind = what_shoal_wrote(path) if path.is_dir() else None
+    if kind in ("a run directory", "a saved model", HF_EXPORT):  # not a checkpoint that failed to save
+        where = f"{path / 'checkpoints'} (or one step_* in it)" if kind == "a run directory" else "a step_* checkpoint"
+        raise UserError("--resume", resume, f"is {kind}, not a checkpoint; pass {where}, or --resume auto with "
+                                            "--out set to the run")
+    found = store.problems(path, checksums, data_checksums) if path.is_dir() else [f"{path} is not a directory"]
+    if found:
+        raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
 
 
 def check_resume(cfg, out: Path, resume: str) -> None:
@@ -192,9 +197,8 @@ def _likely_start(root: Path, resume: str) -> Path | None:
         return None
     if resume != "auto":
         path = Path(resume)
-        if (path / MANIFEST).exists():
-            if found := store.problems(path, checksums=False):
-                raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
+        if (path / MANIFEST).exists() or not list_checkpoints(path):  # one checkpoint, or what claims to be
+            _refuse_what_is_no_checkpoint(path, resume, checksums=False)  # sizes only: cheap
             return path
         root = path
     existing = list_checkpoints(root)

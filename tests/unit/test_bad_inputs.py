@@ -1019,10 +1019,12 @@ def test_export_into_a_folder_it_wrote_or_an_empty_one(run_dir, corpus, tmp_path
         assert code == 0, err
     assert sorted(p.name for p in empty.iterdir()) == ["config.json", "model.safetensors", "shoal_checkpoint.json"]
     # an export is not a checkpoint or a run: said so (it was "manifest.json is missing: the save never
-    # completed"), and a run is not started inside it
+    # completed"), and a run is not started inside it; --resume is judged before anything starts
     for argv, hint in [(["--resume", str(empty)], "is a Hugging Face export, not a checkpoint"),
+                       (["--resume", str(run_dir)], "is a run directory, not a checkpoint"),
                        (["--out", str(empty)], "holds a Hugging Face export, not a run")]:
-        assert_one_line(*run_cli(capsys, base(corpus, tmp_path / "fresh") + argv), hint=hint)
+        assert_one_line(*run_cli(capsys, base(corpus, tmp_path / "fresh") + argv + ["--nproc", "2"]), hint=hint)
+        assert not (tmp_path / "fresh").exists()  # workers had been started there, and left it behind
 
 
 @pytest.mark.parametrize("argv", [["mesh", "--nproc", "4"], ["presets"]])
