@@ -741,6 +741,22 @@ def test_bad_hugging_face_folder(damage, hf_folder, corpus, unchanged, tmp_path,
     assert "error: model.init_from=" in line or "data.tokenizer" in line, line
 
 
+def test_nan_weights_only_a_second_rank_reads_are_said(hf_folder, corpus, tmp_path, capfd):
+    """NaN in the block rank 1 holds is found by rank 1 alone, as it reads. It raised alone: only each
+    node's first rank prints a UserError, so the run exited 2 without a word, after rank 0 had waited
+    30 s in its next collective, and --out kept the lock and job.json. Now every rank refuses alike."""
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "hf"
+    shutil.copytree(hf_folder, d)
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors["model.embed_tokens.weight"][-1, -1] = float("nan")  # the last row: rank 1's shard under zero 3
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    argv = init_from(corpus, tmp_path / "out", d, "data.tokenizer=byte") + ["--nproc", "2"]
+    assert_one_line(*run_cli(capfd, argv), hint="tok_embeddings.weight holds NaN")  # capfd: the workers' line
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("sets,field", [
     (["model.preset=debug"], "model.preset"),  # two models named
     (["model.dim=128"], "model.dim"),  # the folder's weights decide the shape
