@@ -20,7 +20,7 @@ from shoal.files import read_toml
 from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, DILOCO_QUANTIZE
 from shoal.setting_rules import slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
-from shoal.pretrained import model_of, open_pretrained, take_the_folder
+from shoal.pretrained import model_folder_of, model_of, open_pretrained, take_the_folder
 from shoal.rundir.folder import checkpoint_dir_problem
 from shoal.rundir.observability import metrics_backend_problems, profile_ranks, profile_step_range, profile_steps_problem
 
@@ -593,7 +593,10 @@ def config_from_sections(sections: dict, overrides: list[str] = ()) -> JobConfig
 
 def _read_recipe(path: Path) -> dict:
     """The recipe's tables; every way a file can be unusable is one UserError naming it."""
-    return read_toml("recipe", path, "a .toml file (see recipes/ for examples)", parse_float=toml_float)
+    give = "a .toml file (see recipes/ for examples)"
+    if (folder := model_folder_of(path)) is not None:  # a model where the recipe belongs
+        give += f"; to start from this model, --set model.init_from={folder}"
+    return read_toml("recipe", path, give, parse_float=toml_float)
 
 
 def _docstrings(cls) -> dict[str, str]:

@@ -57,6 +57,15 @@ def open_pretrained(path: str, field: str = "model.init_from", shape_only: bool 
                                  "model); give the folder the weights are in")
 
 
+def model_folder_of(path: str | Path) -> Path | None:
+    """The model folder `path` is, or whose config file it is (a Hugging Face folder, a shoal model/ or
+    the run holding one), else None: what model.init_from takes, where it was given as something else."""
+    path = Path(path).expanduser()
+    folder = path.parent if path.name in (HF_CONFIG, MODEL_CONFIG) and path.is_file() else path
+    configs = (folder / HF_CONFIG, folder / MODEL_CONFIG, folder / MODEL / MODEL_CONFIG)
+    return folder if folder.is_dir() and any(c.is_file() for c in configs) else None
+
+
 def read_saved_model(folder: Path) -> tuple[ModelConfig, str]:
     """shoal_model.json: {"model": ModelConfig fields, "tokenizer": spec}, every field checked. A
     tokenizer.json copied into the folder is the tokenizer, wherever the run first found it."""

@@ -768,6 +768,13 @@ def test_a_run_from_a_folder_takes_its_shape(sets, field, hf_folder, corpus, unc
     assert_one_line(*run_cli(capsys, init_from(corpus, unchanged, hf_folder, *sets)), hint=field)
 
 
+@pytest.mark.parametrize("given", ["{folder}", "{folder}/config.json"])
+def test_a_model_folder_given_as_the_recipe_points_to_init_from(given, hf_folder, corpus, unchanged, capsys):
+    """`shoal train MODEL_DIR`: it said only "is a directory; give a .toml file"."""
+    argv = base(corpus, unchanged) + [given.format(folder=hf_folder)]
+    assert_one_line(*run_cli(capsys, argv), hint=f"to start from this model, --set model.init_from={hf_folder}")
+
+
 def test_init_from_on_the_command_line_replaces_the_recipes_model(hf_folder, tmp_path):
     """`shoal train RECIPE --set model.init_from=DIR`: the folder is the model and its tokenizer the
     run's, whatever model and tokenizer the recipe named; written in the recipe beside it, a preset
