@@ -20,7 +20,7 @@ from shoal.files import read_toml
 from shoal.layout import ACTIVATION_CHECKPOINT, DEFAULT_RANK_ORDER, DILOCO_QUANTIZE
 from shoal.setting_rules import slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
-from shoal.pretrained import model_of, open_pretrained, take_the_folder
+from shoal.pretrained import model_folder_of, model_of, open_pretrained, take_the_folder
 from shoal.rundir.folder import checkpoint_dir_problem
 from shoal.rundir.observability import metrics_backend_problems, profile_ranks, profile_step_range, profile_steps_problem
 
@@ -415,6 +415,10 @@ def _check_data(d: DataConfig) -> None:
         _check(_finite(weight) and weight > 0, f"data.mix.{path}", weight,
                "a weight must be a number > 0 (weights are relative: 0.7 and 0.3, or 7 and 3); leave out a "
                "corpus rather than weighting it 0")
+    if d.mix:  # each share is weight / total: a total past a float's range, or weights too far apart, gives 0
+        total, (path, least) = sum(d.mix.values()), min(d.mix.items(), key=lambda kv: kv[1])
+        _check(least / total > 0, f"data.mix.{path}", least, f"leaves this corpus no share of the weights' total "
+               f"({total:g}); weights are relative: give numbers like 0.7 and 0.3")
     _check(not (d.mix and d.path != DataConfig.path), "data.mix", d.mix,
            f"data.path={d.path!r} is set too; train on one or the other (put it in the mix)")
 
@@ -589,7 +593,10 @@ def config_from_sections(sections: dict, overrides: list[str] = ()) -> JobConfig
 
 def _read_recipe(path: Path) -> dict:
     """The recipe's tables; every way a file can be unusable is one UserError naming it."""
-    return read_toml("recipe", path, "a .toml file (see recipes/ for examples)", parse_float=toml_float)
+    give = "a .toml file (see recipes/ for examples)"
+    if (folder := model_folder_of(path)) is not None:  # a model where the recipe belongs
+        give += f"; to start from this model, --set model.init_from={folder}"
+    return read_toml("recipe", path, give, parse_float=toml_float)
 
 
 def _docstrings(cls) -> dict[str, str]:

@@ -51,9 +51,12 @@ def _convert(name: str, raw: Any, kind: type) -> Any:
         import tomllib
 
         try:
-            raw = tomllib.loads(f"value = {raw}", parse_float=toml_float)["value"]
+            table = tomllib.loads(f"value = {raw}", parse_float=toml_float)["value"]
         except tomllib.TOMLDecodeError:
-            raise UserError(name, raw, 'expected a TOML table, e.g. \'{"web" = 0.7, "code" = 0.3}\'') from None
+            table = None
+        if not isinstance(table, dict):  # a quoted string parses, and would be read as a number next
+            raise UserError(name, raw, 'expected a TOML table, e.g. \'{"web" = 0.7, "code" = 0.3}\'')
+        raw = table
     if isinstance(raw, str) and kind is not str:
         text = raw.strip().lower()
         if kind is bool:

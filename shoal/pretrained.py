@@ -35,6 +35,8 @@ def open_pretrained(path: str, field: str = "model.init_from", shape_only: bool 
     """The model folder at `path`, or one UserError naming `field` and what is wrong with it. shape_only (for
     `shoal plan`): a Hugging Face config of any decoder family, read for its shape (model/hf_shape.py)."""
     folder = Path(path).expanduser()
+    if folder.is_file():  # a model's config.json or weights, named instead of the folder holding them
+        raise UserError(field, path, f"is a file; give the folder holding the model ({folder.parent})")
     if not folder.is_dir():
         raise UserError(field, path, "no such folder; give a Hugging Face model folder (config.json + "
                                      "*.safetensors) or a shoal run's model/")
@@ -53,6 +55,15 @@ def open_pretrained(path: str, field: str = "model.init_from", shape_only: bool 
         raise UserError(field, path, f"{e.field}={e.value!r}: {e.fix}") from None
     raise UserError(field, path, f"holds neither {HF_CONFIG} (a Hugging Face model) nor {MODEL_CONFIG} (a shoal "
                                  "model); give the folder the weights are in")
+
+
+def model_folder_of(path: str | Path) -> Path | None:
+    """The model folder `path` is, or whose config file it is (a Hugging Face folder, a shoal model/ or
+    the run holding one), else None: what model.init_from takes, where it was given as something else."""
+    path = Path(path).expanduser()
+    folder = path.parent if path.name in (HF_CONFIG, MODEL_CONFIG) and path.is_file() else path
+    configs = (folder / HF_CONFIG, folder / MODEL_CONFIG, folder / MODEL / MODEL_CONFIG)
+    return folder if folder.is_dir() and any(c.is_file() for c in configs) else None
 
 
 def read_saved_model(folder: Path) -> tuple[ModelConfig, str]:
@@ -110,9 +121,19 @@ def take_the_folder(cfg, given) -> None:
     pretrained = open_pretrained(folder)
     if "data.tokenizer" not in given:
         if not pretrained.tokenizer:
-            raise UserError("model.init_from", folder, "holds no tokenizer.json: give the tokenizer the model was "
-                            "trained with (data.tokenizer=PATH/tokenizer.json), or data.tokenizer=byte")
+            raise UserError("model.init_from", folder, f"holds no tokenizer.json{_sentencepiece_only(folder)}: give "
+                            "the tokenizer the model was trained with (data.tokenizer=PATH/tokenizer.json), or "
+                            "data.tokenizer=byte")
         cfg.data.tokenizer = pretrained.tokenizer
     if (n := load_tokenizer(cfg.data.tokenizer).vocab_size) > pretrained.model.vocab_size:
         raise UserError("data.tokenizer", cfg.data.tokenizer, f"has {n} tokens but model.init_from's model has "
                         f"vocab_size={pretrained.model.vocab_size}; give the tokenizer it was trained with")
+
+
+def _sentencepiece_only(folder: str) -> str:
+    """What to do about a folder whose tokenizer is only a sentencepiece model (older Llama and Mistral
+    releases), which shoal does not read: transformers converts it into a tokenizer.json."""
+    if not (Path(folder).expanduser() / "tokenizer.model").is_file():
+        return ""
+    return (" (its tokenizer.model is a sentencepiece file, which shoal does not read; transformers writes "
+            "the tokenizer.json: AutoTokenizer.from_pretrained(FOLDER).save_pretrained(FOLDER))")

@@ -15,7 +15,6 @@ applied until every rank has found its share intact; a damaged checkpoint falls 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import time
@@ -29,7 +28,8 @@ import torch.distributed.checkpoint as dcp
 
 from shoal.checkpoint import state as ckpt_state
 from shoal.checkpoint import store
-from shoal.checkpoint.choose import check_not_finished, checkpoint_root, choose_checkpoint, restart_count, run_mark
+from shoal.checkpoint.choose import (check_not_finished, check_same_model, checkpoint_root, choose_checkpoint,
+                                    model_fields, restart_count, run_mark)
 from shoal.checkpoint.hashing_writer import hashing_writer
 from shoal.checkpoint.mapped_read import MappedReader
 from shoal.checkpoint.safe_read import TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
@@ -104,11 +104,7 @@ class Checkpointer:
         the tensor shards while reading them, and apply nothing (return False) if any rank found one
         damaged."""
         train_state = store.read_train_state(path)
-        now = _model_fields(self.cfg)
-        diff = {k: v for k, v in train_state["model"].items() if k in now and now[k] != v}
-        if diff:
-            raise UserError("--resume", str(path), f"was saved for another model ({_few(diff)}); pass --resume never "
-                                                   "and another --out, or the model settings it was saved with")
+        check_same_model(train_state["model"], self.cfg, path)
         share, algorithm = store.data_share(path, self.rt.rank, self.rt.world_size) if verify else ([], store.HASH)
         reader = MappedReader(path, hash_as_read=share, algorithm=algorithm)
         failure = None
@@ -241,7 +237,7 @@ class Checkpointer:
     def _train_state(self, step: int, loss: float | None) -> dict:
         return {"step": step, "loss": loss, "data": self.loader.state_dict(), "tokens": self._tokens(),
                 "run": run_mark(self.root, self.out),
-                "model": _model_fields(self.cfg), "layout": layout_info(self.cfg, self.rt),
+                "model": model_fields(self.cfg), "layout": layout_info(self.cfg, self.rt),
                 "config": self.cfg.to_dict(), "torch": torch.__version__, "time": time.time(),
                 **({"loss_scale": self.pm.loss_scaler.state_dict()} if self.pm.loss_scaler is not None else {})}
 
@@ -348,14 +344,3 @@ def layout_text(layout: dict, zero: bool = False) -> str:
         parts.append(f"zero={layout['zero']}")
     n = layout.get("world_size", "?")
     return f"{n} rank{'s' if n != 1 else ''}" + (f" ({' x '.join(parts)})" if parts else "")
-
-
-def _model_fields(cfg: JobConfig) -> dict:
-    fields = dataclasses.asdict(cfg.model_config())
-    fields.pop("note", None)
-    return fields
-
-
-def _few(diff: dict) -> str:
-    items = [f"{k}={v}" for k, v in diff.items()]
-    return ", ".join(items[:4]) + (" ..." if len(items) > 4 else "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -54,20 +55,25 @@ def choose_checkpoint(resume: str, root: Path, data_checksums: bool = True) -> P
         if chosen is None:
             _refuse_all_damaged(resume, path, len(list_checkpoints(path)))
         return chosen
-    kind = what_shoal_wrote(path) if path.is_dir() else None
-    if kind in ("a run directory", "a saved model", HF_EXPORT):  # not a checkpoint that failed to save
-        where = f"{path / 'checkpoints'} (or one step_* in it)" if kind == "a run directory" else "a step_* checkpoint"
-        raise UserError("--resume", resume, f"is {kind}, not a checkpoint; pass {where}, or --resume auto with "
-                                            "--out set to the run")
-    found = store.problems(path, data_checksums=data_checksums) if path.is_dir() else [f"{path} is not a directory"]
-    if found:
-        raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
+    _refuse_what_is_no_checkpoint(path, resume, data_checksums=data_checksums)
     step = store.read_train_state(path)["step"]
     newer = [s for s, p in list_checkpoints(root) if s > step and p.resolve() != path.resolve()]
     if newer:  # this run's saves would interleave with another timeline's, and `auto` would pick theirs
         raise UserError("--resume", resume, f"is step {step}, but {root} already holds later checkpoints "
                         f"(steps {', '.join(map(str, newer))}); resume into another --out or checkpoint.dir")
     return path
+
+
+def _refuse_what_is_no_checkpoint(path: Path, resume: str, checksums: bool = True, data_checksums: bool = True) -> None:
+    """--resume PATH names one checkpoint: not another folder shoal wrote, not a damaged or unfinished save."""
+    kind = what_shoal_wrote(path) if path.is_dir() else None
+    if kind in ("a run directory", "a saved model", HF_EXPORT):  # not a checkpoint that failed to save
+        where = f"{path / 'checkpoints'} (or one step_* in it)" if kind == "a run directory" else "a step_* checkpoint"
+        raise UserError("--resume", resume, f"is {kind}, not a checkpoint; pass {where}, or --resume auto with "
+                                            "--out set to the run")
+    found = store.problems(path, checksums, data_checksums) if path.is_dir() else [f"{path} is not a directory"]
+    if found:
+        raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
 
 
 def check_resume(cfg, out: Path, resume: str) -> None:
@@ -89,7 +95,9 @@ def check_resume(cfg, out: Path, resume: str) -> None:
                         f"(e.g. {root}/step_00000100)")
     start = _likely_start(root, resume)
     if start is not None:
-        check_not_finished(store.read_train_state(start)["step"], cfg.train.steps, start, root, out)
+        train_state = store.read_train_state(start)
+        check_same_model(train_state.get("model", {}), cfg, start)  # here, not in a worker after it started
+        check_not_finished(train_state["step"], cfg.train.steps, start, root, out)
     elif has_rows(Path(out)):
         raise UserError("--out", str(out), f"holds {METRICS} of an earlier run but no checkpoint to continue "
                         "from, and a fresh run would overwrite it; pick another --out, or delete "
@@ -142,6 +150,23 @@ def run_mark(root: Path, out: Path) -> str:
     return os.path.relpath(run, here) if Path(here).is_relative_to(run) else run
 
 
+def model_fields(cfg) -> dict:
+    """The model a checkpoint is saved for (train_state.json's "model"): the job config's ModelConfig."""
+    fields = dataclasses.asdict(cfg.model_config())
+    fields.pop("note", None)
+    return fields
+
+
+def check_same_model(saved: dict, cfg, path: Path) -> None:
+    """A checkpoint resumes only into the model it was saved for (the fields both know)."""
+    now = model_fields(cfg)
+    diff = [f"{k}={v}" for k, v in saved.items() if k in now and now[k] != v]
+    if diff:
+        raise UserError("--resume", str(path), f"was saved for another model ({', '.join(diff[:4])}"
+                                               f"{' ...' if len(diff) > 4 else ''}); pass --resume never and another "
+                                               "--out, or the model settings it was saved with")
+
+
 def check_not_finished(step: int, steps: int, path: Path, root: Path, out: Path) -> None:
     """Resuming at or past train.steps would train nothing. Resuming at train.steps is allowed after an
     elastic restart, and when the checkpoint is the run's own (under its root) and <out>/model was
@@ -172,9 +197,8 @@ def _likely_start(root: Path, resume: str) -> Path | None:
         return None
     if resume != "auto":
         path = Path(resume)
-        if (path / MANIFEST).exists():
-            if found := store.problems(path, checksums=False):
-                raise UserError("--resume", resume, f"is not an intact shoal checkpoint: {found[0]}")
+        if (path / MANIFEST).exists() or not list_checkpoints(path):  # one checkpoint, or what claims to be
+            _refuse_what_is_no_checkpoint(path, resume, checksums=False)  # sizes only: cheap
             return path
         root = path
     existing = list_checkpoints(root)

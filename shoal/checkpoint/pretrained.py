@@ -49,17 +49,34 @@ class ShoalWeights:
 
 @dataclass
 class PretrainedWeights:
-    """A folder's reader, whose every block is checked finite as it is read."""
+    """A folder's reader, whose every block is checked finite as it is read (training from NaN would
+    only report a NaN loss, later); refuse_nonfinite then says so on every rank alike."""
 
     folder: Path
     reader: HFWeights | ShoalWeights
+    nonfinite: str | None = None
+    """The first tensor this rank found NaN or infinity in."""
 
     def read(self, name: str, index: Index | None = None) -> torch.Tensor:
         block = self.reader.read(name, index)
-        if not torch.isfinite(block).all():  # training from it would only report a NaN loss, later
+        if self.nonfinite is None and not torch.isfinite(block).all():
+            self.nonfinite = name
+        return block
+
+    def refuse_nonfinite(self) -> None:
+        """Collective over the default process group, once every rank has read its share: one UserError on
+        every rank when any found NaN or infinity. A rank that raised alone, as it read, left its peers
+        waiting in their next collective until the launcher killed them (30 s), and the one line was its
+        to say: a rank other than a node's first stopped the run without a word."""
+        import torch.distributed as dist
+
+        found = [self.nonfinite]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            found = [None] * dist.get_world_size()
+            dist.all_gather_object(found, self.nonfinite)
+        if name := next((n for n in found if n), None):
             raise UserError("model.init_from", str(self.folder), f"{name} holds NaN or infinite values; the folder "
                                                                  "is damaged or was saved from a diverged run")
-        return block
 
 
 def open_weights(path: str, cfg) -> PretrainedWeights:

@@ -30,7 +30,7 @@ import numpy as np
 
 from shoal.data import dataset as ds
 from shoal.data.readers import Source
-from shoal.data.sources import list_documents
+from shoal.data.sources import empty_corpus_error, list_documents
 from shoal.data.tokenize_file import tokenize_file
 from shoal.errors import UserError
 from shoal.files import write_json
@@ -84,6 +84,8 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, *, text_field: str
         for record in _tokenize_all(todo, tokenizer_spec, directory, settings, workers, show, field):
             records[record.source] = record
     ordered = [records[s.name] for s in mine]
+    if count == 1 and not any(r.tokens for r in ordered):  # files with bytes, and no text in them (null rows)
+        raise empty_corpus_error(field, " ".join(inputs))
     if count == 1:
         _remove_stale(directory, {r.key for r in ordered})
         _publish(directory, settings, ordered, tokenizer_spec)

@@ -96,8 +96,7 @@ def read_documents(source: Source, field: str = "data.path") -> Iterator[tuple[s
             if source.kind == "text":
                 yield source.name, _clean(f.read().decode("utf-8", errors="replace"))
                 return
-            head = f.peek(1)[:1] if hasattr(f, "peek") else b""
-            if head == b"[":  # a .json array rather than lines
+            if _starts_an_array(f):  # a .json array rather than lines
                 yield from _array(source, f.read(), field)
                 return
             for lineno, raw in enumerate(f, start=1):
@@ -105,7 +104,7 @@ def read_documents(source: Source, field: str = "data.path") -> Iterator[tuple[s
                     where = f"{source.path}:{lineno}"
                     try:
                         obj = json.loads(raw)
-                    except ValueError as e:
+                    except (ValueError, RecursionError) as e:  # RecursionError: nested past Python's limit
                         raise UserError(field, where, f"not a JSON object on this line ({e}); fix or remove the "
                                                       "line") from None
                     yield f"{source.name}:{lineno}", _field(obj, source, where)
@@ -145,10 +144,46 @@ def _open(source: Source) -> io.BufferedReader:
     if source.compression == "xz":
         return io.BufferedReader(lzma.LZMAFile(raw))
     if source.compression == "zstd":
+        return io.BufferedReader(_ZstdFrames(raw))
+    return raw
+
+
+class _ZstdFrames(io.RawIOBase):
+    """A .zst file's frames decompressed one after another. A file that ends inside a frame raises
+    EOFError, as gzip's reader does (zstandard's own stream_reader ends there quietly, and a cut file
+    was tokenized as a shorter one, or as none at all); damaged data raises ValueError."""
+
+    def __init__(self, raw):
         import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
-    return raw
+        self.raw, self.new_frame, self.damage = raw, zstandard.ZstdDecompressor().decompressobj, zstandard.ZstdError
+        self.frame, self.in_frame, self.unused = self.new_frame(), False, b""
+        self.pending, self.at = b"", 0  # decompressed bytes not yet read, and how many of them were
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self.at == len(self.pending):
+            compressed, self.unused = self.unused or self.raw.read(1 << 16), b""
+            if not compressed:
+                if self.in_frame:
+                    raise EOFError("the zstd stream ends inside a frame: the file was cut short")
+                return 0
+            try:
+                self.pending, self.at, self.in_frame = self.frame.decompress(compressed), 0, True
+            except self.damage as e:  # as a ValueError, one of the _CODEC_ERRORS that name the file
+                raise ValueError(first_line(e)) from None
+            if self.frame.eof:  # the next frame, if any, starts in what this one left over
+                self.unused, self.frame, self.in_frame = self.frame.unused_data, self.new_frame(), False
+        n = min(len(buffer), len(self.pending) - self.at)
+        buffer[:n] = memoryview(self.pending)[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
 
 
 def _open_table(source: Source):
@@ -189,7 +224,9 @@ def _text_column(source: Source, table, field: str) -> None:
         raise UserError("data.text_field", source.text_field, f"{source.path} has no such column (it has "
                                                               f"{names[:8]}); set data.text_field (--text-field)")
     kind = schema.field(source.text_field).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    if pa.types.is_dictionary(kind):  # pandas writes a categorical column so; its values read as strings
+        kind = kind.value_type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
         raise UserError("data.text_field", source.text_field, f"{source.path}: the column holds {kind}, not "
                                                               "strings; name the text column")
 
@@ -205,10 +242,17 @@ def _rows(source: Source, field: str) -> Iterator[tuple[str, str]]:
                 yield f"{source.name}:{row}", _clean(text)
 
 
+def _starts_an_array(f: io.BufferedReader) -> bool:
+    """Whether a JSON file holds one array: its first character, past a byte order mark and
+    whitespace (a pretty-printer's leading newline), is '['."""
+    head = f.peek(SNIFF_BYTES)[:SNIFF_BYTES] if hasattr(f, "peek") else b""
+    return head.removeprefix(codecs.BOM_UTF8).lstrip()[:1] == b"["
+
+
 def _array(source: Source, raw: bytes, field: str) -> Iterator[tuple[str, str]]:
     try:
         items = json.loads(raw)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise UserError(field, source.given, f"{source.path} starts like a JSON array but is not one ({e}); write "
                                              "one JSON object per line") from None
     for i, obj in enumerate(items):
@@ -244,6 +288,8 @@ def _field(obj: object, source: Source, where: str) -> str | Example | Chat:
                         f"{where} has no such field (it has {keys}); set data.text_field, or give fine-tuning "
                         "records as prompt and completion, or as messages")
     text = obj[source.text_field]
+    if text is None:  # what pandas and datasets write for a missing value; a table's null row reads the same
+        return ""
     if not isinstance(text, str):
         raise UserError("data.text_field", source.text_field,
                         f"{where}: the field is a {type(text).__name__}, not a string")

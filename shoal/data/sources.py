@@ -112,11 +112,22 @@ def _source(file: str, name: str, text_field: str, field: str, given: str) -> So
         raise refuse(f"cannot be read ({e.strerror})", "check its permissions") from None
     if not stat.S_ISREG(st.st_mode):  # a pipe or a device would block or never end
         raise refuse("is not a regular file", "point the data path at data files only")
+    if _undecodable(name):  # documents are named (and the held-out split hashed) by the name, as UTF-8 text
+        raise refuse("has a name that is not UTF-8 text", "rename it (e.g. convmv -f latin1 -t utf8)")
     kind, compression = kind_of(file)
     source = Source(path=file, name=name, size=st.st_size, mtime_ns=st.st_mtime_ns, kind=kind,
                     compression=compression, text_field=None if kind == "text" else text_field, given=given)
     sniff(source, field)
     return source
+
+
+def _undecodable(name: str) -> bool:
+    """Bytes of a file name that were not UTF-8, which Python keeps as lone surrogates."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def empty_corpus_error(field: str, path: str) -> UserError:

@@ -29,6 +29,7 @@ from shoal.rundir.folder import check_out, default_out, remove_if_untouched
 from shoal.rundir.lock import claim, release
 from shoal.rundir.names import JOB, replica_dir
 from shoal.worker.env import local_world_size, world_size
+from shoal.worker.exit_codes import USER_ERROR
 
 if TYPE_CHECKING:
     from shoal.launch.multinode import NodePlan
@@ -66,6 +67,8 @@ class Session:
     """This node's multi-node plan, None on one machine."""
     job_files: list[Path] = field(default_factory=list)
     """The job.json each group of workers reads (one per replica group; none under torchrun)."""
+    exit_code: int | None = None
+    """How start ended; a refusal the workers said (USER_ERROR) takes back what prepare made."""
 
     @property
     def starts_workers(self) -> bool:
@@ -157,6 +160,8 @@ def prepare(cfg: JobConfig, o: Options):
             session.job_files = [job.save(replica_dir(out, g) / JOB, out=replica_dir(out, g), resume=o.resume,
                                           show=not o.quiet) for g in range(max(1, o.replica_groups))]
         yield session
+        if session.exit_code == USER_ERROR and not under_torchrun():  # a worker refused it (NaN weights)
+            remove_if_untouched(out, made)
     except UserError:
         if not under_torchrun():  # the process the user started; never under another rank's feet
             remove_if_untouched(out, made)
@@ -168,6 +173,11 @@ def prepare(cfg: JobConfig, o: Options):
 
 def start(session: Session) -> int:
     """Run the prepared job; returns its exit code (shoal/worker/exit_codes.py)."""
+    session.exit_code = _start(session)
+    return session.exit_code
+
+
+def _start(session: Session) -> int:
     from shoal.train.process import train_here
     from shoal.worker.streams import forgive_closed_output
 

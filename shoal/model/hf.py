@@ -82,6 +82,8 @@ def _weight_files(directory: Path) -> list[Path]:
     if (directory / INDEX).is_file():
         try:
             shards = sorted(set(json.loads((directory / INDEX).read_text())["weight_map"].values()))
+            if not all(isinstance(shard, str) for shard in shards):
+                raise TypeError("a shard that is not a file name")
         except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, or no {"weight_map": {name: file}}
             raise UserError("hf_dir", str(directory), f'{INDEX} is not {{"weight_map": {{tensor: file}}}}; fetch it '
                                                       "again") from None

@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from shoal.errors import UserError
+from shoal.errors import UserError, first_line
 from shoal.model.config import ModelConfig
 
 CONFIG = "config.json"
@@ -60,10 +60,11 @@ def read_hf_config(directory: Path) -> dict:
     path = Path(directory) / CONFIG
     if not path.is_file():
         raise UserError("hf_dir", str(directory), f"has no {CONFIG}; pass a folder written by save_pretrained")
-    try:
-        hf = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError("hf_dir", str(directory), f"has an unreadable {CONFIG} ({type(e).__name__})") from None
+    try:  # utf-8-sig: a byte order mark, which editors on Windows add, is not a mistake
+        hf = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise UserError("hf_dir", str(directory), f"has an unreadable {CONFIG} ({first_line(e)}); fetch it "
+                                                  "again") from None
     if not isinstance(hf, dict):
         raise UserError("hf_dir", str(directory), f"has a {CONFIG} that is not a JSON object")
     return hf
@@ -91,19 +92,26 @@ def hf_config_to_model_config(hf: Mapping) -> ModelConfig:
     if values.get("num_key_value_heads") is None:  # the configs' default: plain multi-head attention
         values["num_key_value_heads"] = values["num_attention_heads"]
     fields = {ours: values[theirs] for ours, theirs in _COMMON.items()}
-    head_dim = hf.get("head_dim")
-    if head_dim is not None and head_dim != hf["hidden_size"] // hf["num_attention_heads"]:
-        fields["head_dim"] = head_dim
+    fields["head_dim"] = 0 if hf.get("head_dim") is None else hf["head_dim"]
+    # The counts checked before any arithmetic below uses them: a string, a zero or a typo's billion
+    # layers in config.json is one line, not a TypeError, a ZeroDivisionError or a long loop.
+    _validated(ModelConfig(**fields))
+    if fields["head_dim"] == fields["dim"] // fields["n_heads"]:
+        fields["head_dim"] = 0  # the derived width, said explicitly (transformers 5 writes it)
     fields.update(_rope(hf), qkv_bias=family == "qwen2", qk_norm=family in ("qwen3", "qwen3_moe"),
-                  sliding_window=_sliding_window(hf, family))
+                  sliding_window=_sliding_window(hf, family, fields["max_seq_len"]))
     if family in MOE_FAMILIES:
         fields.update(_moe(hf, family))
     if family in MLA_FAMILIES:
         fields.update(_deepseek(hf))
-    cfg = ModelConfig(**fields)
+    return _validated(ModelConfig(**fields))
+
+
+def _validated(cfg: ModelConfig) -> ModelConfig:
+    """cfg.validate(), its mistake reported by the field's name in config.json, not shoal's."""
     try:
         return cfg.validate(prefix="hf")
-    except UserError as e:  # report the field by its name in config.json, not shoal's
+    except UserError as e:
         short = e.field.removeprefix("hf.")
         raise UserError(f"hf.{_COMMON.get(short, short)}", e.value, e.fix) from None
 
@@ -118,17 +126,25 @@ def _refuse_what_shoal_does_not_compute(hf: Mapping, family: str) -> None:
                         "a bias on the attention's output projection is not supported (only q/k/v biases, Qwen2's)")
     if family == "qwen2" and hf.get("use_sliding_window"):
         raise UserError("hf.use_sliding_window", True, "Qwen2's per-layer sliding window is not supported")
+    if hf.get("partial_rotary_factor", 1.0) not in (None, 1.0):  # transformers 5 moves it into rope_parameters
+        raise UserError("hf.partial_rotary_factor", hf["partial_rotary_factor"],
+                        "partial rotary embeddings are not supported")
+    if quantized := hf.get("quantization_config"):
+        method = quantized.get("quant_method", quantized) if isinstance(quantized, Mapping) else quantized
+        raise UserError("hf.quantization_config", method, "quantized weights are not read; start from the "
+                                                          "model's unquantized (bf16/fp16/fp32) release")
     kinds = hf.get("layer_types")
     if isinstance(kinds, list) and len(set(kinds)) > 1:
         raise UserError("hf.layer_types", sorted(set(kinds)), "layers with different attention patterns are not supported")
 
 
-def _sliding_window(hf: Mapping, family: str) -> int:
-    """Mistral's and Mixtral's window (null: none); the Qwen families' only with use_sliding_window."""
+def _sliding_window(hf: Mapping, family: str, max_positions: int):
+    """Mistral's and Mixtral's window (null: none); the Qwen families' only with use_sliding_window.
+    A value that is not a count is returned as it is, for validate to name."""
     window = hf.get("sliding_window") if family in ("mistral", "mixtral") else None
-    if window is None or window >= hf.get("max_position_embeddings", _DEFAULTS["max_position_embeddings"]):
+    if window is None or isinstance(window, int) and window >= max_positions:
         return 0  # a window as long as the model's context changes nothing
-    return int(window)
+    return window
 
 
 def _rope(hf: Mapping) -> dict:
@@ -155,7 +171,11 @@ def _rope(hf: Mapping) -> dict:
                 fields[ours] = params[theirs]
         if kind == "yarn":
             fields.update(_yarn(params, hf))
-    fields["rope_theta"] = float(fields["rope_theta"] if fields["rope_theta"] is not None else 10000.0)
+    theta = fields["rope_theta"]
+    if theta is None:
+        fields["rope_theta"] = 10000.0
+    elif isinstance(theta, int) and not isinstance(theta, bool):
+        fields["rope_theta"] = float(theta)  # anything else not a number is left for validate to name
     return fields
 
 
@@ -181,8 +201,12 @@ def _moe(hf: Mapping, family: str) -> dict:
         return dict(n_experts=hf.get("num_local_experts", 8), top_k=hf.get("num_experts_per_tok", 2),
                     expert_ffn_hidden=hf["intermediate_size"], router_renormalize=True,
                     aux_loss_coef=hf.get("router_aux_loss_coef", 0.001))
-    dense = sorted(hf.get("mlp_only_layers") or [])
-    step = hf.get("decoder_sparse_step", 1)
+    dense, step = hf.get("mlp_only_layers") or [], hf.get("decoder_sparse_step", 1)
+    if not (isinstance(dense, list) and all(_count(i) for i in dense)):
+        raise UserError("hf.mlp_only_layers", dense, "must be a list of layer numbers, e.g. [0, 1]")
+    if not (_count(step) and step > 0):
+        raise UserError("hf.decoder_sparse_step", step, "must be a positive integer (1: every layer is MoE)")
+    dense = sorted(dense)
     moe_layers = [i for i in range(hf["num_hidden_layers"]) if i not in dense and (i + 1) % step == 0]
     n_dense = moe_layers[0] if moe_layers else 0
     every = moe_layers[1] - moe_layers[0] if len(moe_layers) > 1 else 1
@@ -194,6 +218,10 @@ def _moe(hf: Mapping, family: str) -> dict:
                 expert_ffn_hidden=hf.get("moe_intermediate_size", hf["intermediate_size"]),
                 router_renormalize=bool(hf.get("norm_topk_prob", False)), n_dense_layers=n_dense, moe_every=every,
                 aux_loss_coef=hf.get("router_aux_loss_coef", 0.001))
+
+
+def _count(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def _deepseek(hf: Mapping) -> dict:

@@ -21,6 +21,7 @@ spell alike, and what shoal's layer would count differently is approximated, and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from shoal.errors import UserError
@@ -85,7 +86,7 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
     fields = dict(vocab_size=shape["vocab_size"], dim=dim, n_layers=shape["n_layers"], n_heads=heads, n_kv_heads=kv,
                   ffn_hidden=ffn, mlp="swiglu" if gated else "gelu", max_seq_len=shape["max_seq_len"] or 2048,
                   tie_embeddings=bool(hf.get("tie_word_embeddings", False)), qk_norm=family in QK_NORM,
-                  rope_theta=max(1.0, float(hf.get("rope_theta") or 10000.0)))
+                  rope_theta=float(max(1, _first(hf, ("rope_theta",)) or 10000)))
     if shape["head_dim"] and shape["head_dim"] * heads != dim:
         fields["head_dim"] = shape["head_dim"]
     if isinstance(hf.get("kv_lora_rank"), int) and hf["kv_lora_rank"] > 0:  # DeepSeek's latent attention (Kimi K2)
@@ -96,10 +97,10 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
         fields["sliding_window"] = window
     if shape["n_experts"]:
         expert = shape["expert_ffn_hidden"] or ffn
-        shared = hf.get("n_shared_experts") or (1 if family in ONE_SHARED_EXPERT else 0)
-        if not shared and hf.get("shared_expert_intermediate_size"):  # one wide shared expert (Qwen2-MoE)
-            shared = max(1, round(hf["shared_expert_intermediate_size"] / expert))
-        dense = int(hf.get("first_k_dense_replace") or 0)
+        shared = _first(hf, ("n_shared_experts",)) or (1 if family in ONE_SHARED_EXPERT else 0)
+        if not shared and (wide := _first(hf, ("shared_expert_intermediate_size",))):  # one wide shared expert (Qwen2-MoE)
+            shared = max(1, round(wide / expert))
+        dense = _first(hf, ("first_k_dense_replace",)) or 0
         if (shape["moe_every"] or 1) > 1:  # MoE on every k-th layer: that many MoE layers, the rest dense
             dense = shape["n_layers"] - shape["n_layers"] // shape["moe_every"]
         fields.update(n_experts=shape["n_experts"], top_k=shape["top_k"] or 2, expert_ffn_hidden=expert,
@@ -142,6 +143,6 @@ def _flattened(hf: Mapping) -> dict:
 def _first(hf: Mapping, names: tuple[str, ...]):
     for name in names:
         value = hf.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            return int(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf:
+            return int(value)  # a string, null or Infinity where a count belongs is as good as absent
     return None

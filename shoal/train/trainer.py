@@ -146,6 +146,8 @@ def build_parallel_model(job: Job, rt: Runtime) -> ParallelModel:
 
         weights = open_weights(job.cfg.model.init_from, job.model)
     pm = parallelize(model, job, rt.mesh, rt.expert_mesh, rt.device, loss_fn=cross_entropy, weights=weights)
+    if weights is not None:
+        weights.refuse_nonfinite()  # every rank alike, once all have read their shares
     pm.loss_scaler = build_scaler(job, rt)  # fp16 only
     return pm
 

@@ -27,7 +27,8 @@ from typing import NoReturn
 
 # What Gloo and NCCL say when the process at the other end of a connection is gone.
 _PEER_GONE = re.compile(r"Connection (reset|closed) by peer|Broken pipe|remote process exited|"
-                        r"NCCL communicator was aborted|Connection refused")
+                        r"NCCL communicator was aborted|Connection refused|"
+                        r"Connection was likely closed")  # the store, when the peer went during new_group
 
 
 def lost_peer(error: BaseException) -> str | None:

@@ -191,6 +191,10 @@ COMBO_CASES = [
     (["data.path=/tmp", 'data.mix={"/tmp" = 1}'], "data.mix"),
     (["data.repeat=false", "train.global_batch=100000", "train.micro_batch=1", "train.seq_len=64",
       "model.preset=debug"], "data.repeat"),  # fewer sequences than one global batch
+    (['data.mix={"a" = 1e308, "b" = 1e308}'], "no share"),
+    (['data.mix="web"'], "expected a TOML table"),  # was "expected an integer"
+    # resuming the run into another model: found in a worker, after job.json was rewritten
+    (["train.steps=4", "model.n_layers=3"], "was saved for another model (n_layers=4)"),  # the total overflowed: a ZeroDivisionError at step 1
     (["parallel.diloco_inner_steps=5"], "parallel.diloco_inner_steps"),  # one process: no dp_replicate groups
     (["parallel.diloco_inner_steps=4", "parallel.diloco_fragments=5"], "parallel.diloco_fragments"),
     (["parallel.diloco_overlap_steps=1"], "parallel.diloco_overlap_steps"),  # DiLoCo off
@@ -721,6 +725,8 @@ HF_DAMAGE = {  # -> what the one line names
     "index_garbled": (lambda d: ((d / "model.safetensors").unlink(),
                                  (d / "model.safetensors.index.json").write_text("[1]")), "weight_map"),
     "tokenizer_missing": (lambda d: (d / "tokenizer.json").unlink(), "data.tokenizer=PATH/tokenizer.json"),
+    "tokenizer_sentencepiece_only": (lambda d: ((d / "tokenizer.json").rename(d / "tokenizer.model")),
+                                     "AutoTokenizer.from_pretrained(FOLDER).save_pretrained(FOLDER)"),
     "tokenizer_larger": (lambda d: words(300).save(str(d / "tokenizer.json")), "vocab_size=256"),
 }
 
@@ -735,13 +741,38 @@ def test_bad_hugging_face_folder(damage, hf_folder, corpus, unchanged, tmp_path,
     assert "error: model.init_from=" in line or "data.tokenizer" in line, line
 
 
+def test_nan_weights_only_a_second_rank_reads_are_said(hf_folder, corpus, tmp_path, capfd):
+    """NaN in the block rank 1 holds is found by rank 1 alone, as it reads. It raised alone: only each
+    node's first rank prints a UserError, so the run exited 2 without a word, after rank 0 had waited
+    30 s in its next collective, and --out kept the lock and job.json. Now every rank refuses alike."""
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "hf"
+    shutil.copytree(hf_folder, d)
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors["model.embed_tokens.weight"][-1, -1] = float("nan")  # the last row: rank 1's shard under zero 3
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    argv = init_from(corpus, tmp_path / "out", d, "data.tokenizer=byte") + ["--nproc", "2"]
+    assert_one_line(*run_cli(capfd, argv), hint="tok_embeddings.weight holds NaN")  # capfd: the workers' line
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("sets,field", [
     (["model.preset=debug"], "model.preset"),  # two models named
     (["model.dim=128"], "model.dim"),  # the folder's weights decide the shape
     (["model.init_from=/no/such/folder"], "model.init_from='/no/such/folder': no such folder"),
+    (["model.init_from={folder}/config.json"], "config.json': is a file; give the folder holding the model"),
 ])
 def test_a_run_from_a_folder_takes_its_shape(sets, field, hf_folder, corpus, unchanged, capsys):
+    sets = [s.format(folder=hf_folder) for s in sets]
     assert_one_line(*run_cli(capsys, init_from(corpus, unchanged, hf_folder, *sets)), hint=field)
+
+
+@pytest.mark.parametrize("given", ["{folder}", "{folder}/config.json"])
+def test_a_model_folder_given_as_the_recipe_points_to_init_from(given, hf_folder, corpus, unchanged, capsys):
+    """`shoal train MODEL_DIR`: it said only "is a directory; give a .toml file"."""
+    argv = base(corpus, unchanged) + [given.format(folder=hf_folder)]
+    assert_one_line(*run_cli(capsys, argv), hint=f"to start from this model, --set model.init_from={hf_folder}")
 
 
 def test_init_from_on_the_command_line_replaces_the_recipes_model(hf_folder, tmp_path):
@@ -1011,10 +1042,12 @@ def test_export_into_a_folder_it_wrote_or_an_empty_one(run_dir, corpus, tmp_path
         assert code == 0, err
     assert sorted(p.name for p in empty.iterdir()) == ["config.json", "model.safetensors", "shoal_checkpoint.json"]
     # an export is not a checkpoint or a run: said so (it was "manifest.json is missing: the save never
-    # completed"), and a run is not started inside it
+    # completed"), and a run is not started inside it; --resume is judged before anything starts
     for argv, hint in [(["--resume", str(empty)], "is a Hugging Face export, not a checkpoint"),
+                       (["--resume", str(run_dir)], "is a run directory, not a checkpoint"),
                        (["--out", str(empty)], "holds a Hugging Face export, not a run")]:
-        assert_one_line(*run_cli(capsys, base(corpus, tmp_path / "fresh") + argv), hint=hint)
+        assert_one_line(*run_cli(capsys, base(corpus, tmp_path / "fresh") + argv + ["--nproc", "2"]), hint=hint)
+        assert not (tmp_path / "fresh").exists()  # workers had been started there, and left it behind
 
 
 @pytest.mark.parametrize("argv", [["mesh", "--nproc", "4"], ["presets"]])

@@ -143,9 +143,15 @@ def test_sources_errors(tmp_path):
     write(tmp_path / "empty" / "b.txt", "")
     with pytest.raises(UserError, match="corpus is empty"):
         list_documents(str(tmp_path / "empty"))
-    write(tmp_path / "blank.jsonl", '{"text": ""}\n{"text": ""}\n')  # non-empty files, no text
-    with pytest.raises(UserError, match="holds no tokens"):
+    (tmp_path / "latin").mkdir()
+    with open(os.path.join(os.fsencode(tmp_path / "latin"), b"caf\xe9.txt"), "w") as f:  # a latin-1 name
+        f.write("text")
+    with pytest.raises(UserError, match="has a name that is not UTF-8 text"):  # was a UnicodeEncodeError
+        list_documents(str(tmp_path / "latin"))
+    write(tmp_path / "blank.jsonl", '{"text": ""}\n{"text": null}\n')  # non-empty files, no text
+    with pytest.raises(UserError, match="corpus is empty") as e:  # of the corpus, not of the token cache
         build(tmp_path / "blank.jsonl", cache=tmp_path / "cache")
+    assert e.value.field == "data.path"
 
 
 # ---------------------------------------------------------------- prepared datasets
@@ -308,10 +314,16 @@ def test_compressed_and_columnar_inputs_read_alike(tmp_path):
     rows = [{"text": f"row {i} " + "words " * i, "id": i} for i in range(1, 30)]
     lines = "".join(json.dumps(r) + "\n" for r in rows).encode()
     (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(lines))
-    (tmp_path / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
+    half = len(lines) // 2  # two frames, as pzstd and appending writers leave them
+    (tmp_path / "b.jsonl.zst").write_bytes(b"".join(zstandard.ZstdCompressor().compress(part)
+                                                    for part in (lines[:half], lines[half:])))
     (tmp_path / "c.json").write_text(json.dumps(rows))
+    # a byte order mark and a pretty-printer's newline before the array, a null text (an empty document)
+    (tmp_path / "n.json").write_bytes(b"\xef\xbb\xbf\n" + json.dumps(rows + [{"text": None}], indent=1).encode())
     table = pa.table({"text": [r["text"] for r in rows], "id": [r["id"] for r in rows]})
     pq.write_table(table, tmp_path / "d.parquet", row_group_size=7)
+    # pandas writes a categorical column as a dictionary of strings
+    pq.write_table(pa.table({"text": table["text"].dictionary_encode()}), tmp_path / "g.parquet")
     with pa.ipc.new_stream(str(tmp_path / "e.arrow"), table.schema) as w:  # as datasets.save_to_disk writes
         for batch in table.to_batches(max_chunksize=10):
             w.write_batch(batch)
@@ -324,13 +336,14 @@ def test_compressed_and_columnar_inputs_read_alike(tmp_path):
     sources = list_documents(str(tmp_path))
     assert [(s.name, s.kind, s.compression) for s in sources] == [
         ("a.jsonl.gz", "jsonl", "gzip"), ("b.jsonl.zst", "jsonl", "zstd"), ("d.parquet", "parquet", ""),
-        ("e.arrow", "arrow", ""), ("f.txt.gz", "text", "gzip")]  # .json is not walked (folders' metadata)
+        ("e.arrow", "arrow", ""), ("f.txt.gz", "text", "gzip"), ("g.parquet", "parquet", "")]  # not .json
     texts = [r["text"] for r in rows]
-    for s in sources[:4] + list_documents(str(tmp_path / "c.json")):
+    for s in sources[:4] + sources[5:] + list_documents(str(tmp_path / "c.json")):
         docs = list(read_documents(s))
         assert [t for _, t in docs] == texts, s.name
         assert docs[0][0] == f"{s.name}:{0 if s.name == 'c.json' else 1}"
     assert list(read_documents(sources[4])) == [("f.txt.gz", "one plain document")]
+    assert [t for _, t in read_documents(*list_documents(str(tmp_path / "n.json")))] == texts + [""]
 
 
 def test_damaged_inputs_are_named(tmp_path):
@@ -355,6 +368,17 @@ def test_damaged_inputs_are_named(tmp_path):
     (cut,) = list_documents(str(tmp_path / "cut.jsonl.gz"))  # the start reads; the damage is further in
     with pytest.raises(UserError, match="is not a readable gzip jsonl file"):
         prepare([cut.path], "byte", str(tmp_path / "ds"))
+    import zstandard
+
+    whole = zstandard.ZstdCompressor().compress(b'{"text": "x"}\n' * 5000)
+    (tmp_path / "cut.jsonl.zst").write_bytes(whole[: len(whole) // 2])  # zstandard's reader ended here quietly
+    (tmp_path / "fake.jsonl.zst").write_bytes(b"not zstd at all")  # a ZstdError traceback
+    (tmp_path / "deep.jsonl").write_text('{"text": "x"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")  # RecursionError
+    for name, match in [("cut.jsonl.zst", "is not a readable zstd jsonl file .the zstd stream ends inside a frame"),
+                        ("fake.jsonl.zst", "is not a readable zstd jsonl file"),
+                        ("deep.jsonl", "deep.jsonl:2.: not a JSON object")]:
+        with pytest.raises(UserError, match=match):
+            prepare([str(tmp_path / name)], "byte", str(tmp_path / f"ds-{name}"))
 
 
 # ---------------------------------------------------------------- loader

@@ -187,6 +187,20 @@ def test_the_family_follows_what_the_model_computes(features, family):
       "num_hidden_layers": 4}, "hf.mlp_only_layers"),
     ({"layer_types": ["full_attention", "sliding_attention"]}, "hf.layer_types"),
     ({"intermediate_size": None}, "hf.intermediate_size"),
+    # values of the wrong type or range, named before any arithmetic on them raised a TypeError,
+    # a ZeroDivisionError, or looped over a typo's trillion layers
+    ({"hidden_size": "64"}, "hf.hidden_size"),
+    ({"num_attention_heads": 0}, "hf.num_attention_heads"),
+    ({"model_type": "qwen3_moe", "num_experts": 4, "num_hidden_layers": 10**12}, "hf.num_hidden_layers"),
+    ({"model_type": "mistral", "sliding_window": "16"}, "hf.sliding_window"),
+    ({"model_type": "mistral", "sliding_window": 16, "max_position_embeddings": None}, "hf.max_position_embeddings"),
+    ({"model_type": "qwen3_moe", "num_experts": 4, "decoder_sparse_step": 0}, "hf.decoder_sparse_step"),
+    ({"model_type": "qwen3_moe", "num_experts": 4, "mlp_only_layers": [0, "a"]}, "hf.mlp_only_layers"),
+    ({"rope_theta": "abc"}, "hf.rope_theta"),
+    # what transformers computes and shoal would silently not: a top-level partial rotary factor
+    # (transformers 5 moves it into rope_parameters), quantized weights
+    ({"partial_rotary_factor": 0.5}, "hf.partial_rotary_factor"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "hf.quantization_config"),
 ])
 def test_unsupported_hf_config_refused(change, field):
     hf = {**SMALL, **change}
@@ -247,6 +261,19 @@ def test_wrong_shape_named(exported):
     with pytest.raises(UserError) as err:
         load_hf(exported)
     assert err.value.field == "hf.model.norm.weight"
+
+
+def test_an_index_naming_no_file_names_is_refused(exported):
+    (exported / "model.safetensors").unlink()
+    (exported / "model.safetensors.index.json").write_text('{"weight_map": {"model.norm.weight": 1}}')
+    with pytest.raises(UserError, match="weight_map"):  # was a TypeError from Path / int
+        load_hf(exported)
+
+
+def test_a_config_with_a_byte_order_mark_loads(exported):
+    config = exported / "config.json"
+    config.write_bytes(b"\xef\xbb\xbf" + config.read_bytes())  # as Notepad saves it
+    assert load_hf(exported).cfg.n_layers == 2
 
 
 def test_pickle_only_directory_refused(exported):

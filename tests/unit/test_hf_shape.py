@@ -71,6 +71,14 @@ def test_a_config_without_a_shape_is_one_line_naming_the_field(tmp_path, capsys)
     assert len(err) == 1 and "hidden_size" in err[0]
 
 
+@pytest.mark.parametrize("odd", [{"rope_theta": "abc"}, {"shared_expert_intermediate_size": "x", "num_experts": 4},
+                                 {"intermediate_size": float("inf")}])
+def test_a_value_of_the_wrong_type_is_read_as_absent(odd):
+    """Each raised a ValueError, TypeError or OverflowError: plan reads any family's shape, so a field it
+    cannot read is left out, as a missing one is."""
+    assert hf_config_to_shape({**GPT_NEOX_20B, **odd}).note.startswith(SHAPE_NOTE)
+
+
 def test_a_multimodal_folder_plans_its_language_model():
     gemma3_27b = {"model_type": "gemma3", "text_config": {
         "model_type": "gemma3_text", "hidden_size": 5376, "num_hidden_layers": 62, "num_attention_heads": 32,

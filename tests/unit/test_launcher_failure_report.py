@@ -90,3 +90,16 @@ def test_a_worker_the_agent_stopped_with_sigterm_is_not_named_over_the_one_that_
     its way out when the agent sent it SIGTERM, in the same second; the failure is rank 1's."""
     _FailureReport(nproc=2, max_restarts=1).attempt_failed({0: failure(0, -15, 100), 1: failure(1, 1, 100)})
     assert capsys.readouterr().err.startswith("shoal: worker rank 1 (pid 1001) exited with code 1;")
+
+
+def test_a_peer_gone_while_the_groups_form_is_recognized():
+    """A rank that refused the model folder (NaN weights) left while its peer was in new_group: the
+    peer printed a DistNetworkError traceback instead of its one line."""
+    from torch.distributed import DistNetworkError
+
+    from shoal.worker.exit import lost_peer
+
+    said = lost_peer(DistNetworkError("Failed to recv, got 0 bytes. Connection was likely closed. Did the remote "
+                                      "server shutdown or crash?"))
+    assert said and said.startswith("Failed to recv")
+    assert lost_peer(RuntimeError("CUDA out of memory")) is None

@@ -211,7 +211,7 @@ def test_a_checkpoint_folder_belongs_to_one_run(where, capsys):
     assert str(where["run"]) in line
     moved = shutil.copytree(where["run"], where["tmp"] / "moved", symlinks=True)
     assert owner_of(moved / "checkpoints") == moved
-    check_resume(load_config(None, ["train.steps=3"]), moved, "auto")
+    check_resume(load_config(None, ["model.preset=debug", "train.steps=3"]), moved, "auto")
 
 
 @pytest.mark.parametrize("name", [".lock", "model/shoal_model.json", "checkpoints"])
