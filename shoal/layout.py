@@ -395,7 +395,8 @@ def _pipeline_problems(lay: Layout, m: ModelConfig) -> list[UserError]:
                              f"{lay.virtual_stages}) but only n_layers={m.n_layers}; {fix}"))
     if lay.pp > 1 and m.tie_embeddings:
         out.append(TrainerLimit("model.tie_embeddings", True,
-                             "tied embeddings cannot span pipeline stages; set it false or pp=1"))
+                             "tied embeddings cannot span pipeline stages; use pp=1, or set it false for a "
+                             "model built from scratch (a model folder that ties them keeps them tied)"))
     return out
 
 

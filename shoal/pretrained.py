@@ -104,7 +104,7 @@ def model_of(pretrained: Pretrained, overrides: dict) -> ModelConfig:
             raise UserError(f"model.{name}", value, f"model.init_from={pretrained.folder} has {name}="
                                                     f"{getattr(pretrained.model, name)!r}: the folder's weights "
                                                     "decide it; leave it out")
-    return pretrained.model.replace(**overrides).validate()
+    return pretrained.model.replace(**overrides).validate(base=pretrained.model)  # a dense folder: no MoE-only fields
 
 
 def take_the_folder(cfg, given) -> None:

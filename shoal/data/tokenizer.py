@@ -118,6 +118,10 @@ def load_tokenizer(spec: str) -> ByteTokenizer | HFTokenizer:
     from shoal.files import read_input_file  # the one check of a file a command reads
 
     path = os.path.expanduser(spec)
+    if os.path.isdir(path):  # a model folder given for its tokenizer: name the file that is in it
+        inside = os.path.join(path, "tokenizer.json")
+        give = f"give {inside}" if os.path.isfile(inside) else "give the path of a Hugging Face tokenizer.json"
+        raise UserError("data.tokenizer", spec, f'is a directory; {give} (or "byte")')
     if not read_input_file("data.tokenizer", path, '"byte" or the path of a Hugging Face tokenizer.json').strip():
         raise UserError("data.tokenizer", spec, 'is empty; give "byte" or the path of a Hugging Face tokenizer.json')
     try:

@@ -388,6 +388,10 @@ def _data_case(kind: str, root: Path) -> tuple[list[str], str]:
         return [path, f"data.cache_dir={root / 'ro'}"], "not writable"
     if kind == "tokenizer_dir":
         return [path, f"data.tokenizer={d}"], "directory"
+    if kind == "tokenizer_model_dir":  # a model folder given for its tokenizer: the line names the file in it
+        (root / "model").mkdir()
+        (root / "model" / "tokenizer.json").write_text("{}")
+        return [path, f"data.tokenizer={root / 'model'}"], f"give {root / 'model' / 'tokenizer.json'}"
     if kind == "tokenizer_garbage":
         (root / "tok.json").write_text('{"model": [1, 2')
         return [path, f"data.tokenizer={root / 'tok.json'}"], "tokenizer"
@@ -405,8 +409,8 @@ def _data_case(kind: str, root: Path) -> tuple[list[str], str]:
 DATA_CASES = ["dangling_symlink", "binary_in_dir", "binary_named", "latin1_file", "utf16_file", "fifo_in_dir",
               "unreadable_file", "unreadable_dir", "empty_file", "no_text_files", "glob_nothing", "tiny_corpus",
               "jsonl_bad_line", "jsonl_no_field", "jsonl_list", "jsonl_field_number", "cache_is_file",
-              "cache_under_file", "cache_unwritable", "tokenizer_dir", "tokenizer_garbage", "tokenizer_binary",
-              "tokenizer_device", "tokenizer_empty"]
+              "cache_under_file", "cache_unwritable", "tokenizer_dir", "tokenizer_model_dir", "tokenizer_garbage",
+              "tokenizer_binary", "tokenizer_device", "tokenizer_empty"]
 NEEDS_PERMISSIONS = {"unreadable_file", "unreadable_dir", "cache_unwritable"}
 
 
@@ -760,6 +764,7 @@ def test_nan_weights_only_a_second_rank_reads_are_said(hf_folder, corpus, tmp_pa
 @pytest.mark.parametrize("sets,field", [
     (["model.preset=debug"], "model.preset"),  # two models named
     (["model.dim=128"], "model.dim"),  # the folder's weights decide the shape
+    (["model.aux_loss_coef=0.1"], "model.aux_loss_coef"),  # a dense folder has no router to weigh
     (["model.init_from=/no/such/folder"], "model.init_from='/no/such/folder': no such folder"),
     (["model.init_from={folder}/config.json"], "config.json': is a file; give the folder holding the model"),
 ])
