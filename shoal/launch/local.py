@@ -10,8 +10,10 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -19,7 +21,8 @@ from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.rundir.lock import LAUNCHER_ENV
-from shoal.worker.exit_codes import HANG, LOST_PEER
+from shoal.worker.exit_codes import HANG, LOST_PEER, USER_ERROR
+from shoal.worker.said import SAID_DIR_ENV, left_line
 
 
 def worker_env(nproc: int) -> dict[str, str]:
@@ -90,6 +93,8 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     stopped_by, previous = _stop_workers_outright_on(signal.SIGINT, *([] if on_sigterm else [signal.SIGTERM]))
     if on_sigterm:
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _pass_on(stopped_by))
+    said = tempfile.mkdtemp(prefix="shoal-said-")  # where a worker that does not print leaves its refusal
+    os.environ[SAID_DIR_ENV] = said
     try:
         with report.watching():
             elastic_launch(config, entrypoint=sys.executable)(*argv)
@@ -100,8 +105,10 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
         print(f"shoal: stopped by {sig.name}; all {nproc} workers were stopped", file=sys.stderr)
         return 128 + int(sig)
     except ChildFailedError as e:
-        return _failed(e, report, said_why)
+        return _failed(e, report, said_why, said)
     finally:
+        shutil.rmtree(said, ignore_errors=True)
+        os.environ.pop(SAID_DIR_ENV, None)
         agent_log.removeFilter(report)
         for log in chatty:
             log.removeFilter(quiet_signals)
@@ -110,11 +117,16 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     return 0
 
 
-def _failed(e, report: "_FailureReport", said_why: tuple[int, ...]) -> int:
+def _failed(e, report: "_FailureReport", said_why: tuple[int, ...], said: str = "") -> int:
     """The job's exit code when a worker failed, with one line naming the worker the others followed
-    and how it ended (nothing when the worker said why itself)."""
+    and how it ended (nothing when the worker said why itself). A refusal only a worker that does not
+    print found is printed here, from the line it left (shoal/worker/said.py)."""
     rank, failure = root_failure(e)
     if failure.exitcode in said_why:
+        first_refused = any(f.local_rank == 0 and f.exitcode == USER_ERROR for f in e.failures.values())
+        if failure.exitcode == USER_ERROR and failure.local_rank != 0 and not first_refused:
+            if said and (line := left_line(said, rank)):
+                print(line, file=sys.stderr)
         return failure.exitcode
     if failure.pid in report.force_killed:  # the launcher's own SIGKILL: not from outside
         print(f"shoal: worker rank {rank} {report.frozen(failure, e.failures)}", file=sys.stderr)

@@ -18,6 +18,7 @@ from shoal.errors import UserError
 from shoal.worker.exit import exit_worker, lost_peer
 from shoal.worker.exit_codes import LOST_PEER, USER_ERROR
 from shoal.worker.process import follow_the_launcher
+from shoal.worker.said import leave_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,8 +64,11 @@ def main() -> int:
     try:
         return run(args)
     except UserError as e:
+        line = f"shoal train: error: {e}"
         if os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":  # one line on each node's console
-            print(f"shoal train: error: {e}", file=sys.stderr, flush=True)
+            print(line, file=sys.stderr, flush=True)
+        else:  # for the launcher to print if this rank alone found it (shoal/worker/said.py)
+            leave_line(line)
         return USER_ERROR
     except RuntimeError as e:
         why = lost_peer(e) if "WORLD_SIZE" in os.environ else None

@@ -103,3 +103,38 @@ def test_a_peer_gone_while_the_groups_form_is_recognized():
                                       "server shutdown or crash?"))
     assert said and said.startswith("Failed to recv")
     assert lost_peer(RuntimeError("CUDA out of memory")) is None
+
+
+def test_a_refusal_only_a_non_first_worker_found_is_printed_once(tmp_path, monkeypatch, capsys):
+    """Only local rank 0 prints a UserError. A rank that alone refused leaves its line (worker/said.py) and the
+    launcher prints it; when a first worker refused too, it had printed already and nothing is added."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from shoal.errors import UserError
+    from shoal.launch.local import _failed
+    from shoal.train import __main__ as worker
+    from shoal.worker.exit_codes import USER_ERROR
+    from shoal.worker.said import SAID_DIR_ENV
+
+    def refuse(args):
+        raise UserError("model.init_from", "/m", "its share holds NaN")
+
+    monkeypatch.setattr(worker, "run", refuse)
+    monkeypatch.setattr(worker, "parse", lambda argv: None)
+    monkeypatch.setattr(worker, "follow_the_launcher", lambda: None)
+    monkeypatch.setenv(SAID_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert worker.main() == USER_ERROR
+    assert capsys.readouterr().err == ""  # not this rank's to print
+
+    def job(*failures):
+        return ChildFailedError("shoal", dict(failures))
+
+    report = _FailureReport(nproc=2, max_restarts=0)
+    alone = job((1, failure(1, USER_ERROR, 100)), (0, failure(0, -15, 100)))
+    assert _failed(alone, report, (USER_ERROR,), str(tmp_path)) == USER_ERROR
+    assert capsys.readouterr().err.strip() == "shoal train: error: model.init_from='/m': its share holds NaN"
+    both = job((1, failure(1, USER_ERROR, 100)), (0, failure(0, USER_ERROR, 101)))
+    assert _failed(both, report, (USER_ERROR,), str(tmp_path)) == USER_ERROR
+    assert capsys.readouterr().err == ""  # rank 0 printed its own
