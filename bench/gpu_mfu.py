@@ -143,7 +143,7 @@ def measure(runner: Runner, micro_batch: int, steps: int, warmup: int) -> tuple[
 
 def planner_gpu(device: torch.device) -> str:
     """The catalog entry the planner predicts for: the device's own where the catalog knows it, else h100."""
-    from shoal.hardware.catalog import lookup_gpu
+    from shoal.hardware.lookup import lookup_gpu
 
     entry = lookup_gpu(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     return entry.name if entry else "h100"

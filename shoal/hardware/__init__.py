@@ -1,19 +1,19 @@
 """The hardware a job runs on, as numbers: torch-free except where it measures.
 
-    catalog.py   what one accelerator and its links can do (GPU, the catalog, device names)
+    catalog.py   what one accelerator and its links can do (GPU, the catalog)
     overrides.py an entry with some fields changed, checked (--hw FIELD=VALUE, a --hw-file's fields)
     local.py     this machine as the planner sees it, from a measured profile (the `local` entry)
-    lookup.py    an entry by the name a user gives (--gpu, a --hw-file's base)
+    lookup.py    an entry by its name: the one a user gives (--gpu, a --hw-file's base), torch's for a device
     memory.py    what memory one local rank of this machine can use
     peak.py      the peak FLOP/s MFU divides by (imports torch to ask the device)
     matmul.py    the one matmul timer (imports torch)
 
 The front door, for `from shoal import hardware`: get_gpu, known_names, load_hw_file, and the catalog's
-GPU, GiB and lookup_gpu, and the overrides' apply_overrides and parse_hw_flags.
+GPU and GiB, lookup.py's lookup_gpu, and the overrides' apply_overrides and parse_hw_flags.
 """
 
-from shoal.hardware.catalog import GPU, GiB, lookup_gpu
+from shoal.hardware.catalog import GPU, GiB
 from shoal.hardware.overrides import apply_overrides, parse_hw_flags
-from shoal.hardware.lookup import get_gpu, known_names, load_hw_file
+from shoal.hardware.lookup import get_gpu, known_names, load_hw_file, lookup_gpu
 
 __all__ = ["GPU", "GiB", "apply_overrides", "get_gpu", "known_names", "load_hw_file", "lookup_gpu", "parse_hw_flags"]

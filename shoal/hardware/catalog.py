@@ -13,7 +13,6 @@ Bandwidths are bytes/s per GPU in one direction (NVLink "900 GB/s" is 450 GB/s e
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 
 
@@ -480,37 +479,3 @@ CATALOG["a100-40gb"] = dataclasses.replace(
 CATALOG["h800"] = dataclasses.replace(
     CATALOG["h100-sxm"], name="h800", intra_node_bandwidth=200e9, usd_per_gpu_hour=0.0,
     note="HGX H800: H100 SXM compute and memory, NVLink 400 GB/s bidirectional, 400 Gb/s per GPU between nodes")
-
-ALIASES = {
-    "a100": "a100-80gb", "a100-sxm": "a100-80gb", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
-    "h800-sxm": "h800",
-    "h100": "h100-sxm", "h100-80gb": "h100-sxm",
-    "h200-sxm": "h200", "b200-sxm": "b200", "mi300": "mi300x",
-    "v100-sxm2": "v100", "v100-32gb": "v100", "v100-sxm2-32gb": "v100", "mi250x-gcd": "mi250x", "tpu": "tpu-v5p", "v5p": "tpu-v5p",
-    "gb200-nvl72": "gb200", "gb300-nvl72": "gb300", "v5e": "tpu-v5e", "tpu-v5-lite": "tpu-v5e", "v6e": "tpu-v6e",
-    "trillium": "tpu-v6e", "tpu-trillium": "tpu-v6e", "mi325": "mi325x",
-}
-
-# torch.cuda.get_device_name() -> catalog key. Only variants whose dense BF16 peak equals the entry's
-# are mapped (an H100 PCIe or NVL has a different peak, so it maps to nothing rather than a wrong MFU).
-_DEVICE_PATTERNS = [
-    (re.compile(r"\bgh200\b|\bh200\b"), "h200"),
-    (re.compile(r"\bh100\b(?!.*(pcie|nvl))"), "h100-sxm"),
-    (re.compile(r"\ba100\b"), "a100-80gb"),  # every A100 (SXM or PCIe, 40 or 80 GB) peaks at 312 TFLOP/s
-    (re.compile(r"\bb200\b"), "b200"),
-    (re.compile(r"\bmi300x\b"), "mi300x"),
-    (re.compile(r"\bmi250x\b"), "mi250x"),  # not MI250 (362 TFLOP/s per package)
-    (re.compile(r"\bv100 sxm2\b"), "v100"),  # PCIe V100s peak at 112 TFLOP/s: not mapped
-]
-
-
-def lookup_gpu(device_name: str) -> GPU | None:
-    """Map a CUDA device name ("NVIDIA H100 80GB HBM3") to its catalog entry, or None if unknown.
-
-    The trainer uses `entry.peak_bf16_flops` as its MFU denominator.
-    """
-    name = device_name.lower().replace("-", " ")
-    for pattern, key in _DEVICE_PATTERNS:
-        if pattern.search(name):
-            return CATALOG[key]
-    return None

@@ -1,5 +1,6 @@
-"""A device by the name a user gives it (`--gpu NAME`, `base = NAME` in a --hw-file): a catalog
-entry, or this machine's measured `local` entry. Above both, so neither imports the other."""
+"""A device by its name: the name a user gives it (`--gpu NAME`, `base = NAME` in a --hw-file), a catalog
+entry or this machine's measured `local` entry, and the name torch gives a CUDA device (lookup_gpu, which the
+trainer's MFU and --validate use). Above both, so neither imports the other."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.files import read_toml
-from shoal.hardware.catalog import ALIASES, CATALOG, GPU, lookup_gpu
+from shoal.hardware.catalog import CATALOG, GPU
 from shoal.hardware.local import local_gpu
 from shoal.hardware.overrides import apply_overrides
 
@@ -34,7 +35,7 @@ def get_gpu(name: str, *, remeasure: bool = False) -> GPU:
 def _catalog_key(name: str) -> str:
     """The catalog's key for a name as people write it: any case, spaces or underscores for dashes, an alias, a
     DGX or HGX system's name, or a device name as torch.cuda.get_device_name() and nvidia-smi print it ("NVIDIA
-    H100 80GB HBM3", "A100-SXM4-40GB": catalog.lookup_gpu, which maps only the variants with the entry's peak)."""
+    H100 80GB HBM3", "A100-SXM4-40GB": lookup_gpu below, which maps only the variants with the entry's peak)."""
     key = re.sub(r"[\s_]+", "-", name.strip().lower()).removeprefix("nvidia-")
     key = re.sub(r"^(dgx|hgx)-", "", key)  # a system's name for its GPUs (Megatron-Bridge's tables: DGX-GB200)
     key = ALIASES.get(key, key)
@@ -55,3 +56,38 @@ def load_hw_file(path: str | os.PathLike, default_base: str | None) -> GPU:
     base = get_gpu(str(base_name))
     data.setdefault("name", f"{base.name}+{Path(path).stem}")
     return apply_overrides(base, data, source="hw_file")
+
+
+ALIASES = {
+    "a100": "a100-80gb", "a100-sxm": "a100-80gb", "a100-80g": "a100-80gb", "a100-40g": "a100-40gb",
+    "h800-sxm": "h800",
+    "h100": "h100-sxm", "h100-80gb": "h100-sxm",
+    "h200-sxm": "h200", "b200-sxm": "b200", "mi300": "mi300x",
+    "v100-sxm2": "v100", "v100-32gb": "v100", "v100-sxm2-32gb": "v100", "mi250x-gcd": "mi250x", "tpu": "tpu-v5p", "v5p": "tpu-v5p",
+    "gb200-nvl72": "gb200", "gb300-nvl72": "gb300", "v5e": "tpu-v5e", "tpu-v5-lite": "tpu-v5e", "v6e": "tpu-v6e",
+    "trillium": "tpu-v6e", "tpu-trillium": "tpu-v6e", "mi325": "mi325x",
+}
+
+# torch.cuda.get_device_name() -> catalog key. Only variants whose dense BF16 peak equals the entry's
+# are mapped (an H100 PCIe or NVL has a different peak, so it maps to nothing rather than a wrong MFU).
+_DEVICE_PATTERNS = [
+    (re.compile(r"\bgh200\b|\bh200\b"), "h200"),
+    (re.compile(r"\bh100\b(?!.*(pcie|nvl))"), "h100-sxm"),
+    (re.compile(r"\ba100\b"), "a100-80gb"),  # every A100 (SXM or PCIe, 40 or 80 GB) peaks at 312 TFLOP/s
+    (re.compile(r"\bb200\b"), "b200"),
+    (re.compile(r"\bmi300x\b"), "mi300x"),
+    (re.compile(r"\bmi250x\b"), "mi250x"),  # not MI250 (362 TFLOP/s per package)
+    (re.compile(r"\bv100 sxm2\b"), "v100"),  # PCIe V100s peak at 112 TFLOP/s: not mapped
+]
+
+
+def lookup_gpu(device_name: str) -> GPU | None:
+    """Map a CUDA device name ("NVIDIA H100 80GB HBM3") to its catalog entry, or None if unknown.
+
+    The trainer uses `entry.peak_bf16_flops` as its MFU denominator.
+    """
+    name = device_name.lower().replace("-", " ")
+    for pattern, key in _DEVICE_PATTERNS:
+        if pattern.search(name):
+            return CATALOG[key]
+    return None

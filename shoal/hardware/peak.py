@@ -131,7 +131,7 @@ def job_peak(device, precision: str, world_size: int, local_world_size: int | No
     local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     nodes = max(1, world_size // local)
     if device.type == "cuda":
-        from shoal.hardware.catalog import lookup_gpu
+        from shoal.hardware.lookup import lookup_gpu
 
         name = torch.cuda.get_device_name(device)
         entry = lookup_gpu(name)

@@ -98,7 +98,7 @@ def predict_peak(job, device: Device) -> MemoryBreakdown:
 def planner_hardware(device_kind: str, device_name: str, ranks_per_node: int, *, measure: bool):
     """(the planner's GPU entry for this device as `ranks_per_node` ranks see it, '') or (None, why not)."""
     from shoal.hardware import local
-    from shoal.hardware.catalog import lookup_gpu
+    from shoal.hardware.lookup import lookup_gpu
 
     if device_kind == "cuda":
         gpu = lookup_gpu(device_name)
