@@ -86,8 +86,9 @@ def _stack_flags(p) -> None:
     w.add_argument("--stack", choices=tuple(STACKS),
                    help="the software the run trains on, which sets the stack settings below that are not given "
                         "(docs/planner.md, shoal/planner/stacks.py): shoal (shoal train: the default with --emit or "
-                        "--gpu local), megatron-bridge, torchtitan, megatron-lm-2021, megatron-deepspeed; without it "
-                        "each setting takes its own default")
+                        "--gpu local), megatron-bridge, torchtitan (the default for a GPU layout pinned to --zero 3: a "
+                        "PyTorch FSDP program), megatron-lm-2021, megatron-deepspeed; otherwise each setting takes "
+                        "its own default")
     w.add_argument("--attention", choices=ATTENTION,
                    help="flash: the device's own fused kernel (cuDNN on Hopper+, as shoal and Transformer Engine "
                         "run it; default); flash2: FlashAttention-2, PyTorch SDPA's default backend; unfused: S×S "
