@@ -104,6 +104,8 @@ class GPU:
     """0: the node is switched (NVSwitch): every group inside it gets intra_node_bandwidth. n > 0: the
     node's devices form an n-dimensional torus (TPU v4/v5p: 3) and intra_node_bandwidth is per torus
     axis, so a group gets it once for each axis it spans (planner/torus.py)."""
+    fabric: str = "NVLink"
+    """What the intra-node fabric is called in the plan's explanations (Infinity Fabric, a TPU's ICI)."""
     torus_wrap_side: int = 4
     """On a torus: the axis length whose multiples close into rings (v4/v5p 4: slices of whole 4x4x4 cubes
     get their wraparound from the optical switches; v5e 16: only a full axis wraps). Smaller slices are
@@ -386,7 +388,7 @@ CATALOG: dict[str, GPU] = {
         hbm_bytes=192 * GiB, hbm_bandwidth=5.3e12, hbm_efficiency=0.8,
         gpus_per_node=8, intra_node_bandwidth=448e9, intra_node_efficiency=0.7, intra_node_latency=8e-6,
         inter_node_bandwidth=50e9, inter_node_efficiency=0.85, inter_node_latency=12e-6,
-        peak_fp8_flops=2615e12, power_watts=750, usd_per_gpu_hour=2.50,
+        peak_fp8_flops=2615e12, power_watts=750, usd_per_gpu_hour=2.50, fabric="Infinity Fabric",
         note="8x MI300X: Infinity Fabric 7 x 64 GB/s per direction to peers, 400 Gb/s per GPU between nodes"),
     "v100": GPU(
         name="v100", peak_bf16_flops=125e12, peak_fp32_flops=15.7e12, matmul_efficiency=0.70,
@@ -400,12 +402,12 @@ CATALOG: dict[str, GPU] = {
         attention_efficiency=0.3, hbm_bytes=64 * GiB, hbm_bandwidth=1.6384e12, hbm_efficiency=0.8,
         gpus_per_node=8, intra_node_bandwidth=50e9, intra_node_efficiency=0.7, intra_node_latency=8e-6,
         inter_node_bandwidth=12.5e9, inter_node_efficiency=0.85, inter_node_latency=12e-6,
-        power_watts=280,
+        power_watts=280, fabric="Infinity Fabric",
         note="one MI250X GCD (Frontier/LUMI node: 8 GCDs, Infinity Fabric 50-200 GB/s, 4x200 Gb/s Slingshot)"),
     "tpu-v5p": GPU(
         name="tpu-v5p", peak_bf16_flops=459e12, matmul_efficiency=0.85, attention_efficiency=0.5,
         hbm_bytes=TPU_V5P_XLA_LIMIT, reserved_bytes=0.0, hbm_bandwidth=2.765e12, hbm_efficiency=0.85,
-        xla_step=1, allocator_slack=XLA_BUFFER_SLACK,
+        xla_step=1, fabric="ICI", allocator_slack=XLA_BUFFER_SLACK,
         gpus_per_node=8960, torus_dims=3, intra_node_bandwidth=180e9, intra_node_efficiency=0.8,
         intra_node_latency=1e-6, inter_node_bandwidth=6.25e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
         power_watts=450, usd_per_gpu_hour=4.20, tp_overlap=1.0,
@@ -414,7 +416,7 @@ CATALOG: dict[str, GPU] = {
     "tpu-v5e": GPU(
         name="tpu-v5e", peak_bf16_flops=197e12, matmul_efficiency=TPU_V5E_MATMUL_FLOOR, attention_efficiency=0.5,
         hbm_bytes=16 * GiB, reserved_bytes=TPU_RUNTIME_BYTES, hbm_bandwidth=819e9, hbm_efficiency=0.85,
-        xla_step=1, allocator_slack=XLA_BUFFER_SLACK,
+        xla_step=1, fabric="ICI", allocator_slack=XLA_BUFFER_SLACK,
         gpus_per_node=256, torus_dims=2, torus_wrap_side=16, intra_node_bandwidth=90e9, intra_node_efficiency=0.8,
         intra_node_latency=1e-6, inter_node_bandwidth=3.125e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
         usd_per_gpu_hour=1.20, tp_overlap=1.0,
@@ -422,7 +424,7 @@ CATALOG: dict[str, GPU] = {
     "tpu-v4": GPU(
         name="tpu-v4", peak_bf16_flops=275e12, matmul_efficiency=0.75, attention_efficiency=0.5,
         hbm_bytes=TPU_V4_XLA_LIMIT, reserved_bytes=0.0, hbm_bandwidth=1.2e12, hbm_efficiency=0.85,
-        xla_step=1, allocator_slack=XLA_BUFFER_SLACK,
+        xla_step=1, fabric="ICI", allocator_slack=XLA_BUFFER_SLACK,
         gpus_per_node=4096, torus_dims=3, intra_node_bandwidth=90e9, intra_node_efficiency=0.8,
         intra_node_latency=1e-6, inter_node_bandwidth=6.25e9, inter_node_efficiency=0.7, inter_node_latency=10e-6,
         power_watts=200, usd_per_gpu_hour=3.22, tp_overlap=1.0,
@@ -471,11 +473,26 @@ CATALOG["mi325x"] = dataclasses.replace(
     CATALOG["mi300x"], name="mi325x", hbm_bytes=256e9, hbm_bandwidth=6.0e12, power_watts=1000, usd_per_gpu_hour=0.0,
     note="8x MI325X: MI300X compute with 256 GB HBM3e at 6 TB/s")
 
-# Variants of two entries, from the datasheets: A100 SXM 40GB has HBM2 at 1,555 GB/s (the 80GB's 2,039;
-# many 2022-23 runs used it); H800 SXM is H100 SXM with NVLink cut to 400 GB/s bidirectional.
+# Variants of three entries, from the datasheets: A100 SXM 40GB has HBM2 at 1,555 GB/s (the 80GB's 2,039;
+# many 2022-23 runs used it); H800 SXM and A800 SXM are H100 SXM and A100 SXM 80GB with NVLink cut to 400 GB/s
+# bidirectional (the export variants several published Chinese runs trained on).
 CATALOG["a100-40gb"] = dataclasses.replace(
     CATALOG["a100-80gb"], name="a100-40gb", hbm_bytes=40 * GiB, hbm_bandwidth=1.555e12, usd_per_gpu_hour=0.0,
     note="DGX A100 40GB: as a100-80gb with 40 GB of HBM2 at 1.555 TB/s")
 CATALOG["h800"] = dataclasses.replace(
     CATALOG["h100-sxm"], name="h800", intra_node_bandwidth=200e9, usd_per_gpu_hour=0.0,
     note="HGX H800: H100 SXM compute and memory, NVLink 400 GB/s bidirectional, 400 Gb/s per GPU between nodes")
+CATALOG["a800"] = dataclasses.replace(
+    CATALOG["a100-80gb"], name="a800", intra_node_bandwidth=200e9, usd_per_gpu_hour=0.0,
+    note="HGX A800 80GB: A100 SXM compute and memory, NVLink 400 GB/s bidirectional, 200 Gb/s per GPU between nodes")
+
+# TPU v3, Google Cloud's "TPU v3" page: 123 TFLOP/s BF16 and 32 GiB of HBM2 at 900 GB/s per chip (two
+# TensorCores, planned as one device like the later chips' megacore), 262 W measured maximum, 1,024-chip pods
+# in a 2D torus (32 x 32; only a full axis wraps, as on v5e), 340 TB/s of all-reduce bandwidth per pod: 166 GB/s
+# per chip and torus axis (v4's page gives 1.1 PB/s over 4,096 chips and 3 axes, 90 GB/s, the v4 entry's).
+# XLA's usable share of HBM and the matmul share are v4's, the DCN rate v4's (approximate: no v3 figure read here).
+CATALOG["tpu-v3"] = dataclasses.replace(
+    CATALOG["tpu-v4"], name="tpu-v3", peak_bf16_flops=123e12, hbm_bytes=TPU_V4_XLA_LIMIT, hbm_bandwidth=900e9,
+    gpus_per_node=1024, torus_dims=2, torus_wrap_side=32, intra_node_bandwidth=166e9, power_watts=262,
+    usd_per_gpu_hour=0.0,
+    note="TPU v3: a pod is one 32x32 2D ICI torus (1,024 chips of two TensorCores); pods joined over DCN")

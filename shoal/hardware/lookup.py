@@ -65,7 +65,8 @@ ALIASES = {
     "h200-sxm": "h200", "b200-sxm": "b200", "mi300": "mi300x",
     "v100-sxm2": "v100", "v100-32gb": "v100", "v100-sxm2-32gb": "v100", "mi250x-gcd": "mi250x", "tpu": "tpu-v5p", "v5p": "tpu-v5p",
     "gb200-nvl72": "gb200", "gb300-nvl72": "gb300", "v5e": "tpu-v5e", "tpu-v5-lite": "tpu-v5e", "v6e": "tpu-v6e",
-    "trillium": "tpu-v6e", "tpu-trillium": "tpu-v6e", "mi325": "mi325x",
+    "trillium": "tpu-v6e", "tpu-trillium": "tpu-v6e", "mi325": "mi325x", "v3": "tpu-v3", "v4": "tpu-v4",
+    "a800-80gb": "a800", "a800-sxm": "a800", "a800-sxm4-80gb": "a800",
 }
 
 # torch.cuda.get_device_name() -> catalog key. Only variants whose dense BF16 peak equals the entry's
@@ -74,6 +75,8 @@ _DEVICE_PATTERNS = [
     (re.compile(r"\bgh200\b|\bh200\b"), "h200"),
     (re.compile(r"\bh100\b(?!.*(pcie|nvl))"), "h100-sxm"),
     (re.compile(r"\ba100\b"), "a100-80gb"),  # every A100 (SXM or PCIe, 40 or 80 GB) peaks at 312 TFLOP/s
+    (re.compile(r"\ba800\b(?!.*40gb)"), "a800"),
+    (re.compile(r"\bh800\b(?!.*pcie)"), "h800"),
     (re.compile(r"\bb200\b"), "b200"),
     (re.compile(r"\bmi300x\b"), "mi300x"),
     (re.compile(r"\bmi250x\b"), "mi250x"),  # not MI250 (362 TFLOP/s per package)

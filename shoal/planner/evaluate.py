@@ -76,7 +76,7 @@ class Plan:
         if lay.pp > 1:
             costs.append((t.bubble, f"bubble {t.bubble / t.step:.0%}"))
         if lay.tp > 1:
-            where = "on NVLink" if t.tp_on_nvlink else f"across nodes (tp {lay.tp}, {G} per node, rank order {lay.rank_order})"
+            where = f"on {self.cluster.gpu.fabric}" if t.tp_on_nvlink else f"across nodes (tp {lay.tp}, {G} per node, rank order {lay.rank_order})"
             costs.append((t.tp_comm, f"TP comm {where} {t.tp_comm / t.step:.0%}"))
         if t.recompute > 0:
             costs.append((t.recompute, f"{lay.activation_checkpoint} recompute {t.recompute / t.step:.0%}"))

@@ -74,7 +74,8 @@ def test_lookup_gpu_from_cuda_names():
     # --gpu takes the same names, and those with spaces, underscores and form factors (40 GB stays 40 GB)
     for name, key in (("NVIDIA H100 80GB HBM3", "h100-sxm"), ("h100-sxm5", "h100-sxm"), ("H100_SXM", "h100-sxm"),
                       ("A100-SXM4-40GB", "a100-40gb"), ("a100-sxm4-80gb", "a100-80gb"), ("TPU v5e", "tpu-v5e"),
-                      ("DGX-GB200", "gb200")):
+                      ("DGX-GB200", "gb200"), ("NVIDIA A800-SXM4-80GB", "a800"), ("NVIDIA H800", "h800"),
+                      ("TPU v3", "tpu-v3")):
         assert hardware.get_gpu(name).name == key
     with pytest.raises(UserError):
         hardware.get_gpu("h100-pcie")  # another peak: refused, not planned as an SXM

@@ -10,6 +10,7 @@ from shoal.layout import Layout
 from shoal.model.config import PRESETS
 from shoal.planner import collectives as coll
 from shoal.planner import torus
+from shoal.planner.evaluate import evaluate
 from shoal.planner.timing import network, step_time
 from shoal.planner.workload import Cluster, Workload
 
@@ -64,3 +65,13 @@ def test_inner_groups_take_axes_of_their_own_size():
     shape = torus.slice_shape(3072, 3)
     assert sorted(shape) == [12, 16, 16]
     assert torus.axes_spanned(shape, 12, 1) == (12,) and torus.axes_spanned(shape, 256, 12) == (16, 16)
+
+
+def test_a_tpu_v3_pod_is_a_2d_torus_and_its_plans_say_ici():
+    # Cloud's "TPU v3" page: 1,024 chips in a 2D torus, 340 TB/s of all-reduce bandwidth per pod.
+    v3 = hardware.get_gpu("TPU v3")
+    assert network(Cluster(v3, 1024, v3.gpus_per_node)).slice_shape == (32, 32)
+    assert 2 * v3.intra_node_bandwidth * 1024 == pytest.approx(340e12, rel=0.03)
+    plan = evaluate(Workload(PRESETS["llama3-8b"], 2048, 256), Layout(dp_shard=128, tp=8, zero=3, micro_batch=2),
+                    Cluster(v3, 1024, v3.gpus_per_node))
+    assert any(r.startswith("TP comm on ICI") for r in plan.reasons), plan.reasons
