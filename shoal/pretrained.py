@@ -125,6 +125,13 @@ def take_the_folder(cfg, given) -> None:
                             "the tokenizer the model was trained with (data.tokenizer=PATH/tokenizer.json), or "
                             "data.tokenizer=byte")
         cfg.data.tokenizer = pretrained.tokenizer
+    # A folder's context may be shorter than the defaults' sequence and sample (small test models: 64-128
+    # positions): train on, and sample, its whole context then, as Hugging Face's run_clm takes
+    # min(1024, model_max_length).
+    context = cfg.model.max_seq_len if "model.max_seq_len" in given else pretrained.model.max_seq_len
+    for name in ("seq_len", "sample_tokens"):
+        if f"train.{name}" not in given:
+            setattr(cfg.train, name, min(getattr(cfg.train, name), context))
     if (n := load_tokenizer(cfg.data.tokenizer).vocab_size) > pretrained.model.vocab_size:
         raise UserError("data.tokenizer", cfg.data.tokenizer, f"has {n} tokens but model.init_from's model has "
                         f"vocab_size={pretrained.model.vocab_size}; give the tokenizer it was trained with")

@@ -796,6 +796,12 @@ def test_init_from_on_the_command_line_replaces_the_recipes_model(hf_folder, tmp
     recipe.write_text(f'[model]\npreset = "tiny"\ninit_from = "{hf_folder}"\n')
     with pytest.raises(UserError, match="leave model.preset out"):
         load_config(recipe)
+    # a folder whose context is shorter than the default sequence trains on its whole context
+    short = tmp_path / "short"
+    shutil.copytree(hf_folder, short)
+    _hf_json(max_position_embeddings=64)(short)
+    assert load_config(None, [f"model.init_from={short}"]).train.seq_len == 64
+    assert load_config(None, [f"model.init_from={hf_folder}"]).train.seq_len == 256  # the default, shorter
 
 
 def test_the_continued_pretraining_recipe_resolves(hf_folder, corpus):
