@@ -248,6 +248,10 @@ def model_limits(m: ModelConfig) -> list[UserError]:
         return [TrainerLimit("model.kv_lora_rank", m.kv_lora_rank, "shoal train has no multi-head latent attention "
                              "in this build (shoal plan plans it for other trainers); set model.kv_lora_rank, "
                              "q_lora_rank, qk_rope_head_dim and v_head_dim to 0 to train plain attention")]
+    if m.is_moe and 0 < m.expert_groups_per_token < m.expert_groups:  # the planner's dispatch reads it (timing.py)
+        return [TrainerLimit("model.expert_groups", m.expert_groups, "shoal train routes each token over every "
+                             "expert (no group-limited routing in this build; shoal plan plans it for other "
+                             "trainers); set model.expert_groups and expert_groups_per_token to 0")]
     return []
 
 

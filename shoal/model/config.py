@@ -87,6 +87,13 @@ class ModelConfig:
     """Hidden size of one routed expert (0: same as ffn_hidden)."""
     n_shared_experts: int = 0
     """Experts every token goes through, in addition to its top_k routed ones (DeepSeek style)."""
+    expert_groups: int = 0
+    """Group-limited routing (DeepSeek-V2 §2.1.2 device-limited, V3 §2.1.2 node-limited: config.json's n_group):
+    the routed experts split into this many groups, in order, and a token picks its top_k among the experts of
+    expert_groups_per_token of them. Laid out a group to a node, it bounds the nodes a token's dispatch reaches
+    (V3: at most 4 of 8); 0: no limit. Planned only: shoal train routes over every expert and refuses it."""
+    expert_groups_per_token: int = 0
+    """Group-limited routing: the groups a token's experts come from (config.json's topk_group; V3 4, V2 3)."""
     moe_every: int = 1
     """Every moe_every-th layer (after the leading dense ones) is an MoE layer."""
     n_dense_layers: int = 0
@@ -149,7 +156,7 @@ class ModelConfig:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
             check(_int(getattr(self, name)) and getattr(self, name) > 0, name, "must be a positive integer")
         for name in ("n_experts", "expert_ffn_hidden", "n_shared_experts", "n_dense_layers", "head_dim",
-                     "sliding_window", "rope_original_max_len", *MLA_FIELDS):
+                     "sliding_window", "rope_original_max_len", "expert_groups", "expert_groups_per_token", *MLA_FIELDS):
             check(_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be an integer >= 0")
         for name in ("top_k", "moe_every"):
             check(_int(getattr(self, name)) and getattr(self, name) >= 1, name, "must be a positive integer")
@@ -182,6 +189,15 @@ class ModelConfig:
         if self.is_moe:
             if not 1 <= self.top_k <= self.n_experts:
                 raise UserError(f"{prefix}.top_k", self.top_k, f"must be between 1 and n_experts={self.n_experts}")
+            check(self.expert_groups or not self.expert_groups_per_token, "expert_groups_per_token",
+                  f"limits a token to some of {prefix}.expert_groups, which is 0; set both, or leave it out")
+            if self.expert_groups:
+                check(self.n_experts % self.expert_groups == 0, "expert_groups",
+                      f"must divide n_experts={self.n_experts} (groups of equal size), e.g. 8; 0 for no groups")
+                per_group = self.n_experts // max(1, self.expert_groups)
+                check(self.top_k <= self.expert_groups_per_token * per_group <= self.n_experts,
+                      "expert_groups_per_token", f"must be from {-(-self.top_k // per_group)} (top_k={self.top_k} "
+                      f"experts in groups of {per_group}) to expert_groups={self.expert_groups}")
             if self.n_moe_layers == 0:
                 raise UserError(f"{prefix}.n_dense_layers", self.n_dense_layers,
                                 f"leaves no MoE layer among n_layers={self.n_layers}; lower it")
@@ -238,7 +254,7 @@ MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
 
 MOE_ONLY = ("top_k", "expert_ffn_hidden", "n_shared_experts", "moe_every", "n_dense_layers", "aux_loss_coef",
-            "router_renormalize")
+            "router_renormalize", "expert_groups", "expert_groups_per_token")
 """The fields only an MoE model (n_experts > 0) reads."""
 
 
@@ -298,13 +314,14 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=32768, rope_theta=1e6, n_experts=8, top_k=2),
     "deepseek-v3": ModelConfig(
         vocab_size=129280, dim=7168, n_layers=61, ffn_hidden=18432, n_experts=256, top_k=8, expert_ffn_hidden=2048,
-        n_shared_experts=1, n_dense_layers=3, **_DEEPSEEK_MLA,
+        n_shared_experts=1, n_dense_layers=3, expert_groups=8, expert_groups_per_token=4, **_DEEPSEEK_MLA,
         note="approximate: sigmoid/aux-free routing as softmax top-k, multi-token-prediction module left out; "
              "multi-head latent attention is planned, not trained"),
     "deepseek-v2": ModelConfig(
         vocab_size=102400, dim=5120, n_layers=60, ffn_hidden=12288, n_experts=160, top_k=6, expert_ffn_hidden=1536,
-        n_shared_experts=2, n_dense_layers=1, **_DEEPSEEK_MLA,
-        note="approximate: device-limited routing as softmax top-k; multi-head latent attention is planned, "
+        n_shared_experts=2, n_dense_layers=1, expert_groups=8, expert_groups_per_token=3, **_DEEPSEEK_MLA,
+        note="approximate: device-limited routing as softmax top-k within its groups; multi-head latent attention is "
+             "planned, "
              "not trained"),
     # From the models' released config.json files (Meta's Llama 2, Mistral AI's v0.3, Alibaba's Qwen2.5 and Qwen3,
     # OpenAI's gpt-oss): the widths, heads, experts, vocabularies, rope bases and context lengths as published.

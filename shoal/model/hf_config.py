@@ -8,7 +8,7 @@
 | `qwen3` | an RMSNorm on each query and key head (`qk_norm`); `head_dim` |
 | `mixtral` | every layer MoE: router top-k, weights renormalized, no shared expert |
 | `qwen3_moe` | Qwen3 attention, MoE layers (`norm_topk_prob`, dense `mlp_only_layers` first) |
-| `deepseek_v2`, `deepseek_v3` | planned only: multi-head latent attention (`kv_lora_rank`, `q_lora_rank`, `qk_rope_head_dim`, `v_head_dim`; head_dim = `qk_nope_head_dim` + `qk_rope_head_dim`), shared experts, `first_k_dense_replace` dense layers; their routing (V3's sigmoid, group-limited) read as softmax top-k. shoal train refuses MLA (`model.kv_lora_rank`) |
+| `deepseek_v2`, `deepseek_v3` | planned only: multi-head latent attention (`kv_lora_rank`, `q_lora_rank`, `qk_rope_head_dim`, `v_head_dim`; head_dim = `qk_nope_head_dim` + `qk_rope_head_dim`), shared experts, `first_k_dense_replace` dense layers, group-limited routing (`n_group`, `topk_group`: planned only); their routing (V3's sigmoid) read as softmax top-k. shoal train refuses MLA (`model.kv_lora_rank`) |
 
 Anything else a config asks for that shoal would compute differently (another activation, biases on
 the output projection or the MLP, per-layer sliding windows, partial rotary embeddings, another
@@ -235,7 +235,17 @@ def _deepseek(hf: Mapping) -> dict:
     return dict(**mla_widths(hf), n_experts=hf["n_routed_experts"], top_k=hf.get("num_experts_per_tok", 8),
                 expert_ffn_hidden=hf["moe_intermediate_size"], n_shared_experts=hf.get("n_shared_experts") or 0,
                 n_dense_layers=hf.get("first_k_dense_replace", 0),
-                router_renormalize=bool(hf.get("norm_topk_prob", False)))
+                router_renormalize=bool(hf.get("norm_topk_prob", False)), **expert_groups(hf))
+
+
+def expert_groups(hf: Mapping) -> dict:
+    """DeepSeek's group-limited routing as its config.json names it (modeling_deepseek.py MoEGate: topk_method
+    group_limited_greedy (V2) or noaux_tc (V3) picks topk_group of n_group expert groups first; greedy, no
+    groups): the fields ModelConfig.expert_groups and expert_groups_per_token, or none where nothing is limited."""
+    groups, per_token = hf.get("n_group"), hf.get("topk_group")
+    if hf.get("topk_method", "noaux_tc") == "greedy" or not (_count(groups) and _count(per_token)):
+        return {}
+    return dict(expert_groups=groups, expert_groups_per_token=per_token) if 0 < per_token < groups else {}
 
 
 def mla_widths(hf: Mapping) -> dict:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 from shoal.errors import UserError
 from shoal.model.config import ModelConfig
-from shoal.model.hf_config import ARCHITECTURES, REQUIRED, hf_config_to_model_config, mla_widths
+from shoal.model.hf_config import ARCHITECTURES, REQUIRED, expert_groups, hf_config_to_model_config, mla_widths
 
 PLAIN_MLP = ("gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "mpt", "phi", "starcoder2",
              "codegen")
@@ -105,7 +105,7 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
             dense = shape["n_layers"] - shape["n_layers"] // shape["moe_every"]
         fields.update(n_experts=shape["n_experts"], top_k=shape["top_k"] or 2, expert_ffn_hidden=expert,
                       n_shared_experts=int(shared), n_dense_layers=dense,
-                      ffn_hidden=shape["dense_ffn_hidden"] or ffn)
+                      ffn_hidden=shape["dense_ffn_hidden"] or ffn, **expert_groups(hf))
     other = ", ".join(sorted(kinds - {"full_attention", "attention"}))
     note = f"{SHAPE_NOTE}: {why}" + (f"; its layers of other kinds ({other}) planned as full-attention transformer layers"
                                      if windows_vary else "")

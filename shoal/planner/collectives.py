@@ -168,6 +168,23 @@ def all_to_all(nbytes: float, n: int, per_node: int, net: Network) -> float:
     return latency + max(intra, inter)
 
 
+def all_to_all_via_nodes(token_bytes: float, rank_copies: float, node_copies: float, n: int, per_node: int,
+                         net: Network) -> float:
+    """Time for an expert dispatch (or combine) that crosses the network once per node, as DeepEP's internode
+    kernels do (DeepSeek-V3 §3.2.2): a token goes over the NIC to the GPU of the same local index on each node
+    holding one of its experts, which forwards it over NVLink to each of them. `token_bytes` is every token this
+    rank sends once, `rank_copies` the ranks a token goes to (its NVLink side: every copy but the one that lands
+    where it arrives) and `node_copies` the nodes (its network side: all but its own). Both at once, as
+    all_to_all; inside one node it is all_to_all."""
+    g = min(per_node, n)
+    if n <= g:
+        return all_to_all(token_bytes * rank_copies, n, per_node, net)
+    k = max(1, n // g)
+    intra = token_bytes * rank_copies * (g - 1) / g / net.intra_busbw
+    inter = token_bytes * node_copies * (k - 1) / k / net.inter_bw(k)
+    return _inter_steps(k) * net.inter_hop_latency(k) + net.intra_latency + max(intra, inter)
+
+
 def overlap(comm: float, compute: float, cost: float) -> float:
     """Time a collective adds when it runs beside `compute` seconds of kernels; `cost` is the share of
     the hidden part still paid (the device's overlap_cost, or for the data-parallel rings ring_overlap_cost)."""

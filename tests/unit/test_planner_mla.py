@@ -6,11 +6,12 @@ from shoal import hardware
 from shoal.config import load_config
 from shoal.errors import UserError
 from shoal.job import resolve
-from shoal.layout import Layout, TrainerLimit, problems
+from shoal.layout import Layout, TrainerLimit, model_limits, problems
 from shoal.model import analytics
 from shoal.model.config import PRESETS
 from shoal.model.hf_config import hf_config_to_model_config
 from shoal.planner.evaluate import evaluate
+from shoal.planner.timing import experts_reach
 from shoal.planner.workload import Cluster, Workload
 
 V3 = PRESETS["deepseek-v3"]
@@ -73,11 +74,30 @@ def test_deepseek_hf_config_imports_as_the_preset():
           "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8,
           "first_k_dense_replace": 3, "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": 1536,
           "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "norm_topk_prob": True,
-          "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
+          "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "hidden_act": "silu", "n_group": 8, "topk_group": 4,
+          "topk_method": "noaux_tc"}
     cfg = hf_config_to_model_config(hf)
     shape = ("head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "n_experts", "top_k",
-             "expert_ffn_hidden", "n_shared_experts", "n_dense_layers", "dim", "n_layers", "ffn_hidden")
+             "expert_ffn_hidden", "n_shared_experts", "n_dense_layers", "dim", "n_layers", "ffn_hidden",
+             "expert_groups", "expert_groups_per_token")
     assert {f: getattr(cfg, f) for f in shape} == {f: getattr(V3, f) for f in shape}
     assert analytics.param_counts(cfg).total == analytics.param_counts(V3).total
     with pytest.raises(UserError, match="moe_layer_freq"):
         hf_config_to_model_config({**hf, "moe_layer_freq": 2})
+    # V2-Lite's greedy routing and Kimi K2's one group limit nothing
+    assert hf_config_to_model_config({**hf, "topk_method": "greedy"}).expert_groups == 0
+    assert hf_config_to_model_config({**hf, "n_group": 1, "topk_group": 1}).expert_groups == 0
+
+
+def test_group_limited_routing_bounds_the_nodes_a_token_reaches():
+    # DeepSeek-V3 §3.2.2: a token goes to at most 4 nodes (its 4 of 8 groups, a node's experts each at EP 64)
+    assert experts_reach(V3, 8) == pytest.approx(3.63, abs=0.01) and experts_reach(V3, 8) <= 4
+    uniform = V3.replace(expert_groups=0, expert_groups_per_token=0)
+    assert experts_reach(uniform, 8) == pytest.approx(5.29, abs=0.01)
+    assert experts_reach(V3, 1) == 1.0 and experts_reach(V3, 4) < experts_reach(uniform, 4)
+    assert model_limits(V3.replace(kv_lora_rank=0, q_lora_rank=0, qk_rope_head_dim=0, v_head_dim=0, head_dim=0,
+                                   n_kv_heads=8))[0].field == "model.expert_groups"  # shoal train refuses it
+    for bad in (dict(expert_groups=7), dict(expert_groups_per_token=9), dict(expert_groups=0),
+                dict(expert_groups=64, expert_groups_per_token=1)):  # 4 experts for top_k 8
+        with pytest.raises(UserError, match="expert_groups"):
+            V3.replace(**bad).validate()

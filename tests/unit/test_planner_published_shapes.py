@@ -58,6 +58,11 @@ def test_expert_all_to_all_sends_a_token_once_per_rank_and_hides():
     assert ranks_per_token(256, 8, 1) == 1.0
     assert ranks_per_token(256, 8, 64) == pytest.approx(7.68, abs=0.01)  # not 8
     assert ranks_per_token(256, 8, 256) == pytest.approx(8.0)
+    # DeepEP crosses the network once per node (5.29 of EP 64's 8 nodes), forwarding inside it over NVLink
+    net, token = coll.Network(160e9, 0.0, 40e9, 0.0), 1e6
+    assert coll.all_to_all_via_nodes(token, 7.68, 5.27, 64, 8, net) == pytest.approx(token * 5.27 * 7 / 8 / 40e9)
+    assert coll.all_to_all(token * 7.68, 64, 8, net) == pytest.approx(token * 7.68 * 56 / 64 / 40e9)  # per rank
+    assert coll.all_to_all_via_nodes(token, 6.4, 1, 8, 8, net) == coll.all_to_all(token * 6.4, 8, 8, net)
     wl = Workload(PRESETS["deepseek-v3"], 4096, 8192)
     lay = Layout(dp_shard=128, pp=8, ep=64, zero=1, micro_batch=1, pp_schedule="1f1b")
     cl = Cluster(H100, 1024, 8)
@@ -71,7 +76,8 @@ def test_expert_all_to_all_sends_a_token_once_per_rank_and_hides():
 def test_megatron_alltoall_dispatch_sends_a_16_bit_copy_per_expert():
     # Qwen3-30B-A3B on one B200 node, EP 8, FP8 (Megatron-Bridge 25.11): 128 experts top-8 on 8 ranks are 6.4
     # ranks per token deduplicated; Megatron's alltoall dispatcher sends all 8 copies, in bf16 both ways.
-    cfg = dataclasses.replace(PRESETS["deepseek-v3"], n_layers=4, n_dense_layers=0, n_experts=128, top_k=8)
+    cfg = dataclasses.replace(PRESETS["deepseek-v3"], n_layers=4, n_dense_layers=0, n_experts=128, top_k=8,
+                              expert_groups=0, expert_groups_per_token=0)
     lay, cl = Layout(dp_shard=8, ep=8, zero=1, micro_batch=1), Cluster(hardware.get_gpu("b200"), 8, 8)
     wl = Workload(cfg, 4096, 64, precision="fp8")
     dedup = step_time(wl, lay, cl).ep_comm
