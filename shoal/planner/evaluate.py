@@ -88,6 +88,8 @@ class Plan:
             hidden = 1 - min(1.0, t.dp_comm / t.dp_comm_total)
             costs.append((t.dp_comm, f"DP sync {hidden:.0%} hidden" if t.dp_comm / t.step < 0.02
                           else f"DP sync exposed {t.dp_comm / t.step:.0%}"))
+        if lay.activation_offload:
+            costs.append((t.offload, f"{mem.offloaded_share:.0%} of activations offloaded, copies {t.offload / t.step:.0%}"))
         if t.pp_comm / t.step >= 0.02:
             costs.append((t.pp_comm, f"PP send/recv {t.pp_comm / t.step:.0%}"))
         costs.sort(key=lambda c: -c[0])
@@ -122,6 +124,7 @@ class Plan:
             "memory_breakdown_gib": {k: getattr(mem, k) / GiB for k in MEMORY_PARTS},
             "memory_peak_stage": mem.stage,
             "host_memory_gib": mem.host / GiB,
+            "offloaded_activation_share": mem.offloaded_share,
             "step_time_s": t.step,
             "time_breakdown_s": {k: getattr(t, k) for k in TIME_PARTS},
             "bubble_fraction": t.bubble_fraction,

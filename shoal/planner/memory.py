@@ -69,6 +69,9 @@ class MemoryBreakdown:
     capacity: float
     host: float = 0.0
     """Bytes offloading keeps in host memory for this GPU (not part of `total`, which is HBM)."""
+    offloaded_share: float = 0.0
+    """With activation offload: the share of the layers' saved activations that goes to the host (all but two
+    layers' with save_on_cpu; with Transformer Engine's offload, the fewest layers that fit: offload_layer_count)."""
 
     @property
     def total(self) -> float:
@@ -345,8 +348,18 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         w, g = w + we, g + ge
         if stage_unsharded(lay, xla):
             w, g = psi * workload.gathered_weight_bytes, psi * GRAD_BUFFER_BYTES
+        saved = activations
         w, g, o, activations, host = _offloaded(lay, w, g, o + oe, activations, act_layer, params, elem)
         buffers = _buffers(workload, layout, params.layer, T, elem, sp, copies, xla)
+        slack = gpu.allocator_slack or FRAGMENTATION
+        if lay.activation_offload and workload.offload_overlap and not xla:
+            # Transformer Engine's offload takes a layer count (Megatron's cpu_offloading_num_layers, tuned per
+            # recipe: Megatron-Bridge's Llama 3 70B offloads 40 of 80 layers on GB200, 20 on GB300): the fewest
+            # layers that fit go out, the rest stay as saved.
+            room = (gpu.hbm_bytes - gpu.reserved_bytes - w - g - o - (1 + slack) * (logits + buffers)) / (1 + slack)
+            kept = min(saved, max(activations, room))
+            host, activations = host - (kept - activations), kept
+        offloaded = (saved - activations) / saved if lay.activation_offload and saved else 0.0
         if xla:  # the embedding outputs are the first layer's inputs, which its checkpoints hold already
             loss = logits_last if stage != "first" else 0.0
             activations, logits, buffers = _xla_peak(cfg, lay, activations, working, loss, buffers, elem)
@@ -357,9 +370,8 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
             logits -= min(logits_last, working)
         dynamic = activations + logits + buffers
         bd = MemoryBreakdown(params=w, grads=g, optimizer=o, activations=activations,
-                             logits=logits, buffers=buffers,
-                             overhead=gpu.reserved_bytes + (gpu.allocator_slack or FRAGMENTATION) * dynamic,
-                             stage=stage, capacity=gpu.hbm_bytes, host=host)
+                             logits=logits, buffers=buffers, overhead=gpu.reserved_bytes + slack * dynamic,
+                             stage=stage, capacity=gpu.hbm_bytes, host=host, offloaded_share=offloaded)
         if best is None or bd.total > best.total:
             best = bd
         if lay.pp == 1:

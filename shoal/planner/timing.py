@@ -138,8 +138,10 @@ def _step(workload: Workload, layout: Layout, cluster: Cluster, data_parallel: b
     ep_fwd, ep_bwd = _ep_comm(k)
     cp_fwd, cp_bwd = context_parallel.exchange_time(k)
     off_fwd, off_bwd = _offload_per_layer(k)
-    # save_on_cpu wraps the loss too: its fp32 log-probabilities [T, V/tp] go out and come back.
-    off_head = k.T * k.cfg.vocab_size / k.lay.tp * 4 / k.gpu.host_bandwidth if k.lay.activation_offload else 0.0
+    # save_on_cpu wraps the loss too: its fp32 log-probabilities [T, V/tp] go out and come back (Transformer
+    # Engine's offload context wraps the layers only).
+    off_head = (k.T * k.cfg.vocab_size / k.lay.tp * 4 / k.gpu.host_bandwidth
+                if k.lay.activation_offload and not k.workload.offload_overlap else 0.0)
     dp = DataParallel(k) if data_parallel else None
     fsdp_fwd, fsdp_bwd, fsdp_start = dp.per_layer(k.fwd + tp_fwd, k.bwd + k.recompute + tp_bwd) if dp else (0.0,) * 3
 
@@ -187,7 +189,7 @@ class _Kernels:
 
     def __init__(self, workload: Workload, layout: Layout, cluster: Cluster):
         cfg, lay, gpu = workload.model, layout, cluster.gpu
-        self.workload, self.lay, self.cfg, self.gpu = workload, layout, cfg, gpu
+        self.workload, self.lay, self.cfg, self.gpu, self.cluster = workload, layout, cfg, gpu, cluster
         self.net, self.G = network(cluster), cluster.gpus_per_node
         self.prec, self.elem = workload.precision, (4 if workload.precision == "fp32" else 2)
         self.gathered = workload.gathered_weight_bytes
@@ -348,7 +350,7 @@ def _offload_per_layer(k: _Kernels) -> tuple[float, float]:
     lay = k.lay
     if lay.offload != "params" and not lay.activation_offload:
         return 0.0, 0.0
-    from shoal.planner.memory import activation_bytes_per_layer
+    from shoal.planner.memory import activation_bytes_per_layer, memory
 
     pcie, hide = k.gpu.host_bandwidth, k.gpu.overlap_cost
     fwd = bwd = 0.0
@@ -359,7 +361,9 @@ def _offload_per_layer(k: _Kernels) -> tuple[float, float]:
     if lay.activation_offload:
         act = activation_bytes_per_layer(k.workload, lay, xla=bool(k.gpu.xla_step)) / pcie
         if k.workload.offload_overlap:  # beside the next layer's forward, the reload beside the one after's backward
-            fwd, bwd = fwd + overlap(act, k.fwd, hide), bwd + overlap(act, k.bwd, hide)
+            # and only for the layers that go out (Transformer Engine's count: MemoryBreakdown.offloaded_share)
+            share = memory(k.workload, lay, k.cluster).offloaded_share
+            fwd, bwd = fwd + share * overlap(act, k.fwd, hide), bwd + share * overlap(act, k.bwd, hide)
         else:
             fwd, bwd = fwd + act, bwd + act
     return fwd, bwd

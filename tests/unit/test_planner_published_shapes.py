@@ -15,6 +15,7 @@ from shoal.planner.evaluate import evaluate
 from shoal.planner.memory import (held_layer_microbatches, inflight_layer_microbatches, layer_activation_bytes,
                                   memory, stage_layers)
 from shoal.planner.search import Fixed, evaluate_pinned, search
+from shoal.planner.stacks import stack_settings
 from shoal.planner.timing import ranks_per_token, step_time
 from shoal.planner.workload import Cluster, Workload
 
@@ -173,8 +174,18 @@ def test_offload_moves_state_to_the_host_and_costs_pcie_time():
     on_gpu, host = memory(wl, lay, cl), memory(wl, off, cl)
     assert host.optimizer == 0 and host.host == pytest.approx(on_gpu.optimizer)
     assert step_time(wl, off, cl).offload > 0 and step_time(wl, lay, cl).offload == 0
-    acts = memory(wl, dataclasses.replace(lay, activation_offload=True), cl)
+    acts = memory(dataclasses.replace(wl, offload_overlap=False), dataclasses.replace(lay, activation_offload=True), cl)
     assert acts.activations < on_gpu.activations and acts.host > 0
+
+
+@pytest.mark.parametrize("gpu, published", [("gb200", 40), ("gb300", 20)])
+def test_transformer_engine_offloads_the_fewest_layers_that_fit(gpu, published):
+    # Megatron-Bridge 25.11's Llama 3 70B on 64 GB200/GB300, FSDP, micro-batch 2 at 8K, no recompute: its recipes
+    # offload 40 and 20 of the 80 layers (cpu_offloading_num_layers); the planner offloads what it must to fit.
+    wl = Workload(PRESETS["llama3-70b"], 8192, 256, precision="fp8", **stack_settings("megatron-bridge", {}))
+    lay = Layout(dp_shard=64, zero=3, micro_batch=2, activation_offload=True)
+    mem = memory(wl, lay, Cluster(hardware.get_gpu(gpu), 64, 72))
+    assert mem.fits and mem.offloaded_share * 80 == pytest.approx(published, abs=3)
 
 
 def test_activation_offload_copies_wait_for_pcie_in_full():

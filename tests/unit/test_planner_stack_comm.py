@@ -93,9 +93,13 @@ def test_offload_copies_beside_the_next_layer_cost_less_than_waiting_for_them():
     # Transformer Engine's CPU offload copies on its own stream; save_on_cpu (shoal train) on the compute stream
     from shoal.planner.stacks import STACKS
 
-    offloaded = Layout(dp_shard=16, tp=8, zero=1, micro_batch=1, sequence_parallel=True, activation_offload=True)
+    offloaded = Layout(dp_shard=16, tp=8, zero=1, micro_batch=8, sequence_parallel=True, activation_offload=True)
     beside, waiting = _step(offloaded, 128, offload_overlap=True), _step(offloaded, 128, offload_overlap=False)
     assert 0 < beside.offload < waiting.offload and beside.step < waiting.step
+    # Transformer Engine's count (Megatron's cpu_offloading_num_layers): the fewest layers that fit go out, none
+    # where everything fits; save_on_cpu sends every layer
+    fits = dataclasses.replace(offloaded, micro_batch=1)
+    assert _step(fits, 128, offload_overlap=True).offload == 0 < _step(fits, 128, offload_overlap=False).offload
     kept = dataclasses.replace(offloaded, activation_offload=False)
     assert _step(kept, 128, offload_overlap=True).step == _step(kept, 128, offload_overlap=False).step
     assert STACKS["shoal"]["offload_overlap"] is False
