@@ -16,7 +16,9 @@ spell alike, and what shoal's layer would count differently is approximated, and
 - MoE on every k-th layer only (Llama 4 Maverick's interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step)
   plans as the same number of MoE layers after the dense ones (the counts, and so the sizes and times, are
   the same; a pipeline's split is approximate);
-- fields kept in nested `*_config` blocks (DBRX's attn_config and ffn_config) are read beside the top level's.
+- fields kept in nested `*_config` blocks (DBRX's attn_config and ffn_config) are read beside the top level's;
+- a config that does not say whether the output head is tied takes its family's transformers default
+  (TIED_BY_DEFAULT), as transformers itself reads it.
 """
 
 from __future__ import annotations
@@ -29,8 +31,14 @@ from shoal.model.config import ModelConfig
 from shoal.model.hf_config import ARCHITECTURES, REQUIRED, expert_groups, hf_config_to_model_config, mla_widths
 
 PLAIN_MLP = ("gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "mpt", "phi", "starcoder2",
-             "codegen")
-"""Families whose MLP is two matrices around an activation (up, down), not a gated three."""
+             "codegen", "nemotron", "nemotron_h")
+"""Families whose MLP is two matrices around an activation (up, down; Nemotron's squared ReLU), not a gated three."""
+TIED_BY_DEFAULT = ("gpt2", "gpt_bigcode", "opt", "bloom", "falcon", "mpt", "gemma", "gemma2", "gemma3_text", "minicpm",
+                   "cohere")
+"""Families whose transformers config class ties the output head to the embedding unless told otherwise. Saving a
+config writes only what differs from its class's defaults, so their config.json says nothing when they tie."""
+NOT_TRANSFORMERS = ("mamba", "mamba2", "rwkv", "rwkv5", "rwkv6", "rwkv7", "xlstm")
+"""Families with no attention layers at all (state-space and recurrent models): nothing here plans them."""
 SHAPE_NOTE = "planned from its shape"
 """How the note of a model read this way begins (`shoal plan` prints it under its headline)."""
 QK_NORM = ("qwen3", "qwen3_moe", "olmo2", "gemma3", "gemma3_text")
@@ -41,7 +49,7 @@ it (transformers' Llama4TextMoe: shared_expert = Llama4TextMLP(config))."""
 
 # ModelConfig field -> the config.json names families give it, first found wins.
 _ALIASES = {
-    "dim": ("hidden_size", "n_embd", "d_model"),
+    "dim": ("hidden_size", "n_embd", "d_model", "n_embed"),
     "n_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
     "n_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
     "n_kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "kv_n_heads"),
@@ -52,7 +60,7 @@ _ALIASES = {
     "n_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
     "top_k": ("num_experts_per_tok", "experts_per_token", "moe_top_k", "num_selected_experts"),
     "expert_ffn_hidden": ("moe_intermediate_size", "expert_intermediate_size"),
-    "moe_every": ("interleave_moe_layer_step", "decoder_sparse_step"),
+    "moe_every": ("interleave_moe_layer_step", "decoder_sparse_step", "expert_layer_period"),
     "dense_ffn_hidden": ("intermediate_size_mlp",),
 }
 _REQUIRED = ("dim", "n_layers", "n_heads", "vocab_size")
@@ -63,8 +71,12 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
     else the fields read by their common names (module docstring). One UserError when the shape is missing."""
     if isinstance(hf.get("text_config"), Mapping) and _first(hf, _ALIASES["dim"]) is None:
         # a multimodal model's folder (Gemma 3, Llama 4, Qwen2.5-VL): the language model it trains is text_config
-        hf = {"tie_word_embeddings": hf.get("tie_word_embeddings", False), **hf["text_config"]}
+        tied = {"tie_word_embeddings": hf["tie_word_embeddings"]} if "tie_word_embeddings" in hf else {}
+        hf = {**tied, **hf["text_config"]}
     family = str(hf.get("model_type", "llama"))
+    if family in NOT_TRANSFORMERS:
+        raise UserError("hf.model_type", family, "is a state-space or recurrent model with no attention layers; "
+                        "shoal plans transformer layers only")
     hf = _flattened(hf)
     why = f"model_type {family!r} is not a family shoal train computes"
     if family in ARCHITECTURES:
@@ -85,8 +97,8 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
     ffn = shape["ffn_hidden"] or 4 * dim
     fields = dict(vocab_size=shape["vocab_size"], dim=dim, n_layers=shape["n_layers"], n_heads=heads, n_kv_heads=kv,
                   ffn_hidden=ffn, mlp="swiglu" if gated else "gelu", max_seq_len=shape["max_seq_len"] or 2048,
-                  tie_embeddings=bool(hf.get("tie_word_embeddings", False)), qk_norm=family in QK_NORM,
-                  rope_theta=float(max(1, _first(hf, ("rope_theta",)) or 10000)))
+                  tie_embeddings=bool(hf.get("tie_word_embeddings", family in TIED_BY_DEFAULT)),
+                  qk_norm=family in QK_NORM, rope_theta=float(max(1, _first(hf, ("rope_theta",)) or 10000)))
     if shape["head_dim"] and shape["head_dim"] * heads != dim:
         fields["head_dim"] = shape["head_dim"]
     if isinstance(hf.get("kv_lora_rank"), int) and hf["kv_lora_rank"] > 0:  # DeepSeek's latent attention (Kimi K2)

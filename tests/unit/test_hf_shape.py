@@ -28,6 +28,12 @@ LLAMA4_MAVERICK = {"model_type": "llama4", "text_config": {
     "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
     "vocab_size": 202048, "num_local_experts": 128, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2}}
 
+BLOOM = {"model_type": "bloom", "n_embed": 14336, "n_head": 112, "n_layer": 70, "vocab_size": 250880}
+NEMOTRON4_15B = {"model_type": "nemotron", "hidden_size": 6144, "intermediate_size": 24576, "num_attention_heads": 48,
+                 "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 256000, "hidden_act": "relu2"}
+GEMMA2_27B = {"model_type": "gemma2", "hidden_size": 4608, "intermediate_size": 36864, "num_attention_heads": 32,
+              "num_key_value_heads": 16, "head_dim": 128, "num_hidden_layers": 46, "vocab_size": 256000}
+
 DBRX = {"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40, "max_seq_len": 32768, "vocab_size": 100352,
         "attn_config": {"kv_n_heads": 8, "rope_theta": 500000},
         "ffn_config": {"ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 4}}
@@ -39,6 +45,9 @@ DBRX = {"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40, "m
     (KIMI_K2, 1.03e12, 32.9e9),     # its model card: 1T, 32B activated (DeepSeek-V3's latent attention, 384 experts)
     (LLAMA4_MAVERICK, 400e9, 17.2e9),  # Meta's: 400B, 17B active (MoE every second layer, one shared expert)
     (DBRX, 132e9, 36.5e9),          # Databricks': 132B, 36B active (heads and experts in nested blocks)
+    (BLOOM, 176.2e9, None),         # BigScience's 176B (its config.json says n_embed)
+    (NEMOTRON4_15B, 15.6e9, None),  # Parmar et al. 2024: 15B, a squared-ReLU MLP of two matrices
+    (GEMMA2_27B, 27.2e9, None),     # its card: 27.2B (Gemma ties the head by its config class's default)
 ])
 def test_a_family_shoal_does_not_compute_is_planned_by_its_shape(hf, total, active):
     cfg = hf_config_to_shape(hf)
@@ -48,6 +57,16 @@ def test_a_family_shoal_does_not_compute_is_planned_by_its_shape(hf, total, acti
         assert param_counts(cfg).active == pytest.approx(active, rel=0.01)
     with pytest.raises(UserError, match="model_type"):  # shoal train still starts only from what it computes
         hf_config_to_model_config(hf.get("text_config", hf))
+
+
+def test_a_model_with_no_attention_is_refused_and_moe_periods_are_read():
+    with pytest.raises(UserError, match="no attention layers"):
+        hf_config_to_shape({"model_type": "mamba2", "hidden_size": 2560, "num_hidden_layers": 64, "num_heads": 80,
+                            "vocab_size": 50288})
+    jamba = {"model_type": "jamba", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+             "num_hidden_layers": 32, "num_experts": 16, "num_experts_per_tok": 2, "expert_layer_period": 2,
+             "vocab_size": 65536}
+    assert hf_config_to_shape(jamba).n_moe_layers == 16  # an MoE layer every second one
 
 
 def test_layers_of_other_kinds_are_named_in_the_note():
