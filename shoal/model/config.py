@@ -155,8 +155,8 @@ class ModelConfig:
 
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "max_seq_len"):
             check(_int(getattr(self, name)) and getattr(self, name) > 0, name, "must be a positive integer")
-        for name in ("n_experts", "expert_ffn_hidden", "n_shared_experts", "n_dense_layers", "head_dim",
-                     "sliding_window", "rope_original_max_len", "expert_groups", "expert_groups_per_token", *MLA_FIELDS):
+        for name in ("n_experts", "expert_ffn_hidden", "n_shared_experts", "n_dense_layers", "head_dim", "sliding_window",
+                     "rope_original_max_len", "expert_groups", "expert_groups_per_token", *MLA_FIELDS):
             check(_int(getattr(self, name)) and getattr(self, name) >= 0, name, "must be an integer >= 0")
         for name in ("top_k", "moe_every"):
             check(_int(getattr(self, name)) and getattr(self, name) >= 1, name, "must be a positive integer")
@@ -320,9 +320,8 @@ PRESETS: dict[str, ModelConfig] = {
     "deepseek-v2": ModelConfig(
         vocab_size=102400, dim=5120, n_layers=60, ffn_hidden=12288, n_experts=160, top_k=6, expert_ffn_hidden=1536,
         n_shared_experts=2, n_dense_layers=1, expert_groups=8, expert_groups_per_token=3, **_DEEPSEEK_MLA,
-        note="approximate: device-limited routing as softmax top-k within its groups; multi-head latent attention is "
-             "planned, "
-             "not trained"),
+        note="approximate: device-limited routing as softmax top-k within its groups; multi-head latent attention "
+             "is planned, not trained"),
     # From the models' released config.json files (Meta's Llama 2, Mistral AI's v0.3, Alibaba's Qwen2.5 and Qwen3,
     # OpenAI's gpt-oss): the widths, heads, experts, vocabularies, rope bases and context lengths as published.
     "llama2-7b": ModelConfig(vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_hidden=11008,

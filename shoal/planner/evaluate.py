@@ -76,7 +76,8 @@ class Plan:
         if lay.pp > 1:
             costs.append((t.bubble, f"bubble {t.bubble / t.step:.0%}"))
         if lay.tp > 1:
-            where = f"on {self.cluster.gpu.fabric}" if t.tp_on_nvlink else f"across nodes (tp {lay.tp}, {G} per node, rank order {lay.rank_order})"
+            where = (f"on {self.cluster.gpu.fabric}" if t.tp_on_nvlink
+                     else f"across nodes (tp {lay.tp}, {G} per node, rank order {lay.rank_order})")
             costs.append((t.tp_comm, f"TP comm {where} {t.tp_comm / t.step:.0%}"))
         if t.recompute > 0:
             costs.append((t.recompute, f"{lay.activation_checkpoint} recompute {t.recompute / t.step:.0%}"))
@@ -89,7 +90,8 @@ class Plan:
             costs.append((t.dp_comm, f"DP sync {hidden:.0%} hidden" if t.dp_comm / t.step < 0.02
                           else f"DP sync exposed {t.dp_comm / t.step:.0%}"))
         if lay.activation_offload:
-            costs.append((t.offload, f"{mem.offloaded_share:.0%} of activations offloaded, copies {t.offload / t.step:.0%}"))
+            costs.append((t.offload, f"{mem.offloaded_share:.0%} of activations offloaded, "
+                                     f"copies {t.offload / t.step:.0%}"))
         if t.pp_comm / t.step >= 0.02:
             costs.append((t.pp_comm, f"PP send/recv {t.pp_comm / t.step:.0%}"))
         costs.sort(key=lambda c: -c[0])

@@ -71,7 +71,7 @@ class MemoryBreakdown:
     """Bytes offloading keeps in host memory for this GPU (not part of `total`, which is HBM)."""
     offloaded_share: float = 0.0
     """With activation offload: the share of the layers' saved activations that goes to the host (all but two
-    layers' with save_on_cpu; with Transformer Engine's offload, the fewest layers that fit: offload_layer_count)."""
+    layers' with save_on_cpu; with Transformer Engine's offload, the fewest layers that fit: memory())."""
 
     @property
     def total(self) -> float:
