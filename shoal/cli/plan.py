@@ -127,8 +127,9 @@ def _stack_flags(p) -> None:
                         "pass over the GPU's gradients per micro-batch adds it, as PyTorch autograd (shoal train, "
                         "DeepSpeed's pipeline engine) and Megatron-LM's 2021 DDP do")
     w.add_argument("--grad-reduce", choices=GRAD_REDUCES,
-                   help="the dtype gradients are reduced in across data-parallel ranks: fp32 (default; shoal, "
-                        "torchtitan, Megatron's default) or bf16 (Megatron-Bridge's performance recipes)")
+                   help="the dtype gradients are reduced in across data-parallel ranks: auto (default: fp32, 16 bits "
+                        "under --precision fp16, as Megatron and DeepSpeed reduce fp16 gradients), fp32 (shoal, "
+                        "torchtitan, Megatron under bf16) or bf16 (Megatron-Bridge's performance recipes)")
     w.add_argument("--fp8-gather", choices=FP8_GATHERS,
                    help="with --precision fp8, which all-gathers move FP8: activations (default: the "
                         "sequence-parallel gathers of the GEMM inputs, as Transformer Engine and torchao cast "

@@ -22,7 +22,8 @@ parameter while parameter all-gathers move 2. A stack that reduces in bf16 says 
 
 def grad_reduce_bytes(workload) -> int:
     """Bytes per gradient element on the wire under 16-bit mixed precision (Workload.grad_reduce)."""
-    return 2 if workload.grad_reduce == "bf16" else GRAD_REDUCE_BYTES
+    sixteen = workload.grad_reduce == "bf16" or (workload.grad_reduce == "auto" and workload.precision == "fp16")
+    return 2 if sixteen else GRAD_REDUCE_BYTES
 
 
 def weight_gather_bytes(workload, elem: int) -> int:

@@ -29,7 +29,7 @@ FP8_SAVES = ("fp8", "input")
 WEIGHT_GATHERS = ("bf16", "fp32")
 PP_P2P = ("batched", "blocking")
 GRAD_ACCUMULATION = ("fused", "separate")
-GRAD_REDUCES = ("fp32", "bf16")
+GRAD_REDUCES = ("auto", "fp32", "bf16")
 FP8_GATHERS = ("none", "activations", "all")
 ZERO3_IMPLS = ("fsdp", "deepspeed-2021")
 CP_COMMS = ("p2p", "all-gather", "torch-ring")
@@ -131,8 +131,12 @@ class Workload:
     it receives is put back whole by an all-gather over the TP group (PartitionedTensor.full: zeros, the
     gather, a clone) before it is used: the forward's input, and in backward the saved output and its
     gradient. Megatron-DeepSpeed's runs (MT-NLG, BLOOM, GLM-130B) and GPT-NeoX's (DeeperSpeed) run it."""
-    grad_reduce: str = "fp32"
-    """The dtype gradients cross the data-parallel ranks in (data_parallel.grad_reduce_bytes). `fp32`: shoal's
+    grad_reduce: str = "auto"
+    """The dtype gradients cross the data-parallel ranks in (data_parallel.grad_reduce_bytes). `auto`: fp32, except
+    16 bits under fp16 mixed precision, where the stacks keep and reduce fp16 gradients: Megatron forces fp32
+    accumulation and reduction for bf16 only (arguments.py: accumulate_allreduce_grads_in_fp32 under --bf16),
+    DeepSpeed all-reduces its fp16 gradients (allreduce_always_fp32 off) and fairscale's FSDP reduce-scatters in
+    fp16 (fp32_reduce_scatter off). `fp32`: shoal's
     FSDP2 policy (reduce_dtype=float32), torchtitan's default, Megatron's --accumulate-allreduce-grads-in-fp32 and
     Megatron-Bridge's MixedPrecisionConfig.grad_reduce_in_fp32 default, Apex's DistributedFusedAdam (NeMo 1.x:
     grad_sync_dtype defaults to its fp32 state dtype). `bf16`: half the bytes, as Megatron-Bridge's performance

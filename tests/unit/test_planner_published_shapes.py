@@ -224,9 +224,10 @@ def test_newer_parts_plan_published_sizes(name):
     assert best is not None and best.fits and 0.2 < best.mfu < 0.8, (name, best and best.mfu)
 
 
-def test_fp16_plans_as_bf16():
+def test_fp16_plans_as_bf16_reducing_16_bit_gradients():
     wl, cl, lay = Workload(PRESETS["llama3-8b"], 4096, 64), Cluster(H100, 8, 8), Layout(dp_shard=8, micro_batch=1)
-    bf16, fp16 = evaluate(wl, lay, cl), evaluate(dataclasses.replace(wl, precision="fp16"), lay, cl)
+    bf16 = evaluate(dataclasses.replace(wl, grad_reduce="bf16"), lay, cl)
+    fp16 = evaluate(dataclasses.replace(wl, precision="fp16"), lay, cl)
     assert fp16.time.step == pytest.approx(bf16.time.step) and fp16.memory.total == pytest.approx(bf16.memory.total)
 
 
