@@ -2,13 +2,15 @@
 
     PYTHONPATH=. .venv/bin/python bench/bench_planner_accuracy.py            # every run
     PYTHONPATH=. .venv/bin/python bench/bench_planner_accuracy.py --heldout  # only the held-out ones
+    PYTHONPATH=. .venv/bin/python bench/bench_planner_accuracy.py --defaults # no row's stack or stack settings
 
 Each run of bench/published_runs.toml goes through the planner with its published layout pinned
 (the same evaluate_pinned() that `shoal plan` calls when every dimension is given; where the source
 does not publish the micro-batch or the recompute, the same search `shoal plan` runs over them). The compared number
 is tokens/s per GPU, so the relative error is the MFU error whatever FLOP formula the source used.
 Prints per-run and per-family error and the mean absolute error, all runs and held-out apart, and each
-issue's added runs (their `part`) apart.
+issue's added runs (their `part`) apart. With --defaults every row plans with its stack and stack settings left
+out, as `shoal plan --json` does when it is given the published layout and nothing about the software.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ def predict(run: dict, cfg: ModelConfig):
 def main(argv: list[str]) -> int:
     data = tomllib.loads(DATA.read_text())
     runs = [r for r in data["run"] if r.get("heldout") or "--heldout" not in argv]
+    if "--defaults" in argv:
+        runs = [{k: v for k, v in r.items() if k != "stack" and k not in STACK_SETTINGS} for r in runs]
     rows = []
     print(f"{'run':30} {'family':24} {'pub tok/s/GPU':>13} {'pred':>9} {'pub MFU':>8} {'pred MFU':>8} {'error':>7}  fits")
     for run in runs:
