@@ -886,6 +886,9 @@ CKPT_DAMAGE = {
     "state_layout_str": _state_edit(lambda s: {**s, "layout": {**s["layout"], "tp": "2"}}),
     "state_loss_str": _state_edit(lambda s: {**s, "loss": "low"}),
     "state_time_str": _state_edit(lambda s: {**s, "time": "noon"}),
+    "state_time_nan": _state_edit(lambda s: {**s, "time": float("nan")}),  # inspect's date: a traceback
+    "state_time_huge": _state_edit(lambda s: {**s, "time": 1e300}),
+    "state_config_data_list": _state_edit(lambda s: {**s, "config": {**s["config"], "data": [1]}}),  # export's
     "state_not_json": lambda c: ((c / store.TRAIN_STATE).write_text("{"), _rehash(c)),
 }
 
