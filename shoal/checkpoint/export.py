@@ -141,7 +141,6 @@ def export_hf(source: Path, out: Path, dtype: torch.dtype = torch.float32) -> Pa
         state, cfg = load_full_state(source)
         tokenizer, step = _checkpoint_tokenizer(source), describe(source, checksums=False)["step"]
     export_family(cfg)  # refuses what no family computes before anything is written
-    Path(out).mkdir(parents=True, exist_ok=True)
     special_ids = write_hf_tokenizer(tokenizer, out) if tokenizer else {}
     path = save_hf(state, cfg, out, dtype=dtype, **special_ids)
     (Path(out) / EXPORT_MARK).write_text(json.dumps({"from": str(source), "step": step}, indent=1) + "\n")

@@ -662,15 +662,27 @@ def init_from(corpus: Path, out: Path, folder: Path, *sets: str) -> list[str]:
     return argv[:i - 1] + argv[i + 1:] + [a for s in (f"model.init_from={folder}", *sets) for a in ("--set", s)]
 
 
-@pytest.mark.parametrize("use", ["generate", "init_from"])
+@pytest.mark.parametrize("use", ["generate", "init_from", "export"])
 @pytest.mark.parametrize("damage", MODEL_DAMAGE)
 def test_damaged_model_dir(damage, use, run_dir, corpus, tmp_path, capsys):
     d = tmp_path / "model"
     shutil.copytree(run_dir / "model", d)
     MODEL_DAMAGE[damage](d)
-    # in this process, into a fresh --out: the NaN weights are found only as they are read
-    argv = ["generate", str(d), "--tokens", "3"] if use == "generate" else init_from(corpus, tmp_path / "out", d)
+    # in this process, into a fresh --out (or --hf): the NaN weights are found only as they are read
+    argv = {"generate": ["generate", str(d), "--tokens", "3"], "init_from": init_from(corpus, tmp_path / "out", d),
+            "export": ["ckpt", "export", str(d), "--hf", str(tmp_path / "out" / "hf")]}[use]
     assert_one_line(*run_cli(capsys, argv))
+    assert not (tmp_path / "out").exists()  # an export refused for its tokenizer had made it
+
+
+def test_an_export_refused_for_its_tokenizer_config_writes_nothing(run_dir, tmp_path, capsys):
+    """The tokenizer_config.json beside a tokenizer is read before the export's folder is made."""
+    d = tmp_path / "model"
+    shutil.copytree(run_dir / "model", d)
+    words(200).save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text("{")
+    argv = ["ckpt", "export", str(d), "--hf", str(tmp_path / "out" / "hf")]
+    assert_one_line(*run_cli(capsys, argv), hint="tokenizer_config.json")
     assert not (tmp_path / "out").exists()
 
 
