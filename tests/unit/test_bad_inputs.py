@@ -675,6 +675,16 @@ def test_damaged_model_dir(damage, use, run_dir, corpus, tmp_path, capsys):
     assert not (tmp_path / "out").exists()  # an export refused for its tokenizer had made it
 
 
+@pytest.mark.parametrize("use", [["generate"], ["ckpt", "export"]])
+def test_a_model_folder_naming_a_missing_tokenizer_is_named(use, run_dir, tmp_path, capsys):
+    """The line names the folder given, not data.tokenizer, which the command has no flag for."""
+    d = tmp_path / "model"
+    shutil.copytree(run_dir / "model", d)
+    MODEL_DAMAGE["tokenizer_missing"](d)
+    argv = [*use, str(d), *(["--hf", str(tmp_path / "hf")] if "export" in use else [])]
+    assert_one_line(*run_cli(capsys, argv), hint=f"model_dir='{d}': is damaged (shoal_model.json names the tokenizer")
+
+
 def test_an_export_refused_for_its_tokenizer_config_writes_nothing(run_dir, tmp_path, capsys):
     """The tokenizer_config.json beside a tokenizer is read before the export's folder is made."""
     d = tmp_path / "model"
