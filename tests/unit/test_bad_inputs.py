@@ -940,6 +940,25 @@ def test_damaged_checkpoint_is_skipped(damaged_run, corpus, capsys):
     assert snapshot(damaged_run) == before
 
 
+@pytest.mark.parametrize("damage", ["cut", "nan"])
+def test_tensor_data_its_manifest_agrees_with_is_checked_by_export(damage, run_dir, tmp_path, capsys):
+    """Damage hashed into the manifest (another tool's, or a hand's): the export reads the data itself."""
+    ckpt = tmp_path / "step_00000002"
+    shutil.copytree(run_dir / "checkpoints" / ckpt.name, ckpt)
+    data = ckpt / "__0_0.distcp"
+    if damage == "cut":  # was DCP's CheckpointException, a BaseException: a traceback
+        os.truncate(data, 1000)
+    else:  # was exported as nan weights: the middle of the largest weight's bytes
+        from shoal.checkpoint.safe_read import read_metadata
+
+        stored = read_metadata(ckpt).storage_data
+        largest = max((v for k, v in stored.items() if k.fqn.startswith("model.")), key=lambda v: v.length)
+        _overwrite(data, largest.offset + largest.length // 2, b"\xff" * 64)
+    _rehash(ckpt)
+    assert_one_line(*run_cli(capsys, ["ckpt", "export", str(ckpt), "--hf", str(tmp_path / "hf")]), hint="is damaged")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_checkpoints_hashed_with_sha256_still_verify(run_dir, tmp_path):
     """Manifests written before XXH3 name no algorithm and hold SHA-256s: still read, still checked."""
     ckpt = tmp_path / "step_00000002"
