@@ -88,7 +88,11 @@ def read_saved_model(folder: Path) -> tuple[ModelConfig, str]:
     except UserError as e:
         raise damaged(f"{MODEL_CONFIG}: {e}") from None
     copied = folder / TOKENIZER
-    return model, str(copied) if copied.is_file() else meta["tokenizer"]
+    tokenizer = str(copied) if copied.is_file() else meta["tokenizer"]
+    if tokenizer != "byte" and not Path(tokenizer).expanduser().exists():  # else named as data.tokenizer, unasked
+        raise damaged(f"{MODEL_CONFIG} names the tokenizer {tokenizer!r:.80}, which is not there, nor a {TOKENIZER} "
+                      "beside it")
+    return model, tokenizer
 
 
 SHAPE_SET_BY_THE_FOLDER = tuple(f.name for f in dataclasses.fields(ModelConfig)

@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 
 from shoal.checkpoint import store
-from shoal.errors import UserError
+from shoal.errors import UserError, first_line
 from shoal.files import check_output_dir
+from shoal.rundir.disk import errors_within
 from shoal.rundir.names import (CHECKPOINTS, EXPORT_MARK, HF_EXPORT, MANIFEST, MODEL, MODEL_CONFIG, RUN_INFO,
                                 list_checkpoints, what_shoal_wrote)
 from shoal.model.config import ModelConfig
@@ -78,6 +79,7 @@ def describe(directory: Path, checksums: bool = True) -> dict:
 def load_full_state(directory: Path) -> tuple[dict[str, torch.Tensor], ModelConfig]:
     """The model's full (unsharded) weights from a checkpoint, by parameter name, and its config."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
 
@@ -96,8 +98,15 @@ def load_full_state(directory: Path) -> tuple[dict[str, torch.Tensor], ModelConf
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to load in a single process"
             dcp.load(targets, storage_reader=SafeReader(directory), planner=TensorsOnlyLoadPlanner(), no_dist=True)
-    except UnsafeCheckpoint as e:
-        raise UserError("checkpoint", str(directory), f"refused: {e}") from None
+    except (Exception, CheckpointException) as e:  # DCP wraps the reading's error in a BaseException of its own
+        cause = next(err for err in errors_within(e) if not isinstance(err, CheckpointException))
+        if isinstance(cause, UnsafeCheckpoint):
+            raise UserError("checkpoint", str(directory), f"refused: {cause}") from None
+        # cut or garbled tensor data that its manifest agrees with (hashed after the damage, or by another tool)
+        raise UserError("checkpoint", str(directory), f"is damaged: its tensor data cannot be read "
+                                                      f"({first_line(cause)})") from None
+    if bad := next((k for k, v in targets.items() if v.is_floating_point() and not torch.isfinite(v).all()), None):
+        raise UserError("checkpoint", str(directory), f"is damaged: {bad} holds nan or inf")  # as a model folder's
     return {key.removeprefix("model."): value for key, value in targets.items()}, cfg
 
 
@@ -141,7 +150,6 @@ def export_hf(source: Path, out: Path, dtype: torch.dtype = torch.float32) -> Pa
         state, cfg = load_full_state(source)
         tokenizer, step = _checkpoint_tokenizer(source), describe(source, checksums=False)["step"]
     export_family(cfg)  # refuses what no family computes before anything is written
-    Path(out).mkdir(parents=True, exist_ok=True)
     special_ids = write_hf_tokenizer(tokenizer, out) if tokenizer else {}
     path = save_hf(state, cfg, out, dtype=dtype, **special_ids)
     (Path(out) / EXPORT_MARK).write_text(json.dumps({"from": str(source), "step": step}, indent=1) + "\n")

@@ -145,7 +145,13 @@ _TRAIN_STATE = {
         _is_int(v[k]) for k in _LAYOUT_INTS if k in v) and isinstance(v.get("pp_schedule"), (str, type(None)))),
     "loss": ("a number or null", lambda v: v is None or _is_number(v)),
 }
-_TRAIN_STATE_OPTIONAL = {"time": ("a number", _is_number), "config": ("a table", lambda v: isinstance(v, dict))}
+LATEST_TIME = 1e11
+"""The latest saving time train_state.json may hold (the year 5138): `ckpt inspect` dates it, and a
+later one (or NaN) is a damaged number no date can be made of."""
+_TRAIN_STATE_OPTIONAL = {  # resume and export read config.data's path and tokenizer
+    "time": ("seconds since 1970", lambda v: _is_number(v) and 0 <= v <= LATEST_TIME),
+    "config": ('a table with a "data" table', lambda v: isinstance(v, dict) and isinstance(v.get("data", {}), dict)),
+}
 
 
 def read_train_state(directory: Path) -> dict:

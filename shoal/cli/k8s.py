@@ -30,14 +30,14 @@ def run(args) -> int:
     from shoal.files import check_output_dir
     from shoal.config import load_config
     from shoal.job import resolve
-    from shoal.launch.k8s import KINDS, check, to_yaml
+    from shoal.launch.k8s import KINDS, MARK, check, to_yaml
     from shoal.parallel.mesh import ParallelDims, placement_warning
 
     name = args.name or re.sub(r"[^a-z0-9-]+", "-", Path(args.recipe).stem.lower()).strip("-")[:40] or "shoal"
     queue = args.queue or ""
     run_out = args.run_out or f"/checkpoints/{name}"
     check(name, args.nodes, args.gpus_per_node, args.image, queue, run_out)
-    check_output_dir("--out", args.out)
+    check_output_dir("--out", args.out, own=tuple((f"{kind}.yaml", MARK) for kind in KINDS))  # earlier objects only
     # the recipe must run on nodes x gpus ranks: every layout mistake now, not in a pod
     job = resolve(load_config(args.recipe, args.overrides), args.nodes * args.gpus_per_node)
     if line := placement_warning(ParallelDims.of(job.layout), args.gpus_per_node):

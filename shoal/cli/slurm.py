@@ -31,11 +31,11 @@ def run(args) -> int:
     import sys
     from pathlib import Path
 
-    from shoal.files import check_output_dir
+    from shoal.files import check_output_dir, check_output_file
     from shoal.config import load_config
     from shoal.errors import UserError
     from shoal.job import resolve
-    from shoal.launch.slurm import check, sbatch_script
+    from shoal.launch.slurm import MARK, check, sbatch_script
     from shoal.parallel.mesh import ParallelDims, placement_warning
 
     name = args.name or re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(args.recipe).stem) or "shoal"
@@ -53,8 +53,9 @@ def run(args) -> int:
     run_out = args.run_out or str(Path("runs", name).absolute())
     check_output_dir("--run-out", run_out)
     check_output_dir("--out", args.out)
-    Path(run_out).mkdir(parents=True, exist_ok=True)  # sbatch opens its --output there before the script runs
     script = Path(args.out) / f"{name}.sbatch"
+    check_output_file("--name", str(script), replaces=MARK)  # a name too long for the disk; a person's own script
+    Path(run_out).mkdir(parents=True, exist_ok=True)  # sbatch opens its --output there before the script runs
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(sbatch_script(name, args.recipe, run_out, args.nodes, args.gpus_per_node,
                                     partition=args.partition, time=args.time, python=args.python,

@@ -25,6 +25,7 @@ stream and the held-out parts as another (stream.py), without loading either.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -102,8 +103,12 @@ def in_val(doc_name: str, val_fraction: float) -> bool:
     return h < val_fraction * 2**64
 
 
+TOKEN_DTYPES = ("<u2", "<u4")
+"""How tokens are stored: 16 bits while the vocabulary fits, else 32."""
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype("<u2" if vocab_size <= 1 << 16 else "<u4")
+    return np.dtype(TOKEN_DTYPES[vocab_size > 1 << 16])
 
 
 def file_checksum(*paths: str) -> str:
@@ -124,11 +129,26 @@ def mask_path(directory: str, key: str) -> str:
     return os.path.join(directory, SHARDS, key + MASK)
 
 
+_JSON_TYPES = {"int": int, "str": str, "bool": bool, "float": (int, float)}
+
+
+def from_json(cls: type, raw: object):
+    """A ShardRecord or Settings from its JSON table, each field of the type it declares (JSON says
+    nothing of types: a hand edit or another tool may write "12" or null); TypeError naming the first
+    that is not."""
+    made = cls(**raw)
+    for f in dataclasses.fields(cls):
+        value = getattr(made, f.name)
+        if not isinstance(value, _JSON_TYPES[f.type]) or (isinstance(value, bool) and f.type != "bool"):
+            raise TypeError(f"{f.name} is {value!r:.40}, expected {f.type}")
+    return made
+
+
 def read_record(directory: str, key: str) -> ShardRecord | None:
     """The shard's record, or None when the shard is missing or unfinished."""
     try:
         with open(shard_paths(directory, key)[2]) as f:
-            return ShardRecord(**json.load(f))
+            return from_json(ShardRecord, json.load(f))
     except (OSError, ValueError, TypeError):
         return None
 
@@ -222,10 +242,12 @@ def open_dataset(path: str, field: str = "data.path") -> Dataset:
     if not isinstance(raw, dict) or raw.get("format") != FORMAT or raw.get("version") != VERSION:
         raise UserError(field, path, f"{MANIFEST} is not a {FORMAT} of version {VERSION}; {fix}")
     try:
-        settings = Settings(**{k: raw[k] for k in Settings.__dataclass_fields__})
-        shards = [ShardRecord(**r) for r in raw["shards"]]
+        settings = from_json(Settings, {k: raw[k] for k in Settings.__dataclass_fields__})
+        shards = [from_json(ShardRecord, r) for r in raw["shards"]]
     except (KeyError, TypeError) as e:
         raise UserError(field, path, f"{MANIFEST} is incomplete ({e}); {fix}") from None
+    if settings.dtype not in TOKEN_DTYPES:
+        raise UserError(field, path, f"{MANIFEST} stores tokens as {settings.dtype!r:.40}, not as shoal does; {fix}")
     dataset = Dataset(directory, settings, shards, raw.get("tokenizer_file"))
     for r in shards:
         if problem := shard_problem(directory, r, dataset.dtype.itemsize):

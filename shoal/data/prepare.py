@@ -32,8 +32,8 @@ from shoal.data import dataset as ds
 from shoal.data.readers import Source
 from shoal.data.sources import empty_corpus_error, list_documents
 from shoal.data.tokenize_file import tokenize_file
-from shoal.errors import UserError
-from shoal.files import write_json
+from shoal.errors import UserError, first_line
+from shoal.files import missing_parts, write_json
 
 # Below this much input, tokenizing in this process beats starting worker processes (workers=0).
 IN_PROCESS_BYTES = 32 << 20
@@ -67,35 +67,58 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, *, text_field: str
                            dtype=ds.token_dtype(tokenizer.vocab_size).str, text_field=text_field,
                            val_fraction=val_fraction)
     sources = list_documents(inputs, text_field, field)
+    with _claimed(out, settings, out_field) as directory:
+        index, count = part
+        mine = sources[index::count]
+        for s in mine:  # a folder where a shard's file belongs cannot be replaced: no retry helps
+            if any(os.path.isdir(p) for p in ds.shard_paths(directory, ds.shard_key(s.name))):
+                raise UserError(out_field, out, f"{ds.shard_paths(directory, ds.shard_key(s.name))[0]} (or its "
+                                                ".docs or .json) is a folder where a shard's file belongs; remove it")
+        kept = {s.name: r for s in mine if (r := _reusable(directory, s, settings)) is not None}
+        todo = [s for s in mine if s.name not in kept]
+        records = dict(kept)
+        if todo and not getattr(tokenizer, "has_eos", True):  # said when tokenizing, not on every reuse
+            print(f"shoal: warning: {tokenizer_spec} defines no end-of-text token ({', '.join(EOS_CANDIDATES)}), so "
+                  f"id 0 ({tokenizer.token_of(0)!r}, an ordinary token of it) separates documents", file=sys.stderr,
+                  flush=True)
+        if todo:
+            for record in _tokenize_all(todo, tokenizer_spec, directory, settings, workers, show, field):
+                records[record.source] = record
+        ordered = [records[s.name] for s in mine]
+        if count == 1 and not any(r.tokens for r in ordered):  # files with bytes, and no text in them (null rows)
+            raise empty_corpus_error(field, " ".join(inputs))
+        if count == 1:
+            _remove_stale(directory, {r.key for r in ordered})
+            _publish(directory, settings, ordered, tokenizer_spec)
+            complete = True
+        else:
+            write_json(os.path.join(directory, ds.PARTS, f"{index}-of-{count}.json"),
+                       {"files": len(sources), "shards": [asdict(r) for r in ordered]})
+            complete = _merge_parts(directory, settings, count, len(sources), tokenizer_spec)
+        return Prepared(directory, len(todo), len(kept), complete, time.perf_counter() - t0,
+                        sum(s.size for s in todo))
+
+
+@contextlib.contextmanager
+def _claimed(out: str, settings: ds.Settings, out_field: str) -> Iterator[str]:
+    """_claim's folder, for the work inside. A refusal there (a bad line, a missing field) in a folder
+    this call claimed first takes back what the claim wrote, unless a shard got in: no half-made folder
+    stays, and trying again with other settings, as the refusal may ask, is not refused as a "dataset
+    prepared with other settings"."""
+    path = Path(out).expanduser().absolute()
+    made, first = missing_parts(path), not (path / PREPARE_STATE).exists()
     directory = _claim(out, settings, out_field)
-    index, count = part
-    mine = sources[index::count]
-    for s in mine:  # a folder where a shard's file belongs cannot be replaced: no retry helps
-        if any(os.path.isdir(p) for p in ds.shard_paths(directory, ds.shard_key(s.name))):
-            raise UserError(out_field, out, f"{ds.shard_paths(directory, ds.shard_key(s.name))[0]} (or its .docs or "
-                                            ".json) is a folder where a shard's file belongs; remove it")
-    kept = {s.name: r for s in mine if (r := _reusable(directory, s, settings)) is not None}
-    todo = [s for s in mine if s.name not in kept]
-    records = dict(kept)
-    if todo and not getattr(tokenizer, "has_eos", True):  # said when tokenizing, not on every reuse
-        print(f"shoal: warning: {tokenizer_spec} defines no end-of-text token ({', '.join(EOS_CANDIDATES)}), so id 0 "
-              f"({tokenizer.token_of(0)!r}, an ordinary token of it) separates documents", file=sys.stderr, flush=True)
-    if todo:
-        for record in _tokenize_all(todo, tokenizer_spec, directory, settings, workers, show, field):
-            records[record.source] = record
-    ordered = [records[s.name] for s in mine]
-    if count == 1 and not any(r.tokens for r in ordered):  # files with bytes, and no text in them (null rows)
-        raise empty_corpus_error(field, " ".join(inputs))
-    if count == 1:
-        _remove_stale(directory, {r.key for r in ordered})
-        _publish(directory, settings, ordered, tokenizer_spec)
-        complete = True
-    else:
-        write_json(os.path.join(directory, ds.PARTS, f"{index}-of-{count}.json"),
-                      {"files": len(sources), "shards": [asdict(r) for r in ordered]})
-        complete = _merge_parts(directory, settings, count, len(sources), tokenizer_spec)
-    return Prepared(directory, len(todo), len(kept), complete, time.perf_counter() - t0,
-                    sum(s.size for s in todo))
+    try:
+        yield directory
+    except UserError:
+        if first:
+            with contextlib.suppress(OSError):  # rmdir takes empty folders only: a shard or a part stops it
+                os.rmdir(path / ds.SHARDS)
+                os.rmdir(path / ds.PARTS)
+                os.remove(path / PREPARE_STATE)
+                for folder in made:
+                    folder.rmdir()
+        raise
 
 
 def _claim(out: str, settings: ds.Settings, out_field: str) -> str:
@@ -115,8 +138,7 @@ def _claim(out: str, settings: ds.Settings, out_field: str) -> str:
         raise UserError(out_field, out, f"cannot be created ({e.strerror}); give a writable folder") from None
     wanted = asdict(settings)
     if os.path.exists(state):
-        with open(state) as f:
-            had = json.load(f)
+        had = _recorded_settings(state, out, out_field)
         if had != wanted:
             changed = ", ".join(f"{k} {had.get(k)!r} -> {v!r}" for k, v in wanted.items() if had.get(k) != v)
             raise UserError(out_field, out, f"holds a dataset prepared with other settings ({changed}); give "
@@ -124,6 +146,21 @@ def _claim(out: str, settings: ds.Settings, out_field: str) -> str:
     else:
         write_json(state, wanted)
     return directory
+
+
+def _recorded_settings(state: str, out: str, out_field: str) -> dict:
+    """The settings prepare.json says the folder's shards were made with. Damaged, how they were made is
+    unknown, so none can be kept: refused, rather than mixed with shards made otherwise."""
+    try:
+        with open(state, "rb") as f:
+            had = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError) as e:  # a folder or unreadable; not UTF-8 or not JSON
+        had = e
+    if not isinstance(had, dict):
+        why = first_line(had) if isinstance(had, Exception) else f"a JSON {type(had).__name__}, not a table"
+        raise UserError(out_field, out, f"holds a damaged {PREPARE_STATE} ({why}); remove the folder to prepare it "
+                                        "again, or give another")
+    return had
 
 
 def _reusable(directory: str, source: Source, settings: ds.Settings) -> ds.ShardRecord | None:
@@ -200,15 +237,20 @@ def _merge_parts(directory: str, settings: ds.Settings, count: int, files: int, 
     """Write the manifest once all `count` parts are written for the same corpus; False until then."""
     records = []
     for i in range(count):
+        name = f"{i}-of-{count}.json"
         try:
-            with open(os.path.join(directory, ds.PARTS, f"{i}-of-{count}.json")) as f:
+            with open(os.path.join(directory, ds.PARTS, name)) as f:
                 part = json.load(f)
+            seen, shards = part["files"], [ds.from_json(ds.ShardRecord, r) for r in part["shards"]]
         except FileNotFoundError:
             return False
-        if part["files"] != files:
-            raise UserError("--shard", f"{i}/{count}", f"part {i} saw {part['files']} input files where this part "
+        except (OSError, ValueError, KeyError, TypeError) as e:  # a part written by hand, cut, or not JSON
+            raise UserError("--shard", f"{i}/{count}", f"{ds.PARTS}/{name} is damaged ({first_line(e)}); run part "
+                                                       f"{i}/{count} again: its finished files are kept") from None
+        if seen != files:
+            raise UserError("--shard", f"{i}/{count}", f"part {i} saw {seen} input files where this part "
                                                        f"sees {files}: the parts were given different inputs")
-        records += [ds.ShardRecord(**r) for r in part["shards"]]
+        records += shards
     records.sort(key=lambda r: r.source)
     _publish(directory, settings, records, tokenizer_spec)
     return True

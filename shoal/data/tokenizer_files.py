@@ -37,16 +37,16 @@ def copy_tokenizer(spec: str, directory: Path) -> str:
 
 
 def write_hf_tokenizer(spec: str, directory: Path) -> dict[str, int | None]:
-    """The tokenizer's files for transformers in `directory` (none for "byte"); returns the special
-    token ids config.json records: {"bos_token_id", "eos_token_id"}."""
+    """The tokenizer's files for transformers in `directory` (none for "byte"), made if it is missing;
+    returns the special token ids config.json records: {"bos_token_id", "eos_token_id"}. Everything is
+    read and checked before anything is written, so a bad tokenizer leaves no folder or file behind."""
     tokenizer = load_tokenizer(spec)
     if spec == "byte":
         return {"bos_token_id": None, "eos_token_id": tokenizer.eos_id}
-    copy_tokenizer(spec, directory)
-    path = Path(directory) / TOKENIZER_CONFIG
-    if path.is_file():  # the tokenizer's own: its special tokens
+    own = Path(spec).expanduser().with_name(TOKENIZER_CONFIG)
+    if own.is_file():  # the tokenizer's own: its special tokens
         try:
-            config = json.loads(path.read_text())
+            config = json.loads(own.read_text())
             tokens = {role: _content(config.get(f"{role}_token")) for role in ("bos", "eos")}
         except (ValueError, AttributeError):  # not JSON, or not a JSON object
             raise UserError("data.tokenizer", spec, f"the {TOKENIZER_CONFIG} beside it is not a JSON object; "
@@ -54,8 +54,12 @@ def write_hf_tokenizer(spec: str, directory: Path) -> dict[str, int | None]:
     else:  # ours: the end-of-text token training used, and a beginning one where the vocabulary has one
         tokens = {"bos": next((t for t in BOS_CANDIDATES if tokenizer.token_id(t) is not None), None),
                   "eos": tokenizer.token_of(tokenizer.eos_id) if tokenizer.has_eos else None}
-        path.write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                    **{f"{role}_token": t for role, t in tokens.items() if t}}, indent=2) + "\n")
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    copy_tokenizer(spec, directory)
+    if not own.is_file():
+        (Path(directory) / TOKENIZER_CONFIG).write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", **{f"{role}_token": t for role, t in tokens.items() if t}},
+            indent=2) + "\n")
     return {f"{role}_token_id": tokenizer.token_id(t) if t else None for role, t in tokens.items()}
 
 

@@ -115,6 +115,9 @@ def pytorchjob(name: str, recipe: str, out: str, nodes: int, gpus: int, image: s
 
 
 KINDS = {"trainjob": trainjob, "jobset": jobset, "pytorchjob": pytorchjob}
+MARK = 'app.kubernetes.io/name: "shoal"'
+"""The label every object carries, as to_yaml writes it near the top: a later write replaces only a file
+that holds it, never a person's own object of the same name."""
 
 
 def to_yaml(obj, indent: int = 0) -> str:

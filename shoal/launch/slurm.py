@@ -25,6 +25,8 @@ PORT = 29500
 SIGNAL_LEAD_S = 120  # SIGTERM this long before the time limit: time to finish a step and save
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")  # minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
 MAX_TIME_S = 365 * 86400  # no site grants a job a year: more is a unit slip (a bare number is minutes)
+MARK = "# written by: shoal slurm"
+"""How every script begins after its #! line: a later script of the same name replaces only such a file."""
 
 
 def time_seconds(time: str) -> int:
@@ -77,7 +79,7 @@ def sbatch_script(name: str, recipe: str, run_out: str, nodes: int, gpus_per_nod
                                               *[f"--set={o}" for o in overrides]])
     return "\n".join([
         "#!/bin/bash",
-        f"# written by: shoal slurm {recipe} --nodes {nodes} --gpus-per-node {gpus_per_node}",
+        f"{MARK} {recipe} --nodes {nodes} --gpus-per-node {gpus_per_node}",
         *head,
         "set -uo pipefail",
         f"mkdir -p {shlex.quote(run_out)}  # on a filesystem every node shares: checkpoints are written by all ranks",

@@ -662,15 +662,37 @@ def init_from(corpus: Path, out: Path, folder: Path, *sets: str) -> list[str]:
     return argv[:i - 1] + argv[i + 1:] + [a for s in (f"model.init_from={folder}", *sets) for a in ("--set", s)]
 
 
-@pytest.mark.parametrize("use", ["generate", "init_from"])
+@pytest.mark.parametrize("use", ["generate", "init_from", "export"])
 @pytest.mark.parametrize("damage", MODEL_DAMAGE)
 def test_damaged_model_dir(damage, use, run_dir, corpus, tmp_path, capsys):
     d = tmp_path / "model"
     shutil.copytree(run_dir / "model", d)
     MODEL_DAMAGE[damage](d)
-    # in this process, into a fresh --out: the NaN weights are found only as they are read
-    argv = ["generate", str(d), "--tokens", "3"] if use == "generate" else init_from(corpus, tmp_path / "out", d)
+    # in this process, into a fresh --out (or --hf): the NaN weights are found only as they are read
+    argv = {"generate": ["generate", str(d), "--tokens", "3"], "init_from": init_from(corpus, tmp_path / "out", d),
+            "export": ["ckpt", "export", str(d), "--hf", str(tmp_path / "out" / "hf")]}[use]
     assert_one_line(*run_cli(capsys, argv))
+    assert not (tmp_path / "out").exists()  # an export refused for its tokenizer had made it
+
+
+@pytest.mark.parametrize("use", [["generate"], ["ckpt", "export"]])
+def test_a_model_folder_naming_a_missing_tokenizer_is_named(use, run_dir, tmp_path, capsys):
+    """The line names the folder given, not data.tokenizer, which the command has no flag for."""
+    d = tmp_path / "model"
+    shutil.copytree(run_dir / "model", d)
+    MODEL_DAMAGE["tokenizer_missing"](d)
+    argv = [*use, str(d), *(["--hf", str(tmp_path / "hf")] if "export" in use else [])]
+    assert_one_line(*run_cli(capsys, argv), hint=f"model_dir='{d}': is damaged (shoal_model.json names the tokenizer")
+
+
+def test_an_export_refused_for_its_tokenizer_config_writes_nothing(run_dir, tmp_path, capsys):
+    """The tokenizer_config.json beside a tokenizer is read before the export's folder is made."""
+    d = tmp_path / "model"
+    shutil.copytree(run_dir / "model", d)
+    words(200).save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text("{")
+    argv = ["ckpt", "export", str(d), "--hf", str(tmp_path / "out" / "hf")]
+    assert_one_line(*run_cli(capsys, argv), hint="tokenizer_config.json")
     assert not (tmp_path / "out").exists()
 
 
@@ -886,6 +908,9 @@ CKPT_DAMAGE = {
     "state_layout_str": _state_edit(lambda s: {**s, "layout": {**s["layout"], "tp": "2"}}),
     "state_loss_str": _state_edit(lambda s: {**s, "loss": "low"}),
     "state_time_str": _state_edit(lambda s: {**s, "time": "noon"}),
+    "state_time_nan": _state_edit(lambda s: {**s, "time": float("nan")}),  # inspect's date: a traceback
+    "state_time_huge": _state_edit(lambda s: {**s, "time": 1e300}),
+    "state_config_data_list": _state_edit(lambda s: {**s, "config": {**s["config"], "data": [1]}}),  # export's
     "state_not_json": lambda c: ((c / store.TRAIN_STATE).write_text("{"), _rehash(c)),
 }
 
@@ -913,6 +938,25 @@ def test_damaged_checkpoint_is_skipped(damaged_run, corpus, capsys):
     argv = base(corpus, damaged_run) + ["--resume", str(root / "step_00000002")]
     assert_one_line(*run_cli(capsys, argv), hint="--resume")
     assert snapshot(damaged_run) == before
+
+
+@pytest.mark.parametrize("damage", ["cut", "nan"])
+def test_tensor_data_its_manifest_agrees_with_is_checked_by_export(damage, run_dir, tmp_path, capsys):
+    """Damage hashed into the manifest (another tool's, or a hand's): the export reads the data itself."""
+    ckpt = tmp_path / "step_00000002"
+    shutil.copytree(run_dir / "checkpoints" / ckpt.name, ckpt)
+    data = ckpt / "__0_0.distcp"
+    if damage == "cut":  # was DCP's CheckpointException, a BaseException: a traceback
+        os.truncate(data, 1000)
+    else:  # was exported as nan weights: the middle of the largest weight's bytes
+        from shoal.checkpoint.safe_read import read_metadata
+
+        stored = read_metadata(ckpt).storage_data
+        largest = max((v for k, v in stored.items() if k.fqn.startswith("model.")), key=lambda v: v.length)
+        _overwrite(data, largest.offset + largest.length // 2, b"\xff" * 64)
+    _rehash(ckpt)
+    assert_one_line(*run_cli(capsys, ["ckpt", "export", str(ckpt), "--hf", str(tmp_path / "hf")]), hint="is damaged")
+    assert not (tmp_path / "hf").exists()
 
 
 def test_checkpoints_hashed_with_sha256_still_verify(run_dir, tmp_path):

@@ -244,6 +244,60 @@ def test_damaged_or_foreign_datasets_are_refused(tmp_path, hf_tokenizer_path):
         open_dataset(d)
 
 
+MANIFEST_DAMAGE = {  # a hand edit or another tool's: a field of another type than shoal writes
+    "count_string": lambda m: m["shards"][0].update(train_tokens="15"),
+    "vocab_bool": lambda m: m.update(vocab_size=True),
+    "dtype_unknown": lambda m: m.update(dtype="bogus"),
+}
+
+
+@pytest.mark.parametrize("damage", MANIFEST_DAMAGE)
+def test_a_manifest_field_of_another_type_is_refused_and_mended(damage, tmp_path):
+    d, out = corpus_dir(tmp_path, n=2), str(tmp_path / "ds")
+    prepare([d], "byte", out)
+    path = tmp_path / "ds" / "shoal_dataset.json"
+    manifest = json.loads(path.read_text())
+    MANIFEST_DAMAGE[damage](manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="shoal_dataset.json") as e:  # was a TypeError, or took True for 1 token
+        open_dataset(out)
+    assert e.value.field == "data.path"
+    assert prepare([d], "byte", out).shards_done == 0  # preparing again, as the line says, mends it
+    assert open_dataset(out).settings.vocab_size == 256
+
+
+@pytest.mark.parametrize("damage", ["{", "[]", "folder"])
+def test_a_damaged_prepare_state_is_refused(damage, tmp_path):
+    d, out = corpus_dir(tmp_path, n=2), tmp_path / "ds"
+    prepare([d], "byte", str(out))
+    state = out / "prepare.json"
+    state.unlink()
+    state.mkdir() if damage == "folder" else state.write_text(damage)
+    with pytest.raises(UserError, match="damaged prepare.json") as e:  # was a traceback
+        prepare([d], "byte", str(out))
+    assert e.value.field == "--out"
+
+
+def test_a_damaged_part_is_named_and_mended_by_running_it_again(tmp_path):
+    d, out = corpus_dir(tmp_path, n=4), str(tmp_path / "ds")
+    prepare([d], "byte", out, part=(0, 2))
+    (tmp_path / "ds" / "parts" / "0-of-2.json").write_text("[]")
+    with pytest.raises(UserError, match=r"parts/0-of-2.json is damaged .*run part 0/2 again") as e:
+        prepare([d], "byte", out, part=(1, 2))
+    assert e.value.field == "--shard"
+    assert prepare([d], "byte", out, part=(0, 2)).complete
+
+
+def test_a_refused_first_prepare_leaves_no_folder(tmp_path):
+    """Refused for its text field, the folders it made go again: the fix the line names is then not
+    refused as a "dataset prepared with other settings" (text_field 'text' -> 'body')."""
+    src, out = write(tmp_path / "a.jsonl", '{"body": "hello world"}\n'), tmp_path / "new" / "ds"
+    with pytest.raises(UserError, match="no such field"):
+        prepare([src], "byte", str(out))
+    assert not (tmp_path / "new").exists()
+    assert prepare([src], "byte", str(out), text_field="body").complete
+
+
 def test_val_split_is_by_document(tmp_path):
     d = corpus_dir(tmp_path, n=200)
     corpus = build(d, cache=tmp_path / "cache", val_fraction=0.1)

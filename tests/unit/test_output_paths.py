@@ -82,6 +82,8 @@ CASES = [  # (argv, what the one line must name)
     [[*PLAN, "--report", "{tmp}"], "other files in it"], [[*PLAN, "--figures", "{tmp}"], "other files in it"],
     [["verify", "--out", "{tmp}"], "other files in it"], [["doctor", "--out", "{tmp}"], "other files in it"],
     [[*PLAN, "--emit", "{tmp}/afile"], "shoal did not write"],  # replaced a file a person wrote
+    [[*K8S, "--out", "{tmp}"], "other files in it"],
+    [[*SLURM, "--name", "x" * 300, "--out", "{tmp}/s"], "more than the"],  # a traceback, after making --run-out
 ]
 EMPTY = [  # flags whose empty value used to read as "not given" (or as the current folder)
     [*PLAN, "--report"], [*PLAN, "--figures"], [*PLAN, "--emit"], [*PLAN, "--region"], [*PLAN, "--carbon-trace"],
@@ -111,6 +113,14 @@ def test_a_drawing_that_is_not_shoals_is_not_replaced(where, capsys):
     refused(capsys, ["mesh", "--nproc", "4", "--svg", "{tmp}/logo.svg"], where, "shoal did not write")
 
 
+def test_a_script_or_an_object_that_is_not_shoals_is_not_replaced(where, capsys):
+    (where["tmp"] / "job.sbatch").write_text("#!/bin/bash\nsrun ./my_own_job\n")
+    refused(capsys, [*SLURM, "--out", "{tmp}", "--name", "job"], where, "shoal did not write")
+    (where["tmp"] / "k8s").mkdir()
+    (where["tmp"] / "k8s" / "jobset.yaml").write_text("apiVersion: v1\nkind: ConfigMap\n")
+    refused(capsys, [*K8S, "--out", "{tmp}/k8s"], where, "other files in it (jobset.yaml)")
+
+
 def test_an_earlier_output_is_replaced(where, capsys):
     """A plan's page, figures and recipe written twice into the same places: the second replaces the first."""
     argv = [a.format(**where) for a in [*PLAN, "--report", "{tmp}/plan", "--figures", "{tmp}/plan", "--emit",
@@ -118,6 +128,9 @@ def test_an_earlier_output_is_replaced(where, capsys):
     assert main(argv) == 0 and main(argv) == 0, capsys.readouterr().err
     grid = ["mesh", "--nproc", "4", "--svg", str(where["tmp"] / "grid.svg")]
     assert main(grid) == 0 and main(grid) == 0, capsys.readouterr().err
+    for argv in ([*SLURM, "--out", "{tmp}/slurm"], [*K8S, "--out", "{tmp}/k8s"]):  # their marks are known
+        argv = [a.format(**where) for a in argv]
+        assert main(argv) == 0 and main(argv) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", EMPTY, ids=[" ".join(a[:1] + a[-1:]) for a in EMPTY])
