@@ -82,6 +82,7 @@ def load_full_state(directory: Path) -> tuple[dict[str, torch.Tensor], ModelConf
     from torch.distributed.checkpoint.api import CheckpointException
 
     from shoal.checkpoint.safe_read import SafeReader, TensorsOnlyLoadPlanner, UnsafeCheckpoint, read_metadata
+    from shoal.checkpoint.weights import first_nonfinite
 
     found = store.problems(directory)
     if found:
@@ -105,8 +106,8 @@ def load_full_state(directory: Path) -> tuple[dict[str, torch.Tensor], ModelConf
         # cut or garbled tensor data that its manifest agrees with (hashed after the damage, or by another tool)
         raise UserError("checkpoint", str(directory), f"is damaged: its tensor data cannot be read "
                                                       f"({first_line(cause)})") from None
-    if bad := next((k for k, v in targets.items() if v.is_floating_point() and not torch.isfinite(v).all()), None):
-        raise UserError("checkpoint", str(directory), f"is damaged: {bad} holds nan or inf")  # as a model folder's
+    if bad := first_nonfinite(targets.items()):
+        raise UserError("checkpoint", str(directory), f"is damaged: {bad} holds nan or inf")
     return {key.removeprefix("model."): value for key, value in targets.items()}, cfg
 
 

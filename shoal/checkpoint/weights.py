@@ -63,7 +63,12 @@ def load_weights(path: Path, device: str = "cpu") -> tuple[Transformer, ModelCon
         load_model(model, str(directory / WEIGHTS), device=str(device))
     except Exception as e:
         raise damaged(f"{WEIGHTS} cannot be loaded: {first_line(e)}") from None
-    for name, p in model.named_parameters():  # flipped bytes in the data show up as nan/inf, or not at all
-        if not torch.isfinite(p).all():
-            raise damaged(f"{WEIGHTS} holds nan or inf in {name}")
+    if name := first_nonfinite(model.named_parameters()):
+        raise damaged(f"{WEIGHTS} holds nan or inf in {name}")
     return model.eval(), cfg, tokenizer
+
+
+def first_nonfinite(named) -> str | None:
+    """The first of (name, tensor) pairs holding NaN or infinity: flipped bytes in stored weights show up so,
+    or not at all (a model folder's, and a checkpoint's once export has read it)."""
+    return next((name for name, t in named if t.is_floating_point() and not torch.isfinite(t).all()), None)
