@@ -9,6 +9,7 @@ import argparse
 import math
 import sys
 
+from shoal import hardware
 from shoal.cli.argtypes import non_empty, nonnegative_float, positive_float
 from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
@@ -60,7 +61,8 @@ def _workload_flags(p) -> None:
     w = p.add_argument_group("workload and cluster")
     w.add_argument("--seq-len", type=int, help="tokens per sequence (required unless --validate)")
     w.add_argument("--global-batch", type=int, help="sequences per optimizer step (required unless --validate)")
-    w.add_argument("--gpu", metavar="NAME", help="a100, a100-40gb, h100, h800, h200, b200, b300, gb200, gb300, mi300x, mi325x, tpu-v5p, tpu-v5e, tpu-v6e, tpu-v4, local")
+    w.add_argument("--gpu", metavar="NAME", help=f"{', '.join(hardware.known_names())} (aliases and the names "
+                                                  "torch and nvidia-smi print are accepted)")
     w.add_argument("--gpus", type=int, help="GPU count (optional with --scale)")
     w.add_argument("--gpus-per-node", type=int)
     w.add_argument("--precision", choices=PRECISIONS,

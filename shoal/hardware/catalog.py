@@ -496,3 +496,75 @@ CATALOG["tpu-v3"] = dataclasses.replace(
     gpus_per_node=1024, torus_dims=2, torus_wrap_side=32, intra_node_bandwidth=166e9, power_watts=262,
     usd_per_gpu_hour=0.0,
     note="TPU v3: a pod is one 32x32 2D ICI torus (1,024 chips of two TensorCores); pods joined over DCN")
+
+# Parts people train on that no published run in bench/ used; every figure is the vendor's datasheet unless it
+# says otherwise, every efficiency its generation's above (approximate: none measured on these parts):
+# - H100 PCIe (H100 datasheet): 756 TFLOP/s BF16 and 1,513 FP8 dense, 80 GB HBM2e at 2.0 TB/s, 350 W. H100 NVL:
+#   835 and 1,671, 94 GB HBM3 at 3.9 TB/s, 400 W. Both sit 8 to a server on PCIe Gen5 x16 (64 GB/s each way;
+#   the NVLink bridges join pairs only, so a ring over 8 moves at PCIe's pace) with one 200 Gb/s NIC per GPU.
+#   Their per-score cost is the H200's rule with their SM counts and boost clocks (114 at 1.755 GHz, 132 at
+#   1.785 GHz).
+# - H20 (HGX H20): 148 TFLOP/s BF16 and 296 FP8 dense, 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s both ways,
+#   400 W; the per-score cost is unknown (no SM count published), so none.
+# - L40S (L40S datasheet): 362 TFLOP/s BF16 and 733 FP8 dense, 48 GB GDDR6 at 864 GB/s, 350 W, PCIe Gen4 x16
+#   (32 GB/s each way), no NVLink; 200 Gb/s per GPU in NVIDIA's OVX servers. Ada runs FlashAttention-2, not
+#   Hopper's kernels: A100's FlashAttention-2 share.
+# - MI250 (AMD's datasheet), one GCD as mi250x: 362.1 TFLOP/s BF16 per package (181 per GCD), 64 GB and
+#   1.6 TB/s per GCD, 500 W per package.
+# - MI355X and MI350X (AMD's datasheet): 2.5 and 2.3 PFLOP/s BF16 dense (FP8 twice that), 288 GB HBM3E at
+#   8 TB/s, Infinity Fabric 7 x 153.6 GB/s both ways, 1,400 W (liquid) and 1,000 W (air); 400 Gb/s per GPU.
+# - Gaudi 2 and Gaudi 3 (Intel's datasheets): 432 and 1,835 TFLOP/s BF16 (FP8 865 and 1,835), 96 GB HBM2e at
+#   2.45 TB/s and 128 GB at 3.7 TB/s, 600 W and 900 W. Each has 24 RoCE ports on the chip (100 and 200 Gb/s):
+#   21 join the 8 cards of a node all-to-all (262.5 and 525 GB/s each way per card), 3 leave it (37.5 and 75
+#   GB/s). The matmul and attention shares are MI300X's (approximate: no sustained GEMM figure read here).
+# - TPU v7 (Ironwood, Google Cloud's page): 4,614 TFLOP/s FP8, 192 GiB HBM at 7.37 TB/s, 9,216-chip pods in a
+#   3D torus, 1.2 TB/s of ICI per chip both ways, twice v5p's 600 GB/s on the same page, so twice v5p's
+#   per-axis rate here. Its BF16 rate is not published: half the FP8 one, as on every chip with both
+#   (approximate). The matmul share is v5p's floor, the rest v5p's.
+# - V100 SXM2 16GB: the v100 entry with 16 GB (the DGX-1 of 2017-18).
+# HBM sizes are GiB (stacks of 16, 24 or 36 GiB); L40S's GDDR6 is what nvidia-smi reports, 46,068 MiB.
+_H100_HOST_PCIE = dict(gpus_per_node=8, intra_node_bandwidth=64e9, intra_node_efficiency=0.7,
+                       inter_node_bandwidth=25e9, usd_per_gpu_hour=0.0)
+CATALOG["h100-pcie"] = dataclasses.replace(
+    CATALOG["h100-sxm"], name="h100-pcie", peak_bf16_flops=756e12, peak_fp8_flops=1513e12, attention_score_cost=945,
+    hbm_bandwidth=2.0e12, power_watts=350, fabric="PCIe", **_H100_HOST_PCIE,
+    note="8 x H100 PCIe 80GB on PCIe Gen5 (NVLink bridges pair them only), 200 Gb/s per GPU between nodes")
+CATALOG["h100-nvl"] = dataclasses.replace(
+    CATALOG["h100-sxm"], name="h100-nvl", peak_bf16_flops=835e12, peak_fp8_flops=1671e12, attention_score_cost=886,
+    hbm_bytes=94 * GiB, hbm_bandwidth=3.9e12, power_watts=400, fabric="PCIe", **_H100_HOST_PCIE,
+    note="8 x H100 NVL 94GB on PCIe Gen5 (NVLink bridges pair them only), 200 Gb/s per GPU between nodes")
+CATALOG["h20"] = dataclasses.replace(
+    CATALOG["h100-sxm"], name="h20", peak_bf16_flops=148e12, peak_fp8_flops=296e12, attention_score_cost=0,
+    hbm_bytes=96 * GiB, hbm_bandwidth=4.0e12, power_watts=400, usd_per_gpu_hour=0.0,
+    note="HGX H20: Hopper cut to 148 TFLOP/s BF16, 96 GB HBM3 at 4 TB/s, NVLink 900 GB/s, 400 Gb/s per GPU")
+CATALOG["l40s"] = dataclasses.replace(
+    CATALOG["a100-80gb"], name="l40s", peak_bf16_flops=362e12, peak_fp8_flops=733e12, attention_score_cost=0,
+    hbm_bytes=46068 * 2**20, hbm_bandwidth=864e9, intra_node_bandwidth=32e9, intra_node_efficiency=0.7,
+    power_watts=350, fabric="PCIe", usd_per_gpu_hour=0.0,
+    note="8 x L40S 48GB GDDR6 on PCIe Gen4, no NVLink, 200 Gb/s per GPU between nodes")
+CATALOG["mi250"] = dataclasses.replace(
+    CATALOG["mi250x"], name="mi250", peak_bf16_flops=181e12, peak_fp32_flops=45.3e12, power_watts=250,
+    note="one MI250 GCD (4 packages = 8 GCDs a node on Infinity Fabric)")
+CATALOG["mi355x"] = dataclasses.replace(
+    CATALOG["mi300x"], name="mi355x", peak_bf16_flops=2500e12, peak_fp8_flops=5000e12, hbm_bytes=288 * GiB,
+    hbm_bandwidth=8.0e12, intra_node_bandwidth=537.6e9, power_watts=1400, usd_per_gpu_hour=0.0,
+    note="8x MI355X: Infinity Fabric 7 x 76.8 GB/s per direction to peers, 400 Gb/s per GPU between nodes")
+CATALOG["mi350x"] = dataclasses.replace(
+    CATALOG["mi355x"], name="mi350x", peak_bf16_flops=2300e12, peak_fp8_flops=4600e12, power_watts=1000,
+    note="8x MI350X (air-cooled MI355X, lower clocks): Infinity Fabric 7 x 76.8 GB/s per direction to peers")
+CATALOG["gaudi2"] = dataclasses.replace(
+    CATALOG["mi300x"], name="gaudi2", peak_bf16_flops=432e12, peak_fp8_flops=865e12, hbm_bytes=96 * GiB,
+    hbm_bandwidth=2.45e12, intra_node_bandwidth=262.5e9, inter_node_bandwidth=37.5e9, power_watts=600,
+    fabric="RoCE", usd_per_gpu_hour=0.0,
+    note="8x Gaudi 2: 21 on-chip 100 GbE RoCE ports join the node all-to-all, 3 (300 Gb/s) leave it")
+CATALOG["gaudi3"] = dataclasses.replace(
+    CATALOG["gaudi2"], name="gaudi3", peak_bf16_flops=1835e12, peak_fp8_flops=1835e12, hbm_bytes=128 * GiB,
+    hbm_bandwidth=3.7e12, intra_node_bandwidth=525e9, inter_node_bandwidth=75e9, power_watts=900,
+    note="8x Gaudi 3: 21 on-chip 200 GbE RoCE ports join the node all-to-all, 3 (600 Gb/s) leave it")
+CATALOG["tpu-v7"] = dataclasses.replace(
+    CATALOG["tpu-v5p"], name="tpu-v7", peak_bf16_flops=2307e12, peak_fp8_flops=4614e12,
+    hbm_bytes=192 * GiB, reserved_bytes=TPU_RUNTIME_BYTES, hbm_bandwidth=7.37e12, gpus_per_node=9216,
+    intra_node_bandwidth=360e9, power_watts=0.0, usd_per_gpu_hour=0.0,
+    note="TPU v7 (Ironwood): a pod is one 3D ICI torus of 9,216 chips, 1.2 TB/s of ICI per chip both ways")
+CATALOG["v100-16gb"] = dataclasses.replace(
+    CATALOG["v100"], name="v100-16gb", hbm_bytes=16 * GiB, note="DGX-1 V100 SXM2 16GB")

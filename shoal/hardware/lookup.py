@@ -67,6 +67,10 @@ ALIASES = {
     "gb200-nvl72": "gb200", "gb300-nvl72": "gb300", "v5e": "tpu-v5e", "tpu-v5-lite": "tpu-v5e", "v6e": "tpu-v6e",
     "trillium": "tpu-v6e", "tpu-trillium": "tpu-v6e", "mi325": "mi325x", "v3": "tpu-v3", "v4": "tpu-v4",
     "a800-80gb": "a800", "a800-sxm": "a800", "a800-sxm4-80gb": "a800",
+    "h100-pcie-80gb": "h100-pcie", "h100-nvl-94gb": "h100-nvl", "h20-96gb": "h20", "l40s-48gb": "l40s",
+    "mi355": "mi355x", "mi350": "mi350x", "gaudi-2": "gaudi2", "hl-225": "gaudi2", "gaudi-3": "gaudi3",
+    "hl-325l": "gaudi3", "v7": "tpu-v7", "v7x": "tpu-v7", "tpu7x": "tpu-v7", "tpu-v7x": "tpu-v7",
+    "ironwood": "tpu-v7", "tpu-ironwood": "tpu-v7", "v100-sxm2-16gb": "v100-16gb",
 }
 
 # torch.cuda.get_device_name() -> catalog key. Only variants whose dense BF16 peak equals the entry's
@@ -74,12 +78,19 @@ ALIASES = {
 _DEVICE_PATTERNS = [
     (re.compile(r"\bgh200\b|\bh200\b"), "h200"),
     (re.compile(r"\bh100\b(?!.*(pcie|nvl))"), "h100-sxm"),
+    (re.compile(r"\bh100\b.*\bpcie\b"), "h100-pcie"),
+    (re.compile(r"\bh100\b.*\bnvl\b"), "h100-nvl"),
+    (re.compile(r"\bh20\b"), "h20"),
+    (re.compile(r"\bl40s\b"), "l40s"),
     (re.compile(r"\ba100\b"), "a100-80gb"),  # every A100 (SXM or PCIe, 40 or 80 GB) peaks at 312 TFLOP/s
     (re.compile(r"\ba800\b(?!.*40gb)"), "a800"),
     (re.compile(r"\bh800\b(?!.*pcie)"), "h800"),
     (re.compile(r"\bb200\b"), "b200"),
     (re.compile(r"\bmi300x\b"), "mi300x"),
+    (re.compile(r"\bmi355x\b"), "mi355x"),
+    (re.compile(r"\bmi350x\b"), "mi350x"),
     (re.compile(r"\bmi250x\b"), "mi250x"),  # not MI250 (362 TFLOP/s per package)
+    (re.compile(r"\bv100 sxm2 16gb\b"), "v100-16gb"),
     (re.compile(r"\bv100 sxm2\b"), "v100"),  # PCIe V100s peak at 112 TFLOP/s: not mapped
 ]
 
