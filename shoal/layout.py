@@ -105,6 +105,19 @@ class Layout:
         return self.dp_replicate * self.dp_shard
 
     @property
+    def hsdp_replicas(self) -> int:
+        """HSDP's replica groups: dp_replicate under zero 2/3 (FSDP2's 2-D mesh, parallel/parallelize.dp_mesh),
+        each holding a whole copy of the state sharded over its dp_shard x cp ranks; 1 otherwise (zero 0/1
+        replicate or shard over all of dp, and a dp_shard x cp of 1 has nothing to shard)."""
+        return self.dp_replicate if self.zero >= 2 and self.dp_shard * self.cp > 1 else 1
+
+    @property
+    def zero_group(self) -> int:
+        """Ranks one ZeRO shard spans: dp x cp (context-parallel ranks hold the same weights), within a replica
+        group under HSDP."""
+        return self.dp * self.cp // self.hsdp_replicas
+
+    @property
     def world(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 

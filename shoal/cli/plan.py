@@ -164,7 +164,12 @@ def _layout_flags(p) -> None:
     lay.add_argument("--tp", type=int)
     lay.add_argument("--pp", type=int)
     lay.add_argument("--cp", type=int, help="context parallelism (parallel.cp): each sequence split over cp ranks")
-    lay.add_argument("--dp", type=int)
+    lay.add_argument("--dp", type=int, help="the whole data-parallel degree (with --dp-replicate, all replica groups)")
+    lay.add_argument("--dp-replicate", type=int,
+                     help="HSDP (parallel.dp_replicate): the data-parallel ranks form this many replica groups; ZeRO "
+                          "shards within each group of dp/dp-replicate ranks and the groups all-reduce the reduced "
+                          "gradient shards (torchtitan's data_parallel_replicate_degree, FSDP's HYBRID_SHARD); "
+                          "default 1 with --dp given, else searched")
     lay.add_argument("--ep", type=int)
     lay.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
     lay.add_argument("--micro-batch", type=int)

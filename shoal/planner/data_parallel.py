@@ -61,11 +61,18 @@ class DataParallel:
         # DualPipe over both pipeline ranks that hold the stage too (pipeline.DUALPIPE_STAGE_COPIES).
         copies = pipeline.stage_copies(lay.pp_schedule) if lay.pp > 1 else 1
         self.whole_stage = stage_unsharded(lay, bool(k.gpu.xla_step))
-        self.n, self.edp = lay.dp * lay.cp * copies, self.edp * copies
+        # HSDP (Layout.hsdp_replicas): gathers and reduce-scatters stay inside a replica group
+        # (Layout.zero_group), and each reduced shard is then all-reduced across the groups (FSDP2's HSDP:
+        # reduce-scatter over the shard mesh dimension, all-reduce over the replicate one, in post-backward).
+        self.replicas = lay.hsdp_replicas
+        self.n = lay.zero_group * copies
+        self.edp = max(1, self.edp // self.replicas) * copies
         inner = lay.rank_stride("cp") if lay.cp > 1 else lay.rank_stride("dp")
         edp_stride = inner * lay.ep if etp == lay.tp else lay.ep
         self.g_dp, self.g_edp = group_ranks_per_node(self.n, inner, k.G), group_ranks_per_node(self.edp, edp_stride, k.G)
         self.net, self.net_edp = k.net.for_group(self.n, inner), k.net.for_group(self.edp, edp_stride)
+        across = lay.rank_stride("dp") * lay.dp_shard  # dp_replicate sits outside dp_shard (rank_dims)
+        self.g_rep, self.net_rep = group_ranks_per_node(self.replicas, across, k.G), k.net.for_group(self.replicas, across)
         # An XLA device reduces them in the compute dtype, before the cast back to fp32 (catalog.GPU.xla_step)
         self.weight = weight_gather_bytes(w, k.gathered)
         self.grad = (k.elem if k.prec == "fp32" or k.gpu.xla_step else grad_reduce_bytes(w)) * grad_wire_factor(
@@ -104,6 +111,16 @@ class DataParallel:
         return buckets * (coll.all_gather(n_dense * nbytes / buckets, self.n, self.g_dp, self.net)
                           + coll.all_gather(n_expert * nbytes / buckets, self.edp, self.g_edp, self.net_edp))
 
+    def reduce(self, n_dense: float, n_expert: float, nbytes: int, buckets: int = 1) -> float:
+        """Reduction of these many gradients: the reduce-scatter inside the ZeRO group, then under HSDP the
+        all-reduce of each rank's shard across the replica groups."""
+        t = self.gather(n_dense, n_expert, nbytes, buckets)
+        if self.replicas > 1:
+            t += buckets * (coll.all_reduce(n_dense * nbytes / buckets / self.n, self.replicas, self.g_rep, self.net_rep)
+                            + coll.all_reduce(n_expert * nbytes / buckets / self.edp, self.replicas, self.g_rep,
+                                              self.net_rep))
+        return t
+
     def per_layer(self, fwd: float, bwd: float) -> tuple[float, float, float]:
         """(exposed per layer forward, backward, once per step): ZeRO-2/3 collectives hide behind the
         layer they are prefetched for; the very first gather and the very last reduce-scatter show."""
@@ -114,7 +131,7 @@ class DataParallel:
             z = self.deepspeed_layer(fwd, bwd)
             return z.fwd, z.bwd, 0.0
         # Sizes are the full (unsharded) layer on this TP rank.
-        rs = self.gather(self.params.layer_dense, self.params.layer_expert, self.grad)
+        rs = self.reduce(self.params.layer_dense, self.params.layer_expert, self.grad)
         ag = self.gather(self.params.layer_dense, self.params.layer_expert) if lay.zero == 3 else 0.0
         return overlap(ag, fwd, hide), overlap(ag + rs, bwd, hide), ag + rs
 
@@ -137,7 +154,7 @@ class DataParallel:
             # (prefetched beside the forward) and kept; the gradients are reduce-scattered once, after the stage's
             # last backward (pipelining's REDUCE_GRAD action), with nothing left to hide behind.
             regather = self.gather(params.dense, params.expert)
-            sync = self.gather(params.dense, params.expert, self.grad)
+            sync = self.reduce(params.dense, params.expert, self.grad)
             return sync + regather, sync + overlap(regather, t_f, hide)
         if self.n > 1 and lay.zero <= 2:
             b = self.buckets
@@ -148,9 +165,9 @@ class DataParallel:
             else:
                 regather = self.gather(params.dense, params.expert, buckets=b)  # updated weights back to every rank
                 # ZeRO-2 reduced its gradients per micro-batch
-                sync = self.gather(params.dense, params.expert, self.grad, buckets=b) if lay.zero == 1 else 0.0
+                sync = self.reduce(params.dense, params.expert, self.grad, buckets=b) if lay.zero == 1 else 0.0
             v = lay.virtual_stages
-            total = sync + regather + (m * layers * self.gather(layer_dense, layer_expert, self.grad)
+            total = sync + regather + (m * layers * self.reduce(layer_dense, layer_expert, self.grad)
                                        if lay.zero == 2 else 0.0)
             if not w.grad_overlap:  # reduced after the last backward, gathered after the step (Workload.grad_overlap)
                 return total, sync + regather
@@ -177,7 +194,7 @@ class DataParallel:
             return m * layers * self.deepspeed_layer(layer_fwd, layer_bwd).traffic, 0.0
         if self.n > 1:
             return m * layers * (2 * self.gather(layer_dense, layer_expert)
-                                 + self.gather(layer_dense, layer_expert, self.grad)), 0.0
+                                 + self.reduce(layer_dense, layer_expert, self.grad)), 0.0
         return 0.0, 0.0
 
 

@@ -332,13 +332,14 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
         stages = (("edges", first_held, embed_first + logits_last),)
     copies = stage_copies(lay.pp_schedule) if lay.pp > 1 else 1
     etp, edp = expert_grid(lay)
-    edp *= copies
+    edp = max(1, edp // lay.hsdp_replicas) * copies  # the experts' ZeRO group, inside a replica group as the rest
     for stage, held, logits in stages:
         if lay.pp == 1:
             stage, logits = "only", embed_first + logits_last
         params = stage_params(cfg, lay, "last" if stage == "only" else stage, etp)
-        # context-parallel ranks hold the same weights: ZeRO shards over them too (and over a DualPipe stage's copies)
-        shard = lay.dp * lay.cp * copies
+        # context-parallel ranks hold the same weights: ZeRO shards over them too (and over a DualPipe stage's
+        # copies); under HSDP only within a replica group (Layout.zero_group)
+        shard = lay.zero_group * copies
         w, g, o = model_state_bytes(params.dense, shard, lay.zero, workload.precision, workload.adam_moments)
         we, ge, oe = model_state_bytes(params.expert, edp, lay.zero, workload.precision, workload.adam_moments)
         psi = params.dense + params.expert
@@ -389,7 +390,7 @@ def _xla_peak(cfg: ModelConfig, lay: Layout, activations: float, working: float,
     buffers alive at one point of the program against the HBM (openxla/xla docs/errors/error_1000.md), so
     this is the number it compiles to."""
     head = 0.0
-    if loss and lay.zero == 3 and lay.dp * lay.cp > 1:  # the vocab-parallel head, gathered, and its gradient
+    if loss and lay.zero == 3 and lay.zero_group > 1:  # the vocab-parallel head, gathered, and its gradient
         head = 2 * cfg.vocab_size * cfg.dim / lay.tp * elem
     if loss + head > working + buffers:
         return max(0.0, activations - working), loss, head
@@ -410,7 +411,7 @@ def stage_unsharded(lay: Layout, xla: bool) -> bool:
     of the stage is still gathered. So such a rank holds its stage's 16-bit weights and fp32 gradients
     unsharded, beside the sharded optimizer state: shoal train and torchtitan, which both pipeline through
     it. (Megatron-Core and DeepSpeed pipeline with ZeRO-1 at most.) An XLA program shards as it compiles."""
-    return lay.pp > 1 and lay.zero >= 2 and lay.dp * lay.cp > 1 and not xla
+    return lay.pp > 1 and lay.zero >= 2 and lay.zero_group > 1 and not xla
 
 
 def _offloaded(lay: Layout, w: float, g: float, o: float, activations: float, act_layer: float,
@@ -475,15 +476,14 @@ def _buffers(workload: Workload, lay: Layout, layer_params: float, T: int, elem:
     grad = elem if xla else GRAD_BUFFER_BYTES
     if stage_unsharded(lay, xla):
         pass  # the whole stage is gathered already (memory's weights and gradients)
+    elif lay.zero_group > 1 and lay.zero == 3 and workload.zero3_impl == "deepspeed-2021":  # a module at a time
+        out += deepspeed_zero3.buffer_elements(deepspeed_zero3.module_weights(cfg, layer_params)) * elem
+    elif lay.zero_group > 1 and lay.zero == 3:  # the gathered layer (+ the prefetched one, eager FSDP); its gradients
+        out += (1 if xla else 2) * layer_params * workload.gathered_weight_bytes + layer_params * grad
+    elif lay.zero_group > 1 and lay.zero == 2:
+        out += layer_params * grad  # one layer's gradients being reduce-scattered
     elif lay.dp * lay.cp > 1:
-        if lay.zero == 3 and workload.zero3_impl == "deepspeed-2021":  # a module's weights at a time
-            out += deepspeed_zero3.buffer_elements(deepspeed_zero3.module_weights(cfg, layer_params)) * elem
-        elif lay.zero == 3:  # the gathered layer (+ the prefetched one, eager FSDP); its gradients being reduced
-            out += (1 if xla else 2) * layer_params * workload.gathered_weight_bytes + layer_params * grad
-        elif lay.zero == 2:
-            out += layer_params * grad  # one layer's gradients being reduce-scattered
-        else:
-            out += 2 * DDP_BUCKET_BYTES
+        out += 2 * DDP_BUCKET_BYTES
     if lay.tp > 1 and lay.sequence_parallel:
         out += 2 * T * cfg.dim * elem  # all-gathered sequence for the column-parallel matmuls
     if lay.pp > 1:

@@ -92,8 +92,8 @@ def build(args) -> Inputs:
     for name in ("seq_len", "global_batch"):
         if getattr(args, name) is None:
             raise UserError(name, None, f"give --{name.replace('_', '-')} N (or --validate RUN_DIR)")
-    for name in ("seq_len", "global_batch", "gpus", "gpus_per_node", "tp", "cp", "pp", "dp", "ep", "micro_batch",
-                 "pp_virtual_stages", "top"):
+    for name in ("seq_len", "global_batch", "gpus", "gpus_per_node", "tp", "cp", "pp", "dp", "dp_replicate", "ep",
+                 "micro_batch", "pp_virtual_stages", "top"):
         _positive(name, getattr(args, name))
     cfg = build_model(args)
     if args.hw_file:
@@ -140,7 +140,11 @@ def build(args) -> Inputs:
     if schedule is None and args.pp_virtual_stages and args.pp_virtual_stages > 1:
         schedule = "interleaved-1f1b"  # asking for virtual stages means interleaving
     zero = 0 if args.diloco_inner_steps else args.zero  # DiLoCo plans replica groups of one rank
-    fixed = Fixed(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep, zero=zero, micro_batch=args.micro_batch,
+    # A pinned --dp is one ZeRO group unless --dp-replicate splits it (a published "DP 512" is flat); with dp
+    # left to the search, so are HSDP's groups.
+    replicas = args.dp_replicate or (1 if args.dp else None)
+    fixed = Fixed(dp=args.dp, dp_replicate=replicas, tp=args.tp, pp=args.pp, ep=args.ep, zero=zero,
+                  micro_batch=args.micro_batch,
                   activation_checkpoint=args.activation_checkpoint, pp_schedule=schedule,
                   pp_virtual_stages=args.pp_virtual_stages, sequence_parallel=args.sequence_parallel,
                   cp=args.cp, offload=args.offload, activation_offload=args.activation_offload)
@@ -165,6 +169,9 @@ def _slow_link_flags(args) -> None:
     if args.diloco_inner_steps and args.grad_compression != "none":
         raise UserError("grad-compression", args.grad_compression, "DiLoCo sends no gradients across replica groups; "
                         "use --diloco-quantize for its pseudo-gradient")
+    if args.diloco_inner_steps and args.dp_replicate not in (None, 1):
+        raise UserError("dp-replicate", args.dp_replicate, "the planner's DiLoCo makes each data-parallel rank its "
+                        "own replica group; drop --dp-replicate")
     if args.diloco_inner_steps and args.zero not in (None, 0):
         raise UserError("zero", args.zero, "the planner's DiLoCo makes each data-parallel rank its own replica "
                         "group, which replicates (zero=0); drop --zero")
@@ -178,6 +185,15 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
     for p in problems(probe, workload.model, probe.world, workload.global_batch, workload.seq_len):
         if p.field in ("parallel.tp", "parallel.cp", "parallel.pp") and not isinstance(p, TrainerLimit):
             raise p
+    if fixed.dp and fixed.dp_replicate and fixed.dp % fixed.dp_replicate:
+        raise UserError("dp-replicate", fixed.dp_replicate, f"must divide --dp {fixed.dp} (each replica group shards "
+                        f"over dp/dp-replicate ranks); try a divisor of {fixed.dp}")
+    if fixed.dp and fixed.dp_replicate == fixed.dp > 1 and fixed.zero in (2, 3):
+        raise UserError("dp-replicate", fixed.dp_replicate, f"leaves one rank per replica group, which has nothing to "
+                        f"shard under --zero {fixed.zero}; use --zero 0 (replicate everywhere) or a --dp-replicate that "
+                        f"divides --dp {fixed.dp} into groups of 2 or more")
+    if fixed.dp_replicate and n_gpus % fixed.dp_replicate:
+        raise UserError("dp-replicate", fixed.dp_replicate, f"must divide --gpus {n_gpus}")
     pinned = {k: getattr(fixed, k) for k in ("dp", "tp", "cp", "pp") if getattr(fixed, k)}
     product = 1
     for v in pinned.values():
@@ -258,7 +274,9 @@ def answer(args, inputs: Inputs) -> Answer:
     ans = Answer(inputs)
     if args.gpus:
         if fixed.complete and (fixed.ep or not workload.model.is_moe):
-            layout = Layout(dp_shard=fixed.dp, tp=fixed.tp, cp=fixed.cp or 1, pp=fixed.pp, ep=fixed.ep or 1, zero=fixed.zero,
+            replicas = fixed.dp_replicate or 1
+            layout = Layout(dp_replicate=replicas, dp_shard=fixed.dp // replicas, tp=fixed.tp, cp=fixed.cp or 1,
+                            pp=fixed.pp, ep=fixed.ep or 1, zero=fixed.zero,
                             offload=fixed.offload or "none", activation_offload=bool(fixed.activation_offload),
                             micro_batch=fixed.micro_batch, pp_schedule=fixed.pp_schedule or "1f1b",
                             pp_virtual_stages=fixed.pp_virtual_stages or 1,

@@ -37,6 +37,8 @@ class Fixed:
     data-parallel degree (the planner lays it on dp_shard; ZeRO decides whether it shards)."""
 
     dp: int | None = None
+    dp_replicate: int | None = None
+    """HSDP's replica groups (Layout.dp_replicate); None or 1: one group, ZeRO over the whole dp."""
     tp: int | None = None
     pp: int | None = None
     ep: int | None = None
@@ -93,12 +95,13 @@ def _powers_of_two(n: int) -> list[int]:
 
 
 def candidate_groups(workload: Workload, n_gpus: int, fixed: Fixed, rejected: Counter | None = None,
-                     max_tp: int | None = None, trainer_only: bool = False):
+                     max_tp: int | None = None, trainer_only: bool = False, per_node: int = 0):
     """Every layout that divides (no memory check), honouring the fixed dimensions, as (layout, recompute
     modes): the layout with each of those modes is a candidate (the layout carries the first).
 
     Recompute modes come innermost and lightest first, which `search` relies on to skip dominated
-    ones. Unless pinned, tp stays within max_tp (a node): tensor parallelism over the inter-node
+    ones. per_node (GPUs a node holds; 0: unknown) sets the HSDP groupings weighed (_replica_groups). Unless
+    pinned, tp stays within max_tp (a node): tensor parallelism over the inter-node
     network is never competitive, and pinning --tp still evaluates it. With trainer_only (the search's
     first pass), interleaved schedules whose micro-batches are not a multiple of pp and the plan-only
     schedules (trainer limits) are left out early and counted as rejected by the trainer: cheaper than
@@ -118,8 +121,12 @@ def candidate_groups(workload: Workload, n_gpus: int, fixed: Fixed, rejected: Co
             dp = n_gpus // (tp * cp * pp)
             if fixed.dp and dp != fixed.dp:
                 continue
-            eps = [fixed.ep] if fixed.ep else ([e for e in _powers_of_two(dp) if cfg.n_experts % e == 0] if cfg.is_moe else [1])
+            if fixed.dp_replicate and dp % fixed.dp_replicate:
+                rejected["dp_replicate"] += 1
+                continue
             zeros = [fixed.zero] if fixed.zero is not None else ([0, 1, 2, 3] if dp > 1 else [0])
+            groupings = [(zero, replicas) for zero in zeros
+                         for replicas in _replica_groups(dp, per_node // (tp * cp) if per_node else 0, zero, fixed)]
             # A batch that does not divide still yields one layout: the layout rules name the fix.
             mbs = ([fixed.micro_batch] if fixed.micro_batch else
                    [b for b in _powers_of_two(B // dp) if b <= MAX_MICRO_BATCH] if B % dp == 0 else [1])
@@ -127,13 +134,35 @@ def candidate_groups(workload: Workload, n_gpus: int, fixed: Fixed, rejected: Co
             for mb in mbs:
                 m = B // (dp * mb) if B % (dp * mb) == 0 else 0
                 for sched, v in _schedules(cfg.n_layers, pp, m, fixed, rejected if trainer_only else None):
-                    for ep in eps:
-                        for zero in zeros:
+                    for zero, replicas in groupings:
+                        shard = dp // replicas
+                        eps = [fixed.ep] if fixed.ep else ([e for e in _powers_of_two(shard) if cfg.n_experts % e == 0]
+                                                           if cfg.is_moe else [1])
+                        for ep in eps:
                             for sp in sps:
-                                yield Layout(dp_shard=dp, tp=tp, cp=cp, pp=pp, ep=ep, zero=zero, micro_batch=mb,
+                                yield Layout(dp_replicate=replicas, dp_shard=shard, tp=tp, cp=cp, pp=pp, ep=ep,
+                                             zero=zero, micro_batch=mb,
                                              pp_schedule=sched, pp_virtual_stages=v, activation_checkpoint=recomputes[0],
                                              sequence_parallel=sp, offload=fixed.offload or "none",
                                              activation_offload=bool(fixed.activation_offload)), recomputes
+
+
+def _replica_groups(dp: int, node_share: int, zero: int, fixed: Fixed) -> list[int]:
+    """HSDP's replica-group counts worth weighing for a ZeRO stage: the pinned one, else 1 (ZeRO over all of dp)
+    and the groups that shard over one node's data-parallel ranks (FSDP's HYBRID_SHARD) or 2, 4, ... nodes'
+    (torchtitan's dp_shard over a few nodes): the shard group's gathers stay on NVLink or few rings, and only
+    the reduced shards cross the whole data-parallel span. Zero 0 and 1 replicate or shard over the whole of dp
+    (parallel/parallelize.py: HSDP is FSDP2's), so they weigh one group."""
+    if fixed.dp_replicate:  # a replica group of one rank shards nothing: plain replication, which zero 0 plans
+        return [fixed.dp_replicate] if zero < 2 or dp > fixed.dp_replicate else []
+    if zero < 2 or dp == 1:
+        return [1]
+    out, shard = [1], max(2, node_share)
+    while shard < dp:
+        if dp % shard == 0:
+            out.append(dp // shard)
+        shard *= 2
+    return out
 
 
 CP_FROM_SEQ_LEN = 32768
@@ -225,7 +254,7 @@ def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, ke
     floors = _Floors(cluster.gpu.hbm_bytes, cluster.gpu.reserved_bytes, misses)
     for base, recomputes in candidate_groups(workload, cluster.n_gpus, fixed, result.rejected,
                                              max_tp=tp_reach(network(cluster).slice_shape, cluster.gpus_per_node),
-                                             trainer_only=trainer_only):
+                                             trainer_only=trainer_only, per_node=cluster.gpus_per_node):
         # The trainer's own rules (shoal/layout.py): a layout kept here is one shoal train accepts. They read
         # the recompute mode only to check its name, so one verdict holds for the group.
         found = problems(base, workload.model, cluster.n_gpus, workload.global_batch, workload.seq_len)
@@ -293,7 +322,7 @@ class _Floors:
 
     @staticmethod
     def _state_key(lay: Layout) -> tuple:
-        return lay.dp, lay.tp, lay.cp, lay.pp, lay.pp_schedule, lay.pp_virtual_stages, lay.ep, lay.zero
+        return lay.dp, lay.dp_replicate, lay.tp, lay.cp, lay.pp, lay.pp_schedule, lay.pp_virtual_stages, lay.ep, lay.zero
 
     @staticmethod
     def _activation_key(lay: Layout, rc: str) -> tuple:

@@ -448,5 +448,5 @@ def _unfused_update_dispatch(lay: Layout, tensors: float, gpu: GPU) -> float:
     holds them (ZeRO-2/3, or replicate() for a model split another way); ZeRO-1 updates 1/dp of them."""
     dtensors = lay.tp > 1 or (lay.dp > 1 and not lay.replicates_with_ddp)
     per_op = gpu.kernel_gap + (gpu.tp_kernel_overhead if dtensors else 0.0)
-    updated = tensors / lay.dp if lay.zero == 1 and lay.dp > 1 else tensors
+    updated = tensors / lay.dp_shard if lay.zero == 1 and lay.dp_shard > 1 else tensors
     return (ADAMW_OPS_PER_TENSOR * updated + CLIP_OPS_PER_TENSOR * tensors) * per_op
