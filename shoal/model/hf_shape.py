@@ -112,6 +112,8 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
         shared = _first(hf, ("n_shared_experts",)) or (1 if family in ONE_SHARED_EXPERT else 0)
         if not shared and (wide := _first(hf, ("shared_expert_intermediate_size",))):  # one wide shared expert (Qwen2-MoE)
             shared = max(1, round(wide / expert))
+        if not shared and hf.get("parallel_attn_mlp_res"):  # Arctic: a residual MLP hidden_size wide beside the MoE
+            shared = max(1, round(dim / expert))  # (transformers' ArcticMLP, is_residual_mlp: ffn_dim = hidden_dim)
         dense = _first(hf, ("first_k_dense_replace",)) or 0
         if (shape["moe_every"] or 1) > 1:  # MoE on every k-th layer: that many MoE layers, the rest dense
             dense = shape["n_layers"] - shape["n_layers"] // shape["moe_every"]

@@ -59,6 +59,17 @@ def test_a_family_shoal_does_not_compute_is_planned_by_its_shape(hf, total, acti
         hf_config_to_model_config(hf.get("text_config", hf))
 
 
+def test_arctics_dense_residual_mlp_is_planned_as_a_shared_expert():
+    arctic = {"model_type": "arctic", "hidden_size": 7168, "intermediate_size": 4864, "num_attention_heads": 56,
+              "num_key_value_heads": 8, "num_hidden_layers": 35, "num_local_experts": 128, "num_experts_per_tok": 2,
+              "vocab_size": 32000, "parallel_attn_mlp_res": True, "moe_layer_frequency": 1}
+    counts = param_counts(hf_config_to_shape(arctic))
+    # Snowflake's card: 480B, 17B active (a 10B dense transformer beside 128 x 3.66B experts, top-2). The residual
+    # MLP is hidden_size wide, 1.47 routed experts, planned as one: 15.6B active, where it was 11.9B without it.
+    assert counts.total == pytest.approx(480e9, rel=0.01)
+    assert counts.active == pytest.approx(17e9, rel=0.1) and counts.active > 15e9
+
+
 def test_a_model_with_no_attention_is_refused_and_moe_periods_are_read():
     with pytest.raises(UserError, match="no attention layers"):
         hf_config_to_shape({"model_type": "mamba2", "hidden_size": 2560, "num_hidden_layers": 64, "num_heads": 80,
