@@ -155,8 +155,9 @@ def _stack_flags(p) -> None:
     w.add_argument("--cp-comm", choices=CP_COMMS,
                    help="how context parallelism moves K/V: p2p (default: Transformer Engine's ring, each step beside "
                         "its attention), all-gather (shoal train: gathered before attention, dK/dV reduce-scattered, "
-                        "not overlapped) or torch-ring (PyTorch's context_parallel as torchtitan ran it: one gather "
-                        "beside the first attention call, fp32 merges, fp32 dK/dV ring)")
+                        "not overlapped), torch-ring (PyTorch's context_parallel as torchtitan ran it: one gather "
+                        "beside the first attention call, fp32 merges, fp32 dK/dV ring) or a2a (Ulysses, Megatron's "
+                        "cp_comm_type a2a: Q, K, V and the output all-to-all'ed between sequence and heads)")
 
 
 def _layout_flags(p) -> None:

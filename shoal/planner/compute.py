@@ -196,8 +196,8 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
                attention: str, precision: str, moe: bool, ep: int, cp: int = 1, kernels: str = "fused",
                document_mask: bool = False, cp_comm: str = "p2p", cp_compiled: bool = True) -> KernelTime:
     """Kernel time of one layer; `moe` picks an MoE layer (routed experts spread over ep ranks). Under context
-    parallelism each of cp ranks runs 1/cp of the tokens over the whole sequence (balanced causal chunks) in cp
-    attention kernels, with `cp_comm`'s merges and copies. With `kernels` eager an MoE layer is shoal's own, its
+    parallelism each of cp ranks runs 1/cp of the attention: its tokens over the whole sequence (balanced causal
+    chunks) in cp kernels, or under `a2a` its heads over the whole sequence in one, with `cp_comm`'s copies. With `kernels` eager an MoE layer is shoal's own, its
     ops issued one by one after a host sync: it takes at least the host's time to issue them (moe_host_time; on the
     `local` CPU that time adds to the work). With `document_mask` attention takes an explicit mask (MASKED_ATTENTION_SHARE)."""
     elem = 4 if precision == "fp32" else 2  # activations: FP8 runs keep them in bf16 between GEMMs
@@ -263,7 +263,9 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         inside += FP8_CAST_ELEMS * (q_dim + (cfg.top_k * (f + h) - h if moe else f)) / tp
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
     on_host = moe and kernels == "eager" and is_local(gpu)  # the experts' ops: counted by moe_host_time instead
-    counted = DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + (0 if on_host else 2 * cfg.n_experts / ep) if moe else 0) + (cp - 1)
+    calls = 1 if cp_comm == "a2a" else cp  # attention kernels: cp calls round a ring, one over the whole sequence
+    counted = (DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + (0 if on_host else 2 * cfg.n_experts / ep) if moe else 0)
+               + (calls - 1))
     gaps = counted * _per_kernel(gpu, tp)
     # JAX's dots policy (an XLA device's selective) keeps no attention output: the attention forward reruns
     selective = (attn_fwd if attention == "unfused" else elementwise + (attn_fwd if gpu.xla_step else 0.0)) + up

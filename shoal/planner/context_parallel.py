@@ -2,8 +2,9 @@
 runs it (Workload.cp_comm): the exchange of keys and values (what of it shows beside the attention kernels) and
 the extra element-wise passes its merges and copies make (compute.layer_time adds them to the layer's kernels).
 
-Every way splits the sequence into 2·cp balanced chunks, two per rank, and runs attention as cp calls of the
-fused kernel per layer, 1/cp of the work each (compute.layer_time; the planner counts cp - 1 more kernels).
+Every way splits the sequence into 2·cp balanced chunks, two per rank. The rings run attention as cp calls of the
+fused kernel per layer, 1/cp of the work each (compute.layer_time; the planner counts cp - 1 more kernels);
+Ulysses (`a2a`) runs one call on 1/cp of the heads.
 
 - `p2p`: Transformer Engine's ring (Megatron-Core's default cp_comm_type "p2p"; Liu et al. 2023, Ring
   Attention): cp - 1 steps, each sending this rank's K/V chunk on while attention runs on the one in hand,
@@ -25,16 +26,30 @@ fused kernel per layer, 1/cp of the work each (compute.layer_time; the planner c
   loop. The K/V it moves are those SDPA is given: torchtitan's Llama (models/llama/model.py at 9dec370)
   repeats the kv heads to the query heads (`repeat_kv`) before SDPA, so they are as wide as the queries.
 
+- `a2a`: Ulysses (Jacobs et al. 2023, DeepSpeed-Ulysses; Megatron-Core's cp_comm_type "a2a", Transformer Engine's
+  AttnFuncWithCPAndQKVOA2A, read at TE d0067d0d's dot_product_attention/context_parallel.py): instead of passing
+  keys and values round, the ranks trade heads for sequence. Q, K and V are each all-to-all'ed before attention,
+  which then runs once over the whole sequence on heads/cp heads, and the output is all-to-all'ed back; backward
+  exchanges the output's gradient and then dQ, dK, dV the same way. Each exchange is waited for before
+  attention (or the next layer) runs: none hides. Around each all-to-all flash_attn_a2a_communicate makes three
+  copies of the tensor (the head split moved to the front, then after the exchange the sequence chunks put back
+  in order: movedim().contiguous() and index_select), so each of the eight tensors is copied three times. Every
+  rank must hold whole heads: the query and the key/value heads on a tensor-parallel rank must divide by cp.
+
 A fully recomputed layer runs its forward again inside backward, exchange included (TE's and PyTorch's
 rings and shoal's gather all live inside the checkpointed attention).
 """
 
 from __future__ import annotations
 
-from shoal.model.analytics import kv_width
+from shoal.errors import UserError
+from shoal.model.analytics import kv_heads_per_rank, kv_width
 from shoal.model.config import ModelConfig
 from shoal.planner import collectives as coll
 from shoal.planner.collectives import overlap
+
+A2A_COPIES = 3
+"""Copies flash_attn_a2a_communicate makes of each tensor it exchanges (module docstring: `a2a`)."""
 
 ATTENTION_BWD_RATIO = 2.5
 """Flash attention's backward against its forward (compute.py: it recomputes the scores)."""
@@ -50,6 +65,19 @@ def exchanged_width(cfg: ModelConfig, tp: int, cp_comm: str) -> float:
     return kv_width(cfg) / min(tp, cfg.n_kv_heads)
 
 
+def heads_problem(cfg: ModelConfig, tp: int, cp: int, cp_comm: str) -> UserError | None:
+    """`a2a` splits each tensor-parallel rank's heads over the cp ranks: its query heads and its key/value heads
+    must divide by cp (Transformer Engine asserts both). The other ways split the sequence and need nothing."""
+    if cp_comm != "a2a" or cp <= 1:
+        return None
+    q_heads, kv_heads = cfg.n_heads // tp, kv_heads_per_rank(cfg, tp)
+    if q_heads % cp == 0 and kv_heads % cp == 0:
+        return None
+    return UserError("cp", cp, f"--cp-comm a2a gives each cp rank whole heads, and a tensor-parallel rank holds "
+                               f"{q_heads} query and {kv_heads} key/value heads; use a cp that divides {kv_heads}, "
+                               f"or another --cp-comm")
+
+
 def ring_pass_bytes(cfg: ModelConfig, tokens: float, tp: int, cp: int, cp_comm: str, elem: int,
                     compiled: bool) -> tuple[float, float]:
     """(forward, backward) HBM bytes the way `cp_comm` adds to one layer's kernels on this rank's `tokens`
@@ -62,6 +90,8 @@ def ring_pass_bytes(cfg: ModelConfig, tokens: float, tp: int, cp: int, cp_comm: 
     q = tokens * cfg.n_heads * cfg.head_size / tp  # elements of this rank's queries (and attention output)
     kv = tokens * exchanged_width(cfg, tp, cp_comm)  # elements of its K (and of its V)
     copy = 2 * elem  # read and write a 16-bit tensor
+    if cp_comm == "a2a":  # Q, K, V and the output; backward their gradients; each copied A2A_COPIES times
+        return (A2A_COPIES * copy * (2 * q + 2 * kv),) * 2
     if cp_comm == "p2p":
         # Transformer Engine (dot_product_attention/context_parallel.py at d0067d0d, AttnFuncWithCPAndKVP2P, 16-bit
         # without FP8): the first step's output scaled into `out` (flash_attn_fwd_out_correction_init), each later
@@ -120,6 +150,12 @@ def exchange_time(k) -> tuple[float, float]:
     if cp_comm == "p2p":
         fwd = (lay.cp - 1) * overlap(coll.p2p(kv, same_node, k.net), step_fwd, hide)
         bwd = (lay.cp - 1) * overlap(coll.p2p(2 * kv, same_node, k.net), step_bwd, hide)
+    elif cp_comm == "a2a":
+        net = k.net.for_group(lay.cp, lay.rank_stride("cp"))
+        per_node = max(1, min(lay.cp, k.G // lay.rank_stride("cp")))
+        q = k.T * cfg.n_heads * cfg.head_size / lay.tp * k.elem  # this rank's queries (and output), bytes
+        # Q, K, V in and the output back; backward the output's gradient in, dQ, dK, dV back: none beside compute
+        fwd = bwd = 2 * coll.all_to_all(q, lay.cp, per_node, net) + coll.all_to_all(kv, lay.cp, per_node, net)
     else:
         net = k.net.for_group(lay.cp, lay.rank_stride("cp"))
         per_node = max(1, min(lay.cp, k.G // lay.rank_stride("cp")))
@@ -149,6 +185,8 @@ def buffer_bytes(cfg: ModelConfig, tokens: float, tp: int, cp: int, cp_comm: str
     kv = tokens * exchanged_width(cfg, tp, cp_comm)
     if cp_comm == "p2p":
         return 2 * 2 * kv * elem
+    if cp_comm == "a2a":  # Q, K and V copied for the exchange, and again as its output is put in order
+        return 2 * (q + 2 * kv) * elem
     if cp_comm == "torch-ring":
         return cp * 2 * kv * elem + (q + 2 * kv) * FP32 + 2 * 2 * kv * FP32
     return cp * 2 * kv * elem + 2 * (cp * 2 * q) * FP32 + q * FP32

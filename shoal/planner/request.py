@@ -19,6 +19,7 @@ from shoal.layout import Layout, TrainerLimit, problems
 from shoal.setting_rules import ENABLED_BY, ignored_settings, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
 from shoal.planner import cost, energy, scaling
+from shoal.planner.context_parallel import heads_problem
 from shoal.planner.evaluate import Plan
 from shoal.planner.search import Fixed, SearchResult, evaluate_pinned, search
 from shoal.planner.stacks import STACK_SETTINGS, default_stack, stack_settings
@@ -194,6 +195,8 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
                         f"divides --dp {fixed.dp} into groups of 2 or more")
     if fixed.dp_replicate and n_gpus % fixed.dp_replicate:
         raise UserError("dp-replicate", fixed.dp_replicate, f"must divide --gpus {n_gpus}")
+    if fixed.cp and fixed.tp and (problem := heads_problem(workload.model, fixed.tp, fixed.cp, workload.cp_comm)):
+        raise problem
     pinned = {k: getattr(fixed, k) for k in ("dp", "tp", "cp", "pp") if getattr(fixed, k)}
     product = 1
     for v in pinned.values():

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from shoal.errors import UserError
+from shoal.planner.context_parallel import heads_problem
 from shoal.planner.evaluate import Plan, evaluate
 from shoal.layout import (ACTIVATION_CHECKPOINT, INTERLEAVED, PLAN_ONLY_SCHEDULES, Layout, TrainerLimit,
                           max_pipeline_stages, model_limits, problems, splits_heads)
@@ -181,6 +182,9 @@ def _cp_and_pp(workload: Workload, n_gpus: int, tp: int, fixed: Fixed, rejected:
     else:
         cps = [1] + [c for c in CP_SIZES if (n_gpus // tp) % c == 0 and workload.seq_len % (2 * c) == 0]
     for cp in cps:
+        if heads_problem(workload.model, tp, cp, workload.cp_comm):  # Ulysses needs whole heads on every cp rank
+            rejected["cp"] += 1
+            continue
         pps = [fixed.pp] if fixed.pp else [p for p in _divisors(n_gpus // (tp * cp)) if p <= workload.model.n_layers]
         for pp in pps:
             if n_gpus % (tp * cp * pp):

@@ -32,7 +32,7 @@ GRAD_ACCUMULATION = ("fused", "separate")
 GRAD_REDUCES = ("auto", "fp32", "bf16")
 FP8_GATHERS = ("none", "activations", "all")
 ZERO3_IMPLS = ("fsdp", "deepspeed-2021")
-CP_COMMS = ("p2p", "all-gather", "torch-ring")
+CP_COMMS = ("p2p", "all-gather", "torch-ring", "a2a")
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,9 @@ class Workload:
     in fp32 after it, none of it beside compute. `torch-ring`: PyTorch's context_parallel with its default
     all-gather rotation as torchtitan ran it (torch 1963fc8, torchtitan 9dec370): one all-gather beside the first
     of cp attention calls, fp32 merges of their outputs, fp32 dK/dV passed round the ring in backward, on K/V
-    repeated to the query heads (torchtitan's repeat_kv)."""
+    repeated to the query heads (torchtitan's repeat_kv). `a2a`: Ulysses (Megatron-Core's cp_comm_type "a2a",
+    DeepSpeed-Ulysses): Q, K, V and the output all-to-all'ed between sequence and heads around one attention call
+    over the whole sequence, nothing beside compute; the heads on a tensor-parallel rank must divide by cp."""
     stack: str | None = None
     """The stacks.STACKS entry the settings above started from (None: each setting's own default), for the
     output to say which software the plan assumes."""

@@ -109,6 +109,7 @@ def test_text_output_names_winner_and_failures():
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--pp", "40"], "pp=40"),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--ep", "2"], "ep=2"),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--dp", "64", "--dp-replicate", "3"], "dp-replicate=3"),
+    (["--model", "llama3-8b", *BASE, "--gpus", "64", "--tp", "1", "--cp", "16", "--cp-comm", "a2a"], "cp=16"),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--dp", "64", "--zero", "3", "--dp-replicate", "64"],
      "dp-replicate=64"),
     (["--model", "llama3-9b", *BASE, "--gpus", "64"], "model.preset="),

@@ -64,3 +64,25 @@ def test_shoal_gathers_wait_and_hold_the_whole_sequence():
     whole_kv_fp32 = 2 * 262144 * L8.dim * 4  # K and V of the whole sequence at the query heads' width
     assert buffer_bytes(L8, tokens, 1, 8, "all-gather", 2) > 2 * whole_kv_fp32
     assert buffer_bytes(L8, tokens, 1, 8, "p2p", 2) == pytest.approx(2 * 2 * tokens * 1024 * 2)
+
+
+def test_ulysses_trades_heads_for_sequence_in_four_exchanges_each_way():
+    """`a2a` (Megatron-Core's cp_comm_type a2a): Q, K, V in and the output back, each an all-to-all nothing hides,
+    around one attention call on 1/cp of the heads; a rank must hold whole query and key/value heads."""
+    from shoal.planner import collectives as coll
+    from shoal.planner.context_parallel import heads_problem
+    from shoal.planner.timing import network
+
+    lay, cl = Layout(dp_shard=1, cp=8, zero=3, micro_batch=1, activation_checkpoint="none"), Cluster(H100, 8, 8)
+    t = step_time(Workload(L8, 131072, 1, cp_comm="a2a"), lay, cl)
+    tokens = 131072 / 8
+    q, kv = tokens * L8.dim * 2, 2 * tokens * 1024 * 2  # this rank's queries; its keys and values (8 kv heads)
+    net = network(cl).for_group(8, 1)
+    each_way = 2 * coll.all_to_all(q, 8, 8, net) + coll.all_to_all(kv, 8, 8, net)
+    assert t.cp_comm == pytest.approx(L8.n_layers * 2 * each_way)
+    # three copies of each of the eight tensors (flash_attn_a2a_communicate), forward and backward alike
+    fwd, bwd = ring_pass_bytes(L8, tokens, 1, 8, "a2a", 2, True)
+    assert fwd == bwd == pytest.approx(3 * 4 * (2 * tokens * L8.dim + 2 * tokens * 1024))
+    assert heads_problem(L8, 1, 8, "a2a") is None and heads_problem(L8, 1, 16, "p2p") is None
+    assert heads_problem(L8, 1, 16, "a2a").field == "cp"  # 8 kv heads cannot go to 16 ranks
+    assert heads_problem(L8, 4, 4, "a2a").field == "cp"  # tp 4 leaves each rank 2 kv heads
