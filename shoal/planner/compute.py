@@ -262,11 +262,7 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         # an MoE layer casts the first expert GEMM's input per (token, expert) copy, after the dispatch
         inside += FP8_CAST_ELEMS * (q_dim + (cfg.top_k * (f + h) - h if moe else f)) / tp
     elementwise = _stream(T * (outside / sp + inside) * elem, gpu)
-    on_host = moe and kernels == "eager" and is_local(gpu)  # the experts' ops: counted by moe_host_time instead
-    calls = 1 if cp_comm == "a2a" else cp  # attention kernels: cp calls round a ring, one over the whole sequence
-    counted = (DENSE_LAYER_KERNELS + (MOE_EXTRA_KERNELS + (0 if on_host else 2 * cfg.n_experts / ep) if moe else 0)
-               + (calls - 1))
-    gaps = counted * _per_kernel(gpu, tp)
+    gaps = _counted_kernels(cfg, gpu, moe, kernels, ep, cp, cp_comm) * _per_kernel(gpu, tp)
     # JAX's dots policy (an XLA device's selective) keeps no attention output: the attention forward reruns
     selective = (attn_fwd if attention == "unfused" else elementwise + (attn_fwd if gpu.xla_step else 0.0)) + up
     fwd, bwd = gemm + attn_fwd + elementwise + gaps, 2 * gemm + attn_bwd + 2 * elementwise + 2 * gaps
@@ -274,6 +270,15 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
         fwd, bwd = _wait_for_host(fwd, bwd, cfg, gpu, ep)
     return KernelTime(fwd=fwd, bwd=bwd, attn_fwd=attn_fwd, gemm_fwd=gemm, selective_fwd=selective,
                       op_fwd=selective + every_second, full_fwd=fwd - (down if gpu.xla_step else 0.0))
+
+
+def _counted_kernels(cfg: ModelConfig, gpu: GPU, moe: bool, kernels: str, ep: int, cp: int, cp_comm: str) -> float:
+    """Kernels one layer's forward launches: the dense layer's, an MoE layer's routing and its local experts' GEMM
+    pairs (an eager MoE layer's on the `local` CPU are counted by moe_host_time instead), and the attention calls
+    beyond one: cp of them round a context-parallel ring, one under Ulysses (`a2a`)."""
+    on_host = moe and kernels == "eager" and is_local(gpu)
+    experts = (MOE_EXTRA_KERNELS + (0 if on_host else 2 * cfg.n_experts / ep)) if moe else 0
+    return DENSE_LAYER_KERNELS + experts + (0 if cp_comm == "a2a" else cp - 1)
 
 
 def _fused_attention_time(cfg: ModelConfig, gpu: GPU, core_flops: float, scores: float, attention: str,
