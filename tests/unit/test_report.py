@@ -91,6 +91,16 @@ def test_bad_run_directories_are_one_user_error(tmp_path, case, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("finished", [True, False])
+def test_an_emptied_metrics_file_is_named_as_the_reason(tmp_path, finished):
+    """A run whose metrics.jsonl was emptied is refused for that, not for a final model/ it may well have."""
+    d = write_run(tmp_path / "run", [], finished=finished, total=10)
+    age(d, 3600)
+    with pytest.raises(UserError) as e:
+        load_run(d)
+    assert "metrics.jsonl" in str(e.value) and "is empty" in str(e.value) and "no final model" not in str(e.value)
+
+
 def test_a_run_in_progress_is_read_as_far_as_it_goes(tmp_path):
     d = write_run(tmp_path / "run", [1, 2, 3], finished=False, total=10, extra='{"step": 4, "lo')
     run = load_run(d)  # just written: still running
