@@ -15,7 +15,7 @@ from pathlib import Path
 from shoal import hardware
 from shoal.errors import UserError
 from shoal.hardware import local as local_hardware
-from shoal.layout import Layout, TrainerLimit, problems
+from shoal.layout import Layout, TrainerLimit, multiples_near, problems
 from shoal.setting_rules import ENABLED_BY, ignored_settings, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
 from shoal.planner import cost, energy, scaling
@@ -184,8 +184,7 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
         product *= v
     expr = "*".join(f"{k}" for k in pinned) + " = " + "*".join(str(v) for v in pinned.values())
     if pinned and n_gpus % product:
-        lower, upper = n_gpus // product * product, (n_gpus // product + 1) * product
-        raise UserError("gpus", n_gpus, f"must be divisible by {expr}; try --gpus {lower or upper} or {upper}")
+        raise UserError("gpus", n_gpus, f"must be divisible by {expr}; try --gpus {multiples_near(n_gpus, product)}")
     if {"dp", "tp", "pp"} <= set(pinned) and (fixed.cp or 1) * fixed.dp * fixed.tp * fixed.pp != n_gpus:
         raise UserError("gpus", n_gpus, f"{expr} = {product} ranks, not {n_gpus}; change --dp, --tp, --cp or --pp")
 
