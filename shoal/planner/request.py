@@ -54,7 +54,7 @@ def build_model(args) -> ModelConfig:
         cfg = get_preset(args.model)
     elif None in (args.layers, args.hidden, args.heads):
         missing = [f"--{n}" for n, v in (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads)) if v is None]
-        raise UserError("model", None, f"give --model PRESET, or the shape: {' '.join(missing)} missing")
+        raise UserError("model", args.model, f"give --model PRESET, or the shape: {' '.join(missing)} missing")
     else:
         mlp = args.mlp or "swiglu"
         ffn = args.ffn_hidden or (4 * args.hidden if mlp == "gelu" else 256 * -(-8 * args.hidden // 3 // 256))
@@ -101,7 +101,7 @@ def build(args) -> Inputs:
     elif args.gpu:
         gpu = hardware.get_gpu(args.gpu, remeasure=args.remeasure)
     else:
-        raise UserError("gpu", None, f"name a device with --gpu ({', '.join(hardware.known_names())}) or --hw-file")
+        raise UserError("gpu", args.gpu, f"name a device with --gpu ({', '.join(hardware.known_names())}) or --hw-file")
     if args.hw:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
     if args.gpus:  # `local`: the ranks share this machine's cores unless --gpus-per-node spreads them

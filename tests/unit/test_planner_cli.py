@@ -142,6 +142,17 @@ def test_a_hint_offers_each_count_once(args, hint, capsys):
     assert err.endswith(hint), err
 
 
+@pytest.mark.parametrize("flag", ["--model", "--gpu"])
+def test_an_empty_model_or_gpu_is_shown_as_given(flag, capsys):
+    """`--gpu ''` was refused as gpu=None, as though the flag had been left out."""
+    from shoal.cli.main import main
+
+    args = {"--model": "llama3-8b", "--seq-len": "4096", "--global-batch": "64", "--gpu": "h100", "--gpus": "8", flag: ""}
+    assert main(["plan", *[x for kv in args.items() for x in kv]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag[2:]}='':" in err[0], err
+
+
 def test_scale_and_figures(tmp_path):
     out = plan("--model", "llama3-8b", *BASE, "--scale", "8:64", "--json", "--figures", str(tmp_path))
     assert out.returncode == 0, out.stderr
