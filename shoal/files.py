@@ -12,13 +12,16 @@ The ground floor: imports nothing of shoal's but errors.py, and no torch.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
+import shutil
 import socket
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -208,6 +211,24 @@ def missing_parts(path: Path) -> list[Path]:
     """`path` and those of its folders that do not exist yet, deepest first: what a refusal must take
     away again to leave the disk as it found it."""
     return [p for p in (path, *path.parents) if not os.path.lexists(p)]
+
+
+@contextlib.contextmanager
+def filling(folder: Path) -> Iterator[Path]:
+    """`folder`, created with its missing parents for the work inside to write into. When that work
+    fails, what this made goes again: the folder, if it is new, with whatever was written in it, and
+    then each parent made for it (rmdir: while still empty). A folder that was there is left as it is."""
+    made = missing_parts(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    except BaseException:  # an interrupt too: half a report is no report
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+            for parent in made[1:]:
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+        raise
 
 
 def write_json(path: str | os.PathLike, obj: dict, durable: bool = True, default=None) -> None:

@@ -420,12 +420,12 @@ def _pipeline_problems(lay: Layout, m: ModelConfig) -> list[UserError]:
 def _batch_problems(lay: Layout, global_batch: int) -> list[UserError]:
     unit = lay.micro_batch * lay.dp
     if global_batch % unit:
-        lower, upper = global_batch // unit * unit, (global_batch // unit + 1) * unit
         per_rank = global_batch // lay.dp
         if global_batch % lay.dp == 0:
+            upper = (global_batch // unit + 1) * unit
             hint = f"try train.micro_batch in {divisors_upto(per_rank, per_rank)} or train.global_batch={upper}"
         else:
-            hint = f"try train.global_batch={lower or upper} or {upper}"
+            hint = f"try train.global_batch={multiples_near(global_batch, unit)}"
         return [UserError("train.global_batch", global_batch,
                           f"must be a multiple of micro_batch*dp = {lay.micro_batch}*{lay.dp} = {unit}; {hint}")]
     if lay.pp == 1:
@@ -490,4 +490,11 @@ def splits_heads(m, tp: int) -> bool:
 
 def divisors_upto(n: int, upto: int) -> list[int]:
     return [d for d in range(1, min(n, max(upto, 1)) + 1) if n % d == 0]
+
+
+def multiples_near(n: int, unit: int) -> str:
+    """The multiples of `unit` either side of `n` to offer in a hint, "48 or 64"; only the one above
+    when none is below (n < unit), not "64 or 64"."""
+    lower, upper = n // unit * unit, (n // unit + 1) * unit
+    return f"{lower} or {upper}" if lower else str(upper)
 

@@ -44,8 +44,8 @@ def inspect(args) -> int:
         table.add_column(col, justify="right" if col in ("step", "size", "loss") else "left", no_wrap=True)
     for info in infos:
         saved = datetime.datetime.fromtimestamp(info["time"]).strftime("%m-%d %H:%M:%S") if info.get("time") else "?"
-        table.add_row(str(info["step"]), layout_text(info["layout"], zero=True),
-                      f"{info['bytes'] / 1e6:.1f} MB", f"{info['loss']:.4f}" if info["loss"] is not None else "-",
+        table.add_row("?" if info["step"] is None else str(info["step"]),  # None: train_state.json unreadable
+                      layout_text(info["layout"], zero=True), f"{info['bytes'] / 1e6:.1f} MB", loss_text(info["loss"]),
                       saved, "yes" if info["valid"] else "[bold red]NO[/]")
     console = make_console()
     console.print(table)
@@ -53,6 +53,12 @@ def inspect(args) -> int:
         for problem in info["problems"]:
             console.print(f"[bold red]damaged:[/] {problem}", highlight=False, soft_wrap=True)
     return 0 if all(info["valid"] for info in infos) else 1
+
+
+def loss_text(loss: float | None) -> str:
+    """A loss in at most a dozen characters: 5 significant digits are the 4 decimals a loss from 1 to 10
+    is read to, and a diverged 1e300 stays 1e+300 rather than 300 digits that push the table off the page."""
+    return "-" if loss is None else f"{loss:.5g}"
 
 
 def export(args) -> int:

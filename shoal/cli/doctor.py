@@ -9,26 +9,32 @@ from pathlib import Path
 
 from shoal.cli.argtypes import float_at_least, int_at_least, non_empty, positive_int
 from shoal.cli.node_args import add_node_args
+from shoal.errors import UserError
 from shoal.launch.multinode import multinode
 
 VERDICT_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
+DEFAULTS = {"--ops": None, "--min-size": "1K", "--max-size": "256M", "--factor": 4, "--budget": 0.1,
+            "--checks-only": False, "--out": "runs/doctor"}
+"""The defaults of the flags some modes have no use for: one given otherwise is refused there (refuse_unused)."""
+BENCH_FLAGS = ("--ops", "--min-size", "--max-size", "--factor", "--budget", "--out")
 
 
 def register(sub) -> None:
     p = sub.add_parser("doctor", help="check the environment and benchmark communication across N local ranks")
     p.add_argument("--nproc", type=positive_int, default=None, help="ranks for the benchmark (default: one per GPU, else 2)")
-    p.add_argument("--min-size", default="1K", help="smallest message (default 1K; binary units)")
-    p.add_argument("--max-size", default="256M", help="largest message (default 256M)")
-    p.add_argument("--factor", type=int_at_least(2), default=4, help="size step between messages (default 4)")
+    p.add_argument("--min-size", default=DEFAULTS["--min-size"], help="smallest message (default 1K; binary units)")
+    p.add_argument("--max-size", default=DEFAULTS["--max-size"], help="largest message (default 256M)")
+    p.add_argument("--factor", type=int_at_least(2), default=DEFAULTS["--factor"], help="size step between messages (default 4)")
     p.add_argument("--ops", type=non_empty("--ops all_reduce,all_gather", sep=","),
                    help="comma-separated subset of all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,sendrecv")
-    p.add_argument("--budget", type=float_at_least(0, strict=True, most=600, what="seconds per size"), default=0.1,
+    p.add_argument("--budget", type=float_at_least(0, strict=True, most=600, what="seconds per size"),
+                   default=DEFAULTS["--budget"],
                    help="seconds of timed iterations per size (default 0.1)")
     p.add_argument("--checks-only", action="store_true", help="environment checks only, no benchmark")
     p.add_argument("--peak", action="store_true", help="print the datasheet peak FLOP/s that MFU is against, "
                    "beside a measured matmul on this process's cores; no benchmark")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="for --peak (default fp32)")
-    p.add_argument("--out", type=non_empty("--out runs/doctor"), default="runs/doctor",
+    p.add_argument("--out", type=non_empty("--out runs/doctor"), default=DEFAULTS["--out"],
                    help="where the raw timings and the plot go; with --nnodes, the directory checked to be shared "
                         "by all nodes (give the filesystem your runs will use)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
@@ -44,16 +50,17 @@ def run(args) -> int:
 
     if args.peak:
         return show_peak(args.precision, args.json)
-    if multinode(args.nnodes, args.node_rank, args.master, args.ifname):
+    if multinode(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout):
         return run_node(args)
-    if not args.checks_only:
-        check_output_dir("--out", args.out, own=doctor.OUT_FILES)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
-    sizes = doctor.sizes(doctor.parse_size(args.min_size, "--min-size"), doctor.parse_size(args.max_size), args.factor)
-    ops = args.ops or list(BENCH_OPS)
-    if args.checks_only:
+    if args.checks_only:  # as --nnodes does: a benchmark flag here would be silently unused
+        refuse_unused(args, "--checks-only", "runs no benchmark", BENCH_FLAGS)
         rep = doctor.Report(checks=envcheck.run_all(nproc))
     else:
+        check_output_dir("--out", args.out, own=doctor.OUT_FILES)
+        sizes = doctor.sizes(doctor.parse_size(args.min_size, "--min-size"), doctor.parse_size(args.max_size),
+                             args.factor)
+        ops = args.ops or list(BENCH_OPS)
         doctor.check_fits(nproc, sizes[-1], args.max_size)
         rep = doctor.run(nproc, sizes, ops, Path(args.out), budget_s=args.budget)
     if args.json:
@@ -87,16 +94,11 @@ def run_node(args) -> int:
 
     from shoal.cli.console import console as make_console
     from shoal.cli.console import print_json
-    from shoal.errors import UserError
     from shoal.files import check_output_dir
     from shoal.measure import doctor, node_doctor
 
-    ops = ",".join(args.ops) if args.ops else None
-    for flag, value, default in (("--ops", ops, None), ("--checks-only", args.checks_only, False),
-                                 ("--min-size", args.min_size, "1K"), ("--factor", args.factor, 4)):
-        if value != default:
-            raise UserError(flag, value, "does not apply with --nnodes, which times one all_reduce of --max-size "
-                                         "bytes per network tier; leave it out")
+    refuse_unused(args, "--nnodes", "times one all_reduce of --max-size bytes per network tier",
+                  ("--ops", "--checks-only", "--min-size", "--factor"))
     check_output_dir("--out", args.out)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     rep = node_doctor.run(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout, nproc,
@@ -113,6 +115,16 @@ def run_node(args) -> int:
     if rep.not_shared:
         raise rep.not_shared
     return 0 if rep.as_dict()["ok"] else 1
+
+
+def refuse_unused(args, mode: str, does: str, flags: tuple[str, ...]) -> None:
+    """The first of `flags` given other than its default, which `mode` (that `does` ...) has no use
+    for: one line, rather than a setting silently ignored."""
+    for flag in flags:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value != DEFAULTS[flag]:
+            shown = ",".join(value) if isinstance(value, list) else value
+            raise UserError(flag, shown, f"does not apply with {mode}, which {does}; leave it out")
 
 
 def render_rows(rep):

@@ -51,12 +51,24 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
                 raise
             continue  # command not built yet
         mod.register(sub)
+    parser.commands = sub.choices  # name -> the command's parser, for parse()
     return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments, or one line and exit 2. An argument no parser took argparse reports from the top
+    parser ("shoal: error:"); it was given to a command, so that command's parser says it, as it says
+    every other mistake ("shoal presets: error:")."""
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    args = parse(argv)
     try:
         from shoal.worker.env import omp_threads
 

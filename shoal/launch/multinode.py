@@ -62,10 +62,12 @@ class NodePlan:
                 f"{self.master_ip}:{self.port}")
 
 
-def multinode(nnodes: int, node_rank: int, master: str, ifname: str = "") -> bool:
+def multinode(nnodes: int, node_rank: int, master: str, ifname: str = "", timeout: int = 120) -> bool:
     """Whether the flags ask for a multi-node job. --node-rank alone is refused: that node of a job
     whose --nnodes was left out would run on its own; --ifname alone too: one machine's ranks talk
-    over loopback, so it would be ignored."""
+    over loopback, so it would be ignored. A --rdzv-timeout no wait can have (0, negative, years) is
+    refused on one machine too, where it goes unused: a typo either way, said before anything runs."""
+    check_rdzv_timeout(timeout)
     if nnodes == 1 and not master:
         for flag, value in (("--node-rank", node_rank), ("--ifname", ifname)):
             if value:
@@ -79,6 +81,12 @@ MAX_RDZV_TIMEOUT_S = 7 * 24 * 3600
 """The longest wait for the other nodes: past a week it is a typo."""
 
 
+def check_rdzv_timeout(timeout: int) -> None:
+    if not 1 <= timeout <= MAX_RDZV_TIMEOUT_S:  # far larger overflowed torch's timedelta: a traceback
+        raise UserError("--rdzv-timeout", timeout, f"must be a number of seconds from 1 to {MAX_RDZV_TIMEOUT_S} "
+                                                   "(a week), e.g. 120")
+
+
 def plan_node(nnodes: int, node_rank: int, master: str, ifname: str = "", timeout: int = 120,
               rdzv: str = "c10d") -> NodePlan:
     """Check this node's flags and network, and work out its settings; raises UserError on the first problem."""
@@ -86,9 +94,7 @@ def plan_node(nnodes: int, node_rank: int, master: str, ifname: str = "", timeou
         raise UserError("--nnodes", nnodes, "must be a positive integer")
     if not 0 <= node_rank < nnodes:
         raise UserError("--node-rank", node_rank, f"must be in 0..{nnodes - 1} for --nnodes {nnodes}")
-    if not 1 <= timeout <= MAX_RDZV_TIMEOUT_S:  # far larger overflowed torch's timedelta: a traceback
-        raise UserError("--rdzv-timeout", timeout, f"must be a number of seconds from 1 to {MAX_RDZV_TIMEOUT_S} "
-                                                   "(a week), e.g. 120")
+    check_rdzv_timeout(timeout)
     if not master:
         raise UserError("--master", master, "give node 0's address as HOST[:PORT] (the same on every node)")
     host, port = _split(master)

@@ -15,7 +15,7 @@ from pathlib import Path
 from shoal import hardware
 from shoal.errors import UserError
 from shoal.hardware import local as local_hardware
-from shoal.layout import Layout, TrainerLimit, problems
+from shoal.layout import Layout, TrainerLimit, multiples_near, problems
 from shoal.setting_rules import ENABLED_BY, ignored_settings, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
 from shoal.planner import cost, energy, scaling
@@ -55,7 +55,7 @@ def build_model(args) -> ModelConfig:
         cfg = get_preset(args.model)
     elif None in (args.layers, args.hidden, args.heads):
         missing = [f"--{n}" for n, v in (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads)) if v is None]
-        raise UserError("model", None, f"give --model PRESET, or the shape: {' '.join(missing)} missing")
+        raise UserError("model", args.model, f"give --model PRESET, or the shape: {' '.join(missing)} missing")
     else:
         mlp = args.mlp or "swiglu"
         ffn = args.ffn_hidden or (4 * args.hidden if mlp == "gelu" else 256 * -(-8 * args.hidden // 3 // 256))
@@ -102,7 +102,7 @@ def build(args) -> Inputs:
     elif args.gpu:
         gpu = hardware.get_gpu(args.gpu, remeasure=args.remeasure)
     else:
-        raise UserError("gpu", None, f"name a device with --gpu ({', '.join(hardware.known_names())}) or --hw-file")
+        raise UserError("gpu", args.gpu, f"name a device with --gpu ({', '.join(hardware.known_names())}) or --hw-file")
     if args.hw:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
     if args.gpus:  # `local`: the ranks share this machine's cores unless --gpus-per-node spreads them
@@ -203,8 +203,7 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
         product *= v
     expr = "*".join(f"{k}" for k in pinned) + " = " + "*".join(str(v) for v in pinned.values())
     if pinned and n_gpus % product:
-        lower, upper = n_gpus // product * product, (n_gpus // product + 1) * product
-        raise UserError("gpus", n_gpus, f"must be divisible by {expr}; try --gpus {lower or upper} or {upper}")
+        raise UserError("gpus", n_gpus, f"must be divisible by {expr}; try --gpus {multiples_near(n_gpus, product)}")
     if {"dp", "tp", "pp"} <= set(pinned) and (fixed.cp or 1) * fixed.dp * fixed.tp * fixed.pp != n_gpus:
         raise UserError("gpus", n_gpus, f"{expr} = {product} ranks, not {n_gpus}; change --dp, --tp, --cp or --pp")
 

@@ -9,20 +9,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shoal.files import filling
 from shoal.report.html import Figure, Section, render
 
 SECTION_IDS = ("summary", "rank-grid", "memory", "step-time", "scaling")
 
 
 def write_plan_report(out: str | Path, best, cluster, model_name: str, points=None) -> Path:
-    """Write <out>/index.html and the figures; return the page. `best` may be None (nothing fits)."""
+    """Write <out>/index.html and the figures; return the page. `best` may be None (nothing fits).
+    A failure part way leaves no half page, nor the folders made for it."""
+    with filling(Path(out)) as folder:
+        return _write(folder, best, cluster, model_name, points)
+
+
+def _write(out: Path, best, cluster, model_name: str, points) -> Path:
     from shoal.parallel.mesh import ParallelDims
     from shoal.planner.render import breakdown_lines, headline
     from shoal.report import plan_figures
     from shoal.report.rank_grid import rank_grid_figure
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     summary = Section("summary", "Summary", paragraphs=[headline(best.workload, cluster, model_name)] if best else [])
     grid, mem, time = Section("rank-grid", "Rank grid"), Section("memory", "Memory"), Section("step-time", "Step time")
     scaling = Section("scaling", "Scaling")

@@ -6,9 +6,9 @@ run.json (rank grid, pipeline schedule), the planner on the run's own layout (pr
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
+from shoal.files import filling
 from shoal.report.html import Figure, Section, render
 from shoal.rundir.names import REPORT
 from shoal.rundir.run import Run, load_run
@@ -34,20 +34,13 @@ def build_report(run_dir: Path, out: Path | None = None, allow_partial: bool = F
         from shoal.report.predict import predict
 
         found = predict(run.info, measured)
-    out = out or run_dir / REPORT
-    fresh = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
+    with filling(out or run_dir / REPORT) as out:  # a failure nobody foresaw leaves no half report either
         sections = [summary_section(run), training_section(run, out), grid_section(run, out),
                     pipeline_section(run, out), *measured_sections(run, out, measured, found),
                     profile_section(run_dir)]
         assert [s.id for s in sections] == list(SECTION_IDS)
         page = out / "index.html"
         page.write_text(render(f"shoal run report: {run_dir.resolve().name}", sections))
-    except BaseException:
-        if fresh:  # a failure nobody foresaw must not leave half a report either
-            shutil.rmtree(out, ignore_errors=True)
-        raise
     return page
 
 

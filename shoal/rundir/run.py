@@ -78,11 +78,7 @@ def load_run(path: Path, allow_partial: bool = False, now: float | None = None, 
     run.in_progress = _still_running(run, metrics, info_path, now)
     finished = (path / MODEL).is_dir() and (run.total_steps is None or run.last_step >= run.total_steps)
     if not finished and not run.in_progress and not allow_partial:
-        got = f"step {run.last_step}" + (f" of {run.total_steps}" if run.total_steps else "")
-        why = "its last line is cut off" if cut else f"no final {MODEL}/ was written"
-        raise UserError("run_dir", where, f"is a run that stopped at {got} and is no longer running ({why}): "
-                                          "resume it with the same `shoal train ... --out` command, "
-                                          "or pass --partial to report the steps it has")
+        raise _stopped(run, metrics, cut)
     if cut:
         run.notes.append(f"the last line of {METRICS} was cut off (written while reading, or the run was killed)")
     if not finished:
@@ -93,6 +89,21 @@ def load_run(path: Path, allow_partial: bool = False, now: float | None = None, 
     run.checkpoints = _checkpoint_steps(run)
     run.restarts = _restarts(run)
     return run
+
+
+def _stopped(run: Run, metrics: Path, cut: bool) -> UserError:
+    """Why a run no longer running is not finished, in the words that fit what is on disk."""
+    got = f"step {run.last_step}" + (f" of {run.total_steps}" if run.total_steps else "")
+    if (run.path / MODEL).is_dir():  # it did finish, and its rows were lost after: resuming brings none back
+        what = "is missing" if not metrics.is_file() else "is empty" if not run.rows else f"ends at {got}"
+        return UserError("run_dir", str(metrics), f"{what}, though the run wrote its final {MODEL}/ (it was "
+                                                  "emptied, cut or removed after the run): restore it from a copy, "
+                                                  "or pass --partial to report the steps it has")
+    why = ("its last line is cut off" if cut else f"its {METRICS} is empty: it logged no step" if not run.rows
+           else f"no final {MODEL}/ was written")
+    return UserError("run_dir", str(run.path), f"is a run that stopped at {got} and is no longer running ({why}): "
+                                               "resume it with the same `shoal train ... --out` command, "
+                                               "or pass --partial to report the steps it has")
 
 
 def _check_ranks(rows: list[dict], world: int, where: str) -> None:

@@ -940,6 +940,19 @@ def test_damaged_checkpoint_is_skipped(damaged_run, corpus, capsys):
     assert snapshot(damaged_run) == before
 
 
+def test_inspect_shows_an_unreadable_step_as_a_question_mark_and_a_huge_loss_short(tmp_path, capsys):
+    """A train_state.json no reader can take was a step of `None`; a diverged loss of 1e300 was 300
+    digits that squeezed every other column out of the table."""
+    for step, text in ((2, json.dumps({"step": 2, "data": {"step": 2}, "model": {}, "layout": {"world_size": 1},
+                                       "loss": 1e300})), (3, "{")):
+        (tmp_path / f"step_{step:08d}").mkdir()
+        (tmp_path / f"step_{step:08d}" / store.TRAIN_STATE).write_text(text)
+    code, out, err = run_cli(capsys, ["ckpt", "inspect", str(tmp_path)])
+    rows = [line for line in out.splitlines() if "NO" in line]
+    assert code == 1 and len(rows) == 2 and "Traceback" not in err, out + err
+    assert "1e+300" in rows[0] and "None" not in rows[1] and rows[1].split()[1] == "?", rows
+
+
 @pytest.mark.parametrize("damage", ["cut", "nan"])
 def test_tensor_data_its_manifest_agrees_with_is_checked_by_export(damage, run_dir, tmp_path, capsys):
     """Damage hashed into the manifest (another tool's, or a hand's): the export reads the data itself."""

@@ -54,3 +54,16 @@ def test_empty_corpus_is_one_line(tmp_path):
     r = shoal_cli("train", "--set", f"data.path={tmp_path / 'empty.txt'}", "--out", str(tmp_path / "o"), "--quiet")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "data.path" in r.stderr and "empty" in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["presets", "bogus"], ["presets", "--json"], ["plan", "--bogus"],
+                                  ["ckpt", "inspect", "x", "--bogus"]])
+def test_an_argument_no_command_takes_is_named_by_the_command(argv, capsys):
+    """argparse said these from the top parser ("shoal: error:"), unlike every other mistake a command names."""
+    from shoal.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"shoal {argv[0]}: error: unrecognized arguments: {argv[-1]}"), err

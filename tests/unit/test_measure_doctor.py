@@ -92,3 +92,24 @@ def test_doctor_bad_size_is_one_line_and_exit_2():
     r = shoal_cli("doctor", "--max-size", "12Q", timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--max-size" in r.stderr
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--rdzv-timeout", "-1"], "--rdzv-timeout"), (["--rdzv-timeout", "0", "--checks-only"], "--rdzv-timeout"),
+    (["--ops", "bogus", "--checks-only"], "--ops"), (["--checks-only", "--max-size", "1G"], "--max-size"),
+    (["--checks-only", "--out", "elsewhere"], "--out"), (["--ops", "bogus"], "--ops")])
+def test_doctor_refuses_a_flag_it_would_ignore_or_cannot_use_before_running(argv, flag, capsys, monkeypatch, tmp_path):
+    """Each was accepted silently (a timeout of -1 on one machine; benchmark flags with --checks-only,
+    which runs no benchmark), or refused only after the environment checks."""
+    from shoal.cli.main import main
+    from shoal.measure import envcheck
+
+    def ran(*a, **k):
+        raise AssertionError("the checks ran")
+
+    monkeypatch.setattr(envcheck, "run_all", ran)
+    monkeypatch.chdir(tmp_path)
+    assert main(["doctor", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"shoal doctor: error: {flag}="), err
+    assert list(tmp_path.iterdir()) == []

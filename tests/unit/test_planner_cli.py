@@ -132,6 +132,31 @@ def test_bad_input_is_one_line_and_exit_2(args, field):
     assert field in lines[0]
 
 
+@pytest.mark.parametrize("args,hint", [
+    (["--gpus", "16", "--tp", "32"], "try --gpus 32"), (["--gpus", "16", "--pp", "3"], "try --gpus 15 or 18"),
+    (["--gpus", "8", "--dp", "8", "--global-batch", "4"], "try train.global_batch=8"),
+    (["--gpus", "4", "--dp", "4", "--global-batch", "10"], "try train.global_batch=8 or 12")])
+def test_a_hint_offers_each_count_once(args, hint, capsys):
+    """A pinned size above --gpus (or a dp above the batch) offered the one multiple twice: "try --gpus 32 or 32"."""
+    from shoal.cli.main import main
+
+    base = ["plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--gpu", "h100"]
+    assert main(base + args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(hint), err
+
+
+@pytest.mark.parametrize("flag", ["--model", "--gpu"])
+def test_an_empty_model_or_gpu_is_shown_as_given(flag, capsys):
+    """`--gpu ''` was refused as gpu=None, as though the flag had been left out."""
+    from shoal.cli.main import main
+
+    args = {"--model": "llama3-8b", "--seq-len": "4096", "--global-batch": "64", "--gpu": "h100", "--gpus": "8", flag: ""}
+    assert main(["plan", *[x for kv in args.items() for x in kv]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag[2:]}='':" in err[0], err
+
+
 def test_scale_and_figures(tmp_path):
     out = plan("--model", "llama3-8b", *BASE, "--scale", "8:64", "--json", "--figures", str(tmp_path))
     assert out.returncode == 0, out.stderr

@@ -91,6 +91,16 @@ def test_bad_run_directories_are_one_user_error(tmp_path, case, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("finished", [True, False])
+def test_an_emptied_metrics_file_is_named_as_the_reason(tmp_path, finished):
+    """A run whose metrics.jsonl was emptied is refused for that, not for a final model/ it may well have."""
+    d = write_run(tmp_path / "run", [], finished=finished, total=10)
+    age(d, 3600)
+    with pytest.raises(UserError) as e:
+        load_run(d)
+    assert "metrics.jsonl" in str(e.value) and "is empty" in str(e.value) and "no final model" not in str(e.value)
+
+
 def test_a_run_in_progress_is_read_as_far_as_it_goes(tmp_path):
     d = write_run(tmp_path / "run", [1, 2, 3], finished=False, total=10, extra='{"step": 4, "lo')
     run = load_run(d)  # just written: still running
@@ -171,3 +181,35 @@ def test_memory_and_communication_are_drawn_per_rank_and_per_dimension(tmp_path)
     assert "Busiest rank: 7, 0.88 GiB" in page
     assert "the 32 highest peaks of 40" in page and "ranks 7," in page and "rank 0," not in page
     assert "by parallel dimension: dp_shard 6.00 MiB, pp 1.00 MiB" in page
+
+
+def test_a_report_that_fails_part_way_leaves_no_folder_it_made(tmp_path, monkeypatch):
+    """--out a/b/c: the report folder went again, but the a/b made for it stayed."""
+    from shoal.report import run_report
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    d = write_run(tmp_path / "run", [1, 2, 3])
+    monkeypatch.setattr(run_report, "render", fail)
+    with pytest.raises(OSError):
+        run_report.build_report(d, tmp_path / "a" / "b" / "c")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    (tmp_path / "a").mkdir()  # a folder that was there before stays, with what it held
+    (tmp_path / "a" / "mine").write_text("x")
+    with pytest.raises(OSError):
+        run_report.build_report(d, tmp_path / "a" / "b" / "c")
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["mine"]
+
+
+def test_a_plan_report_that_fails_part_way_leaves_no_folder_it_made(tmp_path, monkeypatch):
+    """`shoal plan --report a/b/c` made its folders and left them, and half a page, on a failure."""
+    from shoal.report import plan_report
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plan_report, "render", fail)
+    with pytest.raises(OSError):
+        plan_report.write_plan_report(tmp_path / "a" / "b" / "c", None, None, "debug")
+    assert list(tmp_path.iterdir()) == []
