@@ -17,6 +17,8 @@ from shoal.planner.stacks import STACK_SETTINGS
 
 
 def human(n: float, unit: str = "") -> str:
+    if abs(n) >= 1e15:  # past a thousand trillion a suffix reads worse than the exponent ("8.5e+22", not "8.5e+10T")
+        return f"{n:.3g}{unit}"
     for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.3g}{suffix}{unit}"
@@ -34,7 +36,12 @@ def duration(seconds: float) -> str:
         return f"{seconds / 60:.1f} min"
     if seconds < 3 * 86400:
         return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
+    if seconds < 3 * YEAR:
+        return f"{seconds / 86400:.1f} days"
+    return f"{human(seconds / YEAR)} years"  # a run of --tokens 1e30 is 5e16 years, not 19 digits of days
+
+
+YEAR = 365.25 * 86400
 
 
 WORKLOAD_SETTINGS = ("kernels", "document_mask", "stack", *STACK_SETTINGS)
@@ -89,7 +96,8 @@ def training_lines(est: TrainingEstimate) -> list[str]:
         lines.append(f"with a failure every {duration(est.job_mtbf_hours * 3600)} (per-GPU MTBF "
                      f"{est.job_mtbf_hours * est.n_gpus:,.0f} h), checkpoints every {duration(est.checkpoint_interval_hours * 3600)} "
                      f"and {duration(est.restart_hours * 3600)} restarts: {duration(est.expected_hours * 3600)}, "
-                     f"~{est.expected_failures:.0f} failures, {duration(est.lost_hours * 3600)} lost, goodput {est.goodput:.0%}")
+                     f"~{human(est.expected_failures)} failures, {duration(est.lost_hours * 3600)} lost, "
+                     f"goodput {est.goodput:.0%}")
     else:
         lines.append(f"the job fails every {duration(est.job_mtbf_hours * 3600)}: more often than a checkpoint interval "
                      f"plus a restart, so it never finishes; checkpoint more often")
@@ -171,7 +179,8 @@ def energy_lines(used, window=None) -> list[str]:
     if used.co2_kg is not None:
         amount = f"{used.co2_kg / 1000:,.1f} t" if used.co2_kg >= 1000 else f"{used.co2_kg:,.0f} kg"
         co2 = f", {amount} CO2 at {used.grams_per_kwh:.0f} g/kWh{where}"
-    kwh = f"{used.kwh / 1000:,.1f} MWh" if used.kwh >= 1000 else f"{used.kwh:,.0f} kWh"
+    kwh = f"{human(used.kwh / 1000)} MWh" if used.kwh >= 1e9 else f"{used.kwh / 1000:,.1f} MWh" if used.kwh >= 1000 \
+        else f"{used.kwh:,.0f} kWh"
     lines = [f"energy: {kwh} ({used.gpu_power_watts:.0f} W per GPU x {duration(used.hours * 3600)} "
              f"x PUE {used.pue:g}){co2}"]
     if window is not None:

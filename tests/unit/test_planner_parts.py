@@ -129,6 +129,10 @@ def test_time_to_train_and_failures():
     assert est.goodput == pytest.approx(0.9)
     never = cost.estimate(1e12, 1e6, 100000, mtbf_gpu_hours=50000, checkpoint_interval_hours=2)
     assert math.isinf(never.expected_hours) and never.as_dict()["expected_hours"] is None
+    # An absurd --tokens reads as years and exponents, not twenty digits of days
+    from shoal.planner.render import duration, human, training_lines
+    assert (duration(10 * 86400), duration(1e24), human(8.53e22, "$")) == ("10.0 days", "3.17e+16 years", "8.53e+22$")
+    assert all(len(line) < 250 for line in training_lines(cost.estimate(1e30, 6e5, 64, usd_per_gpu_hour=3.0)))
 
 
 def test_scaling_sweep_finds_the_wall():
