@@ -76,3 +76,17 @@ def non_empty(example: str, sep: str = ""):
         return items if sep else text
     parse.__name__ = "non-empty value"
     return parse
+
+
+MLP_KINDS = {"swiglu": "swiglu", "geglu": "swiglu", "silu": "swiglu", "gelu": "gelu", "relu": "gelu",
+             "relu2": "gelu", "squared-relu": "gelu", "squared_relu": "gelu"}
+"""What an MLP's activation means for its shape: gated ones have three matrices (planned as swiglu), the rest
+two (planned as gelu); the FLOPs and memory are the matrices', whatever the nonlinearity between them."""
+
+
+def mlp_kind(text: str) -> str:
+    kind = MLP_KINDS.get(text.strip().lower())
+    if kind is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an MLP kind: swiglu (gated, three matrices: SwiGLU, "
+                                         f"GeGLU) or gelu (two: GELU, ReLU, relu2)")
+    return kind

@@ -10,7 +10,7 @@ import math
 import sys
 
 from shoal import hardware
-from shoal.cli.argtypes import non_empty, nonnegative_float, positive_float
+from shoal.cli.argtypes import mlp_kind, non_empty, nonnegative_float, positive_float
 from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
@@ -50,7 +50,9 @@ def _model_flags(p) -> None:
     m.add_argument("--qk-norm", action="store_true", default=None, help="RMSNorm on each head's q and k (Qwen3)")
     m.add_argument("--ffn-hidden", type=int, help="default: 4H for gelu, ~8H/3 rounded to 256 for swiglu")
     m.add_argument("--vocab", type=int, help="default 32000")
-    m.add_argument("--mlp", choices=("swiglu", "gelu"))
+    m.add_argument("--mlp", type=mlp_kind, metavar="{swiglu,gelu}",
+                   help="swiglu: a gated MLP of three matrices (SwiGLU, GeGLU); gelu: two matrices (GELU, ReLU, "
+                        "squared ReLU as Nemotron's), which `relu` and `relu2` are also read as")
     m.add_argument("--experts", type=int)
     m.add_argument("--top-k", type=int)
     m.add_argument("--expert-ffn-hidden", type=int)

@@ -300,3 +300,13 @@ def test_a_recipe_is_not_planned_on_another_stack(tmp_path, capsys):
                  "--stack", "torchtitan", "--emit", str(tmp_path / "r.toml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "stack" in err[0] and "--emit" in err[0]
+
+
+def test_an_mlp_is_named_by_its_activation_and_planned_by_its_matrices():
+    import argparse
+
+    from shoal.cli.argtypes import mlp_kind
+
+    assert [mlp_kind(k) for k in ("relu2", "ReLU", "gelu", "GeGLU", "swiglu")] == ["gelu"] * 3 + ["swiglu"] * 2
+    with pytest.raises(argparse.ArgumentTypeError, match="not an MLP kind"):
+        mlp_kind("tanh")
