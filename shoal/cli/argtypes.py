@@ -78,15 +78,27 @@ def non_empty(example: str, sep: str = ""):
     return parse
 
 
-MLP_KINDS = {"swiglu": "swiglu", "geglu": "swiglu", "silu": "swiglu", "gelu": "gelu", "relu": "gelu",
-             "relu2": "gelu", "squared-relu": "gelu", "squared_relu": "gelu"}
+def one_of(choices: tuple[str, ...], aliases: dict[str, str], what: str):
+    """A choice as people write it: any case, or another name for the same thing (a table's "FP8-MX" for fp8);
+    anything else is refused with the choices."""
+    def parse(text: str) -> str:
+        key = text.strip().lower()
+        if key in choices or key in aliases:
+            return aliases.get(key, key)
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}: choose from {', '.join(choices)}")
+    parse.__name__ = what
+    return parse
+
+
+mlp_kind = one_of(("swiglu", "gelu"), {"geglu": "swiglu", "silu": "swiglu", "relu": "gelu", "relu2": "gelu",
+                                       "squared-relu": "gelu", "squared_relu": "gelu"}, "an MLP kind")
 """What an MLP's activation means for its shape: gated ones have three matrices (planned as swiglu), the rest
 two (planned as gelu); the FLOPs and memory are the matrices', whatever the nonlinearity between them."""
-
-
-def mlp_kind(text: str) -> str:
-    kind = MLP_KINDS.get(text.strip().lower())
-    if kind is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an MLP kind: swiglu (gated, three matrices: SwiGLU, "
-                                         f"GeGLU) or gelu (two: GELU, ReLU, relu2)")
-    return kind
+PRECISION_ALIASES = {"fp8-cs": "fp8", "fp8-mx": "fp8", "mxfp8": "fp8", "fp8-blockwise": "fp8", "fp8-delayed": "fp8",
+                     "fp8-tensorwise": "fp8", "bf16-mixed": "bf16", "amp_bf16": "bf16", "fp16-mixed": "fp16",
+                     "amp_fp16": "fp16", "float32": "fp32", "tf32": "fp32"}
+"""Precision names of published tables and other trainers (Megatron-Bridge's FP8-CS/FP8-MX, Lightning's
+bf16-mixed, Composer's amp_bf16): FP8's scaling recipes are planned alike."""
+SCHEDULE_ALIASES = {"interleaved": "interleaved-1f1b", "vpp": "interleaved-1f1b", "interleaved1f1b": "interleaved-1f1b",
+                    "zero-bubble-h1": "zero-bubble", "zb": "zero-bubble", "dualpipe-v": "dualpipe"}
+"""Other names of the pipeline schedules (Megatron's virtual pipeline is interleaved 1F1B)."""

@@ -10,7 +10,7 @@ import math
 import sys
 
 from shoal import hardware
-from shoal.cli.argtypes import mlp_kind, non_empty, nonnegative_float, positive_float
+from shoal.cli.argtypes import PRECISION_ALIASES, SCHEDULE_ALIASES, mlp_kind, non_empty, one_of, nonnegative_float, positive_float
 from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
@@ -67,7 +67,8 @@ def _workload_flags(p) -> None:
                                                   "torch and nvidia-smi print are accepted)")
     w.add_argument("--gpus", type=int, help="GPU count (optional with --scale)")
     w.add_argument("--gpus-per-node", type=int)
-    w.add_argument("--precision", choices=PRECISIONS,
+    w.add_argument("--precision", type=one_of(PRECISIONS, PRECISION_ALIASES, "a precision"),
+                   metavar="{" + ",".join(PRECISIONS) + "}",
                    help="default bf16 (mixed precision); fp32 with --gpu local, as CPUs train in fp32; fp8: GEMMs "
                         "in FP8 (Transformer Engine), the rest as bf16; fp16: as bf16 plus a loss scaler; MFU stays "
                         "against the BF16 peak")
@@ -178,7 +179,8 @@ def _layout_flags(p) -> None:
     lay.add_argument("--micro-batch", type=int)
     lay.add_argument("--activation-checkpoint", "--recompute", dest="activation_checkpoint",
                      choices=ACTIVATION_CHECKPOINT, help="train.activation_checkpoint (--recompute is an alias)")
-    lay.add_argument("--pp-schedule", choices=SCHEDULES)
+    lay.add_argument("--pp-schedule", type=one_of(SCHEDULES, SCHEDULE_ALIASES, "a pipeline schedule"),
+                     metavar="{" + ",".join(SCHEDULES) + "}")
     lay.add_argument("--pp-virtual-stages", "--pp-virtual", dest="pp_virtual_stages", type=int,
                      help="stages per pipeline rank (interleaved schedules)")
     lay.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)

@@ -121,6 +121,7 @@ def test_text_output_names_winner_and_failures():
       "--micro-batch", "1", "--recompute", "none", "--pp-schedule", "interleaved-1f1b"], "pp_schedule="),
     (["--model", "llama3-8b", *BASE], "gpus="),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--zero", "4"], "--zero"),
+    (["--model", "llama3-8b", *BASE, "--gpus", "64", "--precision", "int4"], "--precision"),
     (["--model", "llama3-8b", "--global-batch", "64", "--gpu", "h100", "--gpus", "8"], "seq_len="),
     (["--model", "llama3-8b", *BASE, "--gpus", "8", "--recipe", "recipes/tiny.toml"], "recipe="),
 ])
@@ -310,3 +311,13 @@ def test_an_mlp_is_named_by_its_activation_and_planned_by_its_matrices():
     assert [mlp_kind(k) for k in ("relu2", "ReLU", "gelu", "GeGLU", "swiglu")] == ["gelu"] * 3 + ["swiglu"] * 2
     with pytest.raises(argparse.ArgumentTypeError, match="not an MLP kind"):
         mlp_kind("tanh")
+
+
+def test_precisions_and_schedules_are_taken_as_published_tables_write_them(capsys):
+    from shoal.cli.main import main
+
+    args = ["plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--gpu", "h100", "--gpus", "8",
+            "--top", "1", "--json", "--pp", "2"]
+    assert main(args + ["--precision", "FP8-MX", "--pp-schedule", "VPP"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plans"][0]
+    assert (plan["precision"], plan["strategy"]["pp_schedule"]) == ("fp8", "interleaved-1f1b")
