@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 
 from shoal import hardware
@@ -278,6 +279,28 @@ def validate(args) -> int:
     return 0
 
 
+CONFIG_FLAGS = {"train.global_batch": "--global-batch", "train.micro_batch": "--micro-batch", "train.seq_len": "--seq-len",
+                "train.activation_checkpoint": "--activation-checkpoint", "train.precision": "--precision",
+                "train.activation_offload": "--activation-offload", "parallel.dp_shard": "--dp",
+                "parallel.dp_replicate": "--dp-replicate", "parallel.tp": "--tp", "parallel.cp": "--cp",
+                "parallel.pp": "--pp", "parallel.ep": "--ep", "parallel.zero": "--zero",
+                "parallel.pp_schedule": "--pp-schedule", "parallel.pp_virtual_stages": "--pp-virtual-stages",
+                "parallel.offload": "--offload", "parallel.grad_compression": "--grad-compression",
+                "parallel.diloco_inner_steps": "--diloco-inner-steps", "parallel.sequence_parallel": "--sequence-parallel"}
+"""The layout rules speak the job config's names (shoal/layout.py, one home for them); a plan is asked for with
+flags, so its refusals say the flag that was typed."""
+
+
+def in_flags(e: UserError) -> UserError:
+    """`e` with the config names it mentions as the plan's flags ("try --global-batch 64 or 128")."""
+    def flag(text: str) -> str:
+        for name, option in CONFIG_FLAGS.items():
+            text = re.sub(rf"\b{re.escape(name)}=", f"{option} ", text)
+            text = re.sub(rf"\b{re.escape(name)}\b", option, text)
+        return text
+    return type(e)(CONFIG_FLAGS.get(e.field, e.field), e.value, flag(e.fix))
+
+
 def run(args) -> int:
     from shoal.cli.console import print_json
     from shoal.planner.recipe import EMITTED
@@ -295,8 +318,11 @@ def run(args) -> int:
             check_output_dir(flag, folder, own=OWN_FILES)  # an earlier plan's pictures are replaced, nothing else
     if args.emit:
         check_output_file("--emit", args.emit, replaces=EMITTED)  # never over a recipe a person wrote
-    inputs = build(args)
-    ans = answer(args, inputs)
+    try:
+        inputs = build(args)
+        ans = answer(args, inputs)
+    except UserError as e:
+        raise in_flags(e) from None
     for line in ignored_flags(args):  # after every refusal: a refused plan's one line stays one line
         print(f"shoal plan: warning: {line}", file=sys.stderr)
     emitted = None

@@ -105,7 +105,7 @@ def test_text_output_names_winner_and_failures():
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--tp", "3"], "tp=3"),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--dp", "64", "--tp", "2"], "gpus=64"),
     (["--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "100", "--gpu", "h100", "--gpus", "64",
-      "--dp", "64"], "global_batch=100"),
+      "--dp", "64"], "--global-batch=100"),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--pp", "40"], "pp=40"),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--ep", "2"], "ep=2"),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--dp", "64", "--dp-replicate", "3"], "dp-replicate=3"),
@@ -118,7 +118,7 @@ def test_text_output_names_winner_and_failures():
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--scale", "64-8"], "scale="),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--hw", "nvlink=1"], "hw.nvlink="),
     (["--model", "llama3-8b", *BASE, "--gpus", "16", "--tp", "8", "--pp", "1", "--dp", "2", "--zero", "1",
-      "--micro-batch", "1", "--recompute", "none", "--pp-schedule", "interleaved-1f1b"], "pp_schedule="),
+      "--micro-batch", "1", "--recompute", "none", "--pp-schedule", "interleaved-1f1b"], "--pp-schedule="),
     (["--model", "llama3-8b", *BASE], "gpus="),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--zero", "4"], "--zero"),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--precision", "int4"], "--precision"),
@@ -135,8 +135,8 @@ def test_bad_input_is_one_line_and_exit_2(args, field):
 
 @pytest.mark.parametrize("args,hint", [
     (["--gpus", "16", "--tp", "32"], "try --gpus 32"), (["--gpus", "16", "--pp", "3"], "try --gpus 15 or 18"),
-    (["--gpus", "8", "--dp", "8", "--global-batch", "4"], "try train.global_batch=8"),
-    (["--gpus", "4", "--dp", "4", "--global-batch", "10"], "try train.global_batch=8 or 12")])
+    (["--gpus", "8", "--dp", "8", "--global-batch", "4"], "try --global-batch 8"),
+    (["--gpus", "4", "--dp", "4", "--global-batch", "10"], "try --global-batch 8 or 12")])
 def test_a_hint_offers_each_count_once(args, hint, capsys):
     """A pinned size above --gpus (or a dp above the batch) offered the one multiple twice: "try --gpus 32 or 32"."""
     from shoal.cli.main import main
