@@ -73,7 +73,7 @@ def heads_problem(cfg: ModelConfig, tp: int, cp: int, cp_comm: str) -> UserError
     q_heads, kv_heads = cfg.n_heads // tp, kv_heads_per_rank(cfg, tp)
     if q_heads % cp == 0 and kv_heads % cp == 0:
         return None
-    return UserError("cp", cp, f"--cp-comm a2a gives each cp rank whole heads, and a tensor-parallel rank holds "
+    return UserError("--cp", cp, f"--cp-comm a2a gives each cp rank whole heads, and a tensor-parallel rank holds "
                                f"{q_heads} query and {kv_heads} key/value heads; use a cp that divides {kv_heads}, "
                                f"or another --cp-comm")
 

@@ -171,7 +171,7 @@ def _slow_link_flags(args) -> None:
         raise UserError("grad-compression", args.grad_compression, "DiLoCo sends no gradients across replica groups; "
                         "use --diloco-quantize for its pseudo-gradient")
     if args.diloco_inner_steps and args.dp_replicate not in (None, 1):
-        raise UserError("dp-replicate", args.dp_replicate, "the planner's DiLoCo makes each data-parallel rank its "
+        raise UserError("--dp-replicate", args.dp_replicate, "the planner's DiLoCo makes each data-parallel rank its "
                         "own replica group; drop --dp-replicate")
     if args.diloco_inner_steps and args.zero not in (None, 0):
         raise UserError("zero", args.zero, "the planner's DiLoCo makes each data-parallel rank its own replica "
@@ -187,14 +187,14 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
         if p.field in ("parallel.tp", "parallel.cp", "parallel.pp") and not isinstance(p, TrainerLimit):
             raise p
     if fixed.dp and fixed.dp_replicate and fixed.dp % fixed.dp_replicate:
-        raise UserError("dp-replicate", fixed.dp_replicate, f"must divide --dp {fixed.dp} (each replica group shards "
+        raise UserError("--dp-replicate", fixed.dp_replicate, f"must divide --dp {fixed.dp} (each replica group shards "
                         f"over dp/dp-replicate ranks); try a divisor of {fixed.dp}")
     if fixed.dp and fixed.dp_replicate == fixed.dp > 1 and fixed.zero in (2, 3):
-        raise UserError("dp-replicate", fixed.dp_replicate, f"leaves one rank per replica group, which has nothing to "
+        raise UserError("--dp-replicate", fixed.dp_replicate, f"leaves one rank per replica group, which has nothing to "
                         f"shard under --zero {fixed.zero}; use --zero 0 (replicate everywhere) or a --dp-replicate that "
                         f"divides --dp {fixed.dp} into groups of 2 or more")
     if fixed.dp_replicate and n_gpus % fixed.dp_replicate:
-        raise UserError("dp-replicate", fixed.dp_replicate, f"must divide --gpus {n_gpus}")
+        raise UserError("--dp-replicate", fixed.dp_replicate, f"must divide --gpus {n_gpus}")
     if fixed.cp and fixed.tp and (problem := heads_problem(workload.model, fixed.tp, fixed.cp, workload.cp_comm)):
         raise problem
     pinned = {k: getattr(fixed, k) for k in ("dp", "tp", "cp", "pp") if getattr(fixed, k)}

@@ -84,5 +84,5 @@ def test_ulysses_trades_heads_for_sequence_in_four_exchanges_each_way():
     fwd, bwd = ring_pass_bytes(L8, tokens, 1, 8, "a2a", 2, True)
     assert fwd == bwd == pytest.approx(3 * 4 * (2 * tokens * L8.dim + 2 * tokens * 1024))
     assert heads_problem(L8, 1, 8, "a2a") is None and heads_problem(L8, 1, 16, "p2p") is None
-    assert heads_problem(L8, 1, 16, "a2a").field == "cp"  # 8 kv heads cannot go to 16 ranks
-    assert heads_problem(L8, 4, 4, "a2a").field == "cp"  # tp 4 leaves each rank 2 kv heads
+    assert heads_problem(L8, 1, 16, "a2a").field == "--cp"  # 8 kv heads cannot go to 16 ranks
+    assert heads_problem(L8, 4, 4, "a2a").field == "--cp"  # tp 4 leaves each rank 2 kv heads
