@@ -69,8 +69,8 @@ def predict(run: dict, cfg: ModelConfig):
     cluster = Cluster(gpu, run["gpus"], gpu.gpus_per_node)
     if "micro_batch" not in lay or "recompute" not in lay:
         # The source leaves them out: search them, as `shoal plan` does with only these dimensions pinned.
-        fixed = Fixed(dp=lay["dp"], dp_replicate=1, tp=lay["tp"], pp=lay["pp"], ep=lay.get("ep", 1), cp=lay.get("cp", 1),
-                      zero=lay.get("zero"), sequence_parallel=lay.get("sp"), micro_batch=lay.get("micro_batch"),
+        fixed = Fixed(dp=lay["dp"], dp_replicate=1, tp=lay["tp"], pp=lay["pp"], ep=lay.get("ep", 1),
+                      cp=lay.get("cp", 1), zero=lay.get("zero"), sequence_parallel=lay.get("sp"), micro_batch=lay.get("micro_batch"),
                       pp_schedule=lay.get("schedule"), pp_virtual_stages=lay.get("virtual"),
                       activation_offload=lay.get("activation_offload"))
         return search(wl, cluster, fixed).best

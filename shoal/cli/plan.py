@@ -11,7 +11,8 @@ import re
 import sys
 
 from shoal import hardware
-from shoal.cli.argtypes import PRECISION_ALIASES, SCHEDULE_ALIASES, mlp_kind, non_empty, one_of, nonnegative_float, positive_float
+from shoal.cli.argtypes import (PRECISION_ALIASES, SCHEDULE_ALIASES, mlp_kind, non_empty, nonnegative_float, one_of,
+                                positive_float)
 from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
@@ -279,14 +280,15 @@ def validate(args) -> int:
     return 0
 
 
-CONFIG_FLAGS = {"train.global_batch": "--global-batch", "train.micro_batch": "--micro-batch", "train.seq_len": "--seq-len",
-                "train.activation_checkpoint": "--activation-checkpoint", "train.precision": "--precision",
-                "train.activation_offload": "--activation-offload", "parallel.dp_shard": "--dp",
-                "parallel.dp_replicate": "--dp-replicate", "parallel.tp": "--tp", "parallel.cp": "--cp",
-                "parallel.pp": "--pp", "parallel.ep": "--ep", "parallel.zero": "--zero",
-                "parallel.pp_schedule": "--pp-schedule", "parallel.pp_virtual_stages": "--pp-virtual-stages",
-                "parallel.offload": "--offload", "parallel.grad_compression": "--grad-compression",
-                "parallel.diloco_inner_steps": "--diloco-inner-steps", "parallel.sequence_parallel": "--sequence-parallel"}
+CONFIG_FLAGS = {
+    "train.global_batch": "--global-batch", "train.micro_batch": "--micro-batch", "train.seq_len": "--seq-len",
+    "train.activation_checkpoint": "--activation-checkpoint", "train.precision": "--precision",
+    "train.activation_offload": "--activation-offload", "parallel.dp_shard": "--dp",
+    "parallel.dp_replicate": "--dp-replicate", "parallel.tp": "--tp", "parallel.cp": "--cp", "parallel.pp": "--pp",
+    "parallel.ep": "--ep", "parallel.zero": "--zero", "parallel.pp_schedule": "--pp-schedule",
+    "parallel.pp_virtual_stages": "--pp-virtual-stages", "parallel.offload": "--offload",
+    "parallel.grad_compression": "--grad-compression", "parallel.diloco_inner_steps": "--diloco-inner-steps",
+    "parallel.sequence_parallel": "--sequence-parallel"}
 """The layout rules speak the job config's names (shoal/layout.py, one home for them); a plan is asked for with
 flags, so its refusals say the flag that was typed."""
 

@@ -196,9 +196,9 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
                attention: str, precision: str, moe: bool, ep: int, cp: int = 1, kernels: str = "fused",
                document_mask: bool = False, cp_comm: str = "p2p", cp_compiled: bool = True) -> KernelTime:
     """Kernel time of one layer; `moe` picks an MoE layer (routed experts spread over ep ranks). Under context
-    parallelism each of cp ranks runs 1/cp of the attention: its tokens over the whole sequence (balanced causal
-    chunks) in cp kernels, or under `a2a` its heads over the whole sequence in one, with `cp_comm`'s copies. With `kernels` eager an MoE layer is shoal's own, its
-    ops issued one by one after a host sync: it takes at least the host's time to issue them (moe_host_time; on the
+    parallelism each cp rank runs 1/cp of the attention: its tokens (balanced causal chunks) in cp kernels, or under
+    `a2a` its heads in one, with `cp_comm`'s copies. With `kernels` eager an MoE layer is shoal's own, its ops
+    issued one by one after a host sync: it takes at least the host's time to issue them (moe_host_time; on the
     `local` CPU that time adds to the work). With `document_mask` attention takes an explicit mask (MASKED_ATTENTION_SHARE)."""
     elem = 4 if precision == "fp32" else 2  # activations: FP8 runs keep them in bf16 between GEMMs
     core = "bf16" if precision == "fp8" else precision  # attention runs in 16 bits under FP8 too

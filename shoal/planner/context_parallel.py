@@ -27,7 +27,7 @@ Ulysses (`a2a`) runs one call on 1/cp of the heads.
   repeats the kv heads to the query heads (`repeat_kv`) before SDPA, so they are as wide as the queries.
 
 - `a2a`: Ulysses (Jacobs et al. 2023, DeepSpeed-Ulysses; Megatron-Core's cp_comm_type "a2a", Transformer Engine's
-  AttnFuncWithCPAndQKVOA2A, read at TE d0067d0d's dot_product_attention/context_parallel.py): instead of passing
+  AttnFuncWithCPAndQKVOA2A in dot_product_attention/context_parallel.py, a 2025 version): instead of passing
   keys and values round, the ranks trade heads for sequence. Q, K and V are each all-to-all'ed before attention,
   which then runs once over the whole sequence on heads/cp heads, and the output is all-to-all'ed back; backward
   exchanges the output's gradient and then dQ, dK, dV the same way. Each exchange is waited for before

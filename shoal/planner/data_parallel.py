@@ -72,7 +72,8 @@ class DataParallel:
         self.g_dp, self.g_edp = group_ranks_per_node(self.n, inner, k.G), group_ranks_per_node(self.edp, edp_stride, k.G)
         self.net, self.net_edp = k.net.for_group(self.n, inner), k.net.for_group(self.edp, edp_stride)
         across = lay.rank_stride("dp") * lay.dp_shard  # dp_replicate sits outside dp_shard (rank_dims)
-        self.g_rep, self.net_rep = group_ranks_per_node(self.replicas, across, k.G), k.net.for_group(self.replicas, across)
+        self.g_rep = group_ranks_per_node(self.replicas, across, k.G)
+        self.net_rep = k.net.for_group(self.replicas, across)
         # An XLA device reduces them in the compute dtype, before the cast back to fp32 (catalog.GPU.xla_step)
         self.weight = weight_gather_bytes(w, k.gathered)
         self.grad = (k.elem if k.prec == "fp32" or k.gpu.xla_step else grad_reduce_bytes(w)) * grad_wire_factor(
@@ -116,9 +117,8 @@ class DataParallel:
         all-reduce of each rank's shard across the replica groups."""
         t = self.gather(n_dense, n_expert, nbytes, buckets)
         if self.replicas > 1:
-            t += buckets * (coll.all_reduce(n_dense * nbytes / buckets / self.n, self.replicas, self.g_rep, self.net_rep)
-                            + coll.all_reduce(n_expert * nbytes / buckets / self.edp, self.replicas, self.g_rep,
-                                              self.net_rep))
+            shards = (n_dense * nbytes / buckets / self.n, n_expert * nbytes / buckets / self.edp)
+            t += buckets * sum(coll.all_reduce(shard, self.replicas, self.g_rep, self.net_rep) for shard in shards)
         return t
 
     def per_layer(self, fwd: float, bwd: float) -> tuple[float, float, float]:

@@ -190,9 +190,10 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
         raise UserError("--dp-replicate", fixed.dp_replicate, f"must divide --dp {fixed.dp} (each replica group shards "
                         f"over dp/dp-replicate ranks); try a divisor of {fixed.dp}")
     if fixed.dp and fixed.dp_replicate == fixed.dp > 1 and fixed.zero in (2, 3):
-        raise UserError("--dp-replicate", fixed.dp_replicate, f"leaves one rank per replica group, which has nothing to "
-                        f"shard under --zero {fixed.zero}; use --zero 0 (replicate everywhere) or a --dp-replicate that "
-                        f"divides --dp {fixed.dp} into groups of 2 or more")
+        raise UserError("--dp-replicate", fixed.dp_replicate,
+                        f"leaves one rank per replica group, which has nothing to shard under --zero {fixed.zero}; use "
+                        f"--zero 0 (replicate everywhere) or a --dp-replicate that divides --dp {fixed.dp} into groups "
+                        "of 2 or more")
     if fixed.dp_replicate and n_gpus % fixed.dp_replicate:
         raise UserError("--dp-replicate", fixed.dp_replicate, f"must divide --gpus {n_gpus}")
     if fixed.cp and fixed.tp and (problem := heads_problem(workload.model, fixed.tp, fixed.cp, workload.cp_comm)):

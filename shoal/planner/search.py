@@ -326,7 +326,8 @@ class _Floors:
 
     @staticmethod
     def _state_key(lay: Layout) -> tuple:
-        return lay.dp, lay.dp_replicate, lay.tp, lay.cp, lay.pp, lay.pp_schedule, lay.pp_virtual_stages, lay.ep, lay.zero
+        return (lay.dp, lay.dp_replicate, lay.tp, lay.cp, lay.pp, lay.pp_schedule, lay.pp_virtual_stages, lay.ep,
+                lay.zero)
 
     @staticmethod
     def _activation_key(lay: Layout, rc: str) -> tuple:
