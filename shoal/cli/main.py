@@ -62,8 +62,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     if extra:
-        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        _innermost(parser.commands[args.command], argv[1:]).error(f"unrecognized arguments: {' '.join(extra)}")
     return args
+
+
+def _innermost(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of the innermost subcommand named in argv (`shoal ckpt inspect`'s, not `shoal ckpt`'s)."""
+    commands = next((a.choices for a in parser._actions if isinstance(a.choices, dict)), {})  # its subparsers'
+    for i, token in enumerate(argv):
+        if token in commands:
+            return _innermost(commands[token], argv[i + 1:])
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
