@@ -371,7 +371,7 @@ def _figures(args, ans) -> list:
 def _print_text(ans, emitted, figures, top: int, stack_given: bool) -> None:
     from rich.console import Console
 
-    from shoal.hardware.catalog import GiB
+    from shoal.hardware.gpu import GiB
     from shoal.planner.render import (breakdown_lines, energy_lines, headline, layouts_table, scale_table,
                                       training_lines)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from shoal.cache import cache_dir
 from shoal.errors import UserError
-from shoal.hardware.catalog import GPU, GiB
+from shoal.hardware.gpu import GPU, GiB
 
 
 LOCAL_PROCESS_BYTES = 0.3 * GiB

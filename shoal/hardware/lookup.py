@@ -11,7 +11,8 @@ from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.files import read_toml
-from shoal.hardware.catalog import CATALOG, GPU
+from shoal.hardware.catalog import CATALOG
+from shoal.hardware.gpu import GPU
 from shoal.hardware.local import local_gpu
 from shoal.hardware.overrides import apply_overrides
 

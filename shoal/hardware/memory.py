@@ -50,7 +50,7 @@ def local_device(local_ranks: int) -> Device | None:
 
 def cuda_reserved_bytes(device_name: str) -> float:
     """The catalog's reserved bytes for this GPU (CUDA context, NCCL, workspaces), or the default."""
-    from shoal.hardware.catalog import GPU
+    from shoal.hardware.gpu import GPU
     from shoal.hardware.lookup import lookup_gpu
 
     entry = lookup_gpu(device_name)

@@ -9,7 +9,7 @@ import difflib
 import math
 
 from shoal.errors import UserError
-from shoal.hardware.catalog import GPU
+from shoal.hardware.gpu import GPU
 
 _FIELDS = {f.name: f for f in dataclasses.fields(GPU)}
 

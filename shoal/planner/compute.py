@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from shoal.model.analytics import attention_core_width, kv_heads_per_rank, kv_width
 from shoal.model.config import ModelConfig
-from shoal.hardware.catalog import GPU
+from shoal.hardware.gpu import GPU
 from shoal.hardware.local import is_local
 from shoal.planner.context_parallel import ring_pass_bytes
 

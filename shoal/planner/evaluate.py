@@ -7,7 +7,7 @@ from functools import cached_property
 
 from shoal.layout import Layout, TrainerLimit, problems
 from shoal.model import analytics
-from shoal.hardware.catalog import GiB
+from shoal.hardware.gpu import GiB
 from shoal.planner.workload import Cluster, Workload
 from shoal.planner.memory import MemoryBreakdown, memory
 from shoal.planner.timing import StepTime, step_time

@@ -116,7 +116,7 @@ def planner_hardware(device_kind: str, device_name: str, ranks_per_node: int, *,
 
 def predict_job(job, device_kind: str, device_name: str, local_world: int, *, measure: bool = True) -> RunPrediction:
     """The plan of one run: the job's layout on job.world ranks, `local_world` of them per node."""
-    from shoal.hardware.catalog import GPU
+    from shoal.hardware.gpu import GPU
     from shoal.hardware.local import LOCAL_PROCESS_BYTES
 
     gpu, why = planner_hardware(device_kind, device_name, min(local_world, job.world), measure=measure)

@@ -13,7 +13,7 @@ from pathlib import Path
 from shoal.errors import UserError
 from shoal.model.config import PRESETS
 from shoal.planner.evaluate import Plan
-from shoal.hardware.catalog import GiB
+from shoal.hardware.gpu import GiB
 from shoal.layout import CONFIG_FIELD
 
 TRAINER_DEFAULT_PRESET = "tiny"

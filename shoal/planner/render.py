@@ -8,7 +8,7 @@ import math
 from shoal.model.analytics import param_counts
 from shoal.planner.cost import TrainingEstimate
 from shoal.planner.evaluate import MEMORY_PARTS, TIME_PARTS, Plan
-from shoal.hardware.catalog import GiB
+from shoal.hardware.gpu import GiB
 from shoal.planner.workload import Cluster, Workload
 from shoal.planner.scaling import ScalePoint, efficiency, knee
 from shoal.planner.search import SearchResult

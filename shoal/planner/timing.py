@@ -39,7 +39,7 @@ from shoal.planner import context_parallel, pipeline, torus
 from shoal.planner.compute import head_time, layer_time
 from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload, expert_grid, group_ranks_per_node, layers_per_rank, moe_layer_count
-from shoal.hardware.catalog import GPU
+from shoal.hardware.gpu import GPU
 from shoal.hardware.local import is_local
 from shoal.planner.memory import rank_params, stage_params, stage_unsharded
 from shoal.planner.data_parallel import GRAD_REDUCE_BYTES, DataParallel, overlap

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from shoal.config import config_from_sections, load_config
 from shoal.errors import UserError
-from shoal.hardware.catalog import GiB
+from shoal.hardware.gpu import GiB
 from shoal.job import resolve
 from shoal.planner.prediction import RunPrediction, from_run_info, plan_job
 from shoal.rundir.metrics import read_rows, steady

@@ -16,7 +16,7 @@ from shoal.errors import UserError
 from shoal.layout import MAX_GPUS
 from shoal.model import analytics
 from shoal.model.config import ModelConfig
-from shoal.hardware.catalog import GPU
+from shoal.hardware.gpu import GPU
 
 PRECISIONS = ("bf16", "fp32", "fp8", "fp16")
 ATTENTION = ("flash", "flash2", "unfused")

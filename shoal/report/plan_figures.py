@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shoal.hardware.catalog import GiB
+from shoal.hardware.gpu import GiB
 from shoal.planner.render import MEMORY_PARTS, TIME_PARTS
 from shoal.planner.scaling import efficiency, knee
 from shoal.report.draw import pyplot, save

@@ -155,7 +155,7 @@ def test_no_torch_distributed(package):
 
 
 TORCH_FREE = ["layout.py", "job.py", "config.py", "errors.py", "files.py", "comm/ops.py", "planner/*.py",
-              "hardware/catalog.py", "hardware/overrides.py", "hardware/local.py", "hardware/lookup.py", "rundir/*.py", "worker/env.py",
+              "hardware/catalog.py", "hardware/gpu.py", "hardware/overrides.py", "hardware/local.py", "hardware/lookup.py", "rundir/*.py", "worker/env.py",
               "worker/exit*.py", "worker/process.py"]
 """The rules the planner shares with the trainer, the planner with the hardware it reads, and
 everything a run's folder and a worker's start are checked with: they load where torch is not

@@ -7,7 +7,7 @@ import pytest
 
 from shoal.model import analytics
 from shoal.model.config import PRESETS, ModelConfig
-from shoal.hardware.catalog import GiB
+from shoal.hardware.gpu import GiB
 from shoal.hardware.lookup import get_gpu
 from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload

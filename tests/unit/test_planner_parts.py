@@ -11,7 +11,7 @@ from shoal.errors import UserError
 from shoal.model.config import PRESETS
 from shoal.planner import collectives as coll
 from shoal import hardware
-from shoal.hardware.catalog import FP8_MATMUL_RATIO
+from shoal.hardware.gpu import FP8_MATMUL_RATIO
 from shoal.planner import cost, scaling
 from shoal.planner.evaluate import evaluate
 from shoal.layout import Layout
