@@ -239,13 +239,24 @@ CATALOG["gb200"] = dataclasses.replace(
     CATALOG["b200"], name="gb200", peak_bf16_flops=2500e12, peak_fp8_flops=5000e12, hbm_bytes=186e9,
     gpus_per_node=72, attention_score_cost=1816, power_watts=1200, usd_per_gpu_hour=0.0, host_bandwidth=225e9,
     note="GB200 NVL72: 72 Blackwell GPUs on NVLink 5 (1.8 TB/s bidirectional each), 400 Gb/s per GPU between racks")
+
+
+def _faster_exponentials(base: GPU, score_cost: float) -> dict:
+    """The attention fields of `base`'s die with a faster special-function unit: the per-score cost beside
+    the matmuls falls to `score_cost` and the share kept at head dim 128 rises with it, since that share
+    was `base`'s with its own cost in it (compute.attention_rate: a score there takes 1792/efficiency
+    peak-FLOP times, attention_score_cost of them outside the matmuls)."""
+    per_score = 14 * 128 / base.attention_efficiency - base.attention_score_cost + score_cost
+    return dict(attention_score_cost=score_cost, attention_efficiency=14 * 128 / per_score)
+
+
 CATALOG["gb300"] = dataclasses.replace(
-    CATALOG["gb200"], name="gb300", hbm_bytes=279e9, inter_node_bandwidth=100e9, attention_score_cost=849,
-    power_watts=1400,
+    CATALOG["gb200"], name="gb300", hbm_bytes=279e9, inter_node_bandwidth=100e9,
+    **_faster_exponentials(CATALOG["gb200"], 849), power_watts=1400,
     note="GB300 NVL72: Blackwell Ultra, 279 GB HBM3e per GPU, 800 Gb/s per GPU between racks")
 CATALOG["b300"] = dataclasses.replace(
     CATALOG["b200"], name="b300", hbm_bytes=CATALOG["gb300"].hbm_bytes, inter_node_bandwidth=100e9,
-    attention_score_cost=CATALOG["gb300"].attention_score_cost, power_watts=1100,
+    **_faster_exponentials(CATALOG["b200"], CATALOG["gb300"].attention_score_cost), power_watts=1100,
     note="HGX B300: Blackwell Ultra in 8-GPU nodes, B200's dense rates, 279 GB HBM3e, 800 Gb/s per GPU "
          "(approximate)")
 CATALOG["tpu-v6e"] = dataclasses.replace(
