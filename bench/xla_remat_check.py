@@ -53,6 +53,40 @@ def grad_flops(fn, params, x, n_layers):
     return (cost[0] if isinstance(cost, list) else cost)["flops"]
 
 
+@jax.custom_vjp
+def cross_entropy(logits, onehot):
+    """MaxText's loss (max_utils.cross_entropy_with_logits, after T5X): a custom_vjp whose forward names the
+    logits, the one-hot targets, exp(logits - max) and the log-softmax as residuals."""
+    return -jnp.sum(onehot * jax.nn.log_softmax(logits), axis=-1)
+
+
+def _cross_entropy_fwd(logits, onehot):
+    shifted = logits - logits.max(-1, keepdims=True)
+    exp = jnp.exp(shifted)
+    total = exp.sum(-1, keepdims=True)
+    log_softmax = shifted - jnp.log(total)
+    return -jnp.sum(onehot * log_softmax, axis=-1), (logits, onehot, exp, total, log_softmax)
+
+
+def _cross_entropy_bwd(res, g):
+    _, onehot, exp, total, _ = res
+    return g[..., None] * (exp / total - onehot), None
+
+
+cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
+
+
+def loss_bytes_per_logit(tokens, vocab):
+    """XLA's temporary bytes for the output head and the loss, forward and backward, per logit: bf16 logits cast
+    to fp32 (MaxText's cast_logits_to_fp32) into the loss above."""
+    def step(w, h, targets):
+        logits = jnp.einsum("th,hv->tv", h, w.astype(BF)).astype(jnp.float32)
+        return cross_entropy(logits, jax.nn.one_hot(targets, vocab, dtype=jnp.float32)).mean()
+    args = (jnp.zeros((H, vocab), jnp.float32), jnp.zeros((tokens, H), BF), jnp.zeros((tokens,), jnp.int32))
+    compiled = jax.jit(jax.grad(step, argnums=(0, 1))).lower(*args).compile()
+    return compiled.memory_analysis().temp_size_in_bytes / (tokens * vocab)
+
+
 def main():
     key = jax.random.PRNGKey(0)
     params = {n: jax.random.normal(key, s, jnp.float32) * 0.02 for n, s in SHAPES.items()}
@@ -70,6 +104,11 @@ def main():
           f"{fwd - 2 * T * F * H:.4g}, the attention core's forward {core:.4g}):")
     for name, fn in (("full", jax.checkpoint(layer)), ("minimal", jax.checkpoint(layer, policy=MINIMAL))):
         print(f"  {name:8s} {per_layer(fn) - base:.4g}")
+
+    print("\nThe head and loss, temporary bytes per logit (expect about 4, the fp32 logits: the softmax, its")
+    print("gradient and the one-hot targets are made inside the ops that read them, not kept):")
+    for tokens, vocab in ((4096, 32000), (4096, 128256)):
+        print(f"  {tokens} tokens x {vocab} vocabulary: {loss_bytes_per_logit(tokens, vocab):.2f}")
 
     mesh = jax.sharding.Mesh(jax.devices(), ("fsdp",))
     P = jax.sharding.PartitionSpec

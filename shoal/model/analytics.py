@@ -195,6 +195,7 @@ def activation_bytes_per_layer(
     gemm_input_bytes: int | None = None,
     attention_output_saved: bool = True,
     moe_probs: str = "output",
+    elementwise_saved: bool = True,
 ) -> float:
     """Bytes one transformer layer keeps for backward, per micro-batch, on one rank.
 
@@ -205,7 +206,8 @@ def activation_bytes_per_layer(
     With tensor parallelism the tensors inside the parallel region are split tp ways; sequence parallelism
     splits the rest (norm inputs and outputs) too. Full recomputation keeps only the layer input.
     `attention_output_saved=False`: selective recomputation reruns the attention kernel too (JAX's dots
-    policy, MaxText's minimal: GPU.xla_step).
+    policy, MaxText's minimal: GPU.xla_step). `elementwise_saved=False`: the norms' and the MLP activation's
+    outputs are made again where backward reads them, as XLA's rematerialization does for cheap values.
     """
     sb = seq_len * micro_batch
     h = cfg.dim
@@ -235,11 +237,12 @@ def activation_bytes_per_layer(
     # input, as nn.Linear does); beside FP8 casts it is an FP8 cast only for a shared expert's fc1.
     router_in = h if cfg.is_moe_layer(layer) and g != 1 else 0
     gemm_out, other_out = gemm_out - (0 if cfg.n_shared_experts else router_in), other_out + router_in
-    if recompute in ("selective", "selective-op"):
+    if recompute in ("selective", "selective-op") or not elementwise_saved:
         # Element-wise work is recomputed, matmul outputs are kept (layout.py's meaning): each norm keeps only
         # its input (its output and eager's normalized x go), and the MLP's activation output goes.
-        gemm_out, other_out = 0, other_out - router_in - (2 * h if not fused else 0)
-        gemm_in -= mlp_out + (0 if attention_output_saved else cfg.n_heads * cfg.v_head_size)
+        gemm_out, other_out, gemm_in = 0, other_out - router_in - (2 * h if not fused else 0), gemm_in - mlp_out
+    if recompute in ("selective", "selective-op"):
+        gemm_in -= 0 if attention_output_saved else cfg.n_heads * cfg.v_head_size
         if cfg.qk_norm:
             other_in -= (qk_saved - 1) * (q + kv)
         if cfg.is_mla:  # and MLA's up-projections: q, k, v come again from the kept latents (mla_up_flops)

@@ -206,7 +206,7 @@ def _activation_bytes_by_kind(cfg: ModelConfig, seq_len: int, micro_batch: int, 
         return per_layer, per_layer
     kw = dict(tp=tp, sequence_parallel=sp, recompute=recompute, bytes_per_element=elem, fused=fused,
               gemm_input_bytes=1 if fp8 else None,  # FP8 GEMMs keep their FP8 inputs for backward
-              moe_probs=moe_probs, attention_output_saved=not xla)
+              moe_probs=moe_probs, attention_output_saved=not xla, elementwise_saved=not xla)
     n_moe = moe_layer_count(cfg)
     dense = 0.0 if n_moe == cfg.n_layers else analytics.activation_bytes_per_layer(
         cfg, seq_len, micro_batch, layer=_first_layer(cfg, moe=False), **kw)
@@ -322,7 +322,7 @@ def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakd
     # Full recompute: one layer's full activations while it is recomputed, the largest kind the rank holds
     recomputed = (layer_activation_bytes(workload, layout, "none", xla) if lay.activation_checkpoint == "full"
                   else (0.0, 0.0))
-    logits_last = T * cfg.vocab_size / lay.tp * loss_bytes_per_logit(workload, elem)
+    logits_last = T * cfg.vocab_size / lay.tp * loss_bytes_per_logit(workload, elem, xla)
     # The embeddings' output (and a recomputed run's boolean document mask) of each micro-batch in flight.
     embed_first = (T * cfg.dim * elem / sp + document_mask_bytes(workload, lay)[1]) * (min(lay.pp, m) if lay.pp > 1 else 1)
 
@@ -444,8 +444,21 @@ MEGATRON_LOSS_BYTES = 4
 gradient in place in backward, and the upcast's backward casts that to the logits' dtype beside it."""
 
 
-def loss_bytes_per_logit(workload: Workload, elem: int) -> float:
-    """Bytes per logit the loss holds at the last stage's peak (Workload.loss)."""
+XLA_LOSS_BYTES = 4
+"""Bytes per logit an XLA program's loss holds: the fp32 logits (MaxText's cast_logits_to_fp32, on by default).
+The softmax, its gradient and the one-hot targets are element-wise in them and the program is one module, so XLA
+makes them inside the ops that read them (the loss's reductions, the output head's backward GEMMs) rather than
+keep them, although MaxText's loss (max_utils.cross_entropy_with_logits, a custom_vjp) names them as residuals.
+Measured with that loss on XLA's CPU backend: 4.03-4.13 temporary bytes per logit, the head's weights included
+(bench/xla_remat_check.py). A published run bounds it too: MaxText's Llama 3.1 70B on 256 TPU v6e (5 sequences of
+8,192 a chip, vocabulary 128,256: 5.3e9 logits a chip) fits the chip's 31.25 GiB, which the fp32 logits and
+their gradient (39 GiB) alone would not."""
+
+
+def loss_bytes_per_logit(workload: Workload, elem: int, xla: bool = False) -> float:
+    """Bytes per logit the loss holds at the last stage's peak (Workload.loss); `xla`: the step is one XLA program."""
+    if xla:
+        return XLA_LOSS_BYTES
     if workload.kernels == "eager":
         return elem + LOSS_BYTES_EAGER
     if workload.loss == "te":  # the gradient written over the logits in forward: they are all it keeps
