@@ -70,11 +70,13 @@ def predict(run: dict, cfg: ModelConfig):
     if "micro_batch" not in lay or "recompute" not in lay:
         # The source leaves them out: search them, as `shoal plan` does with only these dimensions pinned.
         fixed = Fixed(dp=lay["dp"], dp_replicate=1, tp=lay["tp"], pp=lay["pp"], ep=lay.get("ep", 1),
+                      expert_tp=lay.get("etp"),
                       cp=lay.get("cp", 1), zero=lay.get("zero"), sequence_parallel=lay.get("sp"), micro_batch=lay.get("micro_batch"),
                       pp_schedule=lay.get("schedule"), pp_virtual_stages=lay.get("virtual"),
                       activation_offload=lay.get("activation_offload"))
         return search(wl, cluster, fixed).best
     layout = Layout(dp_shard=lay["dp"], tp=lay["tp"], pp=lay["pp"], ep=lay.get("ep", 1), cp=lay.get("cp", 1),
+                    expert_tp=lay.get("etp", 0),
                     zero=lay["zero"], micro_batch=lay["micro_batch"],
                     activation_checkpoint=lay["recompute"], pp_schedule=lay.get("schedule", "1f1b"),
                     pp_virtual_stages=lay.get("virtual", 1), sequence_parallel=lay.get("sp", False),

@@ -59,6 +59,11 @@ class ParallelConfig:
     """Pipeline stages (outermost by default)."""
     ep: int = 1
     """Expert-parallel degree; borrows ranks from the data-parallel dimension."""
+    expert_tp: int = 0
+    """Tensor parallelism of the routed experts (Megatron-Core's expert_tensor_parallel_size, "ETP"): 0 splits them
+    as the layout implies (tp ways where ep fits inside dp_shard, whole experts where the expert group folds over
+    tp/cp ranks); another value re-partitions the tp*cp*dp_shard ranks into expert_tp x ep x expert-data-parallel
+    groups (MoE parallel folding). Planned by shoal plan; shoal train splits experts as the layout implies."""
     zero: int = 3
     """ZeRO stage for the sharded data-parallel dimension: 0 replicate, 1 optimizer, 2 +gradients, 3 +parameters."""
     pp_schedule: str = "1f1b"

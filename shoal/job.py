@@ -72,7 +72,8 @@ def resolve_layout(cfg: JobConfig, world: int) -> Layout:
         dp_shard = world // fixed
     micro_batch = t.micro_batch or auto_micro_batch(t.global_batch, par.dp_replicate * dp_shard, par.pp,
                                                     par.pp_schedule)
-    return Layout(dp_replicate=par.dp_replicate, dp_shard=dp_shard, tp=par.tp, cp=par.cp, pp=par.pp, ep=par.ep, zero=par.zero,
+    return Layout(dp_replicate=par.dp_replicate, dp_shard=dp_shard, tp=par.tp, cp=par.cp, pp=par.pp, ep=par.ep,
+                  expert_tp=par.expert_tp, zero=par.zero,
                   micro_batch=micro_batch, pp_schedule=par.pp_schedule, pp_microbatches=par.pp_microbatches,
                   pp_virtual_stages=par.pp_virtual_stages, activation_checkpoint=t.activation_checkpoint,
                   sequence_parallel=par.sequence_parallel, grad_compression=par.grad_compression,

@@ -87,6 +87,7 @@ class Layout:
     cp: int = 1
     pp: int = 1
     ep: int = 1
+    expert_tp: int = 0
     zero: int = 3
     micro_batch: int = 1
     pp_schedule: str = "1f1b"
@@ -155,6 +156,8 @@ class Layout:
             parts.append(f"cp{self.cp}")
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
+        if self.expert_tp:
+            parts.append(f"etp{self.expert_tp}")
         parts += [f"z{self.zero}", f"mb{self.micro_batch}"]
         if self.pp > 1:
             parts.append(self.pp_schedule + (f"x{self.virtual_stages}" if self.virtual_stages > 1 else ""))
@@ -243,6 +246,7 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
         if lay.zero == 1:
             limit("zero", 1, "expert parallelism runs with zero=0, 2 or 3 (expert parameters differ across "
                 "the ZeRO-1 group)")
+    out += _expert_tp_problems(lay, m)
     if lay.activation_checkpoint not in ACTIVATION_CHECKPOINT:
         bad("activation_checkpoint", lay.activation_checkpoint, f"use one of {', '.join(ACTIVATION_CHECKPOINT)}")
     out += _context_parallel_problems(lay, m, seq_len)
@@ -252,6 +256,31 @@ def problems(lay: Layout, model: ModelConfig, world: int, global_batch: int, seq
     out += _pipeline_problems(lay, m)
     out += _batch_problems(lay, global_batch)
     return out
+
+
+def _expert_tp_problems(lay: Layout, m: ModelConfig) -> list[UserError]:
+    """parallel.expert_tp: whole groups of expert_tp x ep ranks out of the tp*cp*dp_shard ranks (Megatron-Core's
+    expert grid), each expert's hidden units split evenly; shoal train only splits experts as the layout implies."""
+    etp = lay.expert_tp
+    if not etp:
+        return []
+    name = config_name("expert_tp")
+    if etp < 0:
+        return [UserError(name, etp, "must be 0 (experts split as the layout implies) or a positive integer")]
+    if not m.is_moe:
+        return [UserError(name, etp, f"expert tensor parallelism needs an MoE model (model.n_experts > 0); leave "
+                          f"{name} at 0")]
+    ranks = lay.dp_shard * lay.tp * lay.cp
+    if ranks % (etp * lay.ep) or m.expert_hidden % etp:
+        fits = ([e for e in divisors_upto(ranks // lay.ep, ranks) if m.expert_hidden % e == 0]
+                if ranks % lay.ep == 0 else [])
+        return [UserError(name, etp, f"expert_tp x ep must divide dp_shard*tp*cp={ranks} and expert_tp the "
+                          f"experts' hidden size {m.expert_hidden}; try {fits or 0}")]
+    implied = lay.tp if lay.dp_shard % lay.ep == 0 else 1
+    if etp != implied:
+        return [TrainerLimit(name, etp, f"shoal train splits experts as the layout implies ({implied} ways here); "
+                             f"leave {name} at 0")]
+    return []
 
 
 def model_limits(m: ModelConfig) -> list[UserError]:

@@ -177,6 +177,10 @@ def _layout_flags(p) -> None:
                           "gradient shards (torchtitan's data_parallel_replicate_degree, FSDP's HYBRID_SHARD); "
                           "default 1 with --dp given, else searched")
     lay.add_argument("--ep", type=int)
+    lay.add_argument("--etp", "--expert-tp", dest="expert_tp", type=int,
+                     help="expert tensor parallelism (parallel.expert_tp, Megatron's ETP): each routed expert split "
+                          "this many ways, the expert grid re-partitioning the tp x cp x dp ranks (MoE parallel "
+                          "folding); default: tp where ep fits inside dp, 1 where it folds over tp")
     lay.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
     lay.add_argument("--micro-batch", type=int)
     lay.add_argument("--activation-checkpoint", "--recompute", dest="activation_checkpoint",
@@ -285,7 +289,7 @@ CONFIG_FLAGS = {
     "train.activation_checkpoint": "--activation-checkpoint", "train.precision": "--precision",
     "train.activation_offload": "--activation-offload", "parallel.dp_shard": "--dp",
     "parallel.dp_replicate": "--dp-replicate", "parallel.tp": "--tp", "parallel.cp": "--cp", "parallel.pp": "--pp",
-    "parallel.ep": "--ep", "parallel.zero": "--zero", "parallel.pp_schedule": "--pp-schedule",
+    "parallel.ep": "--ep", "parallel.expert_tp": "--etp", "parallel.zero": "--zero", "parallel.pp_schedule": "--pp-schedule",
     "parallel.pp_virtual_stages": "--pp-virtual-stages", "parallel.offload": "--offload",
     "parallel.grad_compression": "--grad-compression", "parallel.diloco_inner_steps": "--diloco-inner-steps",
     "parallel.sequence_parallel": "--sequence-parallel"}

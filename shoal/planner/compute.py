@@ -194,12 +194,14 @@ def _stream(nbytes: float, gpu: GPU) -> float:
 @lru_cache(maxsize=65536)
 def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
                attention: str, precision: str, moe: bool, ep: int, cp: int = 1, kernels: str = "fused",
-               document_mask: bool = False, cp_comm: str = "p2p", cp_compiled: bool = True) -> KernelTime:
-    """Kernel time of one layer; `moe` picks an MoE layer (routed experts spread over ep ranks). Under context
-    parallelism each cp rank runs 1/cp of the attention: its tokens (balanced causal chunks) in cp kernels, or under
-    `a2a` its heads in one, with `cp_comm`'s copies. With `kernels` eager an MoE layer is shoal's own, its ops
-    issued one by one after a host sync: it takes at least the host's time to issue them (moe_host_time; on the
-    `local` CPU that time adds to the work). With `document_mask` attention takes an explicit mask (MASKED_ATTENTION_SHARE)."""
+               document_mask: bool = False, cp_comm: str = "p2p", cp_compiled: bool = True,
+               expert_tp: int = 0) -> KernelTime:
+    """Kernel time of one layer; `moe` picks an MoE layer (routed experts over ep ranks, split expert_tp ways, or tp
+    where 0: the same FLOPs in GEMMs of another shape). Under context parallelism each cp rank runs 1/cp of the
+    attention: its tokens (balanced causal chunks) in cp kernels, or under `a2a` its heads in one, with
+    `cp_comm`'s copies. With `kernels` eager an MoE layer is shoal's own, its ops issued one by one after a host
+    sync: it takes at least the host's time to issue them (moe_host_time; on the `local` CPU that time adds to the
+    work). With `document_mask` attention takes an explicit mask (MASKED_ATTENTION_SHARE)."""
     elem = 4 if precision == "fp32" else 2  # activations: FP8 runs keep them in bf16 between GEMMs
     core = "bf16" if precision == "fp8" else precision  # attention runs in 16 bits under FP8 too
     T = float(seq_len * micro_batch) / cp  # tokens through the TP group
@@ -221,12 +223,12 @@ def layer_time(cfg: ModelConfig, gpu: GPU, seq_len: int, micro_batch: int, tp: i
     # Feed-forward.
     if moe:
         f = cfg.expert_hidden
-        tokens_per_expert = T * cfg.top_k * ep / cfg.n_experts  # tokens from the ep group land on local experts
-        local_experts = cfg.n_experts / ep
-        expert = (gemm_time(tokens_per_expert, h, (2 if glu else 1) * f / tp, gpu, precision)
-                  + gemm_time(tokens_per_expert, f / tp, h, gpu, precision))
+        etp = expert_tp or tp  # tokens from the ep group land on local experts, seen by each of an expert's etp ranks
+        tokens_per_expert = T * cfg.top_k * ep / cfg.n_experts * etp / tp
+        expert = (gemm_time(tokens_per_expert, h, (2 if glu else 1) * f / etp, gpu, precision)
+                  + gemm_time(tokens_per_expert, f / etp, h, gpu, precision))
         shared_f = cfg.n_shared_experts * f
-        gemm += local_experts * expert + gemm_time(T, h, cfg.n_experts, gpu, precision)  # + router
+        gemm += cfg.n_experts / ep * expert + gemm_time(T, h, cfg.n_experts, gpu, precision)  # local experts, router
         down = gemm_time(T, shared_f / tp, h, gpu, precision)  # gemm_time is 0 without shared experts
         gemm += gemm_time(T, h, (2 if glu else 1) * shared_f / tp, gpu, precision) + down
         every_second += (gemm - attention_gemm) / 2

@@ -96,6 +96,8 @@ def build(args) -> Inputs:
     for name in ("seq_len", "global_batch", "gpus", "gpus_per_node", "tp", "cp", "pp", "dp", "dp_replicate", "ep",
                  "micro_batch", "pp_virtual_stages", "top"):
         _positive(name, getattr(args, name))
+    if args.expert_tp:  # 0: experts split as each layout implies (parallel.expert_tp's default)
+        _positive("expert_tp", args.expert_tp)
     cfg = build_model(args)
     if args.hw_file:
         gpu = hardware.load_hw_file(args.hw_file, args.gpu)
@@ -144,7 +146,8 @@ def build(args) -> Inputs:
     # A pinned --dp is one ZeRO group unless --dp-replicate splits it (a published "DP 512" is flat); with dp
     # left to the search, so are HSDP's groups.
     replicas = args.dp_replicate or (1 if args.dp else None)
-    fixed = Fixed(dp=args.dp, dp_replicate=replicas, tp=args.tp, pp=args.pp, ep=args.ep, zero=zero,
+    fixed = Fixed(dp=args.dp, dp_replicate=replicas, tp=args.tp, pp=args.pp, ep=args.ep, expert_tp=args.expert_tp,
+                  zero=zero,
                   micro_batch=args.micro_batch,
                   activation_checkpoint=args.activation_checkpoint, pp_schedule=schedule,
                   pp_virtual_stages=args.pp_virtual_stages, sequence_parallel=args.sequence_parallel,
@@ -279,7 +282,7 @@ def answer(args, inputs: Inputs) -> Answer:
         if fixed.complete and (fixed.ep or not workload.model.is_moe):
             replicas = fixed.dp_replicate or 1
             layout = Layout(dp_replicate=replicas, dp_shard=fixed.dp // replicas, tp=fixed.tp, cp=fixed.cp or 1,
-                            pp=fixed.pp, ep=fixed.ep or 1, zero=fixed.zero,
+                            pp=fixed.pp, ep=fixed.ep or 1, expert_tp=fixed.expert_tp or 0, zero=fixed.zero,
                             offload=fixed.offload or "none", activation_offload=bool(fixed.activation_offload),
                             micro_batch=fixed.micro_batch, pp_schedule=fixed.pp_schedule or "1f1b",
                             pp_virtual_stages=fixed.pp_virtual_stages or 1,

@@ -43,6 +43,8 @@ class Fixed:
     tp: int | None = None
     pp: int | None = None
     ep: int | None = None
+    expert_tp: int | None = None
+    """Megatron's ETP (Layout.expert_tp); None: experts split as each layout implies."""
     zero: int | None = None
     micro_batch: int | None = None
     activation_checkpoint: str | None = None
@@ -142,7 +144,7 @@ def candidate_groups(workload: Workload, n_gpus: int, fixed: Fixed, rejected: Co
                         for ep in eps:
                             for sp in sps:
                                 yield Layout(dp_replicate=replicas, dp_shard=shard, tp=tp, cp=cp, pp=pp, ep=ep,
-                                             zero=zero, micro_batch=mb,
+                                             expert_tp=fixed.expert_tp or 0, zero=zero, micro_batch=mb,
                                              pp_schedule=sched, pp_virtual_stages=v, activation_checkpoint=recomputes[0],
                                              sequence_parallel=sp, offload=fixed.offload or "none",
                                              activation_offload=bool(fixed.activation_offload)), recomputes

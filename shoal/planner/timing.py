@@ -204,7 +204,8 @@ class _Kernels:
         # `kernels` matters for MoE layers only
         cp = dict(cp_comm=workload.cp_comm, cp_compiled=workload.kernels == "fused")
         dense = layer_time(*args, False, lay.ep, lay.cp, "fused", mask, **cp) if n_moe < cfg.n_layers else None
-        moe = layer_time(*args, True, lay.ep, lay.cp, workload.kernels, mask, **cp) if n_moe else None
+        moe = (layer_time(*args, True, lay.ep, lay.cp, workload.kernels, mask, **cp, expert_tp=lay.expert_tp)
+               if n_moe else None)
         self.moe_kernels = moe
 
         def avg(field: str) -> float:
@@ -284,8 +285,9 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
     lay, cfg = k.lay, k.cfg
     if not (k.n_moe and lay.ep > 1):
         return 0.0, 0.0
-    folded = expert_grid(lay)[0] != lay.tp  # the expert group spans tp ranks too (neighbours)
-    stride = 1 if folded else lay.rank_stride("dp")
+    etp = expert_grid(lay)[0]
+    folded = etp != lay.tp  # the expert group spans tp ranks too: neighbours, past each expert's etp ranks
+    stride = etp if folded else lay.rank_stride("dp")
     g_ep, net = group_ranks_per_node(lay.ep, stride, k.G), k.net.for_group(lay.ep, stride)
     if k.workload.moe_dispatch == "per-expert":  # a copy per chosen expert, not in FP8 (Workload.moe_dispatch)
         tokens = k.T * cfg.top_k * cfg.dim / lay.tp

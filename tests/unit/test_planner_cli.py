@@ -321,3 +321,17 @@ def test_precisions_and_schedules_are_taken_as_published_tables_write_them(capsy
     assert main(args + ["--precision", "FP8-MX", "--pp-schedule", "VPP"]) == 0
     plan = json.loads(capsys.readouterr().out)["plans"][0]
     assert (plan["precision"], plan["strategy"]["pp_schedule"]) == ("fp8", "interleaved-1f1b")
+
+
+def test_expert_tensor_parallelism_is_a_flag(capsys):
+    """--etp pins Megatron's ETP: the plan's strategy carries it (parallel.expert_tp); a split that does not tile
+    the expert grid is refused in one line naming the flag."""
+    from shoal.cli.main import main
+
+    pinned = ["--model", "qwen3-30b-a3b", *BASE, "--gpus", "16", "--dp", "8", "--tp", "2", "--pp", "1", "--ep", "8",
+              "--zero", "1", "--micro-batch", "1", "--activation-checkpoint", "none", "--json"]
+    assert main(["plan", *pinned, "--etp", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["plans"][0]["strategy"]["expert_tp"] == 1
+    assert main(["plan", *pinned, "--etp", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("shoal plan: error: --etp=3:"), err

@@ -160,7 +160,7 @@ def test_recipe_uses_trainer_sections():
                                pp_schedule="interleaved-1f1b", pp_virtual_stages=2, sequence_parallel=True), cl)
     doc = tomllib.loads(recipe_text(plan, preset="llama3-8b", tokens=1e9))
     assert doc["model"] == {"preset": "llama3-8b"}
-    assert doc["parallel"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 4, "cp": 1, "pp": 2, "ep": 1, "zero": 0,
+    assert doc["parallel"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 4, "cp": 1, "pp": 2, "ep": 1, "expert_tp": 0, "zero": 0,
                                "pp_schedule": "interleaved-1f1b", "pp_microbatches": 0, "pp_virtual_stages": 2,
                                "sequence_parallel": True, "grad_compression": "none", "diloco_inner_steps": 0,
                                "rank_order": "tp-dp-pp", "offload": "none"}

@@ -17,7 +17,7 @@ from shoal.planner.memory import (held_layer_microbatches, inflight_layer_microb
 from shoal.planner.search import Fixed, evaluate_pinned, search
 from shoal.planner.stacks import stack_settings
 from shoal.planner.timing import ranks_per_token, step_time
-from shoal.planner.workload import Cluster, Workload
+from shoal.planner.workload import Cluster, Workload, expert_grid
 
 H100 = hardware.get_gpu("h100")
 L405 = PRESETS["llama3-405b"]
@@ -248,6 +248,30 @@ def test_expert_groups_wider_than_data_parallel_fold_over_tp():
     plan = evaluate(wl, lay, cl)
     assert plan.fits and plan.time.ep_comm > 0
     assert problems(dataclasses.replace(lay, ep=3), wl.model, 1024, 8192, 4096)  # 256 experts: still refused
+
+
+def test_expert_tensor_parallelism_repartitions_the_expert_grid():
+    # Megatron-Core's ModelZoo Qwen3-235B on 256 H100: TP 4, EP 8 inside 8-way data parallelism, ETP 1. Whole
+    # experts per rank: four times the expert weights and gradients a rank holds at TP 4, their ZeRO-1 states
+    # sharded over four times the ranks (the same bytes a rank); the same expert FLOPs in GEMMs of another shape.
+    cfg = PRESETS["qwen3-235b-a22b"]
+    wl, cl = Workload(cfg, 4096, 2048), Cluster(H100, 256, 8)
+    lay = Layout(dp_shard=8, tp=4, pp=8, ep=8, zero=1, micro_batch=1, pp_schedule="interleaved-1f1b",
+                 pp_virtual_stages=4, sequence_parallel=True)
+    whole = dataclasses.replace(lay, expert_tp=1)
+    assert (expert_grid(lay), expert_grid(whole)) == ((4, 1), (1, 4))
+    assert expert_grid(dataclasses.replace(lay, expert_tp=4)) == expert_grid(lay)  # the layout's own split, named
+    split, one = memory(wl, lay, cl), memory(wl, whole, cl)
+    assert one.params > split.params and one.grads > split.grads and one.optimizer == split.optimizer
+    assert evaluate(wl, whole, cl).fits and evaluate(wl, whole, cl).time.ep_comm > 0
+    # sound, but not what shoal train runs; a split that does not tile the ranks or the experts is refused
+    limits = [type(p).__name__ for p in problems(whole, cfg, 256, 2048, 4096) if "expert_tp" in p.field]
+    assert limits == ["TrainerLimit"]
+    for bad in (3, 8):  # 3 x 8 does not divide 32 ranks; 8 x 8 > 32
+        found = [p for p in problems(dataclasses.replace(lay, expert_tp=bad), cfg, 256, 2048, 4096)
+                 if "expert_tp" in p.field]
+        assert found and type(found[0]).__name__ == "UserError", bad
+    assert problems(dataclasses.replace(lay, expert_tp=2), PRESETS["llama3-8b"], 256, 2048, 4096)  # not MoE
 
 
 def test_deepseek_v3_published_layout_fits_with_light_recompute():
