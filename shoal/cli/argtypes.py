@@ -13,11 +13,15 @@ import argparse
 import math
 
 
-def _int(text: str) -> int:
+def _integer(text: str) -> int:
     try:
-        value = int(str(text).strip())
+        return int(str(text).strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _int(text: str) -> int:
+    value = _integer(text)
     if not -2**63 < value < 2**63:
         raise argparse.ArgumentTypeError(f"{text!r} is out of range")
     return value
@@ -33,9 +37,15 @@ def _float(text: str) -> float:
     return value
 
 
-def int_at_least(low: int, what: str = ""):
-    """An integer >= low; `what` says what the smallest value means (e.g. '0: no restarts')."""
+def int_at_least(low: int, what: str = "", most: int | None = None):
+    """An integer >= low, and <= most if given; `what` says what the bounds mean (e.g. '0: no restarts')."""
     def parse(text: str) -> int:
+        if most is not None:  # a bounded flag names its bounds even for a count past 2^63
+            value = _integer(text)
+            if not low <= value <= most:
+                raise argparse.ArgumentTypeError(f"must be an integer from {low} to {most:,}"
+                                                 f"{f' ({what})' if what else ''}, got {text}")
+            return value
         value = _int(text)
         if value < low:
             raise argparse.ArgumentTypeError(f"must be an integer >= {low}{f' ({what})' if what else ''}, got {value}")
@@ -55,7 +65,8 @@ def float_at_least(low: float, *, strict: bool = False, what: str = "", most: fl
         if value < low or (strict and value == low) or value > most:
             bound = f"> {low:g}" if strict else f">= {low:g}"
             bound += f" and <= {most:g}" if most < math.inf else ""
-            raise argparse.ArgumentTypeError(f"must be a finite number {bound}{f' ({what})' if what else ''}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}{f' ({what})' if what else ''}, "
+                                             f"got {text!r}")
         return value
     parse.__name__ = f"number >= {low:g}"
     return parse

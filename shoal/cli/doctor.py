@@ -13,33 +13,32 @@ from shoal.errors import UserError
 from shoal.launch.multinode import multinode
 
 VERDICT_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
-DEFAULTS = {"--ops": None, "--min-size": "1K", "--max-size": "256M", "--factor": 4, "--budget": 0.1,
-            "--checks-only": False, "--out": "runs/doctor"}
-"""The defaults of the flags some modes have no use for: one given otherwise is refused there (refuse_unused)."""
 BENCH_FLAGS = ("--ops", "--min-size", "--max-size", "--factor", "--budget", "--out")
+NODE_FLAGS = ("--nnodes", "--node-rank", "--master", "--ifname", "--rdzv-timeout", "--rdzv")
 
 
 def register(sub) -> None:
     p = sub.add_parser("doctor", help="check the environment and benchmark communication across N local ranks")
-    p.add_argument("--nproc", type=positive_int, default=None, help="ranks for the benchmark (default: one per GPU, else 2)")
-    p.add_argument("--min-size", default=DEFAULTS["--min-size"], help="smallest message (default 1K; binary units)")
-    p.add_argument("--max-size", default=DEFAULTS["--max-size"], help="largest message (default 256M)")
-    p.add_argument("--factor", type=int_at_least(2), default=DEFAULTS["--factor"], help="size step between messages (default 4)")
+    p.add_argument("--nproc", type=positive_int, default=None,
+                   help="ranks for the benchmark (default: one per GPU, else 2)")
+    p.add_argument("--min-size", default="1K", help="smallest message (default 1K; binary units)")
+    p.add_argument("--max-size", default="256M", help="largest message (default 256M)")
+    p.add_argument("--factor", type=int_at_least(2), default=4, help="size step between messages (default 4)")
     p.add_argument("--ops", type=non_empty("--ops all_reduce,all_gather", sep=","),
                    help="comma-separated subset of all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,sendrecv")
     p.add_argument("--budget", type=float_at_least(0, strict=True, most=600, what="seconds per size"),
-                   default=DEFAULTS["--budget"],
-                   help="seconds of timed iterations per size (default 0.1)")
+                   default=0.1, help="seconds of timed iterations per size (default 0.1)")
     p.add_argument("--checks-only", action="store_true", help="environment checks only, no benchmark")
     p.add_argument("--peak", action="store_true", help="print the datasheet peak FLOP/s that MFU is against, "
                    "beside a measured matmul on this process's cores; no benchmark")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="for --peak (default fp32)")
-    p.add_argument("--out", type=non_empty("--out runs/doctor"), default=DEFAULTS["--out"],
+    p.add_argument("--out", type=non_empty("--out runs/doctor"), default="runs/doctor",
                    help="where the raw timings and the plot go; with --nnodes, the directory checked to be shared "
                         "by all nodes (give the filesystem your runs will use)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     add_node_args(p)  # --nnodes, --node-rank, --master, --ifname, --rdzv-timeout, as shoal train has them
     p.set_defaults(func=run)
+    p.set_defaults(defaults=vars(p.parse_args([])))  # what "not given" looks like, for refuse_unused
 
 
 def run(args) -> int:
@@ -48,13 +47,16 @@ def run(args) -> int:
     from shoal.files import check_output_dir
     from shoal.measure import doctor, envcheck
 
-    if args.peak:
+    if args.peak:  # one matmul in this process: every flag of the checks, the benchmark and the nodes unused
+        refuse_unused(args, "with --peak, which times one matmul in this process",
+                      ("--nproc", "--checks-only", *BENCH_FLAGS, *NODE_FLAGS))
         return show_peak(args.precision, args.json)
-    if multinode(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout):
+    refuse_unused(args, "without --peak (it is the dtype of --peak's matmul)", ("--precision",))
+    if multinode(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout, args.rdzv):
         return run_node(args)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     if args.checks_only:  # as --nnodes does: a benchmark flag here would be silently unused
-        refuse_unused(args, "--checks-only", "runs no benchmark", BENCH_FLAGS)
+        refuse_unused(args, "with --checks-only, which runs no benchmark", BENCH_FLAGS)
         rep = doctor.Report(checks=envcheck.run_all(nproc))
     else:
         check_output_dir("--out", args.out, own=doctor.OUT_FILES)
@@ -97,7 +99,7 @@ def run_node(args) -> int:
     from shoal.files import check_output_dir
     from shoal.measure import doctor, node_doctor
 
-    refuse_unused(args, "--nnodes", "times one all_reduce of --max-size bytes per network tier",
+    refuse_unused(args, "with --nnodes, which times one all_reduce of --max-size bytes per network tier",
                   ("--ops", "--checks-only", "--min-size", "--factor"))
     check_output_dir("--out", args.out)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
@@ -117,14 +119,15 @@ def run_node(args) -> int:
     return 0 if rep.as_dict()["ok"] else 1
 
 
-def refuse_unused(args, mode: str, does: str, flags: tuple[str, ...]) -> None:
-    """The first of `flags` given other than its default, which `mode` (that `does` ...) has no use
-    for: one line, rather than a setting silently ignored."""
+def refuse_unused(args, mode: str, flags: tuple[str, ...]) -> None:
+    """The first of `flags` given other than its default, which `mode` ("with --peak, which ...") has no use
+    for: one line, rather than a setting silently ignored. The defaults are the parser's (args.defaults)."""
     for flag in flags:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value != DEFAULTS[flag]:
+        dest = flag[2:].replace("-", "_")
+        value = getattr(args, dest)
+        if value != args.defaults[dest]:
             shown = ",".join(value) if isinstance(value, list) else value
-            raise UserError(flag, shown, f"does not apply with {mode}, which {does}; leave it out")
+            raise UserError(flag, shown, f"does not apply {mode}; leave it out")
 
 
 def render_rows(rep):
@@ -152,8 +155,8 @@ def straggler_lines(rep) -> str:
             continue
         if slow:
             for r, ratio in slow.items():
-                lines.append(f"[bold red]straggler[/]: rank {r} {what} {values[r]:.3g} {unit} is {ratio:.2f}x the median "
-                             f"(slower than 0.7x)")
+                lines.append(f"[bold red]straggler[/]: rank {r} {what} {values[r]:.3g} {unit} is {ratio:.2f}x the "
+                             f"median (slower than 0.7x)")
         else:
             lines.append(f"{what}: no straggler (all ranks within 0.7x of the median {unit}: "
                          + ", ".join(f"{v:.3g}" for v in values) + ")")
@@ -172,7 +175,8 @@ def show_peak(precision: str, as_json: bool = False) -> int:
         print_json({"precision": precision, "peak": [{"what": what, "flops": flops, "how": how}
                                                      for what, flops, how in compare(precision)]})
         return 0
-    t = Table(title=f"peak {precision} FLOP/s (MFU in `shoal train` divides by the datasheet one)", title_justify="left")
+    t = Table(title=f"peak {precision} FLOP/s (MFU in `shoal train` divides by the datasheet one)",
+              title_justify="left")
     for col in ("", "GFLOP/s", "how"):
         t.add_column(col, justify="right" if col == "GFLOP/s" else "left")
     for what, flops, how in compare(precision):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from shoal.errors import UserError
@@ -31,9 +32,15 @@ COMMANDS = {
 }
 
 
+def shown(message: str) -> str:
+    """An error line with any word past 200 characters cut to its ends: `--gpus 999...9` (5,000 digits) was
+    echoed whole, one line that fills a terminal."""
+    return re.sub(r"\S{201,}", lambda m: f"{m[0][:60]}...{m[0][-20:]} ({len(m[0]):,} characters)", message)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line and exit 2, like every other user mistake
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {shown(message)}\n")
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -86,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe fails here, inside the try, not in the interpreter's exit
         return code
     except UserError as e:
-        print(f"shoal {args.command}: error: {e}", file=sys.stderr)
+        print(f"shoal {args.command}: error: {shown(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"shoal {args.command}: interrupted", file=sys.stderr)

@@ -11,12 +11,13 @@ import re
 import sys
 
 from shoal import hardware
-from shoal.cli.argtypes import (PRECISION_ALIASES, SCHEDULE_ALIASES, mlp_kind, non_empty, nonnegative_float, one_of,
-                                positive_float)
+from shoal.cli.argtypes import (PRECISION_ALIASES, SCHEDULE_ALIASES, int_at_least, mlp_kind, non_empty,
+                                nonnegative_float, one_of, positive_float)
 from shoal.files import check_output_dir, check_output_file
 from shoal.errors import UserError
 from shoal.layout import ACTIVATION_CHECKPOINT, DILOCO_QUANTIZE, GRAD_COMPRESSION, OFFLOAD, SCHEDULES
 from shoal.model.hf_shape import SHAPE_NOTE
+from shoal.planner.scaling import MAX_SPAN
 from shoal.planner.stacks import DEFAULT_STACK_NOTE, STACKS
 from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_GATHERS, FP8_SAVES, GRAD_ACCUMULATION, GRAD_REDUCES,
                                     KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS, PP_P2P, PRECISIONS, WEIGHT_GATHERS,
@@ -24,7 +25,8 @@ from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_GATHERS, FP8_SA
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
-  shoal plan --model llama3-405b --seq-len 8192 --global-batch 2048 --gpu h100 --gpus 16384 --tokens 15e12 --usd-per-gpu-hour 2
+  shoal plan --model llama3-405b --seq-len 8192 --global-batch 2048 --gpu h100 --gpus 16384 --tokens 15e12 \\
+             --usd-per-gpu-hour 2
   shoal plan --model llama3-70b --seq-len 4096 --global-batch 1024 --gpu h100 --gpus 512 --tp 8 --pp 4 --dp 16 \\
              --zero 1 --micro-batch 1 --activation-checkpoint selective --emit recipes/plan-70b.toml
   shoal plan --model llama3-70b --seq-len 4096 --global-batch 1024 --gpu h100 --scale 8:16384 --figures runs/plan
@@ -34,7 +36,8 @@ EPILOG = """examples:
 def register(sub) -> None:
     p = sub.add_parser("plan", help="predict memory/time/MFU/cost of parallel layouts and search them",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for add in (_model_flags, _workload_flags, _stack_flags, _layout_flags, _slow_link_flags, _budget_flags, _validate_flags):
+    for add in (_model_flags, _workload_flags, _stack_flags, _layout_flags, _slow_link_flags, _budget_flags,
+                _validate_flags):
         add(p)
     p.set_defaults(func=run)
     p.set_defaults(plan_defaults=vars(p.parse_args([])))  # what "not given" looks like, for --validate's check
@@ -110,13 +113,14 @@ def _stack_flags(p) -> None:
                         "gathers the fp32 weights: the default with --emit or --gpu local)")
     w.add_argument("--moe-dispatch", choices=MOE_DISPATCH,
                    help="dedup (default on GPUs): the expert all-to-all sends a token once per rank holding its "
-                        "experts, in FP8 under fp8 (DeepEP); per-expert (the default with --emit or --gpu local): one copy per "
-                        "chosen expert in the activations' precision (Megatron-Core's alltoall dispatcher, shoal train)")
+                        "experts, in FP8 under fp8 (DeepEP); per-expert (the default with --emit or --gpu local): one "
+                        "copy per chosen expert in the activations' precision (Megatron-Core's alltoall dispatcher, "
+                        "shoal train)")
     w.add_argument("--moe-probs", choices=MOE_PROBS,
                    help="where an MoE layer weighs each expert's output by its router probability: activation "
                         "(default on GPUs: inside the expert's SwiGLU, as Megatron-Core; its combine keeps nothing) "
-                        "or output (the default with --emit or --gpu local: after the expert, as shoal train, which keeps the "
-                        "expert outputs for backward)")
+                        "or output (the default with --emit or --gpu local: after the expert, as shoal train, which "
+                        "keeps the expert outputs for backward)")
     w.add_argument("--loss", choices=LOSSES,
                    help="with fused kernels, what the cross-entropy keeps per logit: fp32 (its fp32 logits and their "
                         "gradient, 8 bytes; default), te (Transformer Engine's, the gradient over the 16-bit logits, "
@@ -152,7 +156,8 @@ def _stack_flags(p) -> None:
     w.add_argument("--offload-overlap", choices=("on", "off"),
                    help="with --activation-offload: on (default) the copies to and from the host run on their own "
                         "stream beside the next layer (Transformer Engine's CPU offload, Megatron-Core's "
-                        "cpu_offloading); off: on the compute stream, the next kernel waiting (save_on_cpu, shoal train)")
+                        "cpu_offloading); off: on the compute stream, the next kernel waiting (save_on_cpu, shoal "
+                        "train)")
     w.add_argument("--zero3-impl", choices=ZERO3_IMPLS,
                    help="how ZeRO-3 gathers and reduces: fsdp (default: a layer at a time, the next prefetched, fp32 "
                         "reduce-scatter; FSDP2, shoal train) or deepspeed-2021 (DeepSpeed v0.3.13: one all_gather per "
@@ -210,6 +215,12 @@ def _slow_link_flags(p) -> None:
                    help="DiLoCo: the parameters' all-reduce runs beside this many inner steps (1 to H-1)")
 
 
+MAX_TOP = 100
+"""The most layouts --top shows: the search times that many in full, and a 64-GPU plan has thousands that fit,
+so `--top 99999999999999999999` printed 9,000 lines in 12 s instead of 14 in 1. A table past a few screens is
+not read; a layout further down is seen by pinning its dimensions (--tp, --pp, ...)."""
+
+
 def _budget_flags(p) -> None:
     o = p.add_argument_group("budget and output")
     o.add_argument("--tokens", type=_amount, help="tokens to train, e.g. 15e12 or 15T")
@@ -226,11 +237,13 @@ def _budget_flags(p) -> None:
     o.add_argument("--pue", type=float, help="data-centre power usage effectiveness (default 1.2, see energy.py)")
     o.add_argument("--carbon-trace", metavar="CSV", type=non_empty("--carbon-trace grid.csv"),
                    help="hourly grid intensity (time,gco2_per_kwh per line): pick the start hour with least CO2")
-    o.add_argument("--top", type=int, default=10)
+    o.add_argument("--top", type=int_at_least(1, "layouts ranked and shown", most=MAX_TOP), default=10,
+                   help=f"how many of the best layouts to show (default 10, at most {MAX_TOP})")
     o.add_argument("--json", action="store_true", help="print JSON instead of tables")
     o.add_argument("--emit", metavar="FILE", type=non_empty("--emit recipes/plan.toml"),
                    help="write the best layout as a `shoal train` recipe (TOML)")
-    o.add_argument("--scale", metavar="A:B", help="sweep GPU counts A, 2A, ... B at fixed global and per-GPU batch")
+    o.add_argument("--scale", metavar="A:B", help="sweep GPU counts A, 2A, ... B at fixed global and per-GPU batch "
+                                                  f"(B/A at most {MAX_SPAN:,})")
     o.add_argument("--figures", metavar="DIR", type=non_empty("--figures runs/plan"),
                    help="save memory/time/scaling pictures (PNG and SVG) here")
     o.add_argument("--report", metavar="DIR", type=non_empty("--report runs/plan-report"),
@@ -391,7 +404,8 @@ def _print_text(ans, emitted, figures, top: int, stack_given: bool) -> None:
         if workload.stack not in (None, "shoal") and not stack_given:  # stacks.default_stack chose it
             con.print(f"[bold yellow]note[/]: {DEFAULT_STACK_NOTE}")
     else:
-        con.print(f"[bold]shoal plan[/]: {name} on {cluster.gpu.name}, seq {workload.seq_len}, batch {workload.global_batch}")
+        con.print(f"[bold]shoal plan[/]: {name} on {cluster.gpu.name}, seq {workload.seq_len}, "
+                  f"batch {workload.global_batch}")
     if single:
         verdict = "fits" if single.fits else "does NOT fit"
         con.print(f"one layout, evaluated: {single.layout.short()} — {verdict}: {'; '.join(single.reasons)}")
@@ -406,7 +420,8 @@ def _print_text(ans, emitted, figures, top: int, stack_given: bool) -> None:
             parts.append(f"{rej['trainer']} not runnable by shoal train yet")
         other = sum(v for k, v in rej.items() if k not in ("memory", "trainer"))
         if other:
-            parts.append(f"{other} do not divide ({', '.join(sorted(k for k in rej if k not in ('memory', 'trainer')))})")
+            fields = ", ".join(sorted(k for k in rej if k not in ("memory", "trainer")))
+            parts.append(f"{other} do not divide ({fields})")
         con.print(f"searched {result.evaluated} layouts in {result.seconds:.2f} s: " + ", ".join(parts))
         if result.note:
             con.print(f"[bold yellow]note[/]: {result.note}")

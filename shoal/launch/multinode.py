@@ -62,14 +62,17 @@ class NodePlan:
                 f"{self.master_ip}:{self.port}")
 
 
-def multinode(nnodes: int, node_rank: int, master: str, ifname: str = "", timeout: int = 120) -> bool:
+def multinode(nnodes: int, node_rank: int, master: str, ifname: str = "", timeout: int = 120,
+              rdzv: str = "c10d") -> bool:
     """Whether the flags ask for a multi-node job. --node-rank alone is refused: that node of a job
-    whose --nnodes was left out would run on its own; --ifname alone too: one machine's ranks talk
-    over loopback, so it would be ignored. A --rdzv-timeout no wait can have (0, negative, years) is
-    refused on one machine too, where it goes unused: a typo either way, said before anything runs."""
+    whose --nnodes was left out would run on its own; --ifname and --rdzv static alone too: one machine's
+    ranks talk over loopback and need no rendezvous across nodes, so they would be ignored. A --rdzv-timeout
+    no wait can have (0, negative, years) is refused on one machine too, where it goes unused: a typo either
+    way, said before anything runs."""
     check_rdzv_timeout(timeout)
     if nnodes == 1 and not master:
-        for flag, value in (("--node-rank", node_rank), ("--ifname", ifname)):
+        for flag, value in (("--node-rank", node_rank), ("--ifname", ifname),
+                            ("--rdzv", rdzv if rdzv != "c10d" else "")):
             if value:
                 raise UserError(flag, value, "is for a multi-node job; give --nnodes and --master too, "
                                              "or drop it on one machine")

@@ -268,7 +268,7 @@ def _node_plan(o: Options) -> NodePlan | None:
     """The multi-node plan for --nnodes > 1 (None for one machine), its network checked."""
     from shoal.launch.multinode import multinode, plan_node
 
-    if not multinode(o.nnodes, o.node_rank, o.master, o.ifname, o.rdzv_timeout):
+    if not multinode(o.nnodes, o.node_rank, o.master, o.ifname, o.rdzv_timeout, o.rdzv):
         return None
     if under_torchrun():
         raise UserError("--nnodes", o.nnodes, "is for starting workers; under torchrun (WORLD_SIZE is set) "

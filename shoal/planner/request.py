@@ -35,6 +35,8 @@ class Inputs:
     """The dimensions the flags pin; the search fills the rest."""
     name: str
     """The model as the output names it: the preset, or its shape."""
+    scale: tuple[int, int] | None = None
+    """--scale A:B, checked before any search (scaling.parse_scale)."""
 
 
 def _positive(name: str, value, allow_none: bool = True):
@@ -54,7 +56,8 @@ def build_model(args) -> ModelConfig:
     elif args.model:
         cfg = get_preset(args.model)
     elif None in (args.layers, args.hidden, args.heads):
-        missing = [f"--{n}" for n, v in (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads)) if v is None]
+        missing = [f"--{n}" for n, v in (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads))
+                   if v is None]
         raise UserError("model", args.model, f"give --model PRESET, or the shape: {' '.join(missing)} missing")
     else:
         mlp = args.mlp or "swiglu"
@@ -82,7 +85,8 @@ def _flag(field: str) -> str:
 
 
 SHAPE_FLAGS = {"n_layers": "layers", "dim": "hidden", "n_heads": "heads", "n_kv_heads": "kv_heads",
-               "head_dim": "head_dim", "qk_norm": "qk_norm", "ffn_hidden": "ffn_hidden", "vocab_size": "vocab", "mlp": "mlp", "n_experts": "experts", "top_k": "top_k",
+               "head_dim": "head_dim", "qk_norm": "qk_norm", "ffn_hidden": "ffn_hidden", "vocab_size": "vocab",
+               "mlp": "mlp", "n_experts": "experts", "top_k": "top_k",
                "expert_ffn_hidden": "expert_ffn_hidden", "n_shared_experts": "shared_experts"}
 """ModelConfig field -> the `shoal plan` flag (argparse's name) that sets it."""
 
@@ -94,7 +98,7 @@ def build(args) -> Inputs:
         if getattr(args, name) is None:
             raise UserError(name, None, f"give --{name.replace('_', '-')} N (or --validate RUN_DIR)")
     for name in ("seq_len", "global_batch", "gpus", "gpus_per_node", "tp", "cp", "pp", "dp", "dp_replicate", "ep",
-                 "micro_batch", "pp_virtual_stages", "top"):
+                 "micro_batch", "pp_virtual_stages"):
         _positive(name, getattr(args, name))
     if args.expert_tp:  # 0: experts split as each layout implies (parallel.expert_tp's default)
         _positive("expert_tp", args.expert_tp)
@@ -109,8 +113,9 @@ def build(args) -> Inputs:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
     if args.gpus:  # `local`: the ranks share this machine's cores unless --gpus-per-node spreads them
         gpu = local_hardware.local_for_ranks(gpu, args.gpus_per_node or args.gpus)
-    if args.gpus is None and not args.scale:
+    if args.gpus is None and args.scale is None:
         raise UserError("gpus", None, "give the GPU count with --gpus N (or sweep with --scale A:B)")
+    scale = scaling.parse_scale(args.scale) if args.scale is not None else None  # "" too: not a sweep
     precision = args.precision or ("fp32" if local_hardware.is_local(gpu) else "bf16")
     if precision == "fp8" and not gpu.peak_fp8_flops:
         raise UserError("precision", "fp8", f"{gpu.name} has no FP8 tensor cores; use bf16, or give its FP8 peak "
@@ -155,7 +160,7 @@ def build(args) -> Inputs:
     if args.gpus:
         _check_pinned(fixed, args.gpus, workload)
     name = args.model or f"custom {cfg.n_layers}L/{cfg.dim}H/{cfg.n_heads}A"
-    return Inputs(workload, cluster, fixed, name)
+    return Inputs(workload, cluster, fixed, name, scale)
 
 
 def ignored_flags(args) -> list[str]:
@@ -222,7 +227,8 @@ def carbon_inputs(args, cluster: Cluster):
     if (args.region or args.carbon_trace) and not args.tokens:
         raise UserError("tokens", None, "energy and CO2 are for a whole run: give its size with --tokens (e.g. 1T)")
     if (args.region or args.carbon_trace) and not cluster.gpu.board_watts:
-        raise UserError("hw.power_watts", 0, f"{cluster.gpu.name} has no power figure; set one with --hw power_watts=700")
+        raise UserError("hw.power_watts", 0, f"{cluster.gpu.name} has no power figure; set one with "
+                                             "--hw power_watts=700")
     return pue, energy.read_trace(args.carbon_trace) if args.carbon_trace else None
 
 
@@ -287,8 +293,10 @@ def answer(args, inputs: Inputs) -> Answer:
                             micro_batch=fixed.micro_batch, pp_schedule=fixed.pp_schedule or "1f1b",
                             pp_virtual_stages=fixed.pp_virtual_stages or 1,
                             activation_checkpoint=fixed.activation_checkpoint,
-                            sequence_parallel=fixed.tp > 1 if fixed.sequence_parallel is None else fixed.sequence_parallel)
-            ans.single = evaluate_pinned(workload, layout, cluster, interleave_given=fixed.pp_virtual_stages is not None)
+                            sequence_parallel=(fixed.tp > 1 if fixed.sequence_parallel is None
+                                               else fixed.sequence_parallel))
+            ans.single = evaluate_pinned(workload, layout, cluster,
+                                         interleave_given=fixed.pp_virtual_stages is not None)
         else:
             ans.result = search(workload, cluster, fixed, rank_by=args.rank_by, keep=max(args.top, 10))
     # No price given: the catalog's on-demand list price for the device (hardware.py), if it has one.
@@ -309,8 +317,8 @@ def answer(args, inputs: Inputs) -> Answer:
             ans.training, ans.used = budget(ans.best)
     if trace is not None and ans.used is not None:
         ans.window = energy.best_start(trace, ans.used.hours)
-    if args.scale:
-        a, b = scaling.parse_scale(args.scale)
+    if inputs.scale:
+        a, b = inputs.scale
         ans.points = scaling.sweep(workload, cluster, scaling.gpu_counts(a, b), fixed, base_gpus=args.gpus or a,
                                    rank_by=args.rank_by)
     return ans

@@ -39,6 +39,11 @@ class ScalePoint:
         return self.tokens_per_s / self.n_gpus
 
 
+MAX_SPAN = 2**14
+"""The widest sweep, B/A: 15 GPU counts, one GPU to a 16,384-GPU cluster. Each count is two searches of up to
+seconds each (more with a large per-GPU batch), so `--scale 1:10000000` (25 counts) ran 90 s before this bound."""
+
+
 def parse_scale(text: str) -> tuple[int, int]:
     try:
         a, b = (int(x) for x in text.split(":"))
@@ -46,6 +51,10 @@ def parse_scale(text: str) -> tuple[int, int]:
         raise UserError("scale", text, "write A:B with two GPU counts, e.g. --scale 8:16384") from None
     if a < 1 or b < a or b > MAX_GPUS:
         raise UserError("scale", text, f"need 1 <= A <= B <= {MAX_GPUS:,}, e.g. --scale 8:16384")
+    if b > a * MAX_SPAN:
+        raise UserError("scale", text, f"sweeps {len(gpu_counts(a, b))} GPU counts, two searches each; B/A is at "
+                                       f"most {MAX_SPAN:,}: try --scale {a}:{a * MAX_SPAN} or "
+                                       f"{-(-b // MAX_SPAN)}:{b}")
     return a, b
 
 

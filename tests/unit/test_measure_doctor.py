@@ -113,3 +113,37 @@ def test_doctor_refuses_a_flag_it_would_ignore_or_cannot_use_before_running(argv
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"shoal doctor: error: {flag}="), err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--peak", "--nproc", "4"], "--nproc"), (["--peak", "--checks-only"], "--checks-only"),
+    (["--peak", "--max-size", "1G"], "--max-size"), (["--peak", "--ops", "all_gather"], "--ops"),
+    (["--peak", "--out", "elsewhere"], "--out"), (["--peak", "--nnodes", "2"], "--nnodes"),
+    (["--peak", "--master", "10.0.0.1"], "--master"), (["--peak", "--rdzv", "static"], "--rdzv"),
+    (["--precision", "bf16"], "--precision"), (["--checks-only", "--precision", "bf16"], "--precision")])
+def test_doctor_peak_refuses_the_flags_it_does_not_use(argv, flag, capsys, monkeypatch, tmp_path):
+    """--peak times one matmul and printed it, ignoring --nproc 4 or --nnodes 2 silently; --precision,
+    the dtype of that matmul, was as silently ignored without --peak."""
+    from shoal.cli.main import main
+    from shoal.hardware import peak
+    from shoal.measure import envcheck
+
+    def ran(*a, **k):
+        raise AssertionError("it ran")
+
+    monkeypatch.setattr(peak, "compare", ran)
+    monkeypatch.setattr(envcheck, "run_all", ran)
+    monkeypatch.chdir(tmp_path)
+    assert main(["doctor", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"shoal doctor: error: {flag}="), err
+    assert "--peak" in err[0] and list(tmp_path.iterdir()) == []
+
+
+def test_doctor_peak_with_its_own_flags_still_runs(capsys, monkeypatch):
+    from shoal.cli.main import main
+    from shoal.hardware import peak
+
+    monkeypatch.setattr(peak, "compare", lambda precision: [("datasheet", 1e12, f"{precision} test")])
+    assert main(["doctor", "--peak", "--precision", "bf16", "--json"]) == 0
+    assert '"bf16 test"' in capsys.readouterr().out

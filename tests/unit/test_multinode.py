@@ -3,7 +3,7 @@
 import pytest
 
 from shoal.errors import UserError
-from shoal.launch.multinode import interface_addrs, plan_node
+from shoal.launch.multinode import interface_addrs, multinode, plan_node
 
 
 @pytest.mark.parametrize("kwargs,field,words", [
@@ -22,6 +22,16 @@ def test_bad_flags(kwargs, field, words):
     with pytest.raises(UserError) as e:
         plan_node(**kwargs)
     assert e.value.field == field and words in e.value.fix, e.value
+
+
+@pytest.mark.parametrize("kwargs,field", [(dict(node_rank=1), "--node-rank"), (dict(ifname="eth9"), "--ifname"),
+                                          (dict(rdzv="static"), "--rdzv")])
+def test_a_node_flag_on_one_machine_is_refused(kwargs, field):
+    """`--rdzv static` without --nnodes/--master was ignored silently (shoal doctor --checks-only, shoal train)."""
+    with pytest.raises(UserError) as e:
+        multinode(**{"nnodes": 1, "node_rank": 0, "master": "", **kwargs})
+    assert e.value.field == field and "multi-node" in e.value.fix
+    assert multinode(1, 0, "", rdzv="c10d") is False
 
 
 def _own_address():

@@ -74,7 +74,8 @@ def test_json_without_budget_has_no_days_and_uses_list_price():
     assert "days" not in plans[0]
     out = plan("--model", "llama3-8b", *BASE, "--gpus", "16", "--top", "1", "--json", "--tokens", "1e11")
     best = check_contract(json.loads(out.stdout), budget=True)[0]
-    assert best["usd_per_gpu_hour"] > 0 and best["usd"] == pytest.approx(best["days"] * 24 * 16 * best["usd_per_gpu_hour"])
+    assert best["usd_per_gpu_hour"] > 0
+    assert best["usd"] == pytest.approx(best["days"] * 24 * 16 * best["usd_per_gpu_hour"])
 
 
 def test_all_dimensions_given_evaluates_one_layout():
@@ -85,7 +86,8 @@ def test_all_dimensions_given_evaluates_one_layout():
     doc = json.loads(out.stdout)
     assert doc["search"] is None and len(check_contract(doc, budget=False)) == 1
     lay = doc["plans"][0]["strategy"]
-    assert (lay["dp"], lay["tp"], lay["pp"], lay["zero"], lay["micro_batch"], lay["activation_checkpoint"]) == (4, 2, 2, 1, 2, "selective")
+    assert (lay["dp"], lay["tp"], lay["pp"], lay["zero"], lay["micro_batch"],
+            lay["activation_checkpoint"]) == (4, 2, 2, 1, 2, "selective")
     assert lay["dp_shard"] == 4 and lay["dp_replicate"] == 1 and lay["sequence_parallel"] is True
 
 
@@ -152,10 +154,56 @@ def test_an_empty_model_or_gpu_is_shown_as_given(flag, capsys):
     """`--gpu ''` was refused as gpu=None, as though the flag had been left out."""
     from shoal.cli.main import main
 
-    args = {"--model": "llama3-8b", "--seq-len": "4096", "--global-batch": "64", "--gpu": "h100", "--gpus": "8", flag: ""}
+    args = {"--model": "llama3-8b", "--seq-len": "4096", "--global-batch": "64", "--gpu": "h100", "--gpus": "8",
+            flag: ""}
     assert main(["plan", *[x for kv in args.items() for x in kv]]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{flag[2:]}='':" in err[0], err
+
+
+@pytest.mark.parametrize("top", ["0", "-3", "101", "99999999999999999999"])
+def test_top_is_a_count_from_1_to_the_most_a_table_shows(top, capsys):
+    """--top 99999999999999999999 timed and printed every layout that fits (9,000 lines, 12 s); 0 was
+    refused as "top=0" after the model was read, without the flag's bounds."""
+    from shoal.cli.main import main
+    from shoal.cli.plan import MAX_TOP
+
+    with pytest.raises(SystemExit) as exit_:  # argparse's: the flag's type refuses it
+        main(["plan", "--model", "llama3-8b", *BASE, "--gpus", "64", "--top", top])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"shoal plan: error: argument --top: must be an integer from 1 to {MAX_TOP} (layouts ranked and "
+                   f"shown), got {top}"]
+
+
+@pytest.mark.parametrize("flag", ["--gpus", "--top", "--gpu"])
+def test_a_value_of_thousands_of_characters_is_echoed_cut(flag, capsys):
+    """`--gpus 999...9` (5,000 digits) was refused in one line of 5,000 characters: pages on a terminal."""
+    from shoal.cli.main import main
+
+    try:
+        code = main(["plan", "--model", "llama3-8b", *BASE, "--gpus", "64", flag, "9" * 5000])
+    except SystemExit as e:  # argparse's refusals exit; the planner's return 2
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and len(err[0]) < 500 and ",0" in err[0] and " characters)" in err[0], err
+
+
+@pytest.mark.parametrize("flags", [[], ["--gpus", "64"]], ids=["sweep-only", "with-gpus"])
+def test_a_scale_too_wide_is_refused_before_any_search(flags, capsys, monkeypatch):
+    """--scale 1:10000000 ran 50 searches for 90 s; a bad --scale beside --gpus was refused only after
+    the search at --gpus."""
+    from shoal.cli.main import main
+    from shoal.planner import request
+
+    def searched(*a, **k):
+        raise AssertionError("searched")
+
+    monkeypatch.setattr(request, "search", searched)
+    for scale in ("1:10000000", "", "8:4"):
+        assert main(["plan", "--model", "llama3-8b", *BASE, *flags, "--scale", scale]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"shoal plan: error: scale={scale!r}: "), err
 
 
 def test_scale_and_figures(tmp_path):
@@ -240,15 +288,16 @@ def test_shape_flags_express_a_head_dim_apart_from_the_hidden_size(capsys):
 
 
 def test_an_emitted_plan_is_planned_as_shoal_train_runs(tmp_path, capsys):
-    """--emit writes a recipe for shoal train, so its MoE, FP8 and accumulation settings default to shoal's own (the ones
-    its memory check plans with: Workload.of_job), not the published stacks' of a plain GPU plan."""
+    """--emit writes a recipe for shoal train, so its MoE, FP8 and accumulation settings default to shoal's own (the
+    ones its memory check plans with: Workload.of_job), not the published stacks' of a plain GPU plan."""
     from shoal.cli.main import main
 
     args = ["plan", "--model", "mixtral-8x7b", "--seq-len", "4096", "--global-batch", "64", "--gpu", "h100",
             "--gpus", "32", "--precision", "fp8", "--top", "1", "--json"]
     settings = ("moe_dispatch", "moe_probs", "fp8_saves", "weight_gather", "grad_accumulation", "pp_p2p")
     for extra, expected in (([], ("dedup", "activation", "fp8", "bf16", "fused", "batched")),
-                            (["--emit", str(tmp_path / "r.toml")], ("per-expert", "output", "input", "fp32", "separate", "batched"))):
+                            (["--emit", str(tmp_path / "r.toml")],
+                             ("per-expert", "output", "input", "fp32", "separate", "batched"))):
         assert main(args + extra) == 0
         workload = json.loads(capsys.readouterr().out)["workload"]
         assert tuple(workload[k] for k in settings) == expected
@@ -258,7 +307,8 @@ def test_json_pins_context_parallel_offload_and_fp16():
     # The layout fields agreed with the trainer (layout.py: cp, offload, activation_offload) in the contract.
     out = plan("--model", "llama3-70b", "--seq-len", "32768", "--global-batch", "16", "--gpu", "h100", "--gpus", "64",
                "--dp", "1", "--tp", "8", "--pp", "4", "--cp", "2", "--zero", "1", "--micro-batch", "1",
-               "--recompute", "none", "--pp-schedule", "1f1b", "--offload", "optimizer", "--precision", "fp16", "--json")
+               "--recompute", "none", "--pp-schedule", "1f1b", "--offload", "optimizer", "--precision", "fp16",
+               "--json")
     assert out.returncode == 0, out.stderr
     p = check_contract(json.loads(out.stdout), budget=False)[0]
     assert (p["strategy"]["cp"], p["strategy"]["offload"], p["precision"]) == (2, "optimizer", "fp16")
@@ -284,7 +334,8 @@ def test_zero3_pinned_on_a_gpu_plans_an_fsdp_program(capsys):
 
     args = ["plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--gpus", "8", "--top", "1"]
     for extra, expected in ((["--gpu", "h100", "--zero", "3"], ("torchtitan", "flash2")),
-                            (["--gpu", "h100", "--zero", "3", "--stack", "megatron-bridge"], ("megatron-bridge", "flash")),
+                            (["--gpu", "h100", "--zero", "3", "--stack", "megatron-bridge"],
+                             ("megatron-bridge", "flash")),
                             (["--gpu", "h100", "--zero", "1"], (None, "flash")),
                             (["--gpu", "tpu-v5p", "--zero", "3"], (None, "flash"))):
         assert main(args + extra + ["--json"]) == 0

@@ -151,6 +151,9 @@ def test_scaling_sweep_finds_the_wall():
     assert scaling.parse_scale("8:16384") == (8, 16384)
     with pytest.raises(UserError):
         scaling.parse_scale("16384:8")
+    assert scaling.parse_scale(f"1:{scaling.MAX_SPAN}") == (1, scaling.MAX_SPAN)
+    with pytest.raises(UserError, match=r"25 GPU counts.* try --scale 1:16384 or 611:10000000"):
+        scaling.parse_scale("1:10000000")  # a sweep of 50 searches: 90 s
 
 
 def test_recipe_uses_trainer_sections():
@@ -171,7 +174,8 @@ def test_recipe_uses_trainer_sections():
     # recipe must rebuild exactly the planned model from it (and allow the planned sequence length).
     moe = PRESETS["debug-moe"]
     wl = Workload(moe, 512, 8)
-    custom = tomllib.loads(recipe_text(evaluate(wl, Layout(dp_shard=2, ep=2, zero=2), Cluster(hardware.get_gpu("h100"), 2, 8))))
+    custom = tomllib.loads(recipe_text(evaluate(wl, Layout(dp_shard=2, ep=2, zero=2),
+                                                Cluster(hardware.get_gpu("h100"), 2, 8))))
     assert "preset" not in custom["model"] and custom["parallel"]["dp_shard"] == 2
     assert {"dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "mlp", "n_experts", "top_k",
             "expert_ffn_hidden", "n_shared_experts"} <= set(custom["model"])
@@ -244,7 +248,8 @@ def test_selective_op_recomputes_every_second_gemm_and_keeps_less():
              for ac in ("selective", "selective-op", "full")}
     layer = layer_time(cfg, h100, 8192, 1, 1, False, "flash", "bf16", False, 1)
     q, kv, T = cfg.n_heads * cfg.head_size, cfg.n_kv_heads * cfg.head_size, 8192.0
-    every_second = sum(gemm_time(T, k, n, h100, "bf16") for k, n in ((cfg.dim, kv), (q, cfg.dim), (cfg.dim, cfg.ffn_hidden)))
+    every_second = sum(gemm_time(T, k, n, h100, "bf16")
+                       for k, n in ((cfg.dim, kv), (q, cfg.dim), (cfg.dim, cfg.ffn_hidden)))
     assert layer.op_fwd == pytest.approx(layer.selective_fwd + every_second)
     recompute = {ac: p.time.recompute for ac, p in plans.items()}
     assert recompute["selective"] < recompute["selective-op"] < recompute["full"]
