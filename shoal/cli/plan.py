@@ -124,7 +124,8 @@ def _stack_flags(p) -> None:
     w.add_argument("--loss", choices=LOSSES,
                    help="with fused kernels, what the cross-entropy keeps per logit: fp32 (its fp32 logits and their "
                         "gradient, 8 bytes; default), te (Transformer Engine's, the gradient over the 16-bit logits, "
-                        "2 bytes) or megatron (Megatron-Core's own fused loss, 6 bytes)")
+                        "2 bytes) or megatron (Megatron-Core's own fused loss, 6 bytes); on a TPU, whatever this says, "
+                        "the XLA program keeps the fp32 logits only, 4 bytes")
     w.add_argument("--adam-moments", choices=ADAM_MOMENTS,
                    help="the dtype of Adam's two moments: fp32 (default) or bf16 (DeepSeek-V3; Megatron-Core's "
                         "precision-aware optimizer with exp_avg_dtype bf16), 4 bytes less per parameter")
