@@ -13,7 +13,7 @@ validation (before any worker starts), the planner's search, `shoal plan`'s pinn
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from shoal.errors import UserError
@@ -117,6 +117,12 @@ class Layout:
         """Ranks one ZeRO shard spans: dp x cp (context-parallel ranks hold the same weights), within a replica
         group under HSDP."""
         return self.dp * self.cp // self.hsdp_replicas
+
+    @property
+    def experts_split(self) -> int:
+        """How many ways each routed expert is split: expert_tp, or where it is 0 the layout's own split, tp when
+        ep fits inside dp_shard and 1 when the expert group folds over tp/cp ranks (planner/workload.expert_grid)."""
+        return self.expert_tp or (self.tp if self.ep <= 1 or self.dp_shard % self.ep == 0 else 1)
 
     @property
     def world(self) -> int:
@@ -276,7 +282,7 @@ def _expert_tp_problems(lay: Layout, m: ModelConfig) -> list[UserError]:
                 if ranks % lay.ep == 0 else [])
         return [UserError(name, etp, f"expert_tp x ep must divide dp_shard*tp*cp={ranks} and expert_tp the "
                           f"experts' hidden size {m.expert_hidden}; try {fits or 0}")]
-    implied = lay.tp if lay.dp_shard % lay.ep == 0 else 1
+    implied = replace(lay, expert_tp=0).experts_split
     if etp != implied:
         return [TrainerLimit(name, etp, f"shoal train splits experts as the layout implies ({implied} ways here); "
                              f"leave {name} at 0")]

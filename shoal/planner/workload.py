@@ -280,13 +280,10 @@ def expert_grid(lay) -> tuple[int, int]:
     layout): the experts are split tp ways like the dense layers and replicated over dp*cp/ep ranks. ep
     wider than dp_shard is Megatron-Core's MoE parallel folding (Liu et al. 2025, "MoE Parallel Folding"):
     the expert grid re-partitions the tp*cp*dp ranks, here with whole experts per rank (expert TP 1, as
-    Megatron-Bridge's DeepSeek-V3 recipes run TP 2 with EP 64 on 32-way data parallelism). An expert_tp given
-    (Layout.expert_tp, Megatron's ETP) re-partitions them so: expert_tp x ep x the rest."""
-    if lay.expert_tp:
-        return lay.expert_tp, max(1, lay.dp * lay.cp * lay.tp // (lay.expert_tp * max(1, lay.ep)))
-    if lay.ep <= 1 or lay.dp_shard % lay.ep == 0:
-        return lay.tp, max(1, lay.dp * lay.cp // max(1, lay.ep))
-    return 1, max(1, lay.dp * lay.cp * lay.tp // lay.ep)
+    Megatron-Bridge's DeepSeek-V3 recipes run TP 2 with EP 64 on 32-way data parallelism). Either way, and for
+    an expert_tp given (Megatron's ETP), the grid is expert_tp x ep x the rest (Layout.experts_split)."""
+    etp = lay.experts_split
+    return etp, max(1, lay.dp * lay.cp * lay.tp // (etp * max(1, lay.ep)))
 
 
 def layers_per_rank(n_layers: int, pp: int, virtual: int) -> int:
