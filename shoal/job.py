@@ -17,7 +17,8 @@ from pathlib import Path
 from shoal.config import JobConfig, config_from_sections
 from shoal.errors import UserError
 from shoal.files import write_json
-from shoal.layout import MAX_GPUS, Layout, check, factorizations
+from shoal.layout import MAX_GPUS, Layout
+from shoal.layout_rules import check, factorizations
 from shoal.model.config import ModelConfig
 from shoal.rundir.disk import no_space_left
 

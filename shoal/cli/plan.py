@@ -307,7 +307,7 @@ CONFIG_FLAGS = {
     "parallel.pp_virtual_stages": "--pp-virtual-stages", "parallel.offload": "--offload",
     "parallel.grad_compression": "--grad-compression", "parallel.diloco_inner_steps": "--diloco-inner-steps",
     "parallel.sequence_parallel": "--sequence-parallel"}
-"""The layout rules speak the job config's names (shoal/layout.py, one home for them); a plan is asked for with
+"""The layout rules speak the job config's names (shoal/layout_rules.py, one home for them); a plan is asked for with
 flags, so its refusals say the flag that was typed."""
 
 

@@ -53,7 +53,7 @@ def check_memory(job, local_ranks: int, device: Device | None = None) -> float |
 
 def suggest(job, device: Device) -> str:
     """The first single change that the layout rules accept and the memory model says would fit."""
-    from shoal.layout import problems
+    from shoal.layout_rules import problems
 
     lay, t = job.layout, job.cfg.train
     tries = []

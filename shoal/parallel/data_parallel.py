@@ -57,7 +57,7 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, zero: int, precision: str,
     Expert weights sharded by expert parallelism are wrapped on their own mesh: the data-parallel
     ranks that hold the same experts (see expert_parallel.py for how their gradients are scaled).
 
-    offload (parallel.offload=params, zero 2/3 only: shoal/layout.py): FSDP2's CPUOffloadPolicy keeps
+    offload (parallel.offload=params, zero 2/3 only: shoal/layout_rules.py): FSDP2's CPUOffloadPolicy keeps
     the sharded parameters and gradients in host memory (pinned on CUDA), copies a block's share to the
     device when it gathers it and the reduced gradient back, so the optimizer steps on the host.
     """

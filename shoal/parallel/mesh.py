@@ -9,7 +9,7 @@ coordinate changes, so nothing downstream of the mesh knows the order. cp ranks 
 parameters: gradients are reduced over dp x cp (the flattened "dp_cp" and "dp_shard_cp" axes). Expert
 parallelism borrows ranks from dp_shard: dp_shard is split into (dp_shard // ep, ep), and the ep
 ranks that share a (pp, dp_replicate, dp_shard // ep, tp) coordinate exchange tokens.
-The rules a layout must follow live in shoal/layout.py; this module only lays out ranks.
+The rules a layout must follow live in shoal/layout_rules.py; this module only lays out ranks.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class ParallelDims:
     ep: int
     world_size: int
     rank_order: str = DEFAULT_RANK_ORDER
-    """tp, dp, pp (and cp, if named) innermost first (shoal/layout.py checks it)."""
+    """tp, dp, pp (and cp, if named) innermost first (shoal/layout_rules.py checks it)."""
     cp: int = 1
     """Context parallel, last so that positional construction keeps its meaning."""
 
@@ -124,7 +124,7 @@ def build_mesh(dims: ParallelDims, device_type: str) -> tuple[Meshes, Meshes | N
         flat["dp_shard_cp"] = world["dp_shard", "cp"]._flatten("dp_shard_cp")
     world = Meshes(world, flat)
     expert = None
-    if dims.ep > 1:  # layout.py keeps ep and cp apart (cp=1 here)
+    if dims.ep > 1:  # layout_rules.py keeps ep and cp apart (cp=1 here)
         expert = DeviceMesh(
             device_type, grid.reshape(dims.pp, dims.dp_replicate, dims.dp_shard // dims.ep, dims.ep, dims.tp),
             mesh_dim_names=("pp", "dp_replicate", "dp_shard_mod_ep", "ep", "tp"))

@@ -196,6 +196,6 @@ def dp_mesh(mesh, dims: ParallelDims, zero: int, diloco: bool = False, grad_comp
         return mesh["dp_shard"]
     if data_parallel_zero(dims, zero) == 0:
         return mesh[dp_cp(dims, "dp")]
-    if dims.dp_replicate > 1 and not compresses_in_hooks(grad_compression):  # not with cp (layout.py)
+    if dims.dp_replicate > 1 and not compresses_in_hooks(grad_compression):  # not with cp (layout_rules.py)
         return mesh["dp_replicate", "dp_shard"]
     return mesh[dp_cp(dims, "dp_shard")]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-from shoal.layout import Layout, TrainerLimit, problems
+from shoal.layout import Layout, TrainerLimit
+from shoal.layout_rules import problems
 from shoal.model import analytics
 from shoal.hardware.gpu import GiB
 from shoal.planner.workload import Cluster, Workload

@@ -15,7 +15,8 @@ from pathlib import Path
 from shoal import hardware
 from shoal.errors import UserError
 from shoal.hardware import local as local_hardware
-from shoal.layout import Layout, TrainerLimit, multiples_near, problems
+from shoal.layout import Layout, TrainerLimit
+from shoal.layout_rules import multiples_near, problems
 from shoal.setting_rules import ENABLED_BY, ignored_settings, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
 from shoal.planner import cost, energy, scaling
@@ -188,7 +189,7 @@ def _slow_link_flags(args) -> None:
 
 def _check_pinned(fixed, n_gpus: int, workload) -> None:
     """The pinned dimensions alone must fit the model, the batch and the GPU count."""
-    # The layout rules are shoal/layout.py's (the search applies them to whole layouts); the pinned
+    # The layout rules are shoal/layout_rules.py's (the search applies them to whole layouts); the pinned
     # tp and pp alone are checked first so their own mistake is named before the GPU arithmetic.
     probe = Layout(tp=fixed.tp or 1, cp=fixed.cp or 1, pp=fixed.pp or 1, zero=0, pp_schedule="gpipe")
     for p in problems(probe, workload.model, probe.world, workload.global_batch, workload.seq_len):

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from shoal.errors import UserError
 from shoal.planner.context_parallel import heads_problem
 from shoal.planner.evaluate import Plan, evaluate
-from shoal.layout import (ACTIVATION_CHECKPOINT, INTERLEAVED, PLAN_ONLY_SCHEDULES, Layout, TrainerLimit,
-                          max_pipeline_stages, model_limits, problems, splits_heads)
+from shoal.layout import ACTIVATION_CHECKPOINT, INTERLEAVED, PLAN_ONLY_SCHEDULES, Layout, TrainerLimit
+from shoal.layout_rules import max_pipeline_stages, model_limits, problems, splits_heads
 from shoal.planner.workload import Cluster, Workload
 from shoal.planner.memory import memory
 from shoal.planner.timing import network, step_floor, step_time
@@ -207,7 +207,7 @@ def _schedules(n_layers: int, pp: int, m: int, fixed: Fixed, first_pass: Counter
         if name not in INTERLEAVED:
             yield name, (fixed.pp_virtual_stages or 1)
             continue
-        # Micro-batches that are not a multiple of pp are a trainer limit (layout.py), still planned when nothing
+        # Micro-batches that are not a multiple of pp are a trainer limit (layout_rules.py), still planned when nothing
         # shoal train runs fits, so that a search and a pinned plan of the same layout agree.
         if first_pass is not None and m and m % pp:
             first_pass["trainer"] += 1
@@ -261,7 +261,7 @@ def _search(workload: Workload, cluster: Cluster, fixed: Fixed, rank_by: str, ke
     for base, recomputes in candidate_groups(workload, cluster.n_gpus, fixed, result.rejected,
                                              max_tp=tp_reach(network(cluster).slice_shape, cluster.gpus_per_node),
                                              trainer_only=trainer_only, per_node=cluster.gpus_per_node):
-        # The trainer's own rules (shoal/layout.py): a layout kept here is one shoal train accepts. They read
+        # The trainer's own rules (shoal/layout_rules.py): a layout kept here is one shoal train accepts. They read
         # the recompute mode only to check its name, so one verdict holds for the group.
         found = problems(base, workload.model, cluster.n_gpus, workload.global_batch, workload.seq_len)
         bad = next((p for p in found if not isinstance(p, TrainerLimit)), None)

@@ -91,9 +91,10 @@ def _check_grid(info: dict, where: str) -> None:
     """run.json's model, layout and ranks as `shoal train` accepted them before it started: the
     report draws the grid and simulates the schedule from them, so edited sizes (a world of 1e12,
     a million virtual stages) must stop here, not hang a drawing. The same rules train applies
-    (model.validate, layout.problems); the trainer's own limits of the day (TrainerLimit) are left
+    (model.validate, layout_rules.problems); the trainer's own limits of the day (TrainerLimit) are left
     out, so runs from another shoal version still report."""
-    from shoal.layout import TrainerLimit, problems
+    from shoal.layout import TrainerLimit
+    from shoal.layout_rules import problems
     from shoal.model.config import ModelConfig
 
     try:

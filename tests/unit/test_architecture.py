@@ -13,7 +13,7 @@ import pytest
 SHOAL = Path(__file__).resolve().parents[2] / "shoal"
 
 FLOORS = [
-    ("errors", "files", "config_values", "cache", "comm", "model", "layout", "setting_rules"),
+    ("errors", "files", "config_values", "cache", "comm", "model", "layout", "layout_rules", "setting_rules"),
     ("config", "job", "pretrained", "data", "hardware", "rundir", "worker"),
     ("parallel", "debug", "planner"),
     ("checkpoint",),
@@ -154,7 +154,8 @@ def test_no_torch_distributed(package):
     assert not {k: v for k, v in offenders.items() if v}
 
 
-TORCH_FREE = ["layout.py", "job.py", "config.py", "errors.py", "files.py", "comm/ops.py", "planner/*.py",
+TORCH_FREE = ["layout.py", "layout_rules.py", "job.py", "config.py", "errors.py", "files.py", "comm/ops.py",
+              "planner/*.py",
               "hardware/catalog.py", "hardware/gpu.py", "hardware/overrides.py", "hardware/local.py", "hardware/lookup.py", "rundir/*.py", "worker/env.py",
               "worker/exit*.py", "worker/process.py"]
 """The rules the planner shares with the trainer, the planner with the hardware it reads, and
@@ -179,11 +180,11 @@ def test_planner_runs_without_torch():
 
 
 def test_layout_rules_have_one_home():
-    """Only shoal/layout.py raises about how a layout divides; nothing else restates its rules."""
+    """Only shoal/layout_rules.py raises about how a layout divides; nothing else restates its rules."""
     needles = ("needs at least pp=", "must divide n_heads={", "borrows data-parallel ranks")
     homes = {p.relative_to(SHOAL).as_posix() for p in SHOAL.rglob("*.py")
              if any(n in p.read_text() for n in needles)}
-    assert homes == {"layout.py"}, homes
+    assert homes == {"layout_rules.py"}, homes
 
 
 def test_one_table_of_bus_factors():

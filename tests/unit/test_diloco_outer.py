@@ -133,7 +133,8 @@ def test_fragments_sync_on_a_staggered_schedule():
     (dict(zero=1), "parallel.zero"),
 ])
 def test_layout_rules(changes, field):
-    from shoal.layout import Layout, problems
+    from shoal.layout import Layout
+    from shoal.layout_rules import problems
     from shoal.model.config import get_preset as preset
 
     ok = dict(dp_replicate=2, dp_shard=1, zero=0, micro_batch=2, diloco_inner_steps=5)

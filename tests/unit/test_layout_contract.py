@@ -1,6 +1,6 @@
 """The planner and the trainer agree on what a layout is and which layouts run.
 
-Both call shoal/layout.py; these tests keep the two ends of that contract honest: every layout the
+Both call shoal/layout_rules.py; these tests keep the two ends of that contract honest: every layout the
 planner calls feasible passes the trainer's resolution with the same field values (through the
 recipe it emits), and every layout the trainer accepts the planner can evaluate.
 """
@@ -12,7 +12,8 @@ import pytest
 from shoal.config import load_config
 from shoal.errors import UserError
 from shoal.job import resolve
-from shoal.layout import Layout, TrainerLimit, problems
+from shoal.layout import Layout, TrainerLimit
+from shoal.layout_rules import problems
 from shoal.model.config import get_preset
 from shoal import hardware
 from shoal.planner.evaluate import evaluate

@@ -5,7 +5,8 @@ import pytest
 from shoal import hardware
 from shoal.cli.main import main
 from shoal.errors import UserError
-from shoal.layout import Layout, TrainerLimit, problems
+from shoal.layout import Layout, TrainerLimit
+from shoal.layout_rules import problems
 from shoal.model.config import PRESETS
 from shoal.planner import pipeline
 from shoal.planner.memory import activation_bytes_per_layer, memory, rank_params

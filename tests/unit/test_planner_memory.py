@@ -129,7 +129,7 @@ def test_moe_experts_are_split_by_ep():
 def test_kv_heads_past_tp_are_replicated_weights_and_one_head_of_compute():
     """Llama 3 70B (8 kv heads) at tp=16: every rank keeps all of wk and wv (2 bytes each in bf16,
     over 80 layers), which tp=8 splits; each computes one kv head, not half of one."""
-    from shoal.layout import problems
+    from shoal.layout_rules import problems
 
     cfg, wl, cl = PRESETS["llama3-70b"], Workload(PRESETS["llama3-70b"], 8192, 512), Cluster(get_gpu("h100"), 256, 8)
     kv = 2 * cfg.dim * cfg.n_kv_heads * cfg.head_size

@@ -6,7 +6,8 @@ from shoal import hardware
 from shoal.config import load_config
 from shoal.errors import UserError
 from shoal.job import resolve
-from shoal.layout import Layout, TrainerLimit, model_limits, problems
+from shoal.layout import Layout, TrainerLimit
+from shoal.layout_rules import model_limits, problems
 from shoal.model import analytics
 from shoal.model.config import PRESETS
 from shoal.model.hf_config import hf_config_to_model_config

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from shoal import hardware
-from shoal.layout import Layout, problems
+from shoal.layout import Layout
+from shoal.layout_rules import problems
 from shoal.model import analytics
 from shoal.model.config import PRESETS
 from shoal.planner import collectives as coll
