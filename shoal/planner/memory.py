@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from itertools import accumulate
 
-from shoal.layout import INTERLEAVED, Layout
+from shoal.layout import Layout
 from shoal.model import analytics
 from shoal.model.config import ModelConfig
 from shoal.planner import context_parallel, deepspeed_zero3
 from shoal.planner.workload import Cluster, Workload, expert_grid, moe_layer_count
-from shoal.planner.pipeline import stage_copies
+from shoal.planner.pipeline import held_layer_microbatches, rank_stage_layer_ids, stage_copies
 from shoal.planner.slow_links import extra_state_bytes
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
@@ -217,95 +216,6 @@ def _activation_bytes_by_kind(cfg: ModelConfig, seq_len: int, micro_batch: int, 
 
 def _first_layer(cfg: ModelConfig, moe: bool) -> int:
     return next(i for i in range(cfg.n_layers) if cfg.is_moe_layer(i) == moe)
-
-
-@lru_cache(maxsize=4096)
-def stage_layers(n_layers: int, n_stages: int) -> tuple[int, ...]:
-    """Layers of each pipeline stage, as a tuned run splits them: ceil(L/S) each, and the stages that
-    must take one fewer are the edges first (first, last, second, second-to-last, ...), which also run
-    the embedding and the head. Llama 3 405B does exactly this (126 layers, "one Transformer layer less"
-    on the first and last stages, §3.3.2), as Megatron's --decoder-first/last-pipeline-num-layers and
-    --account-for-embedding-in-pipeline-split do. Up to two stages more than layers leaves the edge
-    stages with only the embedding and the head."""
-    c = -(-n_layers // n_stages)
-    counts = [c] * n_stages
-    edges = [i for pair in zip(range(n_stages), range(n_stages - 1, -1, -1)) for i in pair]
-    for i in list(dict.fromkeys(edges))[:n_stages * c - n_layers]:
-        counts[i] -= 1
-    return tuple(counts)
-
-
-def rank_stage_layers(n_layers: int, pp: int, virtual: int, stage: str) -> list[int]:
-    """Layers of each stage the first (stage='first') or last pipeline rank runs, in its chunk order."""
-    return [len(chunk) for chunk in rank_stage_layer_ids(n_layers, pp, virtual, stage)]
-
-
-@lru_cache(maxsize=4096)
-def rank_stage_layer_ids(n_layers: int, pp: int, virtual: int, stage: str) -> tuple[range, ...]:
-    """The layer indices of each stage the first or last pipeline rank runs, in its chunk order."""
-    if pp == 1:
-        return (range(n_layers),)
-    counts = stage_layers(n_layers, pp * virtual)
-    starts = list(accumulate(counts, initial=0))
-    rank = 0 if stage == "first" else pp - 1
-    return tuple(range(starts[s], starts[s + 1]) for s in (rank + c * pp for c in range(virtual)))
-
-
-@lru_cache(maxsize=16384)
-def inflight_layer_microbatches(n_layers: int, pp: int, virtual: int, schedule: str, microbatches: int) -> tuple[float, float]:
-    """(first stage, last stage) count of layer x micro-batch activations held at the peak (inflight_chunks)."""
-    return tuple(float(sum(len(chunk) * n for chunk, n in side))
-                 for side in inflight_chunks(n_layers, pp, virtual, schedule, microbatches))
-
-
-@lru_cache(maxsize=16384)
-def inflight_chunks(n_layers: int, pp: int, virtual: int, schedule: str, microbatches: int):
-    """(first rank, last rank): each stage the rank runs (its layer indices) and how many micro-batches of it
-    the rank holds at its peak.
-
-    1F1B: stage 0 runs p forwards before its first backward, so it holds min(p, m) micro-batches of
-    its layers — about L layers' worth (Korthikanti Eq. 5); the last stage holds one. Interleaved
-    (Megatron's schedule, Narayanan §2.2.2): rank 0 runs its chunks in turn, p micro-batches each, and
-    warms up 2(p-1) + (v-1)p chunk-micro-batches before its first backward, plus the one in flight:
-    L·(1 + (p-1)/(p·v)) layers when every chunk is as large, fewer when its first chunk is the light one
-    (stage_layers). The last rank warms up (v-1)p. GPipe holds all m on every stage. Zero-bubble is
-    interleaved too; its deferred weight gradients hold no activations (only the inputs' gradients,
-    freed by then), so the same count. DualPipe: rank 0 holds the first and the last stage; it runs
-    2(p/2-1) + 1 forwards of the first and one of the last before its first backward, then one more
-    forward: p micro-batches of the first stage and one of the last, PP+1 chunks (DeepSeek-V3 Table 2;
-    deepseek-ai/DualPipe's schedule, planner/pipeline.py). Both sides are that rank's (p-1 mirrors it).
-    """
-    m = microbatches
-    first, last = (rank_stage_layer_ids(n_layers, pp, virtual, s) for s in ("first", "last"))
-    if pp == 1:
-        return ((first[0], 1),), ((first[0], 1),)
-    if schedule == "dualpipe":
-        edges = ((first[0], pp), (last[0], 1))
-        return edges, edges
-    if schedule == "gpipe":
-        return tuple((c, m) for c in first), tuple((c, m) for c in last)
-    if schedule in INTERLEAVED:
-        def held(chunks: tuple[range, ...], warmup: int) -> tuple[tuple[range, int], ...]:
-            n = min(m * virtual, warmup + 1)  # chunk-micro-batches in flight
-            rounds, rest = divmod(n, pp * virtual)
-            out = []
-            for c in chunks:  # the unfinished round: p micro-batches of each chunk in turn
-                take = min(pp, rest)
-                out.append((c, rounds * pp + take))
-                rest -= take
-            return tuple(out)
-        return held(first, 2 * (pp - 1) + (virtual - 1) * pp), held(last, (virtual - 1) * pp)
-    return ((first[0], min(pp, m)),), ((last[0], 1),)
-
-
-@lru_cache(maxsize=16384)
-def held_layer_microbatches(cfg: ModelConfig, pp: int, virtual: int, schedule: str, microbatches: int):
-    """(first rank, last rank): the (dense, MoE) layer x micro-batch pairs each holds at its peak (inflight_chunks).
-    Each layer counts as its own kind: a stage of DeepSeek-V3's three dense layers keeps less than one of MoE layers."""
-    def kinds(side) -> tuple[float, float]:
-        moe = sum(n * sum(cfg.is_moe_layer(i) for i in chunk) for chunk, n in side)
-        return float(sum(n * len(chunk) for chunk, n in side) - moe), float(moe)
-    return tuple(kinds(side) for side in inflight_chunks(cfg.n_layers, pp, virtual, schedule, microbatches))
 
 
 def memory(workload: Workload, layout: Layout, cluster: Cluster) -> MemoryBreakdown:

@@ -11,7 +11,8 @@ from shoal.hardware.gpu import GiB
 from shoal.hardware.lookup import get_gpu
 from shoal.layout import Layout
 from shoal.planner.workload import Cluster, Workload
-from shoal.planner.memory import inflight_layer_microbatches, loss_bytes_per_logit, memory, model_state_bytes, stage_params
+from shoal.planner.memory import loss_bytes_per_logit, memory, model_state_bytes, stage_params
+from shoal.planner.pipeline import inflight_layer_microbatches
 from shoal.planner.search import Fixed, search
 
 # ZeRO (Rajbhandari et al. 2020) Table 1: per-device model-state GB for (Ψ, stage) at each DP degree.

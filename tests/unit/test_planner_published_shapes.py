@@ -13,8 +13,8 @@ from shoal.model import analytics
 from shoal.model.config import PRESETS
 from shoal.planner import collectives as coll
 from shoal.planner.evaluate import evaluate
-from shoal.planner.memory import (held_layer_microbatches, inflight_layer_microbatches, layer_activation_bytes,
-                                  memory, stage_layers)
+from shoal.planner.memory import layer_activation_bytes, memory
+from shoal.planner.pipeline import held_layer_microbatches, inflight_layer_microbatches, stage_layers
 from shoal.planner.search import Fixed, evaluate_pinned, search
 from shoal.planner.stacks import stack_settings
 from shoal.planner.timing import ranks_per_token, step_time
