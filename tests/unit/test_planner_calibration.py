@@ -115,3 +115,20 @@ def test_mfu_uses_design_convention():
     flops = analytics.flops_per_token(PRESETS["llama3-8b"], 4096) * 4096 * 64
     assert plan.mfu == pytest.approx(flops / (plan.time.step * 8 * 989e12))
     assert plan.hfu == pytest.approx(plan.mfu)  # no recomputation: HFU equals MFU
+
+
+def test_published_runs_name_each_source_once():
+    """bench/published_runs.toml labelled two sources "Source 12" and two "Source 19", so "see Source 19" (there
+    and in docs/planner.md) could mean either; every label is one source, and every one cited exists."""
+    import re
+    from collections import Counter
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    runs = (root / "bench" / "published_runs.toml").read_text()
+    labels = Counter(re.findall(r"^# Source (\d+[a-z]?):", runs, re.M))
+    assert len(labels) > 20 and [k for k, n in labels.items() if n > 1] == []
+    cited = {n for text in (runs, (root / "docs" / "planner.md").read_text())
+             for m in re.finditer(r"\bSources? ((?:\d+[a-z]?(?:, | and )?)+)", text)
+             for n in re.findall(r"\d+[a-z]?", m[1])}
+    assert cited - set(labels) == set()
