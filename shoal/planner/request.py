@@ -40,11 +40,15 @@ class Inputs:
     """--scale A:B, checked before any search (scaling.parse_scale)."""
 
 
-def _positive(name: str, value, allow_none: bool = True):
-    if value is None and allow_none:
-        return
-    if value is None or value < 1:
-        raise UserError(name, value, "must be a positive integer")
+def _flag_of(dest: str) -> str:
+    """The flag argparse stores as `dest` (`--etp` for expert_tp, as in_flags names parallel.expert_tp)."""
+    return "--etp" if dest == "expert_tp" else "--" + dest.replace("_", "-")
+
+
+def _positive(dest: str, value, fix: str = ""):
+    """None is a flag not given; anything else must be a count, named by its flag (`--tp=0`, not `tp=0`)."""
+    if value is not None and value < 1:
+        raise UserError(_flag_of(dest), value, "must be a positive integer" + (f"; {fix}" if fix else ""))
 
 
 def build_model(args) -> ModelConfig:
@@ -59,7 +63,7 @@ def build_model(args) -> ModelConfig:
     elif None in (args.layers, args.hidden, args.heads):
         missing = [f"--{n}" for n, v in (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads))
                    if v is None]
-        raise UserError("model", args.model, f"give --model PRESET, or the shape: {' '.join(missing)} missing")
+        raise UserError("--model", args.model, f"give --model PRESET, or the shape: {' '.join(missing)} missing")
     else:
         mlp = args.mlp or "swiglu"
         ffn = args.ffn_hidden or (4 * args.hidden if mlp == "gelu" else 256 * -(-8 * args.hidden // 3 // 256))
@@ -82,7 +86,7 @@ def build_model(args) -> ModelConfig:
 
 
 def _flag(field: str) -> str:
-    return "--" + SHAPE_FLAGS[field].replace("_", "-")
+    return _flag_of(SHAPE_FLAGS[field])
 
 
 SHAPE_FLAGS = {"n_layers": "layers", "dim": "hidden", "n_heads": "heads", "n_kv_heads": "kv_heads",
@@ -97,29 +101,30 @@ def build(args) -> Inputs:
 
     for name in ("seq_len", "global_batch"):
         if getattr(args, name) is None:
-            raise UserError(name, None, f"give --{name.replace('_', '-')} N (or --validate RUN_DIR)")
+            raise UserError(_flag_of(name), None, f"give {_flag_of(name)} N (or --validate RUN_DIR)")
     for name in ("seq_len", "global_batch", "gpus", "gpus_per_node", "tp", "cp", "pp", "dp", "dp_replicate", "ep",
                  "micro_batch", "pp_virtual_stages"):
         _positive(name, getattr(args, name))
     if args.expert_tp:  # 0: experts split as each layout implies (parallel.expert_tp's default)
-        _positive("expert_tp", args.expert_tp)
+        _positive("expert_tp", args.expert_tp, "or 0 to split the experts as each layout does")
     cfg = build_model(args)
     if args.hw_file:
         gpu = hardware.load_hw_file(args.hw_file, args.gpu)
     elif args.gpu:
         gpu = hardware.get_gpu(args.gpu, remeasure=args.remeasure)
     else:
-        raise UserError("gpu", args.gpu, f"name a device with --gpu ({', '.join(hardware.known_names())}) or --hw-file")
+        raise UserError("--gpu", args.gpu, f"name a device with --gpu ({', '.join(hardware.known_names())}) or "
+                                           "--hw-file")
     if args.hw:
         gpu = hardware.apply_overrides(gpu, hardware.parse_hw_flags(args.hw))
     if args.gpus:  # `local`: the ranks share this machine's cores unless --gpus-per-node spreads them
         gpu = local_hardware.local_for_ranks(gpu, args.gpus_per_node or args.gpus)
     if args.gpus is None and args.scale is None:
-        raise UserError("gpus", None, "give the GPU count with --gpus N (or sweep with --scale A:B)")
+        raise UserError("--gpus", None, "give the GPU count with --gpus N (or sweep with --scale A:B)")
     scale = scaling.parse_scale(args.scale) if args.scale is not None else None  # "" too: not a sweep
     precision = args.precision or ("fp32" if local_hardware.is_local(gpu) else "bf16")
     if precision == "fp8" and not gpu.peak_fp8_flops:
-        raise UserError("precision", "fp8", f"{gpu.name} has no FP8 tensor cores; use bf16, or give its FP8 peak "
+        raise UserError("--precision", "fp8", f"{gpu.name} has no FP8 tensor cores; use bf16, or give its FP8 peak "
                                             f"with --hw peak_fp8_flops=...")
     _slow_link_flags(args)
     kernels = args.kernels or ("eager" if local_hardware.is_local(gpu) else "fused")
@@ -127,7 +132,7 @@ def build(args) -> Inputs:
     # otherwise the stack named, or the one the pinned layout implies (stacks.default_stack).
     plans_shoal = local_hardware.is_local(gpu) or bool(getattr(args, "emit", None))
     if getattr(args, "emit", None) and args.stack not in (None, "shoal"):
-        raise UserError("stack", args.stack, "--emit writes a recipe that shoal train runs, so it plans the shoal "
+        raise UserError("--stack", args.stack, "--emit writes a recipe that shoal train runs, so it plans the shoal "
                                              "stack; drop --stack (or plan without --emit)")
     given = {name: getattr(args, name) for name in STACK_SETTINGS}
     for switch in ("grad_overlap", "pp_overlap", "offload_overlap"):  # on/off flags, booleans in the Workload
@@ -141,7 +146,7 @@ def build(args) -> Inputs:
     per_node = args.gpus_per_node or gpu.gpus_per_node
     n = args.gpus or 0
     if args.gpus_per_node and n > per_node and n % per_node:  # a node size the user gave, not the catalog's
-        raise UserError("gpus", n, f"is not a whole number of nodes of {per_node} GPUs (--gpus-per-node); use "
+        raise UserError("--gpus", n, f"is not a whole number of nodes of {per_node} GPUs (--gpus-per-node); use "
                                    f"--gpus {n // per_node * per_node} or {(n // per_node + 1) * per_node}, or a "
                                    f"--gpus-per-node that divides {n}")
     cluster = Cluster(gpu, args.gpus, per_node) if args.gpus else Cluster(gpu, 1, per_node)
@@ -174,16 +179,16 @@ def ignored_flags(args) -> list[str]:
 
 def _slow_link_flags(args) -> None:
     for problem in slow_link_setting_problems(args.topk_density, args.powersgd_rank, args.diloco_inner_steps,
-                                              args.diloco_overlap_steps, name=lambda field: field.replace("_", "-")):
+                                              args.diloco_overlap_steps, name=_flag_of):
         raise problem
     if args.diloco_inner_steps and args.grad_compression != "none":
-        raise UserError("grad-compression", args.grad_compression, "DiLoCo sends no gradients across replica groups; "
+        raise UserError("--grad-compression", args.grad_compression, "DiLoCo sends no gradients across replica groups; "
                         "use --diloco-quantize for its pseudo-gradient")
     if args.diloco_inner_steps and args.dp_replicate not in (None, 1):
         raise UserError("--dp-replicate", args.dp_replicate, "the planner's DiLoCo makes each data-parallel rank its "
                         "own replica group; drop --dp-replicate")
     if args.diloco_inner_steps and args.zero not in (None, 0):
-        raise UserError("zero", args.zero, "the planner's DiLoCo makes each data-parallel rank its own replica "
+        raise UserError("--zero", args.zero, "the planner's DiLoCo makes each data-parallel rank its own replica "
                         "group, which replicates (zero=0); drop --zero")
 
 
@@ -213,9 +218,9 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
         product *= v
     expr = "*".join(f"{k}" for k in pinned) + " = " + "*".join(str(v) for v in pinned.values())
     if pinned and n_gpus % product:
-        raise UserError("gpus", n_gpus, f"must be divisible by {expr}; try --gpus {multiples_near(n_gpus, product)}")
+        raise UserError("--gpus", n_gpus, f"must be divisible by {expr}; try --gpus {multiples_near(n_gpus, product)}")
     if {"dp", "tp", "pp"} <= set(pinned) and (fixed.cp or 1) * fixed.dp * fixed.tp * fixed.pp != n_gpus:
-        raise UserError("gpus", n_gpus, f"{expr} = {product} ranks, not {n_gpus}; change --dp, --tp, --cp or --pp")
+        raise UserError("--gpus", n_gpus, f"{expr} = {product} ranks, not {n_gpus}; change --dp, --tp, --cp or --pp")
 
 
 def carbon_inputs(args, cluster: Cluster):
@@ -224,9 +229,10 @@ def carbon_inputs(args, cluster: Cluster):
     if args.region:
         energy.region_intensity(args.region)
     if args.region and args.carbon_trace:
-        raise UserError("region", args.region, "give --region (an annual average) or --carbon-trace (hourly), not both")
+        raise UserError("--region", args.region, "give --region (an annual average) or --carbon-trace (hourly), "
+                                                 "not both")
     if (args.region or args.carbon_trace) and not args.tokens:
-        raise UserError("tokens", None, "energy and CO2 are for a whole run: give its size with --tokens (e.g. 1T)")
+        raise UserError("--tokens", None, "energy and CO2 are for a whole run: give its size with --tokens (e.g. 1T)")
     if (args.region or args.carbon_trace) and not cluster.gpu.board_watts:
         raise UserError("hw.power_watts", 0, f"{cluster.gpu.name} has no power figure; set one with "
                                              "--hw power_watts=700")

@@ -1066,6 +1066,13 @@ def test_plan_names_the_flag_not_the_config_field(flags, named, capsys):
     assert_one_line(*run_cli(capsys, argv), hint=named)
 
 
+@pytest.mark.parametrize("flag", ["--tp", "--pp", "--cp", "--dp", "--dp-replicate", "--ep", "--etp", "--micro-batch",
+                                  "--pp-virtual-stages", "--gpus", "--gpus-per-node", "--seq-len", "--global-batch"])
+def test_plan_names_a_bad_count_by_its_flag(flag, capsys):
+    """These said the planner's own name ("tp=-1", "seq_len=-1") for what was typed as `--tp -1`."""
+    assert_one_line(*run_cli(capsys, [*PLAN, flag, "-1"]), hint=f"shoal plan: error: {flag}=-1: must be a positive")
+
+
 def test_weights_made_nonfinite_before_a_checkpoint_are_not_saved(tmp_path, corpus, capsys):
     """The same overflowing update on step 1 of 3 with a checkpoint due after it: the loss and gradient
     of step 1 were finite, so only the weights show it. Nothing is saved (the checkpoint used to keep

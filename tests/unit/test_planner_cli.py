@@ -124,7 +124,7 @@ def test_text_output_names_winner_and_failures():
     (["--model", "llama3-8b", *BASE], "gpus="),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--zero", "4"], "--zero"),
     (["--model", "llama3-8b", *BASE, "--gpus", "64", "--precision", "int4"], "--precision"),
-    (["--model", "llama3-8b", "--global-batch", "64", "--gpu", "h100", "--gpus", "8"], "seq_len="),
+    (["--model", "llama3-8b", "--global-batch", "64", "--gpu", "h100", "--gpus", "8"], "--seq-len="),
     (["--model", "llama3-8b", *BASE, "--gpus", "8", "--recipe", "recipes/tiny.toml"], "recipe="),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, field):
