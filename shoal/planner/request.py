@@ -54,6 +54,10 @@ def _positive(dest: str, value, fix: str = ""):
 def build_model(args) -> ModelConfig:
     """--model PRESET (or a model folder) with any shape flag over it, or the shape alone; a mistake
     names the flag typed."""
+    # 0 in the config means "the default width" (model.head_dim, model.expert_ffn_hidden); as a flag it was
+    # silently that, where leaving the flag out says so
+    for dest, default in (("head_dim", "hidden/heads"), ("expert_ffn_hidden", "--ffn-hidden")):
+        _positive(dest, getattr(args, dest), f"leave {_flag_of(dest)} out for the preset's width, or {default}")
     if args.model and ("/" in args.model or Path(args.model).expanduser().is_dir()):
         from shoal.pretrained import open_pretrained  # its config.json (or shoal_model.json); no weights read
 

@@ -1066,6 +1066,14 @@ def test_plan_names_the_flag_not_the_config_field(flags, named, capsys):
     assert_one_line(*run_cli(capsys, argv), hint=named)
 
 
+@pytest.mark.parametrize("flag, value", [("--head-dim", "0"), ("--head-dim", "-4"), ("--expert-ffn-hidden", "0")])
+def test_plan_refuses_a_zero_width_that_read_as_the_default(flag, value, capsys):
+    """0 is the config's "default width" (model.head_dim, model.expert_ffn_hidden); `--head-dim 0` planned the
+    default silently, where leaving the flag out is how to ask for it."""
+    line = assert_one_line(*run_cli(capsys, [*PLAN, flag, value]), hint=f"{flag}={value}: must be a positive integer")
+    assert f"leave {flag} out" in line, line
+
+
 @pytest.mark.parametrize("flag", ["--tp", "--pp", "--cp", "--dp", "--dp-replicate", "--ep", "--etp", "--micro-batch",
                                   "--pp-virtual-stages", "--gpus", "--gpus-per-node", "--seq-len", "--global-batch"])
 def test_plan_names_a_bad_count_by_its_flag(flag, capsys):
