@@ -45,6 +45,7 @@ def run(args) -> int:
     from shoal.cli.console import print_json
     from shoal.comm.ops import BENCH_OPS
     from shoal.files import check_output_dir
+    from shoal.launch.memory_check import check_local_ranks
     from shoal.measure import doctor, envcheck
 
     if args.peak:  # one matmul in this process: every flag of the checks, the benchmark and the nodes unused
@@ -57,6 +58,7 @@ def run(args) -> int:
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     if args.checks_only:  # as --nnodes does: a benchmark flag here would be silently unused
         refuse_unused(args, "with --checks-only, which runs no benchmark", BENCH_FLAGS)
+        check_local_ranks(nproc)  # as the benchmark (doctor.check_fits), shoal run and verify: it only warned here
         rep = doctor.Report(checks=envcheck.run_all(nproc))
     else:
         check_output_dir("--out", args.out, own=doctor.OUT_FILES)
@@ -97,12 +99,14 @@ def run_node(args) -> int:
     from shoal.cli.console import console as make_console
     from shoal.cli.console import print_json
     from shoal.files import check_output_dir
+    from shoal.launch.memory_check import check_local_ranks
     from shoal.measure import doctor, node_doctor
 
     refuse_unused(args, "with --nnodes, which times one all_reduce of --max-size bytes per network tier",
                   ("--ops", "--checks-only", "--min-size", "--factor"))
     check_output_dir("--out", args.out)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
+    check_local_ranks(nproc)  # before the wait for the other nodes
     rep = node_doctor.run(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout, nproc,
                           Path(args.out).resolve(), doctor.parse_size(args.max_size), args.budget)
     if args.json:

@@ -1081,6 +1081,14 @@ def test_plan_names_a_bad_count_by_its_flag(flag, capsys):
     assert_one_line(*run_cli(capsys, [*PLAN, flag, "-1"]), hint=f"shoal plan: error: {flag}=-1: must be a positive")
 
 
+def test_doctor_checks_only_refuses_more_ranks_than_the_machine_holds(capsys):
+    """`--checks-only --nproc 99999999` only warned (about open files); the benchmark, shoal run and verify
+    refuse it (memory_check.check_local_ranks)."""
+    line = assert_one_line(*run_cli(capsys, ["doctor", "--checks-only", "--nproc", "99999999"]),
+                           hint="--nproc=99999999")
+    assert "use fewer ranks" in line, line
+
+
 def test_weights_made_nonfinite_before_a_checkpoint_are_not_saved(tmp_path, corpus, capsys):
     """The same overflowing update on step 1 of 3 with a checkpoint due after it: the loss and gradient
     of step 1 were finite, so only the weights show it. Nothing is saved (the checkpoint used to keep
