@@ -53,7 +53,7 @@ def run(args) -> int:
                       ("--nproc", "--checks-only", *BENCH_FLAGS, *NODE_FLAGS))
         return show_peak(args.precision, args.json)
     refuse_unused(args, "without --peak (it is the dtype of --peak's matmul)", ("--precision",))
-    if multinode(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout, args.rdzv):
+    if multinode(args.nnodes, args.node_rank, args.master or "", args.ifname or "", args.rdzv_timeout, args.rdzv):
         return run_node(args)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     if args.checks_only:  # as --nnodes does: a benchmark flag here would be silently unused
@@ -107,7 +107,7 @@ def run_node(args) -> int:
     check_output_dir("--out", args.out)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
     check_local_ranks(nproc)  # before the wait for the other nodes
-    rep = node_doctor.run(args.nnodes, args.node_rank, args.master, args.ifname, args.rdzv_timeout, nproc,
+    rep = node_doctor.run(args.nnodes, args.node_rank, args.master or "", args.ifname or "", args.rdzv_timeout, nproc,
                           Path(args.out).resolve(), doctor.parse_size(args.max_size), args.budget)
     if args.json:
         print_json(rep.as_dict())

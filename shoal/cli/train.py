@@ -40,7 +40,7 @@ def run(args) -> int:
     cfg = load_config(args.recipe, args.overrides)  # every user mistake in the config surfaces here
     options = Options(out=args.out, recipe=args.recipe, resume=args.resume, quiet=args.quiet, nproc=args.nproc,
                       launcher=args.launcher, max_restarts=args.max_restarts, replica_groups=args.replica_groups,
-                      nnodes=args.nnodes, node_rank=args.node_rank, master=args.master, ifname=args.ifname,
+                      nnodes=args.nnodes, node_rank=args.node_rank, master=args.master or "", ifname=args.ifname or "",
                       rdzv_timeout=args.rdzv_timeout, rdzv=args.rdzv)
     if args.print_mesh:
         from shoal.cli.mesh import print_groups

@@ -1089,6 +1089,16 @@ def test_doctor_checks_only_refuses_more_ranks_than_the_machine_holds(capsys):
     assert "use fewer ranks" in line, line
 
 
+@pytest.mark.parametrize("command", ["doctor", "train"])
+@pytest.mark.parametrize("flag", ["--master", "--ifname"])
+def test_an_empty_master_or_ifname_is_refused_not_left_out(command, flag, corpus, unchanged, capsys):
+    """`--master ''` read as "not given": one machine, no rendezvous, with nothing said. (Were it taken, train
+    would change the existing run and doctor would run its checks: both exit 0.)"""
+    argv = base(corpus, unchanged) if command == "train" else ["doctor", "--checks-only"]
+    line = assert_one_line(*run_cli(capsys, [*argv, flag, ""]))
+    assert line.startswith(f"shoal {command}: error: argument {flag}: must not be empty, got ''"), line
+
+
 def test_weights_made_nonfinite_before_a_checkpoint_are_not_saved(tmp_path, corpus, capsys):
     """The same overflowing update on step 1 of 3 with a checkpoint due after it: the loss and gradient
     of step 1 were finite, so only the weights show it. Nothing is saved (the checkpoint used to keep
