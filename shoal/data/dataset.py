@@ -154,10 +154,20 @@ def read_record(directory: str, key: str) -> ShardRecord | None:
 
 
 def write_manifest(directory: str, settings: Settings, records: list[ShardRecord], tokenizer_file: str | None) -> None:
-    write_json(os.path.join(directory, MANIFEST), {
-        "format": FORMAT, "version": VERSION, **asdict(settings), "tokenizer_file": tokenizer_file,
-        "tokens": sum(r.tokens for r in records), "documents": sum(r.docs for r in records),
-        "shards": [asdict(r) for r in records]})
+    """The manifest, unless the folder's already says the same: every run on a prepared corpus passes here
+    (each rank of each start), and a durable write is an fsync, the slowest part of a start that reuses
+    every shard."""
+    manifest = {"format": FORMAT, "version": VERSION, **asdict(settings), "tokenizer_file": tokenizer_file,
+                "tokens": sum(r.tokens for r in records), "documents": sum(r.docs for r in records),
+                "shards": [asdict(r) for r in records]}
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path) as f:
+            if json.load(f) == manifest:
+                return
+    except (OSError, ValueError):  # none yet, or damaged: written below
+        pass
+    write_json(path, manifest)
 
 
 def shard_problem(directory: str, record: ShardRecord, itemsize: int) -> str | None:

@@ -12,7 +12,7 @@ import torch
 
 from shoal.config import DataConfig
 from shoal.data.corpus import load_data
-from shoal.data.dataset import in_val, open_dataset, token_dtype
+from shoal.data.dataset import MANIFEST, in_val, open_dataset, token_dtype
 from shoal.data.loader import Part, TokenLoader, eval_batches
 from shoal.data.prepare import prepare
 from shoal.data.readers import read_documents
@@ -174,7 +174,8 @@ def test_prepared_once_then_reused_and_edits_redo_one_file(tmp_path, hf_tokenize
     assert (first.shards_done, first.shards_kept, first.complete) == (40, 0, True)
     dataset = open_dataset(str(tmp_path / "ds"))
     assert dataset.dtype == np.uint16 and len(dataset.shards) == 40
-    mtimes = {f: os.stat(f).st_mtime_ns for f in dataset.files()}
+    manifest = tmp_path / "ds" / MANIFEST  # every start on the corpus passes here: no rewrite when nothing moved
+    mtimes = {f: os.stat(f).st_mtime_ns for f in [*dataset.files(), manifest]}
     again = prepare([d], "byte", str(tmp_path / "ds"))
     assert (again.shards_done, again.shards_kept) == (0, 40)
     assert all(os.stat(f).st_mtime_ns == m for f, m in mtimes.items())
@@ -184,6 +185,7 @@ def test_prepared_once_then_reused_and_edits_redo_one_file(tmp_path, hf_tokenize
     edited = prepare([d], "byte", str(tmp_path / "ds"))
     assert (edited.shards_done, edited.shards_kept) == (1, 38)
     assert len(os.listdir(tmp_path / "ds" / "shards")) == 39 * 3  # the removed file's shard went too
+    assert os.stat(manifest).st_mtime_ns != mtimes[manifest] and len(open_dataset(str(tmp_path / "ds")).shards) == 39
     # Another tokenizer is another dataset: refused in place, its own folder in the cache.
     with pytest.raises(UserError, match="prepared with other settings") as e:
         prepare([d], hf_tokenizer_path, str(tmp_path / "ds"))
