@@ -85,8 +85,23 @@ class DataParallel:
         ddp = lay.replicates_with_ddp and lay.zero == 0
         self.bucket_bytes = DDP_BUCKET_BYTES if ddp else max(40e6, 1e6 * self.n) * grad_reduce_bytes(w)
         self.buckets = self.bucket_count(self.params.dense * self.grad)
-        # What a hidden data-parallel collective still costs: the (dense) data-parallel group's ring
-        self.hide = ring_overlap_cost(k.gpu, self.net, self.n, self.g_dp) if self.n > 1 else k.gpu.overlap_cost
+        self.hide = self.hidden_cost()
+
+    def hidden_cost(self) -> float:
+        """What a hidden data-parallel collective still costs: each group's ring takes its own share of the GPU
+        (ring_overlap_cost) for as long as it runs, so the dense group's and the expert group's shares are
+        weighted by their time on the wire. Experts sharded over a group strided across nodes ring at the
+        network's rate and take a smaller share than the dense group inside a node."""
+        k = self.k
+        if self.n <= 1:
+            return k.gpu.overlap_cost
+        dense = ring_overlap_cost(k.gpu, self.net, self.n, self.g_dp)
+        if not self.params.expert or self.edp <= 1:
+            return dense
+        t_dense = coll.all_gather(self.params.dense * self.weight, self.n, self.g_dp, self.net)
+        t_expert = coll.all_gather(self.params.expert * self.weight, self.edp, self.g_edp, self.net_edp)
+        expert = ring_overlap_cost(k.gpu, self.net_edp, self.edp, self.g_edp)
+        return (dense * t_dense + expert * t_expert) / (t_dense + t_expert)
 
     @property
     def deepspeed_2021(self) -> bool:
