@@ -8,7 +8,9 @@ spell alike, and what shoal's layer would count differently is approximated, and
 - a gated MLP (SwiGLU, GeGLU: three matrices) plans as SwiGLU; the families listed in PLAIN_MLP (two
   matrices, as GPT-2 and GPT-NeoX) as GeLU;
 - sliding windows that differ from layer to layer (GPT-OSS, Gemma 2/3) plan as full attention, an upper
-  bound on its time and memory; one window for every layer (`sliding_window`) is kept; layers of other kinds
+  bound on its time and memory, also where an older config.json says so only by `sliding_window_pattern` or
+  its family's alternation (WINDOWS_ALTERNATE); one window for every layer (`sliding_window`) is kept, unless
+  `use_sliding_window` turns it off (Qwen's MoE configs name a window they do not use); layers of other kinds
   (linear attention, Mamba mixers) plan as full attention layers too, and the note names them;
 - biases, extra norms and the routers' scoring functions are left out (a few thousand parameters a layer);
 - DeepSeek's multi-head latent attention is read wherever `kv_lora_rank` is given (Kimi K2 and other families
@@ -43,6 +45,10 @@ SHAPE_NOTE = "planned from its shape"
 """How the note of a model read this way begins (`shoal plan` prints it under its headline)."""
 QK_NORM = ("qwen3", "qwen3_moe", "olmo2", "gemma3", "gemma3_text")
 """Families that normalize each query and key head (planned as Qwen3's qk_norm)."""
+WINDOWS_ALTERNATE = ("gemma2", "gemma3", "gemma3_text", "cohere2", "gpt_oss")
+"""Families whose config class makes some layers sliding-window and the others global when the config.json
+(saved before transformers wrote layer_types) names only the window: Gemma 2 every second layer, Gemma 3 five
+of six (sliding_window_pattern), Command R7B three of four, GPT-OSS every second."""
 ONE_SHARED_EXPERT = ("llama4_text",)
 """Families whose MoE layer always adds one shared expert as wide as a routed one, with no config field for
 it (transformers' Llama4TextMoe: shared_expert = Llama4TextMLP(config))."""
@@ -103,7 +109,8 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
         fields["head_dim"] = shape["head_dim"]
     if isinstance(hf.get("kv_lora_rank"), int) and hf["kv_lora_rank"] > 0:  # DeepSeek's latent attention (Kimi K2)
         fields.update(mla_widths(hf), n_kv_heads=heads)
-    window, kinds = hf.get("sliding_window"), _layer_kinds(hf)
+    window = hf.get("sliding_window") if hf.get("use_sliding_window") is not False else None  # Qwen's: off
+    kinds = _layer_kinds(hf, family, window)
     windows_vary = len(kinds) > 1
     if isinstance(window, int) and window > 0 and not windows_vary:
         fields["sliding_window"] = window
@@ -131,16 +138,24 @@ def hf_config_to_shape(hf: Mapping) -> ModelConfig:
         raise UserError(f"hf.{names[0] if names else short}", e.value, e.fix) from None
 
 
-def _layer_kinds(hf: Mapping) -> set[str]:
+def _layer_kinds(hf: Mapping, family: str, window) -> set[str]:
     """The kinds of layer a config names, where they differ from layer to layer: transformers' layer_types
     (Gemma's and GPT-OSS's sliding windows, Qwen3-Next's linear attention), Jamba's layers_block_type, and
-    Nemotron-H's hybrid_override_pattern (M a Mamba mixer, * attention, - an MLP, E a mixture of experts)."""
+    Nemotron-H's hybrid_override_pattern (M a Mamba mixer, * attention, - an MLP, E a mixture of experts).
+    Configs saved before layer_types existed say it otherwise: a sliding_window_pattern (every n-th layer
+    global: Gemma 3, Command R7B), or nothing where the family alternates by its config class (WINDOWS_ALTERNATE)."""
     kinds = hf.get("layer_types") or hf.get("layers_block_type")
     pattern = hf.get("hybrid_override_pattern")
     if isinstance(pattern, str):
         names = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
         kinds = [names.get(c, c) for c in pattern]
-    return {str(kind) for kind in kinds} if isinstance(kinds, list) else set()
+    if isinstance(kinds, list):
+        return {str(kind) for kind in kinds}
+    every = hf.get("sliding_window_pattern")
+    windowed = isinstance(window, int) and window > 0
+    if windowed and (family in WINDOWS_ALTERNATE or isinstance(every, int) and every > 1):
+        return {"sliding_attention", "full_attention"}
+    return set()
 
 
 def _flattened(hf: Mapping) -> dict:

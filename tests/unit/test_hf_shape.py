@@ -115,3 +115,18 @@ def test_a_multimodal_folder_plans_its_language_model():
         "num_key_value_heads": 16, "head_dim": 128, "intermediate_size": 21504, "vocab_size": 262208}}
     cfg = hf_config_to_shape(gemma3_27b)
     assert (cfg.dim, cfg.n_layers, cfg.qk_norm) == (5376, 62, True)
+
+
+@pytest.mark.parametrize("hf,window,varies", [
+    # config.json files saved before transformers wrote layer_types: Gemma 2's alternation is its class's default,
+    # Gemma 3 says every 6th layer is global; kept as one window, they would plan the global layers' attention short
+    ({**GEMMA2_27B, "sliding_window": 4096}, 0, True),
+    ({**GEMMA2_27B, "model_type": "gemma3_text", "sliding_window": 1024, "sliding_window_pattern": 6}, 0, True),
+    # Qwen's MoE configs name a window and turn it off
+    ({**GEMMA2_27B, "model_type": "qwen2_moe", "sliding_window": 4096, "use_sliding_window": False}, 0, False),
+    ({**GEMMA2_27B, "model_type": "phi3", "sliding_window": 2047}, 2047, False),  # one window for every layer
+])
+def test_sliding_windows_as_older_configs_say_them(hf, window, varies):
+    cfg = hf_config_to_shape(hf)
+    assert cfg.sliding_window == window
+    assert ("(sliding_attention) planned as full-attention" in cfg.note) == varies
