@@ -98,8 +98,7 @@ class DataParallel:
         dense = ring_overlap_cost(k.gpu, self.net, self.n, self.g_dp)
         if not self.params.expert or self.edp <= 1:
             return dense
-        t_dense = coll.all_gather(self.params.dense * self.weight, self.n, self.g_dp, self.net)
-        t_expert = coll.all_gather(self.params.expert * self.weight, self.edp, self.g_edp, self.net_edp)
+        t_dense, t_expert = self.gather(self.params.dense, 0.0), self.gather(0.0, self.params.expert)
         expert = ring_overlap_cost(k.gpu, self.net_edp, self.edp, self.g_edp)
         return (dense * t_dense + expert * t_expert) / (t_dense + t_expert)
 
