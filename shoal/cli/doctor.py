@@ -100,12 +100,14 @@ def run_node(args) -> int:
     from shoal.cli.console import print_json
     from shoal.files import check_output_dir
     from shoal.launch.memory_check import check_local_ranks
+    from shoal.launch.multinode import check_world
     from shoal.measure import doctor, node_doctor
 
     refuse_unused(args, "with --nnodes, which times one all_reduce of --max-size bytes per network tier",
                   ("--ops", "--checks-only", "--min-size", "--factor"))
     check_output_dir("--out", args.out)
     nproc = args.nproc if args.nproc is not None else doctor.default_nproc()
+    check_world(args.nnodes, nproc)
     check_local_ranks(nproc)  # before the wait for the other nodes
     rep = node_doctor.run(args.nnodes, args.node_rank, args.master or "", args.ifname or "", args.rdzv_timeout, nproc,
                           Path(args.out).resolve(), doctor.parse_size(args.max_size), args.budget)

@@ -80,6 +80,16 @@ def multinode(nnodes: int, node_rank: int, master: str, ifname: str = "", timeou
     return True
 
 
+def check_world(nnodes: int, per_node: int) -> None:
+    """--nnodes times the ranks a node starts is the world: past MAX_GPUS it is a typo, said in the flag typed
+    (job.resolve's own bound speaks of the world size, which nobody types here)."""
+    from shoal.layout import MAX_GPUS
+
+    if nnodes * per_node > MAX_GPUS:
+        raise UserError("--nnodes", nnodes, f"x {per_node} ranks a node is {nnodes * per_node:,} ranks, more than "
+                                            f"{MAX_GPUS:,} (a typo?)")
+
+
 MAX_RDZV_TIMEOUT_S = 7 * 24 * 3600
 """The longest wait for the other nodes: past a week it is a typo."""
 

@@ -90,6 +90,7 @@ def plan_job(cfg: JobConfig, o: Options) -> tuple[Job, NodePlan | None]:
     """The checks that need no output folder, in order; (the job, this node's plan or None).
     `shoal train --print-mesh` stops after these."""
     from shoal.debug import env_settings
+    from shoal.launch.multinode import check_world
     from shoal.launch.replica_groups import group_config
 
     # 1. SHOAL_* debug overrides: checked once here, not once per rank.
@@ -104,6 +105,7 @@ def plan_job(cfg: JobConfig, o: Options) -> tuple[Job, NodePlan | None]:
         check_srun_copies(o.nnodes)
     # 3. The job for its world size (--nproc, or the launcher's checked WORLD_SIZE; per node with
     #    --nnodes): every layout mistake in microseconds, before anything slow or on disk.
+    check_world(o.nnodes, world_size(o.nproc))
     job = resolve(cfg, world_size(o.nproc) * o.nnodes)
     # 4. A multi-node job's network: after the job, because it may wait for node 0 (--rdzv-timeout)
     #    and a typo in the recipe should not wait that long to be said.

@@ -15,7 +15,7 @@ from pathlib import Path
 from shoal import hardware
 from shoal.errors import UserError
 from shoal.hardware import local as local_hardware
-from shoal.layout import Layout, TrainerLimit
+from shoal.layout import MAX_GPUS, Layout, TrainerLimit
 from shoal.layout_rules import multiples_near, problems
 from shoal.setting_rules import ENABLED_BY, ignored_settings, slow_link_setting_problems
 from shoal.model.config import ModelConfig, get_preset
@@ -109,6 +109,8 @@ def build(args) -> Inputs:
     for name in ("seq_len", "global_batch", "gpus", "gpus_per_node", "tp", "cp", "pp", "dp", "dp_replicate", "ep",
                  "micro_batch", "pp_virtual_stages"):
         _positive(name, getattr(args, name))
+    if args.gpus and args.gpus > MAX_GPUS:  # the Cluster's bound, said in the flag typed
+        raise UserError("--gpus", args.gpus, f"must be from 1 to {MAX_GPUS:,}")
     if args.expert_tp:  # 0: experts split as each layout implies (parallel.expert_tp's default)
         _positive("expert_tp", args.expert_tp, "or 0 to split the experts as each layout does")
     cfg = build_model(args)

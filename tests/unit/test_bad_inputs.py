@@ -575,6 +575,17 @@ def test_bad_environment(env, corpus, unchanged, capsys, monkeypatch):
     assert any(k in line for k in env) or "MASTER_ADDR" in line
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["--nproc", "2", "--nnodes", "99999999999", "--master", "127.0.0.1"], "--nnodes=99999999999"),
+    (["doctor", "--nproc", "2", "--nnodes", "99999999999", "--master", "192.0.2.1"], "--nnodes=99999999999"),
+    ([*PLAN[:-4], "--gpus", "100000000"], "--gpus=100000000"),
+], ids=["train", "doctor", "plan"])
+def test_a_world_past_the_bound_names_the_flag_typed(argv, flag, corpus, unchanged, capsys):
+    """--nnodes x --nproc, or plan's --gpus, past MAX_GPUS: said in the flag, not as a world size or a field."""
+    argv = argv if argv[0] in ("doctor", "plan") else base(corpus, unchanged) + argv
+    assert_one_line(*run_cli(capsys, argv), hint=flag)
+
+
 def test_nproc_inside_a_launcher(corpus, unchanged, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")  # a leftover: --nproc would silently run one process
     assert_one_line(*run_cli(capsys, base(corpus, unchanged) + ["--nproc", "2"]), hint="--nproc")
