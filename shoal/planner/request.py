@@ -222,11 +222,12 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
     product = 1
     for v in pinned.values():
         product *= v
-    expr = "*".join(f"{k}" for k in pinned) + " = " + "*".join(str(v) for v in pinned.values())
+    # in the flags typed: "--tp 8 x --pp 3 = 24", "--pp 3"
+    expr = " x ".join(f"--{k} {v}" for k, v in pinned.items()) + (f" = {product}" if len(pinned) > 1 else "")
     if pinned and n_gpus % product:
         raise UserError("--gpus", n_gpus, f"must be divisible by {expr}; try --gpus {multiples_near(n_gpus, product)}")
     if {"dp", "tp", "pp"} <= set(pinned) and (fixed.cp or 1) * fixed.dp * fixed.tp * fixed.pp != n_gpus:
-        raise UserError("--gpus", n_gpus, f"{expr} = {product} ranks, not {n_gpus}; change --dp, --tp, --cp or --pp")
+        raise UserError("--gpus", n_gpus, f"{expr} ranks, not {n_gpus}; change --dp, --tp, --cp or --pp")
 
 
 def carbon_inputs(args, cluster: Cluster):

@@ -579,9 +579,11 @@ def test_bad_environment(env, corpus, unchanged, capsys, monkeypatch):
     (["--nproc", "2", "--nnodes", "99999999999", "--master", "127.0.0.1"], "--nnodes=99999999999"),
     (["doctor", "--nproc", "2", "--nnodes", "99999999999", "--master", "192.0.2.1"], "--nnodes=99999999999"),
     ([*PLAN[:-4], "--gpus", "100000000"], "--gpus=100000000"),
-], ids=["train", "doctor", "plan"])
-def test_a_world_past_the_bound_names_the_flag_typed(argv, flag, corpus, unchanged, capsys):
-    """--nnodes x --nproc, or plan's --gpus, past MAX_GPUS: said in the flag, not as a world size or a field."""
+    ([*PLAN, "--tp", "8", "--pp", "3"], "divisible by --tp 8 x --pp 3 = 24"),
+], ids=["train", "doctor", "plan", "plan-product"])
+def test_refusals_say_the_flags_typed(argv, flag, corpus, unchanged, capsys):
+    """--nnodes x --nproc, or plan's --gpus, past MAX_GPUS: said in the flag, not as a world size or a field; a
+    product of pinned flags that does not divide --gpus, in those flags (it said "tp*pp = 8*3")."""
     argv = argv if argv[0] in ("doctor", "plan") else base(corpus, unchanged) + argv
     assert_one_line(*run_cli(capsys, argv), hint=flag)
 
