@@ -21,7 +21,7 @@ from shoal.planner.scaling import MAX_SPAN
 from shoal.planner.stacks import DEFAULT_STACK_NOTE, STACKS
 from shoal.planner.workload import (ADAM_MOMENTS, ATTENTION, FP8_GATHERS, FP8_SAVES, GRAD_ACCUMULATION, GRAD_REDUCES,
                                     KERNELS, LOSSES, MOE_DISPATCH, MOE_PROBS, PP_P2P, PRECISIONS, WEIGHT_GATHERS,
-                                    ZERO3_IMPLS, CP_COMMS)
+                                    ZERO3_IMPLS, CP_COMMS, EP_OVERLAPS)
 
 EPILOG = """examples:
   shoal plan --model llama3-8b --seq-len 8192 --global-batch 512 --gpu h100 --gpus 64
@@ -154,6 +154,10 @@ def _stack_flags(p) -> None:
     w.add_argument("--pp-overlap", choices=("on", "off"),
                    help="on: an interleaved pipeline's sends and receives run beside the chunk computed meanwhile "
                         "(Megatron's overlap_p2p_comm); off (default): on the critical path, as shoal train runs them")
+    w.add_argument("--ep-overlap", choices=EP_OVERLAPS,
+                   help="the expert all-to-all beside another micro-batch's kernels: on (Megatron-Core's "
+                        "--overlap-moe-expert-parallel-comm), off (shoal train, Megatron-Core's default) or auto "
+                        "(default: on only where the expert group leaves the node, as published recipes set it)")
     w.add_argument("--offload-overlap", choices=("on", "off"),
                    help="with --activation-offload: on (default) the copies to and from the host run on their own "
                         "stream beside the next layer (Transformer Engine's CPU offload, Megatron-Core's "

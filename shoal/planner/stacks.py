@@ -13,18 +13,18 @@ from __future__ import annotations
 
 STACK_SETTINGS = ("attention", "fp8_saves", "weight_gather", "grad_accumulation", "moe_dispatch", "moe_probs", "loss",
                   "adam_moments", "grad_overlap", "pp_p2p", "grad_reduce", "fp8_gather", "pp_overlap", "zero3_impl",
-                  "cp_comm", "offload_overlap")
+                  "cp_comm", "offload_overlap", "ep_overlap")
 """The Workload fields that say how a piece of software runs the layer: each a `shoal plan` flag, and what
 --stack fills when the flag is not given (render.py reports them with --json)."""
 
 STACKS: dict[str, dict[str, object]] = {
     # shoal train: SDPA's fused kernels, torchao's Float8Linear under plain ColwiseParallel (16-bit gathers),
     # FSDP2 over the fp32 weights reducing fp32 gradients under every precision, autograd's accumulation, its own
-    # MoE layer and all-to-all, its context parallelism's gathers, save_on_cpu's activation copies on the compute
-    # stream (parallel/, model/moe.py).
+    # MoE layer and its all-to-all, each waited for where it is sent, its context parallelism's gathers, save_on_cpu's
+    # activation copies on the compute stream (parallel/, model/moe.py).
     "shoal": dict(attention="flash", fp8_saves="input", weight_gather="fp32", grad_accumulation="separate",
                   moe_dispatch="per-expert", moe_probs="output", cp_comm="all-gather", fp8_gather="none",
-                  offload_overlap=False, grad_reduce="fp32"),
+                  offload_overlap=False, grad_reduce="fp32", ep_overlap="off"),
     # Megatron-Core with Transformer Engine as Megatron-Bridge's recipes and performance scripts set it up
     # (TE's cuDNN attention, FP8 GEMMs saving their FP8 inputs, the alltoall dispatcher, SwiGLU-weighted
     # experts, cross_entropy_fusion_impl "te", bf16 weights gathered by the distributed optimizer, gradients

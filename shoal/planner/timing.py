@@ -15,7 +15,7 @@ Overlap, and why:
   per node (DeepEP), or once per
   expert where the stack permutes before the exchange (Megatron's alltoall dispatcher, shoal's own:
   Workload.moe_dispatch), and, where the expert group leaves
-  the node (inside one the recipes do not overlap it: _ep_comm), the dispatch and combine of
+  the node (inside one the recipes do not overlap it; Workload.ep_overlap, _ep_comm), the dispatch and combine of
   one micro-batch run beside another micro-batch's attention and expert kernels (DeepSeek-V3's DualPipe,
   §3.2.1; Megatron-Core's --overlap-moe-expert-parallel-comm): only what is longer than that compute
   shows. A fully recomputed layer reruns its experts on the tokens it already holds, not the exchange.
@@ -274,7 +274,8 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
     """Expert all-to-all, dispatch and combine, averaged over the layers (MoE layers only): what shows
     beyond the kernels of another micro-batch's layer it runs beside (module docstring).
 
-    It hides only where the expert group leaves the node. Overlapping it is opt-in (Megatron-Core's
+    Workload.ep_overlap says where it hides: `on` wherever another micro-batch is in flight, `off` nowhere (DualPipe's
+    pairs aside), `auto` only where the expert group leaves the node. Overlapping it is opt-in (Megatron-Core's
     --overlap-moe-expert-parallel-comm, off by default and needing --delay-wgrad-compute; DeepSeek-V3's
     DualPipe), and no published recipe turns it on for an exchange inside an 8-GPU node: Megatron-Bridge's
     performance presets (scripts/performance/configs/{qwen/qwen3,deepseek/deepseek}_workload_base_configs.py)
@@ -301,10 +302,8 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
     # Forward and backward each exchange twice (dispatch, combine); together they run beside one forward
     # and one backward of the MoE layer of another micro-batch.
     beside = overlap(2 * a2a, moe.fwd + moe.bwd, k.gpu.overlap_cost) / 2
-    if k.m < 2 or g_ep >= lay.ep:  # nothing else in flight to hide behind, or inside a node (not overlapped)
-        ordinary = a2a
-    else:
-        ordinary = beside
+    overlapped = {"on": True, "off": False}.get(k.workload.ep_overlap, g_ep < lay.ep)  # auto: across nodes only
+    ordinary = beside if overlapped and k.m >= 2 else a2a  # with one micro-batch nothing else is in flight
     if k.dualpipe:
         # DualPipe's F&B pair hides each chunk's dispatch and combine behind the other chunk's kernels inside a
         # node too: the schedule overlaps them, not a recipe switch (DeepSeek-V3 §3.2.1, Figure 4). The chunks

@@ -33,6 +33,7 @@ GRAD_REDUCES = ("auto", "fp32", "bf16")
 FP8_GATHERS = ("none", "activations", "all")
 ZERO3_IMPLS = ("fsdp", "deepspeed-2021")
 CP_COMMS = ("p2p", "all-gather", "torch-ring", "a2a")
+EP_OVERLAPS = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,13 @@ class Workload:
     repeated to the query heads (torchtitan's repeat_kv). `a2a`: Ulysses (Megatron-Core's cp_comm_type "a2a",
     DeepSpeed-Ulysses): Q, K, V and the output all-to-all'ed between sequence and heads around one attention call
     over the whole sequence, nothing beside compute; the heads on a tensor-parallel rank must divide by cp."""
+    ep_overlap: str = "auto"
+    """Whether one micro-batch's expert all-to-all runs beside another micro-batch's kernels (timing._ep_comm).
+    `on`: wherever another is in flight, Megatron-Core's --overlap-moe-expert-parallel-comm (with
+    --delay-wgrad-compute), which a recipe turns on or leaves off (the Megatron-MoE ModelZoo publishes one
+    Qwen3-235B layout both ways). `off`: each exchange on the critical path, as shoal train and Megatron-Core's
+    default run it. `auto`: `on` only where the expert group leaves the node, as the published recipes set it
+    (timing._ep_comm names them). DualPipe's paired chunks overlap whatever this says: the schedule does it."""
     stack: str | None = None
     """The stacks.STACKS entry the settings above started from (None: each setting's own default), for the
     output to say which software the plan assumes."""

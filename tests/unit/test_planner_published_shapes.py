@@ -75,6 +75,24 @@ def test_expert_all_to_all_sends_a_token_once_per_rank_and_hides():
     assert full.ep_comm == pytest.approx(overlapped.ep_comm)  # recompute does not exchange again
 
 
+def test_the_expert_exchange_hides_where_ep_overlap_says():
+    # Megatron-MoE ModelZoo's Qwen3-235B on 256 H100, EP 32 over four nodes, published without and with
+    # --overlap-moe-expert-parallel-comm (19.7 s and 17.6 s): off charges the exchange whole, on hides it behind
+    # another micro-batch's MoE layer, auto does what on does across nodes and what off does inside one
+    wl = Workload(PRESETS["qwen3-235b-a22b"], 4096, 2048)
+    across = Layout(dp_shard=16, tp=2, pp=8, ep=32, zero=1, micro_batch=1, sequence_parallel=True,
+                    pp_schedule="interleaved-1f1b", pp_virtual_stages=4)
+    cl = Cluster(H100, 256, 8)
+    off, on, auto = (step_time(dataclasses.replace(wl, ep_overlap=o), across, cl) for o in ("off", "on", "auto"))
+    assert on.ep_comm < 0.5 * off.ep_comm and on.step < off.step and auto.ep_comm == on.ep_comm
+    inside = Layout(dp_shard=256, ep=8, zero=1, micro_batch=1)  # eight neighbours: one node
+    wl = dataclasses.replace(wl, global_batch=1024)
+    off, on, auto = (step_time(dataclasses.replace(wl, ep_overlap=o), inside, cl) for o in ("off", "on", "auto"))
+    assert on.ep_comm < off.ep_comm and auto.ep_comm == off.ep_comm
+    one = dataclasses.replace(wl, global_batch=128, ep_overlap="on")  # one micro-batch a rank: nothing to hide behind
+    assert step_time(one, inside, cl).ep_comm == step_time(dataclasses.replace(one, ep_overlap="off"), inside, cl).ep_comm
+
+
 def test_megatron_alltoall_dispatch_sends_a_16_bit_copy_per_expert():
     # Qwen3-30B-A3B on one B200 node, EP 8, FP8 (Megatron-Bridge 25.11): 128 experts top-8 on 8 ranks are 6.4
     # ranks per token deduplicated; Megatron's alltoall dispatcher sends all 8 copies, in bf16 both ways.
