@@ -154,10 +154,8 @@ def _stack_flags(p) -> None:
     w.add_argument("--pp-overlap", choices=("on", "off"),
                    help="on: an interleaved pipeline's sends and receives run beside the chunk computed meanwhile "
                         "(Megatron's overlap_p2p_comm); off (default): on the critical path, as shoal train runs them")
-    w.add_argument("--ep-overlap", choices=EP_OVERLAPS,
-                   help="the expert all-to-all beside another micro-batch's kernels: on (Megatron-Core's "
-                        "--overlap-moe-expert-parallel-comm), off (shoal train, Megatron-Core's default) or auto "
-                        "(default: on only where the expert group leaves the node, as published recipes set it)")
+    w.add_argument("--ep-overlap", choices=EP_OVERLAPS, help="the expert all-to-all beside another micro-batch: on "
+                   "(Megatron's --overlap-moe-expert-parallel-comm), off (its default, shoal train), auto (default: across nodes)")
     w.add_argument("--offload-overlap", choices=("on", "off"),
                    help="with --activation-offload: on (default) the copies to and from the host run on their own "
                         "stream beside the next layer (Transformer Engine's CPU offload, Megatron-Core's "
