@@ -105,8 +105,9 @@ def plan_job(cfg: JobConfig, o: Options) -> tuple[Job, NodePlan | None]:
         check_srun_copies(o.nnodes)
     # 3. The job for its world size (--nproc, or the launcher's checked WORLD_SIZE; per node with
     #    --nnodes): every layout mistake in microseconds, before anything slow or on disk.
-    check_world(o.nnodes, world_size(o.nproc))
-    job = resolve(cfg, world_size(o.nproc) * o.nnodes)
+    per_node = world_size(o.nproc)
+    check_world(o.nnodes, per_node)
+    job = resolve(cfg, per_node * o.nnodes)
     # 4. A multi-node job's network: after the job, because it may wait for node 0 (--rdzv-timeout)
     #    and a typo in the recipe should not wait that long to be said.
     return job, _node_plan(o)
