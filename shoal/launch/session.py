@@ -139,7 +139,7 @@ def prepare(cfg: JobConfig, o: Options):
     # 6. The corpus, tokenized here, once, before any worker starts: data mistakes are one line from
     #    this process, and the workers find the cache. Under torchrun each rank builds its own.
     if not under_torchrun():
-        from shoal.train.trainer import build_data
+        from shoal.train.data import build_data
 
         if ran_out := build_data(job).loader.exhausted():
             raise UserError("data.repeat", False, f"{ran_out} holds fewer sequences of train.seq_len tokens than one "

@@ -52,9 +52,9 @@ CANDIDATES = [
     "pp=2,dp_shard=N/2,pp_schedule=1f1b", "pp=2,dp_shard=N/2,pp_schedule=gpipe",
     "pp=2,dp_shard=N/2,pp_schedule=interleaved-1f1b", "pp=2,dp_shard=N/2,pp_schedule=zero-bubble",
     "pp=2,dp_shard=N/2,zero=1",
-    "tp=2,pp=N/2,dp_shard=1", "tp=2,pp=2,dp_shard=N/4", "model=tiny-moe,dp_shard=N,zero=3",
-    "model=tiny-moe,ep=2,dp_shard=N,zero=3", "model=tiny-moe,ep=N,dp_shard=N,zero=2",
-    "model=tiny-moe,ep=2,pp=2,dp_shard=N/2",
+    "tp=2,pp=N/2,dp_shard=1", "tp=2,pp=2,dp_shard=N/4", "model=debug-moe,dp_shard=N,zero=3",
+    "model=debug-moe,ep=2,dp_shard=N,zero=3", "model=debug-moe,ep=N,dp_shard=N,zero=2",
+    "model=debug-moe,ep=2,pp=2,dp_shard=N/2",
     # context parallel: alone (cp=N), with FSDP over dp_shard x cp, with tp, with pp
     "cp=N,dp_shard=1", "cp=2,dp_shard=N/2", "cp=2,tp=2,dp_shard=N/4", "cp=2,pp=2,dp_shard=N/4",
 ]

@@ -1,12 +1,12 @@
-"""The training loop. `train` orchestrates; setup is the build_* functions below, one step's work is
-TrainStep (step.py), and what each step leaves on disk is Outputs (outputs.py)."""
+"""The training loop. `train` orchestrates; setup is the build_* functions below and build_data
+(data.py), one step's work is TrainStep (step.py), and what each step leaves on disk is Outputs
+(outputs.py)."""
 
 from __future__ import annotations
 
 import math
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,16 +15,13 @@ from shoal.checkpoint.checkpointer import Checkpointer
 from shoal.checkpoint.choose import checkpoint_root
 from shoal.checkpoint.final_export import write_final_weights
 from shoal.config import JobConfig
-from shoal.data.corpus import load_data
-from shoal.data.loader import Part, TokenLoader, eval_batches
 from shoal.debug.memory_snapshot import MemorySnapshot
 from shoal.hardware.peak import Peak, job_peak
 from shoal.job import Job, resolve
 from shoal.model.analytics import flops_per_token, param_counts
 from shoal.model.transformer import build_model, cross_entropy
-from shoal.parallel.parallel_model import Batch, ParallelModel
+from shoal.parallel.parallel_model import ParallelModel
 from shoal.parallel.parallelize import parallelize
-from shoal.parallel.replicas import replica_place
 from shoal.planner.prediction import RunPrediction, predict_job
 from shoal.rundir.disk import no_space_left
 from shoal.rundir.metrics import Steady
@@ -32,6 +29,7 @@ from shoal.rundir.names import MODEL
 from shoal.rundir.run_info import write_run_info
 from shoal.train import preempt
 from shoal.train.distributed import Runtime, enable_debugging, init_runtime, mark, require_shared, shutdown
+from shoal.train.data import Data, build_data
 from shoal.train.loss_scale import build_scaler
 from shoal.train.memory import peak_mem_bytes, reset_peak_mem
 from shoal.train.optim import build_optimizer
@@ -103,36 +101,6 @@ def train(job: Job | JobConfig, out: Path, *, show: bool = True, keep_process_gr
     if not keep_process_group:
         shutdown()
     return summary
-
-
-@dataclass
-class Data:
-    tokenizer: object
-    loader: TokenLoader
-    eval_set: list[Batch]
-
-    def metrics(self) -> dict:
-        """With a mixture, the training tokens each corpus has given so far (metrics.jsonl, the report)."""
-        drawn = self.loader.tokens_drawn()
-        return {"tokens_by_source": drawn} if len(drawn) > 1 else {}
-
-
-def build_data(job: Job, dp_rank: int = 0, dp_size: int = 1) -> Data:
-    cfg, d = job.cfg, job.cfg.data
-    tokenizer, corpora = load_data(d, job.model.vocab_size)
-    t = cfg.train
-    # Replica groups each train their share of the whole batch: group g is the g-th block of dp ranks.
-    place = replica_place()
-    group, groups = (place.group, place.groups) if place else (0, 1)
-    batch = t.global_batch * groups
-    documents = tokenizer.eos_id if d.document_mask else None
-    parts = [Part(c.name, c.train, c.weight, c.train_mask, c.dataset.fingerprint()) for c in corpora]
-    loader = TokenLoader(parts, t.seq_len, batch, job.layout.micro_batch, group * dp_size + dp_rank, groups * dp_size,
-                         t.seed, documents=documents, repeat=d.repeat)
-    # Evaluation batches hold the whole batch's sequences, so every layout evaluates the same text.
-    eval_set = eval_batches([Part(c.name, c.val, c.weight, c.val_mask) for c in corpora], t.seq_len, batch, t.eval_batches,
-                            dp_rank, dp_size, documents=documents)
-    return Data(tokenizer, loader, eval_set)
 
 
 def build_parallel_model(job: Job, rt: Runtime) -> ParallelModel:

@@ -87,7 +87,7 @@ def first_step_loss(hf_model, run: Path) -> float:
 
     from shoal.config import config_from_sections
     from shoal.job import resolve
-    from shoal.train.trainer import build_data
+    from shoal.train.data import build_data
 
     cfg = config_from_sections(json.loads((run / "run.json").read_text())["config"])
     one_process = dataclasses.replace(cfg, parallel=type(cfg.parallel)())
