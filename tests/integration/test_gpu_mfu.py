@@ -1,6 +1,7 @@
-"""issue 17's benchmarks on CPU: bench/gpu_mfu.py end to end (--tiny, eager: 3 s; its compiled
-variants run by hand, `python bench/gpu_mfu.py --tiny`, 5 s more with a warm inductor cache), and
-bench/bench_compile.py's compiled/eager ratio on the debug model (13 s with a cold inductor cache)."""
+"""issue 17's benchmark on CPU: bench/gpu_mfu.py end to end (--tiny, eager: 3 s; its compiled
+variants run by hand, `python bench/gpu_mfu.py --tiny`, 5 s more with a warm inductor cache).
+bench/bench_compile.py is run by hand: compiling on CPU costs 13 s warm, 40 s with a cold inductor
+cache, and test_parity.py's compiled layouts already check what compile.py builds."""
 
 import json
 import os
@@ -25,12 +26,3 @@ def test_gpu_mfu_tiny_runs_end_to_end(tmp_path):
     assert [x["variant"] for x in results] == ["eager, recompute=none", "eager, recompute=selective"]
     assert all(0 < x["mfu"] < 1 and x["attention"] == "flash (cpu kernel)" and x["plan_fits"] for x in results)
 
-
-def test_bench_compile_prints_the_cpu_ratio():
-    """The CPU compiled/eager ratio (numbers in docs/parallelism.md); here only that it runs and reports one."""
-    r = subprocess.run([sys.executable, "bench/bench_compile.py", "--preset", "debug", "--seq-len", "64",
-                        "--micro-batch", "2", "--steps", "2"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    ratio = re.search(r"compiled/eager: (\d+\.\d\d)x", r.stdout)
-    assert ratio and float(ratio.group(1)) > 0, r.stdout
