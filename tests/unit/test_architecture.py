@@ -179,6 +179,16 @@ def test_planner_runs_without_torch():
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+def test_the_launcher_imports_no_training_loop():
+    """The launcher checks the job, tokenizes the corpus (shoal/train/data.py) and starts workers; the
+    training loop's imports (DTensor, pipelining, checkpointing: 2.4 s of CPU) are the workers' alone."""
+    code = ("import sys, shoal.launch.session, shoal.launch.local, shoal.train.data; "
+            "heavy = [m for m in ('shoal.train.trainer', 'torch.distributed.tensor', 'torch.distributed.pipelining', "
+            "'torch.distributed.checkpoint') if m in sys.modules]; assert not heavy, heavy")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_layout_rules_have_one_home():
     """Only shoal/layout_rules.py raises about how a layout divides; nothing else restates its rules."""
     needles = ("needs at least pp=", "must divide n_heads={", "borrows data-parallel ranks")
