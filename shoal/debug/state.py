@@ -74,3 +74,5 @@ class RankState:
 
 
 STATE = RankState()
+# A worker forked from a process that imported this module (shoal/launch/forked.py) starts its own record.
+os.register_at_fork(after_in_child=STATE.__init__)

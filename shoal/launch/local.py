@@ -68,6 +68,8 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from shoal.launch.forked import forked_workers
+
     if nproc < 1:
         raise UserError("--nproc", nproc, "must be a positive integer")
     _name_rendezvous_events_cheaply()
@@ -97,7 +99,7 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     said = tempfile.mkdtemp(prefix="shoal-said-")  # where a worker that does not print leaves its refusal
     os.environ[SAID_DIR_ENV] = said
     try:
-        with report.watching():
+        with report.watching(), forked_workers(argv):
             elastic_launch(config, entrypoint=sys.executable)(*argv)
     except SignalException as e:  # raised by the signal handlers, caught by the agent after it stopped the workers
         sig = signal.Signals(stopped_by[0][0] if stopped_by else e.sigval)
@@ -179,7 +181,7 @@ def _stop_workers_outright_on(*signals: signal.Signals) -> tuple[list[int], dict
 
     def stop(signum, frame):
         received.append((signum, time.time()))
-        workers = _children(os.getpid())
+        workers = _workers()
         for sig in (signal.SIGSTOP, signal.SIGKILL):  # all frozen first: none sees a peer die and complains
             for pid in workers:
                 try:
@@ -211,6 +213,14 @@ def _stopped(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
     except (OSError, IndexError):
         return False
+
+
+def _workers() -> list[int]:
+    """This launcher's workers: its children, and the forkserver's (shoal/launch/forked.py)."""
+    from shoal.launch.forked import helper_pids
+
+    helpers = helper_pids()
+    return [p for p in _children(os.getpid()) if p not in helpers] + [p for h in helpers for p in _children(h)]
 
 
 def _children(pid: int) -> list[int]:

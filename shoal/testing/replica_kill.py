@@ -15,8 +15,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.launch.forked import FORK_ENV
 from shoal.rundir.metrics import read_rows
 from shoal.rundir.names import JOB, replica_dir
+from shoal.testing.processes import cmdline, descendants, workers
 
 
 @dataclass
@@ -30,13 +32,18 @@ class ReplicaRun:
 def run_replica_groups(recipe: str, out: Path, overrides: list[str], groups: int = 2, nproc: int = 1,
                        kill_group: int | None = None, kill_at: int = 0, timeout_s: float = 280) -> ReplicaRun:
     """Train with `groups` replica groups of `nproc` workers; kill group `kill_group`'s first worker
-    when it has logged step `kill_at` (no kill when kill_group is None)."""
+    when it has logged step `kill_at` (no kill when kill_group is None).
+
+    The workers start as fresh interpreters (SHOAL_FORK_WORKERS=0): a forked worker is back within a
+    second, before the other groups step alone, and a restart on a real cluster (a new process, CUDA,
+    NCCL) takes longer than either; a fresh interpreter's ~5 s of imports stands in for that."""
     cmd = [sys.executable, "-m", "shoal", "train", recipe, "--replica-groups", str(groups), "--nproc", str(nproc),
            "--max-restarts", "2", "--out", str(out), "--quiet", *[f"--set={o}" for o in overrides]]
     log = Path(f"{out}.log")
     deadline = time.monotonic() + timeout_s
     with open(log, "w") as sink:
-        launcher = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        launcher = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=dict(os.environ, **{FORK_ENV: "0"}))
         killed_at = None
         try:
             if kill_group is not None:
@@ -55,15 +62,8 @@ def run_replica_groups(recipe: str, out: Path, overrides: list[str], groups: int
     return ReplicaRun(code, [read_rows(replica_dir(out, k)) for k in range(groups)], killed_at, log.read_text())
 
 
-def _children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def _cmdline(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-
-
 def _worker_of(launcher: int, group_dir: Path) -> int:
     """The first worker of the group writing to group_dir: launcher -> group launcher -> worker."""
-    group = next(p for p in _children(launcher) if f"--job {group_dir / JOB} " in _cmdline(p) + " ")
-    return next(p for p in _children(group) if "shoal.train" in _cmdline(p))
+    group = next(p for p in descendants(launcher) if f"--job {group_dir / JOB} " in cmdline(p) + " "
+                 and "shoal.launch.replica_groups" in cmdline(p))
+    return workers(group)[0]

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import REPO, UNINTERRUPTED, UNINTERRUPTED_STEPS
 from shoal.rundir.metrics import read_rows
+from shoal.testing.processes import workers
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -23,19 +24,6 @@ ARGS = [a for s in SETS for a in ("--set", s)] + ["--quiet"]
 
 def last_step(out: Path) -> int:
     return next((r["step"] for r in reversed(read_rows(out))), 0)
-
-
-def workers(launcher: int) -> list[int]:
-    """The training workers the launcher (its agent) started: its children running shoal.train."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == launcher \
-                    and b"shoal.train" in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            pass
-    return found
 
 
 def test_killing_either_nodes_workers_resumes_bitwise(cluster, uninterrupted, tmp_path):

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import REPO, UNINTERRUPTED, UNINTERRUPTED_STEPS
 from shoal.rundir.metrics import read_rows
+from shoal.testing.processes import worker
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -30,23 +31,6 @@ def start(out: Path, *extra: str) -> subprocess.Popen:
 
 def last_step(out: Path) -> int:
     return next((r["step"] for r in reversed(read_rows(out))), 0)
-
-
-def worker_pid(launcher: int, rank: int, attempt: int) -> int | None:
-    """The pid of training worker `rank` of restart `attempt`, a child of the launcher process."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid != launcher or b"shoal.train" not in (entry / "cmdline").read_bytes():
-                continue
-            env = dict(kv.split(b"=", 1) for kv in (entry / "environ").read_bytes().split(b"\0") if b"=" in kv)
-        except (OSError, IndexError, ValueError):
-            continue
-        if env.get(b"RANK") == str(rank).encode() and env.get(b"TORCHELASTIC_RESTART_COUNT") == str(attempt).encode():
-            return int(entry.name)
-    return None
 
 
 def test_sigkill_at_random_steps_resumes_bitwise(tmp_path, uninterrupted):
@@ -65,7 +49,7 @@ def test_sigkill_at_random_steps_resumes_bitwise(tmp_path, uninterrupted):
         while time.monotonic() < deadline and chaos.poll() is None:
             resumed = attempt == 0 or sum(f"elastic restart {attempt} of" in line for line in output) > 0
             if resumed and last_step(tmp_path / "chaos") >= step:
-                pid = worker_pid(chaos.pid, rank, attempt)
+                pid = worker(chaos.pid, rank, attempt)
                 if pid:
                     os.kill(pid, signal.SIGKILL)
                     break

@@ -13,23 +13,13 @@ import pytest
 
 from conftest import REPO, shoal_cli, shoal_here
 from shoal.rundir.metrics import read_rows
+from shoal.testing.processes import cmdline, worker, workers as training_workers
 
 pytestmark = pytest.mark.timeout(180)
 
 RUN = ["--set", "model.preset=debug", "--set", "train.steps=100000", "--set", "train.micro_batch=4",
        "--set", "train.global_batch=8", "--set", "train.seq_len=64", "--set", "train.eval_every=0",
        "--set", "train.eval_batches=1", "--set", "train.sample_tokens=0", "--quiet"]
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            pass
-    return found
 
 
 def alive(pid: int) -> bool:
@@ -50,8 +40,9 @@ def start_training(out: Path, extra: list[str] = ()) -> tuple[subprocess.Popen, 
             launcher.kill()
             pytest.fail("the run never started: " + launcher.communicate()[1][-3000:])
         time.sleep(0.1)
-    workers = [p for p in children(launcher.pid) if b"shoal.train" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    assert len(workers) == 2, workers
+    workers = training_workers(launcher.pid)
+    # forked from the launcher's forkserver (shoal/launch/forked.py), each titled with its rank
+    assert sorted(cmdline(p).rsplit(" (", 1)[-1] for p in workers) == [f"rank {r} of 2, restart 0)" for r in (0, 1)]
     return launcher, workers
 
 
@@ -112,7 +103,7 @@ def test_a_worker_killed_from_outside_is_named_without_a_traceback(tmp_path, wat
     hosts the job's store, so its survivor has no store to report through (docs/debugging.md): the
     launcher's line is what is said, without the store client's C++ stack for each reconnect."""
     launcher, workers = start_training(tmp_path / "run", [] if watchdog else ["--set", "debug.hang_timeout_s=0"])
-    victim = next(p for p in workers if f"\0RANK={rank}\0".encode() in Path(f"/proc/{p}/environ").read_bytes())
+    victim = worker(launcher.pid, rank)
     os.kill(victim, signal.SIGKILL)
     _, err = launcher.communicate(timeout=90)
     assert launcher.returncode == 1 and "Traceback" not in err and "frame #" not in err, err[-4000:]

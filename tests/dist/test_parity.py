@@ -50,17 +50,21 @@ def test_composed_layouts_on_four_ranks(tmp_path):
     assert len(mfus) == 16 * 2 and all(0 < m <= 1 for m in mfus), mfus
 
 
-# Bugs injected into the parallel workers only (WORLD_SIZE > 1; the reference runs in the launching
-# process): sitecustomize runs at every worker's start, before shoal trains. Each layout's run builds
-# its own ParallelModel; the n-th one built gets BUGS[n] (a factor on every gradient, from a step on).
+# Bugs injected into the parallel workers only (WORLD_SIZE > 1 when they train; the reference runs in
+# the launching process). sitecustomize runs when each process started after the launch's start does
+# (the forkserver the workers are forked from, shoal/launch/forked.py, or each worker), before shoal
+# trains. Each layout's run builds its own ParallelModel; the n-th one built gets BUGS[n] (a factor on
+# every gradient, from a step on).
 _INJECT = '''
 import os
-if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+if "SHOAL_LAUNCHER_PID" in os.environ:
     from shoal.parallel import parallel_model
 
     bugs, built, original = {bugs}, [0], parallel_model.ParallelModel.forward_backward
 
     def injected(self, *args, **kwargs):  # whatever forward_backward takes
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            return original(self, *args, **kwargs)
         if not hasattr(self, "_bug"):  # the first step of this layout's model
             self._bug, self._step, built[0] = bugs[built[0]], 0, built[0] + 1
         factor, from_step = self._bug
