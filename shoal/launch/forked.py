@@ -39,6 +39,9 @@ from torch.distributed.elastic.multiprocessing import api
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
 FORK_ENV = "SHOAL_FORK_WORKERS"
+FORKSERVER_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+"""The forkserver's parent-death signal and the one it ignores (forkserver_lifetime.py); a forked
+worker puts them back to their defaults."""
 
 PRELOADS = {  # a worker module -> what it imports before its first step (never the module itself:
     # runpy warns when the module it runs as __main__ was imported already)
@@ -159,7 +162,8 @@ def _run_module(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int]
     from shoal.worker.exit import exit_worker
 
     os.setsid()  # its own process group, as the agent's Popen(start_new_session=True) makes: it stops workers by group
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the forkserver ignores it (forkserver_lifetime.py)
+    for sig in FORKSERVER_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
     setproctitle(title(argv, env))  # before the environment changes: it moves the strings
     for fd, received in zip((1, 2), stdio):
         os.dup2(received, fd)

@@ -1,17 +1,37 @@
 """Imported by the forkserver alone, before anything else it preloads (shoal/launch/forked.py): the
 forkserver lives exactly as long as the launcher that started it.
 
-- It dies the moment the launcher does, and the workers forked from it die with it
+- When the launcher dies, even by SIGKILL, the kernel tells the forkserver at once (its parent-death
+  signal, SIGUSR1), which removes the launcher's folders in /tmp that the launcher could not (its
+  socket's, the workers' said/ folder) and exits; the workers forked from it die with it
   (shoal/worker/process.py). Left to itself it would notice its pipe from the launcher close, then
   spend ~2.5 s finalizing torch while the orphaned workers train on.
 - A SIGTERM sent to every process of a job (Slurm's scancel, a container's stop) is for the workers,
   which save the step they stop after (shoal/train/preempt.py). Were the forkserver to die of it, the
-  workers would get SIGKILL first. So it ignores SIGTERM; forked workers get its default back.
+  workers would get SIGKILL first. So it ignores SIGTERM.
+A forked worker puts both signals back to their defaults (forked.FORKSERVER_SIGNALS).
 """
 
+import os
+import shutil
 import signal
+from multiprocessing import forkserver
 
+from shoal.launch.forked import FORKSERVER_SIGNALS
 from shoal.worker.process import die_with_parent
+from shoal.worker.said import SAID_DIR_ENV
 
-die_with_parent()
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
+PARENT_DEATH, IGNORED = FORKSERVER_SIGNALS
+
+
+def _launcher_gone(signum, frame) -> None:
+    socket = getattr(forkserver._forkserver, "_forkserver_address", None)
+    for folder in (os.environ.get(SAID_DIR_ENV), os.path.dirname(socket) if isinstance(socket, str) else None):
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+    os._exit(0)
+
+
+signal.signal(PARENT_DEATH, _launcher_gone)
+signal.signal(IGNORED, signal.SIG_IGN)
+die_with_parent(PARENT_DEATH)

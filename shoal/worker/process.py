@@ -26,12 +26,13 @@ def follow_the_launcher() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def die_with_parent() -> None:
+def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> None:
+    """The kernel sends `sig` when the parent exits; exits now when it already has."""
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
         return  # not fatal: the launcher still stops its workers on SIGINT/SIGTERM
     if os.getppid() != parent or _gone(os.environ.get(LAUNCHER_ENV)):
         os._exit(1)  # the launcher died before the request took effect: this worker is already an orphan
