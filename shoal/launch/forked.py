@@ -4,8 +4,9 @@ A worker started as `python -m shoal.train` spends ~5 s of CPU importing torch, 
 pipelining before it reads its job (`python -X importtime -c "import shoal.train.trainer"`); four
 workers on one machine pay that four times, and again after every restart (bench/bench_launch.py:
 a 3-step 4-rank run took 28.7 s of CPU and 16.8 s on 2 cores, forked 13.5 s and 11.0 s). So the launcher starts
-multiprocessing's forkserver, which imports them once, and each of shoal's own workers is forked
-from it and runs its module as `python -m` would. Only the birth changes: the elastic agent still
+multiprocessing's forkserver, which imports them once (started ahead of the launch where the launcher
+knows it will launch: forkserver_start.py), and each of shoal's own workers is forked from it and runs
+its module as `python -m` would. Only the birth changes: the elastic agent still
 starts and watches each worker as a subprocess (SubprocessContext: every failure collected, one
 process group per worker, the exit code or the signal that ended it).
 
@@ -19,6 +20,9 @@ What a forked worker differs in, and why it does not matter here:
   a forked child (os.register_at_fork).
 - /proc/PID/environ shows the forkserver's environment, so its command line is retitled to the
   `python -m ...` it stands for, with its rank and restart (`title`): `ps` and tests see the worker.
+
+Where the forkserver cannot start or has died (an import of PRELOADS that raises kills it), each worker
+starts as a fresh `python` instead, as below.
 
 A user's script (`shoal run`) still starts as its own `python`: it may rely on a fresh
 interpreter. SHOAL_FORK_WORKERS=0 starts every worker that way (bench/bench_launch.py compares).
@@ -38,35 +42,22 @@ from multiprocessing import forkserver, get_context, reduction, resource_tracker
 from torch.distributed.elastic.multiprocessing import api
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-FORK_ENV = "SHOAL_FORK_WORKERS"
-FORKSERVER_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-"""The forkserver's parent-death signal and the one it ignores (forkserver_lifetime.py); a forked
-worker puts them back to their defaults."""
-
-PRELOADS = {  # a worker module -> what it imports before its first step (never the module itself:
-    # runpy warns when the module it runs as __main__ was imported already)
-    "shoal.train": ("shoal.train.process", "shoal.train.trainer", "shoal.job"),
-    "shoal.train.parity": ("shoal.train.trainer", "shoal.config", "shoal.job", "shoal.rundir.metrics"),
-    "shoal.measure.commbench": ("torch.distributed", "shoal.comm.ops", "shoal.comm.renamed", "shoal.hardware.matmul"),
-}
-
-
-def forkable(argv: list[str]) -> str | None:
-    """The module of `python ARGV` when it is one of shoal's workers and forking is on."""
-    if os.environ.get(FORK_ENV, "1") == "0" or len(argv) < 2 or argv[0] != "-m" or argv[1] not in PRELOADS:
-        return None
-    return argv[1]
+from shoal.launch.forkserver_start import FORKSERVER_SIGNALS, PRELOADS, forkable, start
 
 
 @contextlib.contextmanager
 def forked_workers(argv: list[str]):
     """While open, the agent's workers running `python ARGV` are forked from a forkserver that has
-    imported what they import. The forkserver starts now, so its imports overlap the rendezvous."""
+    imported what they import: the one local.prestart started, or one started now."""
     module, original = forkable(argv), getattr(api, "get_subprocess_handler", None)
     if module is None or original is None:  # not a shoal worker, or a torch without this seam
         yield
         return
-    _start_server(module)
+    try:
+        start(module, {})  # launch() has put the workers' environment in place
+    except OSError:  # no forkserver here (no writable temporary folder for its socket): fresh interpreters
+        yield
+        return
 
     def handler(entrypoint, args, env, stdout, stderr, local_rank_id, numa_options=None):
         return _ForkedHandler(entrypoint=entrypoint, args=args, env=env, stdout=stdout, stderr=stderr,
@@ -87,12 +78,6 @@ def helper_pids() -> set[int]:
     return pids - {None}
 
 
-def _start_server(module: str) -> None:
-    preload = ["shoal.launch.forkserver_lifetime", "shoal.launch.forked", "setproctitle", *PRELOADS[module]]
-    get_context("forkserver").set_forkserver_preload(preload)
-    forkserver.ensure_running()
-
-
 class _ForkedHandler(SubprocessHandler):
     """torch's SubprocessHandler with the process forked rather than Popen'ed (see the module docstring)."""
 
@@ -102,7 +87,10 @@ class _ForkedHandler(SubprocessHandler):
         stdio = [_Fd(f.fileno() if f else fd) for f, fd in ((self._stdout, 1), (self._stderr, 2))]
         process = get_context("forkserver").Process(
             target=_run_module, args=(list(args[2:]), env, os.getcwd(), stdio), name=f"shoal worker {self.local_rank_id}")
-        process.start()
+        try:
+            process.start()
+        except (OSError, EOFError):  # the forkserver is gone (a preload that raised): a fresh interpreter
+            return super()._popen(args, env)
         return _Forked(process)
 
     def close(self, death_sig=None) -> None:
@@ -164,6 +152,7 @@ def _run_module(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int]
     os.setsid()  # its own process group, as the agent's Popen(start_new_session=True) makes: it stops workers by group
     for sig in FORKSERVER_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter has it
     setproctitle(title(argv, env))  # before the environment changes: it moves the strings
     for fd, received in zip((1, 2), stdio):
         os.dup2(received, fd)

@@ -1,4 +1,4 @@
-"""Imported by the forkserver alone, before anything else it preloads (shoal/launch/forked.py): the
+"""Imported by the forkserver alone, before anything else it preloads (forkserver_start.py): the
 forkserver lives exactly as long as the launcher that started it.
 
 - When the launcher dies, even by SIGKILL, the kernel tells the forkserver at once (its parent-death
@@ -8,8 +8,10 @@ forkserver lives exactly as long as the launcher that started it.
   spend ~2.5 s finalizing torch while the orphaned workers train on.
 - A SIGTERM sent to every process of a job (Slurm's scancel, a container's stop) is for the workers,
   which save the step they stop after (shoal/train/preempt.py). Were the forkserver to die of it, the
-  workers would get SIGKILL first. So it ignores SIGTERM.
-A forked worker puts both signals back to their defaults (forked.FORKSERVER_SIGNALS).
+  workers would get SIGKILL first. So it ignores SIGTERM, and SIGINT, which the launcher answers (a
+  Ctrl-C while this process imports torch would otherwise print a KeyboardInterrupt traceback).
+A forked worker puts all three back as a fresh interpreter has them (forked._run_module).
+It imports nothing heavy: it must be in place before the forkserver spends seconds importing torch.
 """
 
 import os
@@ -17,21 +19,23 @@ import shutil
 import signal
 from multiprocessing import forkserver
 
-from shoal.launch.forked import FORKSERVER_SIGNALS
+from shoal.launch.forkserver_start import FORKSERVER_SIGNALS
 from shoal.worker.process import die_with_parent
-from shoal.worker.said import SAID_DIR_ENV
+from shoal.worker.said import said_dirs
 
 PARENT_DEATH, IGNORED = FORKSERVER_SIGNALS
+LAUNCHER = os.getppid()
 
 
 def _launcher_gone(signum, frame) -> None:
     socket = getattr(forkserver._forkserver, "_forkserver_address", None)
-    for folder in (os.environ.get(SAID_DIR_ENV), os.path.dirname(socket) if isinstance(socket, str) else None):
-        if folder:
-            shutil.rmtree(folder, ignore_errors=True)
+    # the said/ folders are the launcher's by name: it may make one after this process started
+    for folder in [*said_dirs(LAUNCHER), *([os.path.dirname(socket)] if isinstance(socket, str) else [])]:
+        shutil.rmtree(folder, ignore_errors=True)
     os._exit(0)
 
 
 signal.signal(PARENT_DEATH, _launcher_gone)
 signal.signal(IGNORED, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to say; no traceback from here
 die_with_parent(PARENT_DEATH)

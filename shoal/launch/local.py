@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -22,7 +21,8 @@ from pathlib import Path
 from shoal.errors import UserError
 from shoal.rundir.lock import LAUNCHER_ENV
 from shoal.worker.exit_codes import HANG, LOST_PEER, USER_ERROR
-from shoal.worker.said import SAID_DIR_ENV, left_line
+from shoal.worker.process import children
+from shoal.worker.said import SAID_DIR_ENV, left_line, make_said_dir
 
 
 def worker_env(nproc: int) -> dict[str, str]:
@@ -37,6 +37,17 @@ def worker_env(nproc: int) -> dict[str, str]:
     if "TORCH_CPP_LOG_LEVEL" not in os.environ:
         env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     return env
+
+
+def prestart(argv: list[str], nproc: int) -> None:
+    """Start now the forkserver a launch(ARGV, nproc) to come forks its workers from, so its imports run
+    beside what this process does until then (forkserver_start.py says why); a no-op for workers that
+    are not forked. Without it launch() starts it itself."""
+    from shoal.launch.forkserver_start import forkable, start
+
+    if module := forkable(argv):
+        with contextlib.suppress(OSError):  # then launch() tries again, and else starts fresh interpreters
+            start(module, {**worker_env(nproc), LAUNCHER_ENV: str(os.getpid())})  # as launch() sets them
 
 
 def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | None = None,
@@ -96,7 +107,7 @@ def launch(argv: list[str], nproc: int, *, max_restarts: int = 0, run_id: str | 
     stopped_by, previous = _stop_workers_outright_on(signal.SIGINT, *([] if on_sigterm else [signal.SIGTERM]))
     if on_sigterm:
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _pass_on(stopped_by))
-    said = tempfile.mkdtemp(prefix="shoal-said-")  # where a worker that does not print leaves its refusal
+    said = make_said_dir()  # where a worker that does not print leaves its refusal
     os.environ[SAID_DIR_ENV] = said
     try:
         with report.watching(), forked_workers(argv):
@@ -220,20 +231,7 @@ def _workers() -> list[int]:
     from shoal.launch.forked import helper_pids
 
     helpers = helper_pids()
-    return [p for p in _children(os.getpid()) if p not in helpers] + [p for h in helpers for p in _children(h)]
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            pass  # gone meanwhile
-    return found
+    return [p for p in children(os.getpid()) if p not in helpers] + [p for h in helpers for p in children(h)]
 
 
 class _DropSignalChatter(logging.Filter):

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from shoal.launch.multinode import NodePlan
 
 
+WORKER = ["-m", "shoal.train"]
+"""What each worker runs, as python's arguments (before its --job)."""
+
+
 @dataclass(frozen=True)
 class Options:
     """How to run a job: `shoal train`'s flags, or the few a torchrun worker takes."""
@@ -119,6 +123,10 @@ def prepare(cfg: JobConfig, o: Options):
     anywhere is a UserError, and a refused run leaves --out as it found it."""
     job, nodes = plan_job(cfg, o)
     local_ranks = o.nproc or local_world_size(1)
+    if o.launcher == "local" and not o.replica_groups and (o.nproc > 1 or nodes):
+        from shoal.launch.local import prestart
+
+        prestart(WORKER, o.nproc)  # the workers' forkserver imports torch beside the checks below
     # 5. Memory, predicted for the busiest rank, against this machine: before the corpus is read.
     if cfg.train.memory_check:
         from shoal.launch.memory_check import check_memory
@@ -204,7 +212,7 @@ def _launch_workers(session: Session) -> int:
     from shoal.worker.exit_codes import SAID_WHY
 
     o, nodes = session.options, session.nodes
-    workers = [["-m", "shoal.train", "--job", str(path)] for path in session.job_files]
+    workers = [[*WORKER, "--job", str(path)] for path in session.job_files]
     if o.replica_groups:
         from shoal.launch.replica_groups import launch_groups
 

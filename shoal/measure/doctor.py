@@ -127,20 +127,22 @@ def check_fits(nproc: int, max_size: int, shown: str) -> None:
 def run(nproc: int, size_list: list[int], ops: list[str], out_dir: Path, budget_s: float = 0.1,
         max_iters: int = 50) -> Report:
     """Checks, then the benchmark on `nproc` local ranks; the figure goes to out_dir."""
-    from shoal.launch.local import launch
+    from shoal.launch.local import launch, prestart
 
     if nproc < 1:
         raise UserError("--nproc", nproc, "must be a positive integer")
     unknown = [op for op in ops if op not in BENCH_OPS]
     if unknown:
         raise UserError("--ops", ",".join(unknown), f"choose from {','.join(BENCH_OPS)}")
+    worker = ["-m", "shoal.measure.commbench"]
+    prestart(worker, nproc)  # the workers' forkserver imports torch beside the checks below
     checks = envcheck.run_all(nproc)
     if any(c.verdict == "fail" for c in checks):
         return Report(checks=checks)
     out_dir.mkdir(parents=True, exist_ok=True)
     raw_path = out_dir / "comm_bench.json"
     raw_path.unlink(missing_ok=True)
-    code = launch(["-m", "shoal.measure.commbench", "--out", str(raw_path), "--sizes", ",".join(map(str, size_list)),
+    code = launch([*worker, "--out", str(raw_path), "--sizes", ",".join(map(str, size_list)),
                    "--ops", ",".join(ops), "--budget", str(budget_s), "--max-iters", str(max_iters)], nproc)
     if code != 0 or not raw_path.exists():
         checks.append(envcheck.Check("benchmark", "fail", f"the {nproc}-rank benchmark failed (exit code {code}); see above"))

@@ -41,10 +41,7 @@ def verify(nproc: int, layouts: list[str] | None, steps: int, tolerance: float, 
            say=lambda line: None) -> Verdict:
     """Run the references and the layouts (all that fit on nproc ranks when none are given) and
     compare; every layout mistake is found before anything runs."""
-    import torch
-
-    from shoal.launch.local import launch, worker_env
-    from shoal.train.trainer import train
+    from shoal.launch.local import launch, prestart, worker_env
 
     skipped = []
     if not layouts:
@@ -53,6 +50,12 @@ def verify(nproc: int, layouts: list[str] | None, steps: int, tolerance: float, 
         raise UserError("--nproc", nproc, "no default layout fits; pass --layouts")
     for layout in layouts:  # every mistake is said before anything runs
         resolve(config_for(layout, nproc, steps), nproc)
+    worker = ["-m", "shoal.train.parity"]
+    prestart(worker, nproc)  # the workers' forkserver imports torch beside the references below
+    import torch
+
+    from shoal.train.trainer import train
+
     by_layout = {layout: reference_of(layout, nproc) for layout in layouts}
     references = {ref: f"reference-{i}" for i, ref in enumerate(dict.fromkeys(by_layout.values()))}
     folder = Path(out or tempfile.mkdtemp(prefix="shoal-verify-"))
@@ -64,7 +67,7 @@ def verify(nproc: int, layouts: list[str] | None, steps: int, tolerance: float, 
         with in_float64(ref_cfg):  # as the layouts run (shoal/train/parity.py says why)
             train(ref_cfg, folder / name, show=False)
     say(f"reference runs done on 1 process; running {len(layouts)} layouts on {nproc} ranks ...")
-    code = launch(["-m", "shoal.train.parity", str(folder), str(nproc), str(steps), json.dumps(layouts)], nproc)
+    code = launch([*worker, str(folder), str(nproc), str(steps), json.dumps(layouts)], nproc)
     results = [compare(layout, folder / f"layout{i}", folder / references[by_layout[layout]], tolerance)
                for i, layout in enumerate(layouts)]
     return Verdict(nproc, steps, tolerance, str(folder), results, skipped, code)

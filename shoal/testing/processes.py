@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from shoal.worker.process import descendants
+
 
 def workers(launcher: int, module: str = "shoal.train") -> list[int]:
     """The live processes below `launcher` running `python -m MODULE`."""
@@ -15,15 +17,6 @@ def workers(launcher: int, module: str = "shoal.train") -> list[int]:
 def worker(launcher: int, rank_: int, restart: int = 0, module: str = "shoal.train") -> int | None:
     """The pid of worker `rank_` of restart `restart` below `launcher`, while it lives."""
     return next((p for p in workers(launcher, module) if rank(p) == (rank_, restart)), None)
-
-
-def descendants(pid: int) -> list[int]:
-    parents = _parents()
-    found, frontier = [], [pid]
-    while frontier:
-        frontier = [child for child, parent in parents.items() if parent in frontier]
-        found += frontier
-    return found
 
 
 def cmdline(pid: int) -> str:
@@ -47,13 +40,3 @@ def rank(pid: int) -> tuple[int, int] | None:
         return int(env["RANK"]), int(env["TORCHELASTIC_RESTART_COUNT"])
     return None
 
-
-def _parents() -> dict[int, int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass  # gone meanwhile
-    return parents

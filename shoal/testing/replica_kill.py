@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoal.launch.forked import FORK_ENV
+from shoal.launch.forkserver_start import FORK_ENV
 from shoal.rundir.metrics import read_rows
 from shoal.rundir.names import JOB, replica_dir
 from shoal.testing.processes import cmdline, descendants, workers

@@ -4,6 +4,9 @@ The kernel sends a worker SIGKILL when its parent exits (prctl PR_SET_PDEATHSIG)
 launcher, even with SIGKILL, leaves no orphan training on; stopping the launcher (Ctrl-C, SIGTERM)
 ends its workers with SIGKILL (shoal/launch/local.py). Checkpoints commit atomically, so nothing
 that a save had finished is lost.
+
+The process tree below a launcher, read from /proc, is here too: the launcher stops its workers by it,
+and shoal/testing/processes.py finds them by it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import ctypes
 import os
 import signal
 import sys
+from pathlib import Path
 
 from shoal.rundir.lock import LAUNCHER_ENV
 
@@ -48,3 +52,30 @@ def _gone(pid: str | None) -> bool:
     except OSError:
         pass
     return False
+
+
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid`."""
+    return [child for child, parent in _parents().items() if parent == pid]
+
+
+def descendants(pid: int) -> list[int]:
+    """Its children, their children, and so on: a forked worker's parent is the launcher's forkserver."""
+    parents = _parents()
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        found += frontier
+    return found
+
+
+def _parents() -> dict[int, int]:
+    """Each live process's parent pid, from /proc (none where there is no /proc)."""
+    parents = {}
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass  # gone meanwhile
+    return parents

@@ -11,9 +11,21 @@ changes.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 SAID_DIR_ENV = "SHOAL_SAID_DIR"
+
+
+def make_said_dir() -> str:
+    """A new folder for this launcher's workers' lines, named after this process (said_dirs)."""
+    return tempfile.mkdtemp(prefix=f"shoal-said-{os.getpid()}-")
+
+
+def said_dirs(launcher: int) -> list[Path]:
+    """The folders launcher process `launcher` made and has not removed: what its forkserver removes
+    when the launcher dies by SIGKILL (shoal/launch/forkserver_lifetime.py)."""
+    return list(Path(tempfile.gettempdir()).glob(f"shoal-said-{launcher}-*"))
 
 
 def leave_line(line: str) -> None:

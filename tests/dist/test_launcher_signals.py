@@ -23,10 +23,7 @@ RUN = ["--set", "model.preset=debug", "--set", "train.steps=100000", "--set", "t
 
 
 def alive(pid: int) -> bool:
-    try:  # a zombie has no cmdline: it is dead, its parent just has not reaped it
-        return bool(Path(f"/proc/{pid}/cmdline").read_bytes())
-    except OSError:
-        return False
+    return bool(cmdline(pid))  # a zombie has no cmdline: it is dead, its parent just has not reaped it
 
 
 def start_training(out: Path, extra: list[str] = ()) -> tuple[subprocess.Popen, list[int]]:
@@ -81,6 +78,23 @@ def test_workers_die_with_their_launcher(sig, tmp_path, capsys):
     else:
         assert code == 128 + getattr(signal, sig), (code, err)
         assert err.strip().splitlines() == [f"shoal: stopped by {sig}; all 2 workers were stopped"], err
+
+
+def test_a_run_refused_after_its_forkserver_started_leaves_nothing(tmp_path):
+    """The workers' forkserver starts once the layout is checked, beside the checks after it
+    (shoal/launch/forkserver_start.py). A mistake one of those finds (here a corpus shorter than a batch)
+    is still one line and exit code 2, and the forkserver goes with the launcher, its folder with it."""
+    (tmp_path / "tiny.txt").write_text("hello")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    r = shoal_cli("train", *RUN, "--set", f"data.path={tmp_path / 'tiny.txt'}", "--nproc", "2",
+                  "--out", str(tmp_path / "run"), env={"TMPDIR": str(temp)})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("shoal train: error: data.path="), r.stderr
+    deadline = time.monotonic() + 10
+    while list(temp.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(temp.iterdir()) == [] and not (tmp_path / "run").exists()
 
 
 def test_a_nonfinite_loss_in_the_workers_is_one_line(tmp_path):

@@ -1,0 +1,54 @@
+"""Starting the forkserver shoal's own workers are forked from (shoal/launch/forked.py), without torch.
+
+The forkserver spends ~3 s of CPU importing torch and the training loop before it can fork the first
+worker. Started when the workers are (launch()), all of it came after the launcher's own work: its
+checks, its corpus, its own torch import, verify's single-process references. A launcher that knows
+it will launch starts it early instead (local.prestart), so on a machine with a core to spare the two
+import at once. This module imports nothing heavy, so a launcher can start the forkserver before it
+imports torch itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from multiprocessing import forkserver, get_context
+
+FORK_ENV = "SHOAL_FORK_WORKERS"
+"""0: every worker starts as a fresh interpreter."""
+
+FORKSERVER_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+"""The forkserver's parent-death signal and the one it ignores (forkserver_lifetime.py); a forked
+worker puts them back to their defaults."""
+
+PRELOADS = {  # a worker module -> what it imports before its first step (never the module itself:
+    # runpy warns when the module it runs as __main__ was imported already)
+    "shoal.train": ("shoal.train.process", "shoal.train.trainer", "shoal.job"),
+    "shoal.train.parity": ("shoal.train.trainer", "shoal.config", "shoal.job", "shoal.rundir.metrics"),
+    "shoal.measure.commbench": ("torch.distributed", "shoal.comm.ops", "shoal.comm.renamed", "shoal.hardware.matmul"),
+}
+
+
+def forkable(argv: list[str]) -> str | None:
+    """The module of `python ARGV` when it is one of shoal's workers and forking is on."""
+    if os.environ.get(FORK_ENV, "1") == "0" or len(argv) < 2 or argv[0] != "-m" or argv[1] not in PRELOADS:
+        return None
+    return argv[1]
+
+
+def start(module: str, env: dict[str, str]) -> None:
+    """Start the forkserver for `module`'s workers, with `env` over this process's environment (what the
+    modules it imports may read then), unless one is running. Raises OSError where it cannot start."""
+    # forkserver_lifetime first: the forkserver dies with the launcher even while it imports torch
+    preload = ["shoal.launch.forkserver_lifetime", "setproctitle", *PRELOADS[module], "shoal.launch.forked"]
+    get_context("forkserver").set_forkserver_preload(preload)
+    before = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)  # the forkserver inherits this process's environment as it is now
+    try:
+        forkserver.ensure_running()
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
