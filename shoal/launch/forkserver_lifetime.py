@@ -14,6 +14,7 @@ A forked worker puts all three back as a fresh interpreter has them (forked._run
 It imports nothing heavy: it must be in place before the forkserver spends seconds importing torch.
 """
 
+import glob
 import os
 import shutil
 import signal
@@ -21,16 +22,18 @@ from multiprocessing import forkserver
 
 from shoal.launch.forkserver_start import FORKSERVER_SIGNALS
 from shoal.worker.process import die_with_parent
-from shoal.worker.said import said_dirs
+from shoal.worker.said import said_pattern
 
 PARENT_DEATH, IGNORED = FORKSERVER_SIGNALS
-LAUNCHER = os.getppid()
+SAID = said_pattern(os.getppid())
+"""The launcher's said/ folders, by name: it may make one after this process started. Worked out now, not
+in the handler, which must take no lock (tempfile.gettempdir does): it may interrupt the code holding it."""
 
 
 def _launcher_gone(signum, frame) -> None:
+    signal.signal(PARENT_DEATH, signal.SIG_IGN)  # once: a second signal must not interrupt the removal
     socket = getattr(forkserver._forkserver, "_forkserver_address", None)
-    # the said/ folders are the launcher's by name: it may make one after this process started
-    for folder in [*said_dirs(LAUNCHER), *([os.path.dirname(socket)] if isinstance(socket, str) else [])]:
+    for folder in [*glob.glob(SAID), *([os.path.dirname(socket)] if isinstance(socket, str) else [])]:
         shutil.rmtree(folder, ignore_errors=True)
     os._exit(0)
 

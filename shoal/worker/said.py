@@ -18,14 +18,14 @@ SAID_DIR_ENV = "SHOAL_SAID_DIR"
 
 
 def make_said_dir() -> str:
-    """A new folder for this launcher's workers' lines, named after this process (said_dirs)."""
+    """A new folder for this launcher's workers' lines, named after this process (said_pattern)."""
     return tempfile.mkdtemp(prefix=f"shoal-said-{os.getpid()}-")
 
 
-def said_dirs(launcher: int) -> list[Path]:
-    """The folders launcher process `launcher` made and has not removed: what its forkserver removes
+def said_pattern(launcher: int) -> str:
+    """A glob of the folders launcher process `launcher` makes (make_said_dir): what its forkserver removes
     when the launcher dies by SIGKILL (shoal/launch/forkserver_lifetime.py)."""
-    return list(Path(tempfile.gettempdir()).glob(f"shoal-said-{launcher}-*"))
+    return os.path.join(tempfile.gettempdir(), f"shoal-said-{launcher}-*")
 
 
 def leave_line(line: str) -> None:
