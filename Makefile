@@ -10,12 +10,16 @@ demo: $(STAMP)
 	rm -rf runs/demo  # a fresh demo each time (shoal refuses to start over another run's metrics)
 	$(VENV)/bin/shoal train --out runs/demo
 
+# Two pytest workers, each test file whole on one of them (its module fixtures start once): they keep
+# 2 cores busy where one left a core idle while its multi-rank tests wait (docs/architecture.md, Tests).
+# TEST_JOBS=0 runs every test in this process, for a debugger.
+TEST_JOBS ?= 2
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
-# the in-process tier, for contributors between edits (about a minute); `make test` runs everything
+# the in-process tier, for contributors between edits (about 3 minutes); `make test` runs everything
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest tests/unit
+	$(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile tests/unit
 
 # the guide's pictures (docs/img), drawn by shoal's code; tests/unit/test_guide_figures.py fails when they are stale
 docs: $(STAMP)

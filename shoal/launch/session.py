@@ -80,6 +80,12 @@ class Session:
         return o.launcher == "ray" or o.nproc > 1 or self.nodes is not None or bool(o.replica_groups)
 
 
+def forks_workers(o: Options, nodes: NodePlan | None) -> bool:
+    """This process's elastic agent forks the workers (shoal/launch/local.py, multinode.py: _launch_workers), from
+    the forkserver prepare starts early; Ray's workers, and each replica group's own launcher, start elsewhere."""
+    return o.launcher == "local" and not o.replica_groups and (o.nproc > 1 or nodes is not None)
+
+
 def under_torchrun() -> bool:
     """This process is one rank of a job another launcher started (torchrun, Slurm, Kubernetes)."""
     return "WORLD_SIZE" in os.environ
@@ -123,7 +129,7 @@ def prepare(cfg: JobConfig, o: Options):
     anywhere is a UserError, and a refused run leaves --out as it found it."""
     job, nodes = plan_job(cfg, o)
     local_ranks = o.nproc or local_world_size(1)
-    if o.launcher == "local" and not o.replica_groups and (o.nproc > 1 or nodes):
+    if forks_workers(o, nodes):
         from shoal.launch.local import prestart
 
         prestart(WORKER, o.nproc)  # the workers' forkserver imports torch beside the checks below
