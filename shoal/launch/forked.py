@@ -42,7 +42,7 @@ from multiprocessing import forkserver, get_context, reduction, resource_tracker
 from torch.distributed.elastic.multiprocessing import api
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-from shoal.launch.forkserver_start import FORKSERVER_SIGNALS, PRELOADS, forkable, start
+from shoal.launch.forkserver_start import PRELOADS, WORKER_SIGNALS, forkable, start
 
 
 @contextlib.contextmanager
@@ -150,9 +150,8 @@ def _run_module(argv: list[str], env: dict[str, str], cwd: str, stdio: list[int]
     from shoal.worker.exit import exit_worker
 
     os.setsid()  # its own process group, as the agent's Popen(start_new_session=True) makes: it stops workers by group
-    for sig in FORKSERVER_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter has it
+    for sig, handler in WORKER_SIGNALS.items():
+        signal.signal(sig, handler)
     setproctitle(title(argv, env))  # before the environment changes: it moves the strings
     for fd, received in zip((1, 2), stdio):
         os.dup2(received, fd)

@@ -10,7 +10,7 @@ forkserver lives exactly as long as the launcher that started it.
   which save the step they stop after (shoal/train/preempt.py). Were the forkserver to die of it, the
   workers would get SIGKILL first. So it ignores SIGTERM, and SIGINT, which the launcher answers (a
   Ctrl-C while this process imports torch would otherwise print a KeyboardInterrupt traceback).
-A forked worker puts all three back as a fresh interpreter has them (forked._run_module).
+A forked worker puts all three back as a fresh interpreter has them (forkserver_start.WORKER_SIGNALS).
 It imports nothing heavy: it must be in place before the forkserver spends seconds importing torch.
 """
 
@@ -20,11 +20,10 @@ import shutil
 import signal
 from multiprocessing import forkserver
 
-from shoal.launch.forkserver_start import FORKSERVER_SIGNALS
+from shoal.launch.forkserver_start import PARENT_DEATH, WORKER_SIGNALS
 from shoal.worker.process import die_with_parent
 from shoal.worker.said import said_pattern
 
-PARENT_DEATH, IGNORED = FORKSERVER_SIGNALS
 SAID = said_pattern(os.getppid())
 """The launcher's said/ folders, by name: it may make one after this process started. Worked out now, not
 in the handler, which must take no lock (tempfile.gettempdir does): it may interrupt the code holding it."""
@@ -38,7 +37,7 @@ def _launcher_gone(signum, frame) -> None:
     os._exit(0)
 
 
+for ignored in WORKER_SIGNALS.keys() - {PARENT_DEATH}:  # SIGTERM is the workers'; Ctrl-C the launcher's to say
+    signal.signal(ignored, signal.SIG_IGN)
 signal.signal(PARENT_DEATH, _launcher_gone)
-signal.signal(IGNORED, signal.SIG_IGN)
-signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to say; no traceback from here
 die_with_parent(PARENT_DEATH)

@@ -17,9 +17,12 @@ from multiprocessing import forkserver, get_context
 FORK_ENV = "SHOAL_FORK_WORKERS"
 """0: every worker starts as a fresh interpreter."""
 
-FORKSERVER_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-"""The forkserver's parent-death signal and the one it ignores (forkserver_lifetime.py); a forked
-worker puts them back to their defaults."""
+PARENT_DEATH = signal.SIGUSR1
+"""The signal the kernel sends the forkserver when its launcher dies (forkserver_lifetime.py)."""
+
+WORKER_SIGNALS = {PARENT_DEATH: signal.SIG_DFL, signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+"""Every signal the forkserver handles its own way (forkserver_lifetime.py: PARENT_DEATH removes the launcher's
+folders; SIGTERM and SIGINT are ignored), with the handler a fresh interpreter has, which a forked worker puts back."""
 
 PRELOADS = {  # a worker module -> what it imports before its first step (never the module itself:
     # runpy warns when the module it runs as __main__ was imported already)
