@@ -30,12 +30,21 @@ from shoal.files import write_json
 
 
 def _best_time(fn, repeats: int) -> float:
-    fn()  # warm up
-    best = float("inf")
+    return _best_times([fn], repeats)[0]
+
+
+def _best_times(fns, repeats: int) -> list[float]:
+    """Each function's fastest of `repeats` runs, the runs taken in turn: a load that comes and goes on a
+    shared machine (another job, or the other pytest worker) slows each of them alike, so their
+    differences stand."""
+    for fn in fns:
+        fn()  # warm up
+    best = [float("inf")] * len(fns)
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
     return best
 
 
@@ -62,12 +71,13 @@ def measure_kernel_overhead(repeats: int = 20) -> float:
     for it. What it holds: nn.Module calls, the op dispatcher, autograd recording and its backward
     engine, the Python between them; at tiny hidden sizes these, not FLOPs, set the step time. (A bare
     multiply, 2.3 us here, counts only the dispatch and is ~10x too small for a real layer's ops.)"""
-    return _seconds_per_kernel(1, 8, repeats)
+    step, kernels = _debug_step(1, 8)
+    return _best_time(step, repeats) / kernels
 
 
-def _seconds_per_kernel(batch: int, seq: int, repeats: int, tp_mesh=None) -> float:
+def _debug_step(batch: int, seq: int, tp_mesh=None):
     """A forward and backward of the `debug` model on batch x seq tokens (sharded by shoal's TP plan
-    over tp_mesh, if given), per kernel the planner counts for it; backward counts twice the forward's."""
+    over tp_mesh, if given), and the kernels the planner counts for it; backward counts twice the forward's."""
     import torch
 
     from shoal.model.config import get_preset
@@ -91,7 +101,7 @@ def _seconds_per_kernel(batch: int, seq: int, repeats: int, tp_mesh=None) -> flo
         with context():
             cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]).backward()
 
-    return _best_time(step, repeats) / (3 * (cfg.n_layers * DENSE_LAYER_KERNELS + HEAD_KERNELS))
+    return step, 3 * (cfg.n_layers * DENSE_LAYER_KERNELS + HEAD_KERNELS)
 
 
 def measure_attention_efficiency(repeats: int = 5) -> float:
@@ -169,9 +179,10 @@ def _dtensor_kernel_overhead(rank: int, world: int, repeats: int = 5) -> float:
     from torch.distributed.device_mesh import DeviceMesh
 
     alone = [dist.new_group([r]) for r in range(world)][rank]  # every rank makes every group, in order
-    plain = _seconds_per_kernel(4, 256, repeats)
-    sharded = _seconds_per_kernel(4, 256, repeats, tp_mesh=DeviceMesh.from_group(alone, "cpu"))
-    return max(0.0, sharded - plain)
+    plain, kernels = _debug_step(4, 256)
+    sharded, _ = _debug_step(4, 256, tp_mesh=DeviceMesh.from_group(alone, "cpu"))
+    plain_s, sharded_s = _best_times([plain, sharded], repeats)  # in turn: a busy spell slows both
+    return max(0.0, sharded_s - plain_s) / kernels
 
 
 REDISTRIBUTE_SIZES = ((4, 256, 64), (4, 256, 1024))
