@@ -21,10 +21,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _private_cache(tmp_path_factory):
-    """Token caches and CPU calibration go to a per-session folder unless SHOAL_CACHE_DIR is set."""
+def _test_run_cache(tmp_path_factory):
+    """Token caches and CPU calibration go to a folder of this test run's unless SHOAL_CACHE_DIR is set: under
+    pytest-xdist one for all its workers (their common base folder), which shoal.cache.one_filler lets one
+    of them fill while the other waits, where each measured the machine and tokenized corpora on its own."""
     if "SHOAL_CACHE_DIR" not in os.environ:
-        os.environ["SHOAL_CACHE_DIR"] = str(tmp_path_factory.mktemp("shoal-cache"))
+        base = tmp_path_factory.getbasetemp()
+        shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+        (shared / "shoal-cache").mkdir(exist_ok=True)
+        os.environ["SHOAL_CACHE_DIR"] = str(shared / "shoal-cache")
     yield
 
 

@@ -13,28 +13,22 @@ instead (split_tail).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
 import re
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from shoal.cache import cache_dir
+from shoal.cache import cache_dir, one_filler
 from shoal.data import dataset as ds
 from shoal.data.sources import STDLIB, stdlib_root
 from shoal.data.stream import Region, TokenStream
 from shoal.data.tokenizer import Tokenizer, load_tokenizer
 from shoal.errors import UserError
-
-
-LOCK_POLL_S, TELL_AFTER_S = 0.05, 2.0
 
 
 @dataclass
@@ -130,7 +124,7 @@ def _cached(path: str, tokenizer: Tokenizer, data, field: str) -> ds.Dataset:
     spec = [ds.FORMAT, ds.VERSION, where, tokenizer.identity, data.text_field, data.val_fraction]
     key = hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:20]
     folder = os.path.join(root, f"{_slug(path)}-{key}")
-    with _lock(folder):
+    with one_filler(folder):
         try:
             prepare([path], data.tokenizer, folder, text_field=data.text_field, val_fraction=data.val_fraction,
                     field=field, out_field="data.cache_dir")
@@ -199,38 +193,6 @@ def _last_index(stream: TokenStream, value: int, lo: int, hi: int, chunk: int = 
             return start + int(hits[-1])
         end = start
     return None
-
-
-@contextlib.contextmanager
-def _lock(folder: str) -> Iterator[None]:
-    """Serialise preparers of one cache folder so that one tokenizes and the rest reuse its result.
-
-    Only an optimisation: without flock (some network filesystems) preparers race, and each shard
-    and the manifest are still replaced atomically, whole.
-    """
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(folder + ".lock", "a") as lock:
-        waited = 0.0
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:  # said once, and only when it is more than another rank's quick check
-                if waited <= TELL_AFTER_S < waited + LOCK_POLL_S:
-                    print(f"shoal: waiting for another process to finish {folder}", file=sys.stderr, flush=True)
-                time.sleep(LOCK_POLL_S)
-                waited += LOCK_POLL_S
-            except OSError:
-                yield  # flock unsupported here
-                return
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _slug(path: str) -> str:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shoal.cache import cache_dir
+from shoal.cache import cache_dir, one_filler
 from shoal.errors import UserError
 from shoal.hardware.gpu import GPU, GiB
 
@@ -43,17 +43,23 @@ def local_gpu(*, remeasure: bool = False) -> GPU:
         except OSError as e:  # $SHOAL_CACHE_DIR a file, under one, or not writable
             raise UserError("gpu", "local", f"the measurement's cache folder {path.parent} cannot be created "
                                             f"({e.strerror}); set $SHOAL_CACHE_DIR to a writable folder") from None
-        proc = subprocess.run([sys.executable, "-m", "shoal.measure.local_profile", "--out", str(path)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0 or not path.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise UserError("gpu", "local", f"measuring this machine failed ({tail[0]}); "
-                                            f"describe it with --hw-file instead")
+        with one_filler(path):  # a process that waited here finds the profile the first one measured
+            if remeasure or not path.exists():
+                _measure(path)
     try:
         return gpu_from_profile(json.loads(path.read_bytes()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, a dict, or its numbers
         raise UserError("gpu", "local", f"the cached measurement {path} is damaged ({type(e).__name__}); measure "
                                         "this machine again with --remeasure") from None
+
+
+def _measure(path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "shoal.measure.local_profile", "--out", str(path)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0 or not path.exists():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise UserError("gpu", "local", f"measuring this machine failed ({tail[0]}); "
+                                        f"describe it with --hw-file instead")
 
 
 def is_local(gpu: GPU) -> bool:

@@ -139,3 +139,31 @@ def test_a_damaged_local_profile_is_one_line(profile, tmp_path, monkeypatch):
     monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path / "local_profile.json"))  # a file: no folder there
     with pytest.raises(UserError, match=r"SHOAL_CACHE_DIR"):
         local_gpu(remeasure=True)
+
+
+def test_launchers_starting_at_once_measure_the_machine_once(tmp_path, monkeypatch):
+    """One asking for the `local` profile while another measures it waits, then reads what that one wrote
+    (shoal.cache.one_filler), where both measured: two runs started at once on a fresh machine, or two
+    pytest workers."""
+    import json
+    import threading
+    import time
+
+    from shoal.cache import one_filler
+
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
+    path = tmp_path / "local_profile.json"
+    measuring = threading.Event()
+
+    def first():
+        with one_filler(path):
+            measuring.set()
+            time.sleep(0.3)
+            path.write_text(json.dumps(PROFILE))
+
+    other = threading.Thread(target=first)
+    other.start()
+    measuring.wait()
+    monkeypatch.setattr(local_hardware, "_measure", lambda path: pytest.fail("measured a second time"))
+    assert local_hardware.local_gpu().peak_fp32_flops == PROFILE["matmul_fp32_flops"]
+    other.join()
