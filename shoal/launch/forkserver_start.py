@@ -4,8 +4,8 @@ The forkserver spends ~3 s of CPU importing torch and the training loop before i
 worker. Started when the workers are (launch()), all of it came after the launcher's own work: its
 checks, its corpus, its own torch import, verify's single-process references. A launcher that knows
 it will launch starts it early instead (local.prestart), so on a machine with a core to spare the two
-import at once. This module imports nothing heavy, so a launcher can start the forkserver before it
-imports torch itself.
+import at once; one whose checks then refuse the launch stops it (stop). This module imports nothing
+heavy, so a launcher can start the forkserver before it imports torch itself.
 """
 
 from __future__ import annotations
@@ -55,3 +55,17 @@ def start(module: str, env: dict[str, str]) -> None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def stop() -> None:
+    """Stop the forkserver this process started, if any: a launch refused after local.prestart has no workers
+    for it. The command's process exits then and takes it along (forkserver_lifetime.py), but one that goes on,
+    a test calling `shoal train` in-process, would keep it, with torch imported, until it exits. Killed, not
+    asked: it may be importing torch, which it would finish first. Nothing of the launch's is in /tmp yet
+    but the socket, which multiprocessing's own stop removes (ForkServer._stop_unlocked, as its tests stop it)."""
+    server = forkserver._forkserver
+    with server._lock:
+        if server._forkserver_pid is None or not hasattr(server, "_stop_unlocked"):
+            return
+        os.kill(server._forkserver_pid, signal.SIGKILL)
+        server._stop_unlocked()

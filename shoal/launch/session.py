@@ -128,11 +128,26 @@ def prepare(cfg: JobConfig, o: Options):
     """Check everything, lock --out and write job.json; yields the Session to start. A refusal
     anywhere is a UserError, and a refused run leaves --out as it found it."""
     job, nodes = plan_job(cfg, o)
-    local_ranks = o.nproc or local_world_size(1)
-    if forks_workers(o, nodes):
+    forked = forks_workers(o, nodes)
+    if forked:
         from shoal.launch.local import prestart
 
         prestart(WORKER, o.nproc)  # the workers' forkserver imports torch beside the checks below
+    try:
+        with _checked(cfg, o, job, nodes) as session:
+            yield session
+    except UserError:
+        if forked:
+            from shoal.launch.forkserver_start import stop
+
+            stop()  # refused: nothing will be forked from it
+        raise
+
+
+@contextmanager
+def _checked(cfg: JobConfig, o: Options, job: Job, nodes: NodePlan | None):
+    """prepare's checks once the job is planned: what only this machine, the corpus and --out can say."""
+    local_ranks = o.nproc or local_world_size(1)
     # 5. Memory, predicted for the busiest rank, against this machine: before the corpus is read.
     if cfg.train.memory_check:
         from shoal.launch.memory_check import check_memory

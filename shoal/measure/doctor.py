@@ -127,6 +127,7 @@ def check_fits(nproc: int, max_size: int, shown: str) -> None:
 def run(nproc: int, size_list: list[int], ops: list[str], out_dir: Path, budget_s: float = 0.1,
         max_iters: int = 50) -> Report:
     """Checks, then the benchmark on `nproc` local ranks; the figure goes to out_dir."""
+    from shoal.launch.forkserver_start import stop
     from shoal.launch.local import launch, prestart
 
     if nproc < 1:
@@ -138,6 +139,7 @@ def run(nproc: int, size_list: list[int], ops: list[str], out_dir: Path, budget_
     prestart(worker, nproc)  # the workers' forkserver imports torch beside the checks below
     checks = envcheck.run_all(nproc)
     if any(c.verdict == "fail" for c in checks):
+        stop()  # no benchmark: nothing will be forked from it
         return Report(checks=checks)
     out_dir.mkdir(parents=True, exist_ok=True)
     raw_path = out_dir / "comm_bench.json"

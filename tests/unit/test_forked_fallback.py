@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from multiprocessing import forkserver, get_context
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing import api
 
@@ -29,3 +30,19 @@ def test_workers_start_as_fresh_interpreters_when_the_forkserver_dies_importing(
     finally:
         get_context("forkserver").set_forkserver_preload([])
         forkserver._forkserver._stop()
+
+
+def test_a_run_refused_after_its_forkserver_started_stops_it(tmp_path, capsys):
+    """`shoal train --nproc 2` refused by a check that runs beside the forkserver's imports (here a corpus
+    shorter than a batch) stops that forkserver (session.prepare): a caller that goes on, as this test does,
+    keeps no process with torch imported until it exits."""
+    from shoal.cli.main import main
+    from shoal.worker.process import children
+
+    (tmp_path / "tiny.txt").write_text("hello")
+    before = set(children(os.getpid()))
+    recipe = str(Path(__file__).resolve().parents[2] / "recipes" / "debug.toml")
+    code = main(["train", recipe, "--set", f"data.path={tmp_path / 'tiny.txt'}", "--nproc", "2",
+                 "--out", str(tmp_path / "run")])
+    assert code == 2 and "error: data.path=" in capsys.readouterr().err
+    assert forkserver._forkserver._forkserver_pid is None and set(children(os.getpid())) <= before
