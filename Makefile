@@ -12,17 +12,14 @@ demo: $(STAMP)
 
 # Two pytest workers, each test file whole on one of them (its module fixtures start once): they keep
 # 2 cores busy where one left a core idle while its multi-rank tests wait (docs/architecture.md, Tests).
-# Files are handed out in the order collected (cluster, dist, integration, unit): xdist's default order,
-# most tests first, left the multi-process files, a few long tests each, for last, one worker alone on them.
 # TEST_JOBS=0 runs every test in this process, for a debugger.
 TEST_JOBS ?= 2
-PYTEST := $(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
-	$(PYTEST)
+	$(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
 # the in-process tier, for contributors between edits (about 3 minutes); `make test` runs everything
 test-fast: $(STAMP)
-	$(PYTEST) tests/unit
+	$(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile tests/unit
 
 # the guide's pictures (docs/img), drawn by shoal's code; tests/unit/test_guide_figures.py fails when they are stale
 docs: $(STAMP)
