@@ -12,6 +12,8 @@ was needed by hand on a real two-node run (docs/cluster.md), so shoal sets it:
   endpoint with the hostname's addresses, which fails when the endpoint is an IP.
 - TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (set by shoal.launch.local for every launch): restarts on
   gloo otherwise read the dead attempt's rank addresses (pytorch#135712).
+- At the end, node 0 keeps its store up until the other nodes have left it (shoal/launch/node_exit.py).
+  Otherwise a node still in torch's exit barrier prints stacks after a job that succeeded (pytorch#69520).
 
 Node order: c10d rendezvous numbers nodes by sorting the agents' addresses, not by --node-rank;
 each node still gets one contiguous block of ranks, so groups inside a node stay inside a node.
@@ -204,8 +206,11 @@ def _interface_of(addr: str) -> str:
 
 
 def _bind_error(ip: str, port: int = 0) -> OSError | None:
-    """Why this machine cannot bind ip:port, or None when it can."""
+    """Why this machine cannot bind ip:port, or None when it can. With SO_REUSEADDR, as torch's TCPStore binds
+    its port: the last job's connections in TIME_WAIT (60 s after node 0, which closes them, exits) do not
+    keep the next job off the port, a process listening there does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((ip, port))
         except OSError as e:
@@ -278,10 +283,12 @@ def launch_nodes(argv: list[str], nproc: int, plan: NodePlan, max_restarts: int 
     from torch.distributed.elastic.rendezvous import RendezvousError
 
     from shoal.launch.local import launch
+    from shoal.launch.node_exit import store_kept_until_every_node_left
 
     try:
-        return launch(argv, nproc, max_restarts=max_restarts, said_why=said_why, nodes=apply(plan),
-                      on_sigterm=on_sigterm)
+        with store_kept_until_every_node_left(plan.nnodes, plan.is_host):
+            return launch(argv, nproc, max_restarts=max_restarts, said_why=said_why, nodes=apply(plan),
+                          on_sigterm=on_sigterm)
     except RendezvousError as e:  # the nodes never met: nothing trained
         why = type(e).__name__ + (f": {str(e).splitlines()[0]}" if str(e).strip() else "")
         raise UserError("--master", f"{plan.master_ip}:{plan.port}",

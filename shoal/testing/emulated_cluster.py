@@ -42,6 +42,7 @@ class Node:
 @dataclass
 class Cluster:
     nodes: list[Node]
+    rate: str = RATE  # each node's outgoing link
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     def popen(self, node: Node, argv: list[str], env: dict[str, str], local_dir: str | None = None,
@@ -55,6 +56,15 @@ class Cluster:
         p = subprocess.Popen(["ip", "netns", "exec", node.netns, *argv], env=full_env, start_new_session=True, **kw)
         self.procs.append(p)
         return p
+
+    @contextmanager
+    def slowed(self, node: Node, rate: str) -> Iterator[None]:
+        """While open, what node sends leaves at `rate` (queued, not dropped: a far, thin link)."""
+        _shape("change", node, rate, burst="1600", latency="60s")
+        try:
+            yield
+        finally:
+            _shape("change", node, self.rate)
 
     def torchrun(self, node_rank: int, nproc_per_node: int, port: int, run_id: str, module_argv: list[str],
                  **kw) -> subprocess.Popen:
@@ -70,6 +80,12 @@ class Cluster:
                 *module_argv]
         env = {"GLOO_SOCKET_IFNAME": node.ifname, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         return self.popen(node, argv, env, **kw)
+
+
+def _shape(verb: str, node: Node, rate: str, burst: str = "256kb", latency: str = "50ms") -> None:
+    """What leaves node: at most `rate`, bursts of `burst`, a packet queued `latency` at most (tc's tbf)."""
+    _must("ip", "netns", "exec", node.netns, "tc", "qdisc", verb, "dev", node.ifname, "root", "tbf",
+          "rate", rate, "burst", burst, "latency", latency)
 
 
 def _sh(*argv: str) -> subprocess.CompletedProcess:
@@ -156,9 +172,8 @@ def emulated_cluster(rate: str = RATE) -> Iterator[Cluster]:
             _must("ip", "-n", n.netns, "addr", "add", f"{n.addr}/24", "dev", n.ifname)
             _must("ip", "-n", n.netns, "link", "set", "lo", "up")
             _must("ip", "-n", n.netns, "link", "set", n.ifname, "up")
-            _must("ip", "netns", "exec", n.netns, "tc", "qdisc", "add", "dev", n.ifname, "root", "tbf",
-                  "rate", rate, "burst", "256kb", "latency", "50ms")
-        made = Cluster(nodes)
+            _shape("add", n, rate)
+        made = Cluster(nodes, rate)
         yield made
     finally:
         _teardown([n.netns for n in nodes], made)

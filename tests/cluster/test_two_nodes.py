@@ -90,6 +90,33 @@ def test_shoal_train_sets_up_two_nodes_by_itself(cluster, reference, tmp_path):
     assert r.passed, (r, logs)
 
 
+NODE = """
+import sys
+from shoal.launch.multinode import launch_nodes, plan_node
+k, master, rdzv = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+sys.exit(launch_nodes(["-c", f"import time; time.sleep({2 * k})"], 1, plan_node(2, k, master, rdzv=rdzv)))
+"""
+
+
+@pytest.mark.parametrize("rdzv", ["c10d", "static"])
+def test_a_job_whose_last_node_is_not_the_host_ends_quietly(cluster, rdzv):
+    """Node 1's worker finishes 2 s after node 0's, so node 1 is the last at torch's exit barrier, in node 0's
+    store: node 0 must keep that store up until node 1 has passed the barrier and closed the rendezvous
+    (shoal/launch/node_exit.py). Both exit 0 and print nothing but the line that says what they do. The second
+    job starts on the port the first has just left, its connections still in TIME_WAIT on node 0."""
+    master = f"{cluster.nodes[0].addr}:{PORT + 3}"
+    with cluster.slowed(cluster.nodes[1], "64kbit"):  # node 1's store calls take ~0.1 s: the slow one to leave
+        procs = [cluster.popen(cluster.nodes[k], [sys.executable, "-c", NODE, str(k), master, rdzv], {}, cwd=REPO,
+                               text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for k in (1, 0)]
+        outs = [p.communicate(timeout=120) for p in procs]
+    for (out, err), p, k in zip(outs, procs, (1, 0)):
+        assert p.returncode == 0 and out == "", (k, out, err)
+        # the namespaces have no name server: torch's store says so once for each node that connects
+        lines = [line for line in err.strip().splitlines() if "client socket cannot be retrieved" not in line]
+        assert lines == [f"shoal: node {k} of 2 ({cluster.nodes[k].addr} on {cluster.nodes[k].ifname}) "
+                         f"{'joins' if k else 'hosts'} the rendezvous at {master}"], (k, err)
+
+
 def test_bad_multinode_input_is_one_line_before_any_worker(cluster, tmp_path):
     """Inside a node: an interface that does not exist, and a master nobody listens at."""
     a, b = cluster.nodes

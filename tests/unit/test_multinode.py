@@ -50,6 +50,23 @@ def test_node_zero_hosts_at_its_own_address():
     assert plan.env() == {"GLOO_SOCKET_IFNAME": ifname}
 
 
+def test_the_port_of_a_job_that_just_ended_is_free_and_a_listened_one_is_not():
+    """Node 0's store closes its connections when the job ends, which leaves them in TIME_WAIT on its port for
+    a minute; the next job binds the port as the store does (SO_REUSEADDR), so it is not refused."""
+    import socket
+
+    _, addr = _own_address()
+    with socket.create_server((addr, 0), reuse_port=False) as server:
+        port = server.getsockname()[1]
+        with socket.create_connection((addr, port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server's side closes first: its end, on `port`, waits in TIME_WAIT
+            client.recv(1)
+        with pytest.raises(UserError, match="not free"):  # still listened on
+            plan_node(2, 0, f"{addr}:{port}")
+    assert plan_node(2, 0, f"{addr}:{port}").is_host
+
+
 def test_node_rank_must_match_who_owns_the_master():
     _, addr = _own_address()
     with pytest.raises(UserError, match="run this machine as --node-rank 0"):
