@@ -57,7 +57,7 @@ def store_kept_until_every_node_left(nnodes: int, is_host: bool) -> Iterator[Non
                         deadline = time.monotonic() + LEAVE_WAIT_S
                         while store.add(LEFT_KEY, 0) < nnodes - 1 and time.monotonic() < deadline:
                             time.sleep(0.05)
-                except Exception:  # noqa: BLE001  (node 0 is gone already, a shoal without this there: nothing to keep)
+                except Exception:  # noqa: BLE001  (node 0 and its store are gone already: nothing left to keep up)
                     pass
             return closed
         return shutdown
