@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import socket
 import sys
 import time
 
@@ -180,10 +181,15 @@ def _wait_for_goodbyes(channel, world: int) -> None:
     """Rank 0 may host the store (shoal's launcher starts a fresh one there each attempt): if it left
     while another rank was between its check that the store is up and its goodbye, torch's store client
     there would log the failed connect with a C++ stack. So it leaves last, waiting at most
-    GOODBYE_TIMEOUT_S for each rank's pulse to say it has exited (a clean run's have already)."""
-    keys = [f"pulse/{r}" for r in range(1, world)]
+    GOODBYE_TIMEOUT_S for each rank's pulse to say it has exited (a clean run's have already), and not for
+    a rank whose process on this host is gone: killed, it says nothing (the survivor of a killed rank waited
+    the whole 2 s before its launcher could report)."""
+    from shoal.debug import records
+
     deadline = time.monotonic() + GOODBYE_TIMEOUT_S
     try:
+        recs, host = records.read(channel, list(range(1, world))), socket.gethostname()
+        keys = [f"pulse/{r}" for r in range(1, world) if not records.gone(recs.get(r), host)]
         while keys and time.monotonic() < deadline:
             have = [k for k, present in zip(keys, channel.present(keys)) if present]
             pulses = dict(zip(have, (channel.get_all(have, timeout_s=GOODBYE_TIMEOUT_S) if have else []) or []))

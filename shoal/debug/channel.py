@@ -33,6 +33,11 @@ class Channel:
         loc = self._local
         c = getattr(loc, "store", None)
         if c is None:
+            # clone() connects with TCPStore's own retry loop, which waits out the store's whole timeout on a
+            # refused port: the first thread to need the channel after the store's host died (an incident's, on
+            # the survivor of a killed rank 0) sat there until the watchdog gave up on it, 16 s
+            if isinstance(self._connect_error(), ConnectionRefusedError):  # refused, not slow: nothing listens
+                raise dist.DistNetworkError("nothing accepts connections at its address any more")
             try:
                 c, loc.shared = self._base.clone(), False
             except (RuntimeError, AttributeError):  # a store that cannot clone: share it, keep its timeout
@@ -100,16 +105,20 @@ class Channel:
         """Whether the store's server still accepts connections, asked with a plain socket: when its
         host (rank 0, or the agent) is gone, torch's client logs every failed connect as an error
         with a C++ stack, which a rank leaving after an error it has already explained should not add."""
+        return self._connect_error() is None
+
+    def _connect_error(self) -> OSError | None:
+        """Why a plain connect to the store's server fails (None when it succeeds, or the store is no TCPStore)."""
         store = self._base
         while isinstance(store, dist.PrefixStore):
             store = store.underlying_store
         if not isinstance(store, dist.TCPStore):
-            return True
+            return None
         try:
             socket.create_connection((store.host, store.port), timeout=1.0).close()
-            return True
-        except OSError:
-            return False
+            return None
+        except OSError as e:
+            return e
 
     def close(self) -> None:
         self._closed.set()

@@ -32,22 +32,6 @@ def emit(text: str) -> None:
         data = data[os.write(2, data):]
 
 
-def pid_gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # zombie: dead, not yet reaped
-    except FileNotFoundError:
-        return True
-    except OSError:
-        try:
-            os.kill(pid, 0)
-            return False
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-
-
 class Incident:
     def __init__(self, monitor, grace_s: float):
         self.monitor, self.grace_s = monitor, grace_s
@@ -104,12 +88,15 @@ class Incident:
 
     def _collect(self, ch, world: int) -> dict[int, dict]:
         """Stack dumps of every rank that answers within the grace period (polled: a dead rank
-        never answers, and a blocking wait would end in a timeout warning from c10d)."""
+        never answers, and a blocking wait would end in a timeout warning from c10d). A rank whose
+        process is gone on this host, or that has exited, is not waited for: the grace period is for
+        ranks that cannot be seen from here (the survivors of a killed worker waited it out, 6 s)."""
         keys = [f"dump/{r}" for r in range(world)]
+        recs, host = records.read(ch, list(range(world))), socket.gethostname()
         deadline, have = time.time() + self.grace_s, []
         while True:
             have = [r for r, p in enumerate(ch.present(keys)) if p]
-            if len(have) == world or time.time() >= deadline:
+            if all(r in have or records.gone(recs.get(r), host) for r in range(world)) or time.time() >= deadline:
                 break
             time.sleep(0.1)
         values = ch.get_all([keys[r] for r in have], timeout_s=5.0) or []
@@ -124,9 +111,10 @@ class Incident:
                 continue
             if rec is None:
                 out[r] = "NO RECORD: never reported progress (watchdog off there, or died before it started)"
-            elif rec["host"] == host and pid_gone(rec["pid"]):
+            elif records.gone(rec, host):
                 out[r] = f"DEAD: process {rec['pid']} on {host} is gone (killed or crashed)"
             else:
                 out[r] = (f"NOT ANSWERING: no stack within {self.grace_s:g} s, heartbeat {now - rec['hb']:.1f} s old "
                           f"(dead, or blocked in C code holding the GIL; pid {rec['pid']} on {rec['host']})")
         return out
+

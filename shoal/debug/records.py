@@ -7,6 +7,7 @@ hang report reads all of them. A record is the dict `RankState.snapshot()` retur
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -27,6 +28,28 @@ def read(channel: Channel, ranks: list[int]) -> dict[int, dict]:
     have = [r for r, p in zip(ranks, present) if p]
     values = channel.get_all([key(r) for r in have], timeout_s=5.0) if have else []
     return {r: json.loads(v) for r, v in zip(have, values or [])}
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # zombie: dead, not yet reaped
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return False
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+
+
+def gone(rec: dict | None, host: str) -> bool:
+    """Whether the rank of this record will never answer again: it has exited, or its process on this host
+    (the caller's) is gone. A rank on another host cannot be looked at from here: not gone."""
+    return rec is not None and bool(rec.get("exit") or (rec["host"] == host and pid_gone(rec["pid"])))
 
 
 def _coll(d: dict) -> str:

@@ -25,7 +25,8 @@ import time
 import torch.distributed as dist
 
 from shoal.debug import records
-from shoal.debug.incident import Incident, emit, pid_gone
+from shoal.debug.incident import Incident, emit
+from shoal.debug.records import pid_gone
 from shoal.debug.state import HANG_EXIT_CODE, STATE
 
 

@@ -258,8 +258,9 @@ def _root(failures: dict) -> tuple[int, object]:
     cannot tell them apart: a killed worker leaves no error file, its timestamp is the second the
     agent noticed, and a peer that lost it within the same 0.1 s poll ties with it and can win."""
     causes = {r: f for r, f in failures.items() if f.exitcode not in FOLLOWERS} or failures
-    # In a tie, a worker ended by SIGTERM comes last: that is the signal the agent stops the others with.
-    rank = min(causes, key=lambda r: (causes[r].timestamp, causes[r].exitcode == -signal.SIGTERM, r))
+    # In a tie, a worker ended by SIGTERM comes last: that is the signal the agent stops the others with (killed by
+    # it, or exiting 128 + SIGTERM from its handler, as the hang watchdog's does once it has said its part).
+    rank = min(causes, key=lambda r: (causes[r].timestamp, causes[r].exitcode in (-signal.SIGTERM, 128 + signal.SIGTERM), r))
     return rank, causes[rank]
 
 
