@@ -117,4 +117,3 @@ class Incident:
                 out[r] = (f"NOT ANSWERING: no stack within {self.grace_s:g} s, heartbeat {now - rec['hb']:.1f} s old "
                           f"(dead, or blocked in C code holding the GIL; pid {rec['pid']} on {rec['host']})")
         return out
-
