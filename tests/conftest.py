@@ -20,16 +20,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+LAUNCHING_TIERS = ("tests/dist/", "tests/integration/", "tests/cluster/")
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _test_run_cache(tmp_path_factory):
+def _test_run_cache(tmp_path_factory, request):
     """Token caches and CPU calibration go to a folder of this test run's unless SHOAL_CACHE_DIR is set: under
     pytest-xdist one for all its workers (their common base folder), which shoal.cache.one_filler lets one
-    of them fill while the other waits, where each measured the machine and tokenized corpora on its own."""
+    of them fill while the other waits, where each measured the machine and tokenized corpora on its own.
+
+    A session that launches workers has the machine measured before its first test: a launcher that found
+    the other pytest worker measuring it said "shoal: waiting for another process to finish ...", a line
+    the tests that read a launch's whole stderr do not expect (test_launcher_signals' SIGINT case failed)."""
     if "SHOAL_CACHE_DIR" not in os.environ:
         base = tmp_path_factory.getbasetemp()
         shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
         (shared / "shoal-cache").mkdir(exist_ok=True)
         os.environ["SHOAL_CACHE_DIR"] = str(shared / "shoal-cache")
+    if any(item.nodeid.startswith(LAUNCHING_TIERS) for item in request.session.items):
+        from shoal.hardware.local import local_gpu
+
+        local_gpu()
     yield
 
 
