@@ -112,10 +112,10 @@ def _stack_flags(p) -> None:
                         "torchtitan, Megatron-Core, DeepSpeed) or fp32 (shoal train under bf16/fp8/fp16, whose FSDP2 "
                         "gathers the fp32 weights: the default with --emit or --gpu local)")
     w.add_argument("--moe-dispatch", choices=MOE_DISPATCH,
-                   help="dedup (default on GPUs): the expert all-to-all sends a token once per rank holding its "
-                        "experts, in FP8 under fp8 (DeepEP); per-expert (the default with --emit or --gpu local): one "
-                        "copy per chosen expert in the activations' precision (Megatron-Core's alltoall dispatcher, "
-                        "shoal train)")
+                   help="dedup (default on GPUs): a token goes once to each rank holding its experts, in FP8 under "
+                        "fp8 (DeepSeek-V3's DeepEP); dedup-bf16: in 16 bits (Megatron-Core's flex dispatcher); per-expert "
+                        "(the default with --emit or --gpu local): a copy per chosen expert in the activations' "
+                        "precision (Megatron-Core's alltoall dispatcher, shoal train)")
     w.add_argument("--moe-probs", choices=MOE_PROBS,
                    help="where an MoE layer weighs each expert's output by its router probability: activation "
                         "(default on GPUs: inside the expert's SwiGLU, as Megatron-Core; its combine keeps nothing) "

@@ -175,10 +175,12 @@ def all_to_all_via_nodes(token_bytes: float, rank_copies: float, node_copies: fl
     holding one of its experts, which forwards it over NVLink to each of them. `token_bytes` is every token this
     rank sends once, `rank_copies` the ranks a token goes to (its NVLink side: every copy but the one that lands
     where it arrives) and `node_copies` the nodes (its network side: all but its own). Both at once, as
-    all_to_all; inside one node it is all_to_all."""
+    all_to_all. The kernels write into every peer's buffer at once from their own SMs, so the exchange waits one
+    NVLink hop inside the node, not one per peer as all_to_all's grouped send/recv does, whether or not it also
+    crosses the network."""
     g = min(per_node, n)
     if n <= g:
-        return all_to_all(token_bytes * rank_copies, n, per_node, net)
+        return net.intra_latency + token_bytes * rank_copies * (n - 1) / n / net.intra_busbw
     k = max(1, n // g)
     intra = token_bytes * rank_copies * (g - 1) / g / net.intra_busbw
     inter = token_bytes * node_copies * (k - 1) / k / net.inter_bw(k)

@@ -293,11 +293,11 @@ def _ep_comm(k: _Kernels) -> tuple[float, float]:
     if k.workload.moe_dispatch == "per-expert":  # a copy per chosen expert, not in FP8 (Workload.moe_dispatch)
         tokens = k.T * cfg.top_k * cfg.dim / lay.tp
         a2a = 2 * coll.all_to_all(tokens * k.elem, lay.ep, g_ep, net)
-    else:  # DeepSeek-V3 dispatches in FP8 and combines in BF16 (§3.3.2; DeepEP's low-precision dispatch), once a node
+    else:  # once a rank, crossing the network once a node; DeepSeek-V3 dispatches in FP8 and combines in BF16 (§3.3.2)
         ranks, nodes = experts_reach(cfg, lay.ep), experts_reach(cfg, max(1, lay.ep // g_ep))
         tokens = k.T * cfg.dim / lay.tp
         a2a = sum(coll.all_to_all_via_nodes(tokens * elem, ranks, nodes, lay.ep, g_ep, net)
-                  for elem in (1 if k.prec == "fp8" else k.elem, k.elem))
+                  for elem in (1 if k.prec == "fp8" and k.workload.moe_dispatch == "dedup" else k.elem, k.elem))
     moe = k.moe_kernels
     # Forward and backward each exchange twice (dispatch, combine); together they run beside one forward
     # and one backward of the MoE layer of another micro-batch.

@@ -21,7 +21,7 @@ from shoal.hardware.gpu import GPU
 PRECISIONS = ("bf16", "fp32", "fp8", "fp16")
 ATTENTION = ("flash", "flash2", "unfused")
 KERNELS = ("fused", "eager")
-MOE_DISPATCH = ("dedup", "per-expert")
+MOE_DISPATCH = ("dedup", "dedup-bf16", "per-expert")
 MOE_PROBS = analytics.MOE_PROBS
 LOSSES = ("fp32", "te", "megatron")
 ADAM_MOMENTS = ("fp32", "bf16")
@@ -68,7 +68,10 @@ class Workload:
     one PyTorch op per kernel, as `shoal train` runs without train.compile (its measured saved tensors)."""
     moe_dispatch: str = "dedup"
     """How the expert all-to-all sends a token (timing._ep_comm). `dedup`: once to each ep rank that holds one of
-    its experts, and in FP8 under fp8 (DeepEP's dispatch; DeepSeek-V3 §3.3.2). `per-expert`: one copy per chosen
+    its experts, and in FP8 under fp8 (DeepEP's dispatch; DeepSeek-V3 §3.3.2). `dedup-bf16`: once a rank too, but
+    in 16 bits under fp8 as well: Megatron-Core's `flex` dispatcher, which runs DeepEP or HybridEP with FP8
+    dispatch off (moe/fused_a2a.py at d98e8a64: "we do not support fp8 dispatch", and HybridEP asserts it off),
+    as Megatron-Bridge's recipes set it with moe_flex_dispatcher_backend. `per-expert`: one copy per chosen
     expert in the activations' precision (bf16 under fp8 too), permuted before the exchange: Megatron-Core's `alltoall` dispatcher (moe/token_dispatcher.py,
     MoEAlltoAllTokenDispatcher.preprocess: num_out_tokens = tokens x topk), the default moe_token_dispatcher_type
     of Megatron-Bridge's Qwen3, GPT-OSS and DeepSeek providers, and shoal train's (parallel/expert_parallel.py
