@@ -12,8 +12,9 @@ Compressed files (.gz, .zst, .bz2, .xz) are read through their codec as a stream
 `sniff` opens a file the way `read_documents` will and reads its start, so that a damaged archive,
 binary data where text belongs or a table without the text field is one line before any work;
 damage further in is the same one line when reading reaches it. Invalid UTF-8 past the sniffed
-start becomes U+FFFD rather than failing a whole corpus, and NUL characters are dropped because
-token 0 separates documents in the byte tokenizer.
+start becomes U+FFFD rather than failing a whole corpus (in a JSON record too), and so does a lone
+surrogate that a JSON escape (\\ud800) gives; NUL characters are dropped because token 0 separates
+documents in the byte tokenizer.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import gzip
 import io
 import json
 import lzma
+import re
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -103,7 +105,7 @@ def read_documents(source: Source, field: str = "data.path") -> Iterator[tuple[s
                 if raw.strip():
                     where = f"{source.path}:{lineno}"
                     try:
-                        obj = json.loads(raw)
+                        obj = json.loads(_decoded(raw))
                     except (ValueError, RecursionError) as e:  # RecursionError: nested past Python's limit
                         raise UserError(field, where, f"not a JSON object on this line ({e}); fix or remove the "
                                                       "line") from None
@@ -251,7 +253,7 @@ def _starts_an_array(f: io.BufferedReader) -> bool:
 
 def _array(source: Source, raw: bytes, field: str) -> Iterator[tuple[str, str]]:
     try:
-        items = json.loads(raw)
+        items = json.loads(_decoded(raw))
     except (ValueError, RecursionError) as e:
         raise UserError(field, source.given, f"{source.path} starts like a JSON array but is not one ({e}); write "
                                              "one JSON object per line") from None
@@ -305,5 +307,18 @@ def _messages(messages: object, where: str) -> tuple[dict, ...]:
     return tuple({"role": m["role"], "content": _clean(m["content"])} for m in messages)
 
 
+def _decoded(raw: bytes) -> str:
+    """JSON bytes as text the way a text file is read: a byte order mark dropped, invalid UTF-8 as U+FFFD.
+    json.loads of the bytes refused the whole record, and so the corpus, for one stray byte."""
+    return raw.decode("utf-8-sig", errors="replace")
+
+
+# What JSON's \ud800-\udfff escapes give when unpaired (truncated emoji in scraped text): not text that
+# UTF-8 can encode, so the tokenizers library refused the whole batch with a TypeError.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _clean(text: str) -> str:
-    return text.replace("\0", "") if "\0" in text else text
+    if "\0" in text:
+        text = text.replace("\0", "")
+    return text if text.isascii() else _LONE_SURROGATE.sub("\ufffd", text)  # isascii is O(1)

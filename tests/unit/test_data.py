@@ -437,6 +437,21 @@ def test_damaged_inputs_are_named(tmp_path):
             prepare([str(tmp_path / name)], "byte", str(tmp_path / f"ds-{name}"))
 
 
+def test_stray_bytes_and_lone_surrogates_in_json_read_as_replacement_characters(tmp_path, hf_tokenizer_path):
+    """Past the sniffed start a JSON record reads as a text file does: an invalid byte is U+FFFD (it refused
+    the corpus as 'not a JSON object'), and so is an unpaired surrogate escape, which no tokenizer encodes
+    (the tokenizers library raised a TypeError out of prepare)."""
+    start = "".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(100)).encode()  # past SNIFF_BYTES
+    (tmp_path / "bytes.jsonl").write_bytes(start + b'{"text": "caf\xe9"}\n')
+    (tmp_path / "escape.jsonl").write_bytes(start + b'{"text": "fish \\ud83d!"}\n{"text": "\\ud83d\\udc1f"}\n')
+    (tmp_path / "bytes.json").write_bytes(b'[{"text": "x"}, ' + b" " * 2000 + b'{"text": "caf\xe9"}]')
+    for name, last in [("bytes.jsonl", ["caf\ufffd"]), ("escape.jsonl", ["fish \ufffd!", "\U0001f41f"]),
+                       ("bytes.json", ["caf\ufffd"])]:
+        (src,) = list_documents(str(tmp_path / name))
+        assert [t for _, t in read_documents(src)][-len(last):] == last, name
+    prepare([str(tmp_path / "escape.jsonl")], hf_tokenizer_path, str(tmp_path / "ds"))
+
+
 # ---------------------------------------------------------------- loader
 
 
