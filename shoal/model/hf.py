@@ -31,6 +31,9 @@ from shoal.model.hf_config import (CONFIG, export_family, family_of, hf_config_t
 from shoal.model.transformer import Transformer, build_model
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+FLOAT_DTYPES = ("F64", "F32", "BF16", "F16")
+"""safetensors' names of the dtypes a weight is read from. Any other (F8_E4M3, I8, U8, BOOL: quantized or
+packed weights whose config.json does not say so) would be cast into values the model never had."""
 
 # Parameter names inside a layer (without "model.layers.{i}." and ".weight"/".bias"): HF -> shoal.
 _LAYER_NAMES = {
@@ -122,13 +125,15 @@ class HFWeights:
         self.expected = {n: tuple(p.shape) for n, p in build_model(cfg, device="meta").named_parameters()}
         self._where: dict[str, Path] = {}  # HF name -> file
         self._shape: dict[str, tuple] = {}
+        self._dtype: dict[str, str] = {}
         for path in _weight_files(self.directory):
             try:
                 with safe_open(str(path), framework="pt") as f:
                     for hf_name in f.keys():
                         if not hf_name.endswith("rotary_emb.inv_freq"):  # a derived buffer old conversions saved
+                            part = f.get_slice(hf_name)
                             self._where[hf_name] = path
-                            self._shape[hf_name] = tuple(f.get_slice(hf_name).get_shape())
+                            self._shape[hf_name], self._dtype[hf_name] = tuple(part.get_shape()), part.get_dtype()
             except Exception as e:  # safetensors raises its own error types for a truncated or garbled file
                 raise UserError("hf_dir", str(self.directory), f"{path.name} cannot be read as safetensors "
                                                                f"({type(e).__name__}); fetch it again") from None
@@ -161,6 +166,11 @@ class HFWeights:
         for name, source in sources.items():
             if source[0] == "one" and self._shape[source[1]] != self.expected[name]:
                 raise UserError(f"hf.{source[1]}", self._shape[source[1]], f"config.json implies shape {self.expected[name]}")
+        read = {n for source in sources.values() for n in ([source[1]] if source[0] == "one" else source[2])}
+        for hf_name in sorted(read):
+            if self._dtype[hf_name] not in FLOAT_DTYPES:
+                raise UserError(f"hf.{hf_name}", self._dtype[hf_name], f"weights are read from "
+                                f"{', '.join(FLOAT_DTYPES)} tensors; start from the model's unquantized release")
         return sources
 
     def _experts(self, layer: int, which: str):

@@ -263,6 +263,22 @@ def test_wrong_shape_named(exported):
     assert err.value.field == "hf.model.norm.weight"
 
 
+@pytest.mark.parametrize("dtype, stored", [(torch.float8_e4m3fn, "F8_E4M3"), (torch.int8, "I8"), (torch.bool, "BOOL")])
+def test_weights_that_are_not_floating_point_are_refused_by_name(exported, dtype, stored):
+    """FP8 weights with no quantization_config beside them were a NotImplementedError out of a worker
+    (isfinite has no float8 kernel); integers and booleans were cast into a model that never existed."""
+    tensors = load_file(exported / "model.safetensors")
+    tensors["model.layers.1.mlp.up_proj.weight"] = tensors["model.layers.1.mlp.up_proj.weight"].to(dtype)
+    save_file(tensors, exported / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UserError, match="unquantized release") as err:
+        load_hf(exported)
+    assert (err.value.field, err.value.value) == ("hf.model.layers.1.mlp.up_proj.weight", stored)
+    tensors["model.layers.1.mlp.up_proj.weight"] = tensors["model.layers.1.mlp.up_proj.weight"].to(torch.bfloat16)
+    save_file(tensors, exported / "model.safetensors", metadata={"format": "pt"})
+    weight = dict(load_hf(exported).named_parameters())["layers.1.feed_forward.w3.weight"]
+    assert weight.dtype == torch.float32  # a half-width weight is read, as float32
+
+
 def test_an_index_naming_no_file_names_is_refused(exported):
     (exported / "model.safetensors").unlink()
     (exported / "model.safetensors.index.json").write_text('{"weight_map": {"model.norm.weight": 1}}')
