@@ -47,10 +47,13 @@ def open_pretrained(path: str, field: str = "model.init_from", shape_only: bool 
             model, tokenizer = read_saved_model(folder)
             return Pretrained(folder, "shoal", model, tokenizer)
         if (folder / HF_CONFIG).is_file():
-            local = folder / TOKENIZER
-            convert = hf_config_to_shape if shape_only else hf_config_to_model_config
-            return Pretrained(folder, "hf", convert(read_hf_config(folder)),
-                              str(local) if local.is_file() else None)
+            local, hf = folder / TOKENIZER, read_hf_config(folder)
+            model = (hf_config_to_shape if shape_only else hf_config_to_model_config)(hf)
+            if model.is_mla and not shape_only:  # model_limits' fix, kv_lora_rank=0, is not the run's to make here
+                raise UserError("hf.model_type", hf.get("model_type"), "a family with multi-head latent attention, "
+                                "which shoal train does not compute (shoal plan --model plans it); start from a Llama, "
+                                "Mistral or Qwen family model")
+            return Pretrained(folder, "hf", model, str(local) if local.is_file() else None)
     except UserError as e:  # the folder's own field, said as the folder's
         raise UserError(field, path, f"{e.field}={e.value!r}: {e.fix}") from None
     raise UserError(field, path, f"holds neither {HF_CONFIG} (a Hugging Face model) nor {MODEL_CONFIG} (a shoal "

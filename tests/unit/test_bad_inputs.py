@@ -744,6 +744,13 @@ def _drop_tensor(d: Path):
     save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
 
 
+def _deepseek(d: Path):
+    """A DeepSeek-V3 config.json: its fix was model_limits' 'set model.kv_lora_rank ... to 0', which the folder decides."""
+    heads = json.loads((d / "config.json").read_text())["num_attention_heads"]
+    _hf_json(model_type="deepseek_v3", num_key_value_heads=heads, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+             qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)(d)
+
+
 def _shards_one_missing(d: Path):
     (d / "model.safetensors").rename(d / "model-00001-of-00002.safetensors")
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
@@ -754,6 +761,7 @@ HF_DAMAGE = {  # -> what the one line names
     "config_missing": (lambda d: (d / "config.json").unlink(), "holds neither config.json"),
     "config_garbled": (lambda d: (d / "config.json").write_text("{garbled"), "config.json"),
     "other_family": (_hf_json(model_type="gpt2"), "hf.model_type='gpt2'"),
+    "latent_attention": (_deepseek, "hf.model_type='deepseek_v3': a family with multi-head latent attention"),
     "rope_dynamic": (_hf_json(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "dynamic"),
     "heads_not_dividing": (_hf_json(num_key_value_heads=3), "num_key_value_heads"),
     "pickled_only": (lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"), "pickled"),
