@@ -80,6 +80,11 @@ def shoal_to_hf_name(name: str, family: str = "llama") -> str | None:
 
 def _weight_files(directory: Path) -> list[Path]:
     """model.safetensors, or every shard the index names."""
+    for name in (WEIGHTS, INDEX):  # a Hub cache's snapshot links into blobs/, which a copy may have left behind
+        if (directory / name).is_symlink() and not (directory / name).exists():
+            raise UserError("hf_dir", str(directory), f"{name} is a broken symbolic link (to "
+                                                      f"{(directory / name).readlink()}); copy the folder with the "
+                                                      "files its links point to (cp -rL) or download it again")
     if (directory / WEIGHTS).is_file():
         return [directory / WEIGHTS]
     if (directory / INDEX).is_file():

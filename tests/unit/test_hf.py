@@ -296,3 +296,12 @@ def test_pickle_only_directory_refused(exported):
     (exported / "model.safetensors").rename(exported / "pytorch_model.bin")
     with pytest.raises(UserError, match="never loads"):
         load_hf(exported)
+
+
+def test_a_broken_link_to_the_weights_is_named(exported):
+    """A Hub cache snapshot copied without its blobs/: it said the folder 'holds neither model.safetensors nor
+    model.safetensors.index.json', beside the model.safetensors it lists."""
+    (exported / "model.safetensors").unlink()
+    (exported / "model.safetensors").symlink_to("../blobs/0123abcd")
+    with pytest.raises(UserError, match=r"model\.safetensors is a broken symbolic link \(to \.\./blobs/0123abcd\)"):
+        load_hf(exported)
