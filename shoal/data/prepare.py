@@ -86,6 +86,7 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, *, text_field: str
                 records[record.source] = record
         ordered = [records[s.name] for s in mine]
         if count == 1 and not any(r.tokens for r in ordered):  # files with bytes, and no text in them (null rows)
+            _remove_stale(directory, set())  # empty shards are nothing to resume from: the claim can be taken back
             raise empty_corpus_error(field, " ".join(inputs))
         if count == 1:
             _remove_stale(directory, {r.key for r in ordered})

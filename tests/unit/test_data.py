@@ -298,6 +298,10 @@ def test_a_refused_first_prepare_leaves_no_folder(tmp_path):
         prepare([src], "byte", str(out))
     assert not (tmp_path / "new").exists()
     assert prepare([src], "byte", str(out), text_field="body").complete
+    blank = write(tmp_path / "blank.jsonl", '{"text": ""}\n{"text": null}\n')  # read to the end: its shard was written
+    with pytest.raises(UserError, match="corpus is empty"):
+        prepare([blank], "byte", str(tmp_path / "empty"))
+    assert not (tmp_path / "empty").exists()
 
 
 def test_val_split_is_by_document(tmp_path):
