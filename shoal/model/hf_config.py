@@ -104,16 +104,26 @@ def hf_config_to_model_config(hf: Mapping) -> ModelConfig:
         fields.update(_moe(hf, family))
     if family in MLA_FAMILIES:
         fields.update(_deepseek(hf))
-    return _validated(ModelConfig(**fields))
+    return _validated(ModelConfig(**fields), _expert_names(hf, family))
 
 
-def _validated(cfg: ModelConfig) -> ModelConfig:
-    """cfg.validate(), its mistake reported by the field's name in config.json, not shoal's."""
+def _validated(cfg: ModelConfig, names: Mapping[str, str] | None = None) -> ModelConfig:
+    """cfg.validate(), its mistake reported by the field's name in config.json (`names` beside _COMMON's), not
+    shoal's."""
     try:
         return cfg.validate(prefix="hf")
     except UserError as e:
         short = e.field.removeprefix("hf.")
-        raise UserError(f"hf.{_COMMON.get(short, short)}", e.value, e.fix) from None
+        raise UserError(f"hf.{(names or {}).get(short) or _COMMON.get(short, short)}", e.value, e.fix) from None
+
+
+def _expert_names(hf: Mapping, family: str) -> dict[str, str]:
+    """config.json's names for the expert fields _moe and _deepseek read, as each family spells them."""
+    if family not in MOE_FAMILIES and family not in MLA_FAMILIES:
+        return {}
+    experts = next((k for k in ("n_routed_experts", "num_experts", "num_local_experts") if hf.get(k)), "num_experts")
+    return {"n_experts": experts, "top_k": "num_experts_per_tok",
+            "expert_ffn_hidden": "intermediate_size" if family == "mixtral" else "moe_intermediate_size"}
 
 
 def _refuse_what_shoal_does_not_compute(hf: Mapping, family: str) -> None:

@@ -197,6 +197,10 @@ def test_the_family_follows_what_the_model_computes(features, family):
     ({"model_type": "qwen3_moe", "num_experts": 4, "decoder_sparse_step": 0}, "hf.decoder_sparse_step"),
     ({"model_type": "qwen3_moe", "num_experts": 4, "mlp_only_layers": [0, "a"]}, "hf.mlp_only_layers"),
     ({"rope_theta": "abc"}, "hf.rope_theta"),
+    # the expert fields by each family's own names: they were shoal's (hf.top_k)
+    ({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 8}, "hf.num_experts_per_tok"),
+    ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": "32"},
+     "hf.moe_intermediate_size"),
     # what transformers computes and shoal would silently not: a top-level partial rotary factor
     # (transformers 5 moves it into rope_parameters), quantized weights
     ({"partial_rotary_factor": 0.5}, "hf.partial_rotary_factor"),
