@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from shoal.checkpoint import state as ckpt_state
 from shoal.checkpoint import store
@@ -120,7 +121,8 @@ class Checkpointer:
             raise UserError("--resume", str(path), f"refused: {e}") from None
         except UserError:
             raise
-        except Exception as e:  # damaged bytes can fail the read itself: the checksums decide below
+        except (Exception, CheckpointException) as e:  # damaged bytes can fail the read itself (DCP wraps
+            # the error in a BaseException of its own, e.g. a shard's zip header garbled): the checksums decide below
             if not verify:
                 raise
             failure = e

@@ -1009,6 +1009,17 @@ def test_checkpoints_hashed_with_sha256_still_verify(run_dir, tmp_path):
     assert [p for p in store.problems(ckpt) if "sha256" in p and "__0_0.distcp" in p]
 
 
+def test_a_shard_garbled_at_its_start_falls_back_on_resume(run_dir, tmp_path, corpus, capsys):
+    """Garbage over a shard's first tensor (size unchanged) failed torch's zip reader inside DCP, which
+    raises a CheckpointException (a BaseException): a traceback instead of the previous checkpoint."""
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    _overwrite(out / "checkpoints" / "step_00000002" / "__0_0.distcp", 0, b"\xff" * 64)
+    code, _, err = run_cli(capsys, base(corpus, out) + ["--set", "train.steps=3", "--set", "checkpoint.every=1"])
+    assert code == 0 and "Traceback" not in err, err
+    assert "step_00000002" in err and "corrupted" in err and "resuming from step 1 " in err, err
+
+
 def test_resume_with_another_seq_len_warns_in_one_line(run_dir, tmp_path, corpus, capsys):
     """A changed seq_len reshuffles the data: said once as `shoal: warning: ...`, not as Python's
     two-line UserWarning with a source path."""
