@@ -145,6 +145,7 @@ def read_rows(path: Path, where: str = "", need: tuple[str, ...] = REQUIRED) -> 
     naming it (`where`: the run folder to name). Blank lines are skipped; no file is no rows."""
     path = path / METRICS if path.is_dir() else path
     where = where or str(path.parent)
+    need = tuple(dict.fromkeys(("step", *need)))  # whatever else a reader needs: every row is keyed by its step
     if not path.is_file():
         return []
     lines = path.read_text(errors="replace").split("\n")  # a bad byte fails the line's JSON below

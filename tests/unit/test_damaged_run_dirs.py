@@ -112,6 +112,7 @@ DAMAGE = {
     "memory_by_rank ragged": every_row(memory_by_rank={**MEMORY, "peak": [1, 2, 3]}),
     "memory_by_rank part missing": every_row(memory_by_rank={"peak": [1]}),
     "no step_time_s": lambda info, metrics: [r.pop("step_time_s") for r in metrics],
+    "no step": lambda info, metrics: [r.pop("step") for r in metrics],  # --validate: a KeyError
     # sizes of the right kind that shoal train never accepts: drawing or simulating them would hang
     "world 1e12": info_with(world=10**12), "local_world above world": info_with(local_world=3),
     "a million virtual stages": lambda info, metrics: info["layout"].update(pp_virtual_stages=10**6),
