@@ -72,7 +72,7 @@ def load_run(path: Path, allow_partial: bool = False, now: float | None = None, 
     info = read_info(path, LOAD_NEEDS + need)
     rows, cut = read_rows(metrics, where), torn(metrics)
     if info is not None:
-        _check_ranks(rows, info["world"], where)
+        _check_ranks(rows, max([info["world"], *(s.get("world", 0) for s in info.get("starts", []))]), where)
     now = time.time() if now is None else now
     run = Run(path, rows, info)
     run.in_progress = _still_running(run, metrics, info_path, now)
@@ -107,7 +107,8 @@ def _stopped(run: Run, metrics: Path, cut: bool) -> UserError:
 
 
 def _check_ranks(rows: list[dict], world: int, where: str) -> None:
-    """Ranks a row names (the slowest, the stragglers) are ranks of this run."""
+    """Ranks a row names (the slowest, the stragglers) are ranks of this run: below the largest
+    world any of its attempts ran with (run.json's starts; a resume may change it)."""
     for n, row in enumerate(rows, 1):
         for rank in [row.get("slowest_rank", 0), *row.get("stragglers", [])]:
             if not 0 <= rank < world:

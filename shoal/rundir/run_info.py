@@ -21,7 +21,7 @@ from shoal.rundir.names import RUN_INFO
 PREDICTION_KEY = "prediction"
 INFO_KINDS = {  # write_run_info's record; `prediction` has its own lenient reader (shoal/planner/prediction.py)
     "shoal_run": int, "model": dict, "layout": Layout, "world": int, "local_world": int, "device": str,
-    "device_name": str, "starts": [{"step": int, "time": float}],
+    "device_name": str, "starts": [{"step": int, "time": float, "world": int}],
     "config": {str: dict, "train": {"steps": int, "global_batch": int, "seq_len": int},
                "checkpoint": {"every": int, "dir": str}, "model": {"preset": (str, None)}}}
 
@@ -40,7 +40,8 @@ def write_run_info(job, out: Path, start_step: int, *, local_world: int, device:
         starts = old.get("starts") if isinstance(old, dict) else None
         if not isinstance(starts, list):
             starts = []  # a damaged record loses the earlier starts, not the run
-    starts.append({"step": start_step, "time": time.time()})
+    # each attempt's ranks: a resume may change the world, and the rows it logged name its ranks
+    starts.append({"step": start_step, "time": time.time(), "world": job.world})
     info = {
         "shoal_run": 1,
         "config": job.cfg.to_dict(),

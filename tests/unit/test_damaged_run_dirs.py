@@ -181,3 +181,26 @@ def test_what_the_trainer_writes_is_never_refused(capsys, good_run):
     old = [{k: r[k] for k in ("step", "loss", "step_time_s", "mfu", "peak_mem_bytes")} for r in rows()]
     write(good_run, run_info(), old)
     assert shoal(capsys, "plan", "--validate", str(good_run))[0] == 0
+
+
+def test_a_run_resumed_on_fewer_ranks_reports(capsys, good_run, tmp_path):
+    """Rows from a 2-rank attempt name rank 1 as the slowest; the run resumed on 1 rank (a resume may
+    change the world) was refused as damaged, since only the last attempt's world was known."""
+    from shoal.config import JobConfig
+    from shoal.job import resolve
+    from shoal.rundir.run_info import write_run_info
+
+    job = resolve(JobConfig(), 1)
+    write_run_info(job, tmp_path, 0, local_world=1, device="cpu", device_name="cpu")
+    assert json.loads((tmp_path / "run.json").read_text())["starts"][0]["world"] == 1  # each attempt's world
+    info, metrics = run_info(), rows()
+    info["starts"] = [{"step": 0, "time": 1.0, "world": 2}, {"step": 2, "time": 2.0, "world": 1}]
+    for r in metrics[:2]:
+        r.update(slowest_rank=1, compute_time_spread=1.1, stragglers=[])
+    write(good_run, info, metrics)
+    assert shoal(capsys, "report", str(good_run))[0] == 0
+    assert shoal(capsys, "plan", "--validate", str(good_run))[0] == 0
+    info["starts"][0]["world"] = 1  # no attempt had a rank 1: still refused
+    write(good_run, info, metrics)
+    rc, err = shoal(capsys, "report", str(good_run))
+    assert rc == 2 and len(err) == 1 and "slowest_rank" in err[0], err
