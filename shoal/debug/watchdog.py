@@ -34,6 +34,11 @@ def interval_for(hang_timeout_s: float) -> float:
     return min(2.0, max(0.2, hang_timeout_s / 10))
 
 
+FIRST_STEP_POLL_S = 0.1
+"""Before this rank's first step, how often the watchdog looks for it, to publish it at once: a rank killed
+within an interval of starting to train was otherwise reported as "before the first step" (its last record)."""
+
+
 class Watchdog:
     def __init__(self, monitor, hang_timeout_s: float):
         self.monitor, self.hang_timeout_s = monitor, hang_timeout_s
@@ -100,10 +105,19 @@ class Watchdog:
 
     # -- the loop -------------------------------------------------------------------------------
     def _sleep(self) -> None:
+        """Until the next tick: one interval, or, before the first step, until that step (FIRST_STEP_POLL_S)."""
+        end = time.monotonic() + self.interval
+        while (left := end - time.monotonic()) > 0 and not (self._stop.is_set() or self._sigterm):
+            before_first_step = STATE.step < 0
+            self._wait(min(left, FIRST_STEP_POLL_S) if before_first_step else left)
+            if before_first_step and STATE.step >= 0:
+                return
+
+    def _wait(self, seconds: float) -> None:
         if self._wakeup_r is None or self._old_wakeup != -1:
-            self._stop.wait(self.interval)
+            self._stop.wait(seconds)
             return
-        ready, _, _ = select.select([self._wakeup_r], [], [], self.interval)
+        ready, _, _ = select.select([self._wakeup_r], [], [], seconds)
         if ready:
             data = os.read(self._wakeup_r, 64)
             if signal.SIGTERM.value in data:

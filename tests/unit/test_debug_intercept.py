@@ -57,6 +57,25 @@ def test_the_hang_clock_starts_when_the_watchdog_does(world_of_one):
     assert time.time() - STATE.progress_t < 5
 
 
+def test_the_first_step_is_published_at_once(world_of_one):
+    """A rank's record goes to the store every interval (2 s here), so a rank killed soon after its first step
+    was reported "before the first step". Before that step the watchdog looks for it every 0.1 s."""
+    import time
+
+    from shoal.debug import records
+
+    STATE.step = -1
+    shoal.debug.enable(check_collectives=False, hang_timeout_s=20)
+    watchdog = shoal.debug._active["watchdog"]
+    assert watchdog.interval == 2.0
+    time.sleep(0.3)  # the first tick has published "before the first step"
+    shoal.debug.progress(0, "forward")
+    deadline = time.monotonic() + 1.0  # the next tick of a plain interval is 1.7 s away
+    while records.read(watchdog.monitor.channel, [0])[0]["step"] < 0:
+        assert time.monotonic() < deadline, "the first step was not published before the next interval"
+        time.sleep(0.05)
+
+
 def test_functional_collectives_dtensor_uses_are_covered():
     """If torch renames what DTensor calls, this fails instead of the checker silently missing it."""
     for name in ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single", "broadcast"):
