@@ -58,7 +58,12 @@ def render(template: tuple[str, dict] | None, messages: tuple[dict, ...], where:
                                                  f"{TOKENIZER_CONFIG} with chat_template beside the tokenizer.json, "
                                                  "or give prompt and completion")
     text, tokens = template
-    compiled = _compiled(text)
+    try:
+        compiled = _compiled(text)
+    except TemplateError as e:  # a hand-edited template that does not parse: jinja's syntax error was a traceback
+        raise UserError("data.tokenizer", where, f"the chat template in the {TOKENIZER_CONFIG} beside the "
+                                                 f"tokenizer.json does not parse ({e}); fix it, or give prompt and "
+                                                 "completion") from None
 
     def rendered(upto: int, prompt: bool) -> str:
         try:

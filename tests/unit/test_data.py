@@ -683,6 +683,17 @@ def test_chat_messages_are_masked_through_the_template():
         render((unstable, {}), chat, "chat.jsonl:1")
 
 
+def test_a_chat_template_that_does_not_parse_is_one_line():
+    # a hand-edited tokenizer_config.json: jinja's TemplateSyntaxError was a traceback from shoal train
+    # and shoal data prepare
+    from shoal.data.chat import render
+
+    chat = ({"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."})
+    with pytest.raises(UserError, match=r"chat template .* does not parse \(unexpected '}'\)") as e:
+        render(("{% for m in messages %}{{ m.content }", {}), chat, "chat.jsonl:1")
+    assert (e.value.field, e.value.value) == ("data.tokenizer", "chat.jsonl:1")
+
+
 def test_chat_records_prepare_with_the_tokenizers_template(tmp_path, hf_tokenizer_path):
     import shutil
 
