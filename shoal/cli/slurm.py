@@ -55,11 +55,11 @@ def run(args) -> int:
     check_output_dir("--out", args.out)
     script = Path(args.out) / f"{name}.sbatch"
     check_output_file("--name", str(script), replaces=MARK)  # a name too long for the disk; a person's own script
+    text = sbatch_script(name, args.recipe, run_out, args.nodes, args.gpus_per_node, partition=args.partition,
+                         time=args.time, python=args.python, overrides=tuple(args.overrides), port=args.port)
     Path(run_out).mkdir(parents=True, exist_ok=True)  # sbatch opens its --output there before the script runs
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(sbatch_script(name, args.recipe, run_out, args.nodes, args.gpus_per_node,
-                                    partition=args.partition, time=args.time, python=args.python,
-                                    overrides=tuple(args.overrides), port=args.port))
+    script.write_text(text)
     print(f"wrote {script}")
     if not args.submit:
         print(f"submit with: sbatch {script}")

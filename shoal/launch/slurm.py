@@ -62,6 +62,19 @@ def check(name: str, nodes: int, gpus_per_node: int, partition: str, time: str) 
                                         "7-00:00:00")
 
 
+def _directive_value(field: str, value: str, suffix: str = "") -> str:
+    """`value + suffix` as an #SBATCH line carries it. sbatch splits those lines at whitespace and ends them at
+    '#' outside quotes, so a --run-out with a space wrote a script sbatch refused ("Invalid directive
+    found in batch script"); it takes a value in double or single quotes, but no quote escapes a line break."""
+    if not re.search(r"[\s#'\"]", value):
+        return value + suffix
+    quote = "'" if '"' in value else '"'
+    if quote in value or "\n" in value or "\r" in value:
+        raise UserError(field, value, "an #SBATCH line cannot carry a path with both kinds of quote or a line "
+                                      "break; pick another path")
+    return f"{quote}{value}{suffix}{quote}"
+
+
 def sbatch_script(name: str, recipe: str, run_out: str, nodes: int, gpus_per_node: int, *, partition: str = "",
                   time: str = "", python: str = "python", overrides: tuple[str, ...] = (), port: int = PORT) -> str:
     nproc = max(gpus_per_node, 1)
@@ -69,7 +82,7 @@ def sbatch_script(name: str, recipe: str, run_out: str, nodes: int, gpus_per_nod
             *( [f"#SBATCH --gpus-per-node={gpus_per_node}"] if gpus_per_node else []),
             *( [f"#SBATCH --partition={partition}"] if partition else []),
             *( [f"#SBATCH --time={time}"] if time else []),
-            f"#SBATCH --output={run_out}/slurm-%j.out",
+            f"#SBATCH --output={_directive_value('--run-out', run_out, '/slurm-%j.out')}",
             "#SBATCH --open-mode=append  # a requeued run adds to the same log",
             "# A job that saved on SIGTERM is requeued (below) and resumes from that checkpoint; SIGTERM comes",
             f"# from scancel --signal=TERM, preemption, and {SIGNAL_LEAD_S} s before the time limit (--signal).",

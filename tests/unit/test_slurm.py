@@ -58,6 +58,32 @@ def test_bad_input_is_one_line(flag, value, field, tmp_path, capsys, monkeypatch
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("leaf", ["my runs", "a#b", "it's", 'say "hi"', "ü x"])
+def test_run_out_with_spaces_is_one_value_for_sbatch(leaf, tmp_path, monkeypatch):
+    """sbatch splits an #SBATCH line at whitespace and ends it at '#' outside quotes (shlex with comments
+    reads it the same way): `--run-out '/x/my runs'` wrote a script sbatch refused, 'Invalid directive
+    found in batch script: runs/slurm-%j.out'."""
+    import shlex
+
+    monkeypatch.chdir(REPO)
+    run_out = str(tmp_path / leaf)
+    assert main(["slurm", "recipes/tiny.toml", "--nodes", "2", "--gpus-per-node", "4", "--run-out", run_out,
+                 "--out", str(tmp_path / "o")]) == 0
+    got = (tmp_path / "o" / "tiny.sbatch").read_text()
+    (line,) = [x for x in got.splitlines() if x.startswith("#SBATCH --output=")]
+    assert shlex.split(line.removeprefix("#SBATCH"), comments=True) == [f"--output={run_out}/slurm-%j.out"]
+    assert subprocess.run(["bash", "-n", str(tmp_path / "o" / "tiny.sbatch")]).returncode == 0
+
+
+def test_run_out_no_sbatch_line_can_carry_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert main(["slurm", "recipes/tiny.toml", "--nodes", "2", "--gpus-per-node", "4", "--run-out",
+                 str(tmp_path / "a\nb"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shoal slurm: error: --run-out=") and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "a\nb").exists()
+
+
 def test_srun_copies_are_refused(tmp_path):
     """What `srun -n2 python -m shoal.train` looks like to each copy: SLURM_NTASKS=2, no WORLD_SIZE."""
     r = shoal_cli("train", "--set", "model.preset=debug", "--set", "train.steps=1", "--out", str(tmp_path / "run"),
