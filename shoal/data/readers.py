@@ -282,6 +282,8 @@ def _field(obj: object, source: Source, where: str) -> str | Example | Chat:
     if isinstance(obj, dict) and source.text_field not in obj:
         if isinstance(obj.get("prompt"), str) and isinstance(obj.get("completion"), str):
             return Example(((_clean(obj["prompt"]), False), (_clean(obj["completion"]), True)))
+        if "prompt" in obj and "completion" in obj:  # the message below would say to give what is there
+            raise UserError("data.path", where, "prompt and completion must both be strings; fix the record")
         if "messages" in obj:
             return Chat(_messages(obj["messages"], where))
     if not isinstance(obj, dict) or source.text_field not in obj:

@@ -133,6 +133,16 @@ def test_sources_jsonl(tmp_path):
         build(path, cache=tmp_path / "cache")
 
 
+@pytest.mark.parametrize("record", [{"prompt": "Q", "completion": None}, {"prompt": ["Q"], "completion": "A"}])
+def test_prompt_and_completion_that_are_not_strings_are_named(record, tmp_path):
+    # the record has both: "has no such field ... give fine-tuning records as prompt and completion" misled
+    write(tmp_path / "sft.jsonl", json.dumps({"text": "plain"}) + "\n" + json.dumps(record) + "\n")
+    (src,) = list_documents(str(tmp_path / "sft.jsonl"))
+    with pytest.raises(UserError, match="prompt and completion must both be strings") as e:
+        list(read_documents(src))
+    assert (e.value.field, e.value.value) == ("data.path", f"{tmp_path / 'sft.jsonl'}:2")
+
+
 def test_sources_errors(tmp_path):
     with pytest.raises(UserError, match="no such file") as e:
         list_documents(str(tmp_path / "missing.txt"))
