@@ -51,10 +51,17 @@ def _catalog_key(name: str) -> str:
 def load_hw_file(path: str | os.PathLike, default_base: str | None) -> GPU:
     """A TOML file of GPU fields; `base = "h100-sxm"` (or --gpu) supplies the ones it leaves out."""
     data = read_toml("hw_file", path, "a TOML file of hardware fields")
-    base_name = data.pop("base", default_base)
+    base_name = data.pop("base", None)
+    if base_name is not None and not isinstance(base_name, str):  # base = ["h100"] read as h100 by the device patterns
+        raise UserError("hw_file.base", base_name, "must be an entry's name, e.g. base = \"h100-sxm\"")
+    if base_name is not None and default_base is not None and _catalog_key(default_base) != _catalog_key(base_name):
+        # --gpu a100 beside base = "h100-sxm" planned an H100 without a word: the flag typed was dropped
+        raise UserError("--gpu", default_base, f"is another device than the base = {base_name!r} of {path}; drop "
+                                               "--gpu (the file's base is used) or make the two agree")
+    base_name = base_name if base_name is not None else default_base
     if base_name is None:
         raise UserError("hw_file", str(path), "name a base entry (base = \"h100-sxm\") or pass --gpu")
-    base = get_gpu(str(base_name))
+    base = get_gpu(base_name)
     data.setdefault("name", f"{base.name}+{Path(path).stem}")
     return apply_overrides(base, data, source="hw_file")
 
