@@ -1,6 +1,7 @@
 """A catalog entry with some fields changed, checked: `--hw FIELD=VALUE` and a --hw-file's fields
-(lookup.load_hw_file). Each value is converted to its field's type; a unit mix-up, a negative or an
-efficiency above 1 is refused in one line naming the field."""
+(lookup.load_hw_file). Each value is converted to its field's type; a unit mix-up, a negative, an
+efficiency above 1, a switch other than 0 or 1 or FP8 GEMMs past their peak is refused in one line naming
+the field."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ _ZERO_ALLOWED = {"reserved_bytes", "peak_fp32_flops", "peak_fp8_flops", "kernel_
                  "power_limit_watts", "nodes_per_leaf", "overlap_cost", "ring_overlap_cost", "tp_overlap", "torus_dims",
                  "allocator_slack", "xla_step", "usd_per_gpu_hour", "flash2_attention_efficiency", "attention_score_cost"}
 """Fields where 0 means "none" or "not set" (see each field's docstring); every other number is > 0."""
+
+_SWITCHES = {"xla_step", "tp_overlap"}
+"""Fields that are on (1) or off (0): the planner tests them for truth, so tp_overlap=0.5 planned the whole
+overlap and xla_step=5 an XLA program, neither said."""
 
 _UNITS = {  # field suffix or name -> (smallest and largest plausible nonzero value, the unit with an example)
     "_flops": (1e8, 1e17, "FLOP/s: 989 TFLOP/s is 989e12"),
@@ -80,6 +85,8 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
             raise UserError(f"{source}.{key}", raw, "may not be empty; e.g. name=my-h100")
         if key.endswith("_efficiency") and not (0 < value <= 1 or value == 0 and key in _ZERO_ALLOWED):
             raise UserError(f"{source}.{key}", raw, "an efficiency is a fraction in (0, 1]")
+        if key in _SWITCHES and value not in (0, 1):
+            raise UserError(f"{source}.{key}", raw, "is a switch: 1 (on) or 0 (off)")
         if key in ("overlap_cost", "ring_overlap_cost") and value > 1:
             raise UserError(f"{source}.{key}", raw, "a share of the collective's time, in [0, 1]")
         if key not in _ZERO_ALLOWED and value == 0:
@@ -88,7 +95,13 @@ def apply_overrides(gpu: GPU, overrides: dict[str, object], *, source: str = "hw
         if unit and value and not unit[0] <= value <= unit[1]:
             raise UserError(f"{source}.{key}", raw, f"implausible: this field is in {unit[2]}")
         changes[key] = value
-    return dataclasses.replace(gpu, **changes)
+    new = dataclasses.replace(gpu, **changes)
+    fp8_share = new.matmul_efficiency * new.fp8_matmul_ratio
+    if fp8_share > 1:  # fp8_matmul_ratio=50 planned FP8 GEMMs at 36x the FP8 peak (MFU 106%)
+        key = "fp8_matmul_ratio" if "fp8_matmul_ratio" in changes else "matmul_efficiency"
+        raise UserError(f"{source}.{key}", overrides[key], f"an FP8 GEMM would run at {fp8_share:.0%} of the FP8 peak "
+                        "(matmul_efficiency x fp8_matmul_ratio); keep the product at most 1, e.g. fp8_matmul_ratio=0.91")
+    return new
 
 
 def parse_hw_flags(pairs: list[str]) -> dict[str, str]:

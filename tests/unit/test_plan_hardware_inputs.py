@@ -34,3 +34,22 @@ def test_a_gpu_that_agrees_with_the_files_base_is_planned(tmp_path, capsys):
     for gpu in ("h100", "NVIDIA H100 80GB HBM3"):  # an alias, the name torch prints: the same entry
         assert main([*PLAN, "--hw-file", str(hw), "--gpu", gpu, "--json"]) == 0
         assert '"name": "h100-sxm+hw"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("hw,field", [
+    (["tp_overlap=0.5"], "hw.tp_overlap='0.5'"),  # read as 1: the whole TP collective hidden
+    (["xla_step=5"], "hw.xla_step='5'"),
+    (["fp8_matmul_ratio=50"], "hw.fp8_matmul_ratio='50'"),  # FP8 GEMMs at 36x the FP8 peak: MFU 106%
+    (["matmul_efficiency=0.9", "fp8_matmul_ratio=1.2"], "hw.fp8_matmul_ratio='1.2'"),
+], ids=["tp_overlap-half", "xla_step-5", "fp8-ratio-50", "fp8-above-its-peak"])
+def test_a_switch_is_0_or_1_and_fp8_gemms_stay_under_their_peak(hw, field, capsys):
+    args = [x for pair in hw for x in ("--hw", pair)]
+    assert main([*PLAN, "--gpu", "h100", "--precision", "fp8", *args]) == 2
+    assert one_line(capsys).startswith(f"shoal plan: error: {field}: ")
+
+
+def test_an_fp8_ratio_above_one_under_the_peak_is_planned(capsys):
+    """A device whose FP8 GEMMs keep more of their peak than its BF16 ones is possible; only past the peak is not."""
+    assert main([*PLAN, "--gpu", "h100", "--precision", "fp8", "--hw", "fp8_matmul_ratio=1.2", "--hw", "tp_overlap=1",
+                 "--json"]) == 0
+    assert '"fp8_matmul_ratio": 1.2' in capsys.readouterr().out
