@@ -25,6 +25,12 @@ def human(n: float, unit: str = "") -> str:
     return f"{n:.3g}{unit}"
 
 
+def amount(n: float, decimals: int = 0) -> str:
+    """A quantity with thousands separators, or as human() past a thousand trillion: `--mtbf-hours 1e300` printed
+    all 301 digits of the MTBF, over four lines (and a CO2 mass of --tokens 1e300 as many)."""
+    return f"{n:,.{decimals}f}" if abs(n) < 1e15 else human(n)
+
+
 def duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "never"
@@ -94,7 +100,7 @@ def training_lines(est: TrainingEstimate) -> list[str]:
     lines = [f"training {human(est.tokens)} tokens: {duration(est.ideal_hours * 3600)} with no failures{cost}"]
     if math.isfinite(est.expected_hours):
         lines.append(f"with a failure every {duration(est.job_mtbf_hours * 3600)} (per-GPU MTBF "
-                     f"{est.job_mtbf_hours * est.n_gpus:,.0f} h), checkpoints every {duration(est.checkpoint_interval_hours * 3600)} "
+                     f"{amount(est.job_mtbf_hours * est.n_gpus)} h), checkpoints every {duration(est.checkpoint_interval_hours * 3600)} "
                      f"and {duration(est.restart_hours * 3600)} restarts: {duration(est.expected_hours * 3600)}, "
                      f"~{human(est.expected_failures)} failures, {duration(est.lost_hours * 3600)} lost, "
                      f"goodput {est.goodput:.0%}")
@@ -177,8 +183,8 @@ def energy_lines(used, window=None) -> list[str]:
     where = f" in {used.region}" if used.region else (" over the chosen window" if window else "")
     co2 = ""
     if used.co2_kg is not None:
-        amount = f"{used.co2_kg / 1000:,.1f} t" if used.co2_kg >= 1000 else f"{used.co2_kg:,.0f} kg"
-        co2 = f", {amount} CO2 at {used.grams_per_kwh:.0f} g/kWh{where}"
+        mass = f"{amount(used.co2_kg / 1000, 1)} t" if used.co2_kg >= 1000 else f"{used.co2_kg:,.0f} kg"
+        co2 = f", {mass} CO2 at {used.grams_per_kwh:.0f} g/kWh{where}"
     kwh = f"{human(used.kwh / 1000)} MWh" if used.kwh >= 1e9 else f"{used.kwh / 1000:,.1f} MWh" if used.kwh >= 1000 \
         else f"{used.kwh:,.0f} kWh"
     lines = [f"energy: {kwh} ({used.gpu_power_watts:.0f} W per GPU x {duration(used.hours * 3600)} "

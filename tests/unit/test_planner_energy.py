@@ -109,3 +109,21 @@ def test_unparseable_trace_names_the_line(tmp_path):
     csv.write_text("time,g\n00:00,300\n01:00,n/a\n")
     out = plan("--tokens", "1T", "--carbon-trace", str(csv))
     assert out.returncode == 2 and "line 3" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_huge_budget_prints_its_numbers_short():
+    """`--mtbf-hours 1e300` printed all 301 digits of the MTBF, over four lines, and `--tokens 1e300 --region us`
+    as many of its tonnes of CO2 (render.amount); ordinary ones keep their thousands separators."""
+    from shoal.planner import cost
+    from shoal.planner.render import energy_lines, training_lines
+
+    def mtbf_line(hours):
+        return training_lines(cost.estimate(1e12, 1e6, 64, usd_per_gpu_hour=2.0, mtbf_gpu_hours=hours,
+                                            checkpoint_interval_hours=1, restart_hours=0.25,
+                                            checkpoint_write_hours=0))[1]
+
+    assert "(per-GPU MTBF 1e+300 h)" in mtbf_line(1e300)
+    assert "(per-GPU MTBF 50,000 h)" in mtbf_line(50_000)
+    huge = energy_lines(energy.energy(64, 700, 1e290, region="us"))[0]
+    assert len(huge) < 160 and " t CO2 at " in huge, huge
+    assert "1,989.1 t CO2" in energy_lines(energy.energy(64, 700, 100_000, region="us"))[0]
