@@ -231,15 +231,21 @@ def _check_pinned(fixed, n_gpus: int, workload) -> None:
 
 
 def carbon_inputs(args, cluster: Cluster):
-    """Check --pue, --region and --carbon-trace before any work; (the PUE, the trace if one is given)."""
+    """Check --pue, --region and --carbon-trace (and that they and --mtbf-hours come with --tokens) before the
+    sweep; (the PUE, the trace if one is given)."""
     pue = energy.DEFAULT_PUE if args.pue is None else energy.check_pue(args.pue)
     if args.region:
         energy.region_intensity(args.region)
     if args.region and args.carbon_trace:
         raise UserError("--region", args.region, "give --region (an annual average) or --carbon-trace (hourly), "
                                                  "not both")
-    if (args.region or args.carbon_trace) and not args.tokens:
-        raise UserError("--tokens", None, "energy and CO2 are for a whole run: give its size with --tokens (e.g. 1T)")
+    # --pue and --mtbf-hours change only a run's budget too: without --tokens they were taken and dropped unsaid
+    whole_run = [flag for flag, given in (("--region", args.region), ("--carbon-trace", args.carbon_trace),
+                                          ("--pue", args.pue is not None), ("--mtbf-hours", args.mtbf_hours is not None))
+                 if given]
+    if whole_run and not args.tokens:
+        raise UserError("--tokens", None, f"{whole_run[0]} is for a whole run (its energy, CO2 or failures): give its "
+                                          "size with --tokens (e.g. 1T)")
     if (args.region or args.carbon_trace) and not cluster.gpu.board_watts:
         raise UserError("hw.power_watts", 0, f"{cluster.gpu.name} has no power figure; set one with "
                                              "--hw power_watts=700")

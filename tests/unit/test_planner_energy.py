@@ -127,3 +127,18 @@ def test_a_huge_budget_prints_its_numbers_short():
     huge = energy_lines(energy.energy(64, 700, 1e290, region="us"))[0]
     assert len(huge) < 160 and " t CO2 at " in huge, huge
     assert "1,989.1 t CO2" in energy_lines(energy.energy(64, 700, 100_000, region="us"))[0]
+
+
+@pytest.mark.parametrize("flag,value", [("--pue", "1.5"), ("--mtbf-hours", "10"), ("--region", "us")])
+def test_a_budget_flag_without_tokens_is_refused(flag, value, capsys, monkeypatch):
+    """--pue and --mtbf-hours act on a whole run's energy and failures: without --tokens they were taken and
+    dropped with exit 0, while --region was refused; all three are one line now, before any sweep."""
+    from shoal.cli.main import main
+    from shoal.planner import request
+
+    monkeypatch.setattr(request.scaling, "sweep", lambda *a, **k: pytest.fail("swept"))
+    assert main(["plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "256", "--gpu", "h100",
+                 "--scale", "8:16", flag, value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"shoal plan: error: --tokens=None: {flag} is for a whole run (its energy, CO2 or failures): give "
+                   "its size with --tokens (e.g. 1T)"]
