@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -415,8 +416,12 @@ def _check_data(d: DataConfig) -> None:
         _check(getattr(d, name).strip() != "", f"data.{name}", getattr(d, name), "may not be empty (see `shoal config`)")
     _check(_finite(d.val_fraction) and 0 < d.val_fraction < 1, "data.val_fraction", d.val_fraction,
            "must be in (0, 1), e.g. 0.01: every run ends on an evaluation of the held-out share")
+    seen: dict[str, str] = {}  # each corpus once: web.jsonl and ./web.jsonl were trained as two corpora
     for path, weight in d.mix.items():
         _check(path.strip() != "", "data.mix", d.mix, "a data path may not be empty")
+        same = seen.setdefault(os.path.normpath(os.path.expanduser(path.strip())), path)
+        _check(same == path, f"data.mix.{path}", weight, f"names the same data as data.mix.{same}; give each "
+                                                         "corpus once, with the sum of the weights")
         _check(_finite(weight) and weight > 0, f"data.mix.{path}", weight,
                "a weight must be a number > 0 (weights are relative: 0.7 and 0.3, or 7 and 3); leave out a "
                "corpus rather than weighting it 0")

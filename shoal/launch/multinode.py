@@ -146,6 +146,9 @@ def plan_node(nnodes: int, node_rank: int, master: str, ifname: str = "", timeou
 
 
 def _split(master: str) -> tuple[str, int]:
+    if master.count(":") > 1:  # split at its last colon, fd00::2 was read as host 'fd00:' and port 2
+        raise UserError("--master", master, "is an IPv6 address; the launcher rendezvouses over IPv4: give node 0's "
+                                            "IPv4 address or a host name, e.g. 10.0.0.1:29500")
     host, colon, port = master.rpartition(":") if ":" in master else (master, "", str(DEFAULT_PORT))
     if not colon:
         host = master

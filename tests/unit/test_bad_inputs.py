@@ -192,6 +192,7 @@ COMBO_CASES = [
     (["data.repeat=false", "train.global_batch=100000", "train.micro_batch=1", "train.seq_len=64",
       "model.preset=debug"], "data.repeat"),  # fewer sequences than one global batch
     (['data.mix={"a" = 1e308, "b" = 1e308}'], "no share"),
+    (['data.mix={"web.jsonl" = 1, "./web.jsonl" = 2}'], "names the same data as data.mix.web.jsonl"),  # ran as two
     (['data.mix="web"'], "expected a TOML table"),  # was "expected an integer"
     # resuming the run into another model: found in a worker, after job.json was rewritten
     (["train.steps=4", "model.n_layers=3"], "was saved for another model (n_layers=4)"),  # the total overflowed: a ZeroDivisionError at step 1

@@ -13,6 +13,7 @@ from shoal.launch.multinode import interface_addrs, multinode, plan_node
     (dict(nnodes=2, node_rank=0, master="h:0"), "--master", "1..65535"),
     (dict(nnodes=2, node_rank=0, master="h:port"), "--master", "1..65535"),
     (dict(nnodes=2, node_rank=0, master="no-such-host.invalid"), "--master", "cannot resolve"),
+    (dict(nnodes=2, node_rank=0, master="fd00::2"), "--master", "IPv6"),  # was "cannot resolve 'fd00:'"
     (dict(nnodes=2, node_rank=0, master="127.0.0.1:29790"), "--master", "loopback"),
     (dict(nnodes=2, node_rank=0, master="localhost"), "--master", "loopback"),
     (dict(nnodes=2, node_rank=0, master="h", timeout=0), "--rdzv-timeout", "from 1"),
