@@ -83,7 +83,7 @@ def read_toml(field: str, path, give: str, parse_float=float) -> dict:
 
 
 def check_output_dir(flag: str, path: str, *, shown: str | None = None, own: tuple | None = None,
-                     libraries: tuple[str, ...] = ()) -> None:
+                     libraries: tuple[str, ...] = (), links: bool = True) -> None:
     """A folder a command will write into (or a config field naming one): not empty, not a file, not
     under a file, and creatable or writable where it is. Checked before any work, creating nothing:
     the probe is a temporary folder made and removed in the nearest existing ancestor, because
@@ -91,7 +91,9 @@ def check_output_dir(flag: str, path: str, *, shown: str | None = None, own: tup
     the user gave, when `path` was derived from it (the folder of a file). `own`: the names (glob
     patterns, or (pattern, mark) for a name too common to trust without its mark) the command writes
     there; given, the folder must be new, empty or hold only those (its earlier output, which it replaces).
-    `libraries`: folders in it that another library writes itself, links and all (W&B's), not looked into."""
+    `libraries`: folders in it that another library writes itself, links and all (W&B's), not looked into.
+    `links`: whether the command writes all over the folder, so that no link in it may lead out (its own
+    folder), or one file into it (check_output_file), which looks at that file alone."""
     shown = path if shown is None else shown
     if not str(path).strip():
         raise UserError(flag, shown, "is empty; name a folder to write into")
@@ -111,7 +113,7 @@ def check_output_dir(flag: str, path: str, *, shown: str | None = None, own: tup
         raise UserError(flag, shown, f"{what} ({e.strerror}); pick a folder you can write to") from None
     if own is not None and existing == p:
         _check_only_own(flag, shown, p, own)
-    if existing == p:
+    if existing == p and links:
         _check_no_link_out(flag, shown, p, libraries)
 
 
@@ -131,9 +133,13 @@ def check_output_file(flag: str, path: str, *, replaces: str | None = None) -> N
         raise UserError(flag, path, "is a folder; give a file name")
     if os.path.exists(p) and not os.access(p, os.W_OK):
         raise UserError(flag, path, "is not writable; pick another file name")
+    if os.path.islink(p):  # written through, it would replace whatever the link points at
+        raise UserError(flag, path, f"is a symbolic link (to {os.path.realpath(p)}); give a new file name")
     if replaces is not None and os.path.isfile(p) and not carries_mark(p, replaces):
         raise UserError(flag, path, "is an existing file shoal did not write; pick a new file name")
-    check_output_dir(flag, os.path.dirname(p), shown=path)
+    # One file is written: a link elsewhere in its folder (a project's .venv, another tool's file in /tmp)
+    # is no concern of it, and refusing one refused `--emit plan.toml` in any folder that held a link.
+    check_output_dir(flag, os.path.dirname(p), shown=path, links=False)
     _check_name_lengths(flag, path, os.path.dirname(p), os.path.basename(p))
 
 

@@ -121,6 +121,17 @@ def test_a_script_or_an_object_that_is_not_shoals_is_not_replaced(where, capsys)
     refused(capsys, [*K8S, "--out", "{tmp}/k8s"], where, "other files in it (jobset.yaml)")
 
 
+def test_one_file_is_written_beside_a_link_but_not_through_one(where, capsys):
+    """--emit, --svg and slurm's script write one file: a link elsewhere in its folder (a project's .venv)
+    refused them all, since the folder's whole-tree link check ran; the file itself is still not a link."""
+    (where["tmp"] / "proj").mkdir()
+    (where["tmp"] / "proj" / ".venv").symlink_to(where["tmp"])  # leads out of proj
+    grid = ["mesh", "--nproc", "4", "--svg", str(where["tmp"] / "proj" / "grid.svg")]
+    assert main(grid) == 0, capsys.readouterr().err
+    (where["tmp"] / "proj" / "linked.svg").symlink_to(where["tmp"] / "proj" / "grid.svg")
+    refused(capsys, ["mesh", "--nproc", "4", "--svg", "{tmp}/proj/linked.svg"], where, "is a symbolic link")
+
+
 def test_an_earlier_output_is_replaced(where, capsys):
     """A plan's page, figures and recipe written twice into the same places: the second replaces the first."""
     argv = [a.format(**where) for a in [*PLAN, "--report", "{tmp}/plan", "--figures", "{tmp}/plan", "--emit",
