@@ -5,6 +5,7 @@ Each SVG names shoal as its creator (SVG_CREATOR), so a command asked to write o
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -29,7 +30,15 @@ def save(fig, stem: Path, formats=("png", "svg"), dpi: int = 110) -> list[Path]:
     for fmt in formats:
         path = stem.with_suffix(f".{fmt}")
         meta = {"Date": None, "Creator": SVG_CREATOR} if fmt == "svg" else {"Software": None}
-        fig.savefig(path, dpi=dpi, bbox_inches="tight", metadata=meta)
+        # written beside, then renamed over: a command stopped while it draws leaves the earlier picture or
+        # none, not a truncated one
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            fig.savefig(partial, format=fmt, dpi=dpi, bbox_inches="tight", metadata=meta)
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         paths.append(path)
     plt.close(fig)
     return paths

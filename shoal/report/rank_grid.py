@@ -26,7 +26,7 @@ def grid_geometry(dims, per_node: int) -> dict:
     return {"world": dims.world_size, "per_node": per_node, "nodes": -(-dims.world_size // per_node),
             "place": {r: (node_of[r], r % per_node) for r in range(dims.world_size)},
             "groups": groups, "crossing": crossing,
-            "coords": {r: dims.coords(r) for r in range(dims.world_size)}}
+            "coords": dict(enumerate(dims.all_coords()))}
 
 
 def shown_kinds(dims) -> list[str]:
@@ -35,14 +35,16 @@ def shown_kinds(dims) -> list[str]:
 
 
 def rank_grid_figure(dims, per_node: int, stem: Path, title: str = "", formats=("png", "svg"),
-                     max_nodes: int = 4) -> list[Path]:
-    """Draw the grid; a cluster bigger than max_nodes shows its first max_nodes nodes (the pattern repeats)."""
+                     max_nodes: int = 4, max_devices: int = 32) -> list[Path]:
+    """Draw the grid; a cluster bigger than max_nodes shows its first max_nodes nodes (the pattern repeats), and a
+    node of more than max_devices its first max_devices (a TPU slice is one node of thousands of chips: drawing
+    every one took minutes, 65,536 ranks on one node over two)."""
     from matplotlib.patches import Rectangle
 
     plt = pyplot()
     geo = grid_geometry(dims, per_node)
     kinds = shown_kinds(dims)
-    nodes, cols = min(geo["nodes"], max_nodes), geo["per_node"]
+    nodes, cols = min(geo["nodes"], max_nodes), min(geo["per_node"], max_devices)
     cell_w = 1.35 if cols <= 8 else 0.9
     # one panel per kind, stacked: the same ranks in the same places, coloured by a different group
     fig, axes = plt.subplots(len(kinds), 1, figsize=(max(4.0, cols * cell_w + 1.0), (0.9 * nodes + 0.9) * len(kinds) + 0.4),
@@ -54,6 +56,8 @@ def rank_grid_figure(dims, per_node: int, stem: Path, title: str = "", formats=(
         for r, (node, dev) in geo["place"].items():
             if node >= nodes:
                 break
+            if dev >= cols:
+                continue
             y = nodes - 1 - node
             ax.add_patch(Rectangle((dev + 0.06, y + 0.08), 0.88, 0.8, facecolor=cmap(group_of[r] % 20),
                                    edgecolor="#c0392b" if r in cross else "white", linewidth=3 if r in cross else 1))
@@ -72,9 +76,11 @@ def rank_grid_figure(dims, per_node: int, stem: Path, title: str = "", formats=(
         if geo["crossing"][kind]:
             sub += f"\n{len(geo['crossing'][kind])} cross a node (red)"
         if kind == kinds[0]:  # the headline sits above the first panel (a suptitle collides with it)
-            shown = f" (nodes 0-{nodes - 1} shown)" if nodes < geo["nodes"] else ""
-            sub = (title or f"{dims.world_size} ranks on {geo['nodes']} node{'s' * (geo['nodes'] > 1)} x {cols} "
-                            f"devices{shown}") + "\n" + sub
+            parts = ([f"nodes 0-{nodes - 1}"] if nodes < geo["nodes"] else []) + (
+                [f"devices 0-{cols - 1}"] if cols < geo["per_node"] else [])
+            shown = f" ({' and '.join(parts)} shown)" if parts else ""
+            sub = (title or f"{dims.world_size} ranks on {geo['nodes']} node{'s' * (geo['nodes'] > 1)} x "
+                            f"{geo['per_node']} devices{shown}") + "\n" + sub
         ax.set_title(sub, fontsize=9)
         ax.set_xlim(-0.9, cols + 0.05)
         ax.set_ylim(-0.05, nodes + 0.05)

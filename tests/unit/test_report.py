@@ -47,6 +47,36 @@ def test_rank_grid_places_ranks_and_names_groups_that_cross_nodes():
     assert geo["groups"]["tp"][0] == [0, 1]
 
 
+def test_a_big_node_is_drawn_in_part_and_a_stopped_drawing_leaves_the_last_one(tmp_path, monkeypatch):
+    """A TPU slice is one node of thousands of chips: every device drawn took minutes (coords() of each rank
+    searched the whole grid), and a command stopped meanwhile left a truncated SVG."""
+    import matplotlib.figure
+
+    from shoal.report.rank_grid import rank_grid_figure
+
+    for order in ("tp-dp-pp", "dp-tp-pp"):  # one sort of the grid gives what coords() gives rank by rank
+        dims = ParallelDims(dp_replicate=2, dp_shard=2, tp=2, pp=2, ep=1, world_size=16, rank_order=order)
+        assert dims.all_coords() == [dims.coords(r) for r in range(16)]
+    big = ParallelDims(dp_replicate=1, dp_shard=512, tp=1, pp=1, ep=1, world_size=512)
+    drawn = {}
+    monkeypatch.setattr("shoal.report.rank_grid.save", lambda fig, stem, formats: drawn.setdefault("fig", fig))
+    rank_grid_figure(big, per_node=512, stem=tmp_path / "grid", max_devices=32)
+    (ax,) = drawn["fig"].axes
+    assert len(ax.patches) == 32 + 1 and "devices 0-31 shown" in ax.get_title()  # 32 cells and the node's frame
+    monkeypatch.undo()
+    svg = rank_grid_figure(big, per_node=512, stem=tmp_path / "grid", formats=("svg",))[0]
+    before = svg.read_bytes()
+
+    def stopped(self, fname, **kw):
+        open(fname, "w").write("<svg")  # half written when the stop came
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        rank_grid_figure(big, per_node=512, stem=tmp_path / "grid", formats=("svg",))
+    assert svg.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["grid.svg"]
+
+
 ROW = {"step": 1, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0, "tokens": 512, "tokens_per_s": 100.0, "step_time_s": 0.5,
        "mfu": 0.01, "peak_mem_bytes": 1 << 28, "model_state_bytes": 1 << 20, "comm_bytes": {}}
 
