@@ -23,6 +23,7 @@ import sys
 import time
 
 from shoal.debug.state import HANG_EXIT_CODE, STATE
+from shoal.worker.said import a_peer_refused
 
 __all__ = ["enable", "disable", "progress", "watch_ddp", "is_enabled", "CollectiveMismatchError", "HANG_EXIT_CODE"]
 
@@ -169,8 +170,10 @@ def _at_exit() -> None:
     monitor = _active.get("monitor")
     if monitor is None or monitor.channel is None:
         return
-    if not _active.get("said_goodbye") and monitor.channel.reachable():  # an exit without shutdown (an
-        monitor.channel.hurry(GOODBYE_TIMEOUT_S)  # error): the store's host may be gone, or go any moment
+    # An exit without shutdown (an error): the store's host may be gone, or go any moment. After a peer's
+    # refusal it is on its way out (its store may still take a connection it never answers): nobody waits.
+    if not _active.get("said_goodbye") and not a_peer_refused() and monitor.channel.reachable():
+        monitor.channel.hurry(GOODBYE_TIMEOUT_S)
         say_goodbye()
     if STATE.rank == 0:
         _wait_for_goodbyes(monitor.channel, int(os.environ.get("WORLD_SIZE", "1")))

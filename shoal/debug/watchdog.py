@@ -28,6 +28,7 @@ from shoal.debug import records
 from shoal.debug.incident import Incident, emit
 from shoal.debug.records import pid_gone
 from shoal.debug.state import HANG_EXIT_CODE, STATE
+from shoal.worker.said import a_peer_refused
 
 
 def interval_for(hang_timeout_s: float) -> float:
@@ -189,6 +190,8 @@ class Watchdog:
         if self.incident.started:  # a consequence of the incident (the reporter exited): leave quietly
             self.incident.done.wait(self.incident.grace_s + 10)
             self._exit(HANG_EXIT_CODE)
+        if a_peer_refused():  # a peer stopped on a user's mistake and said so in one line: nothing to report
+            return
         why = f"{records.describe(rec.to_dict())} failed on rank {STATE.rank}: {records.short_error(exc)}"
         self.incident.run(why, None)
         if self._sigterm:  # the launcher asked us to stop while we were reporting
@@ -205,7 +208,7 @@ class Watchdog:
         failed = self._failed_ranks() if cur is not None and cur.status in ("waiting", "issued", "checking") else []
         if self.incident.started:
             self.incident.done.wait(self.incident.grace_s + 10)
-        elif failed:
+        elif failed and not a_peer_refused():
             why = (f"the launcher is terminating rank {STATE.rank} in {records.describe(cur.to_dict())} "
                    f"after rank {failed[0]} failed")
             self.incident.run(why, 128 + signal.SIGTERM)

@@ -18,7 +18,7 @@ from shoal.errors import UserError
 from shoal.worker.exit import exit_worker, lost_peer
 from shoal.worker.exit_codes import LOST_PEER, USER_ERROR
 from shoal.worker.process import follow_the_launcher
-from shoal.worker.said import leave_line
+from shoal.worker.said import a_peer_refused, leave_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,13 +67,15 @@ def main() -> int:
         line = f"shoal train: error: {e}"
         if os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":  # one line on each node's console
             print(line, file=sys.stderr, flush=True)
-        else:  # for the launcher to print if this rank alone found it (shoal/worker/said.py)
-            leave_line(line)
+        # for the launcher to print if this rank alone found it, and for the peers it leaves (shoal/worker/said.py)
+        leave_line(line)
         return USER_ERROR
     except RuntimeError as e:
         why = lost_peer(e) if "WORLD_SIZE" in os.environ else None
         if why is None:
             raise
+        if a_peer_refused():  # the peer said why in its own line
+            return LOST_PEER
         print(f"shoal train: rank {os.environ['RANK']} stopped: a peer is gone ({why}); the launcher's line names "
               f"the worker that failed first", file=sys.stderr, flush=True)
         return LOST_PEER

@@ -4,8 +4,9 @@ Each node's first worker (local rank 0) prints a UserError; the others do not, o
 ranks find alike would print once per rank. A refusal only another rank finds (in the share of a file that
 rank alone reads) would then go unsaid, the job exiting 2 without a word. So such a rank leaves its line in
 the folder shoal's launcher names (SAID_DIR_ENV), and the launcher prints the line of the worker that failed
-first when no first worker refused too (launch/local.py). Under torchrun, which names no folder, nothing
-changes.
+first when no first worker refused too (launch/local.py). Every refusing rank leaves its line, the first worker
+too: its peers, whose next collective fails for it, find it there and stop without a report of their own
+(a_peer_refused). Under torchrun, which names no folder, nothing changes.
 """
 
 from __future__ import annotations
@@ -45,3 +46,17 @@ def left_line(folder: str | os.PathLike, rank: int) -> str | None:
         return Path(folder, f"rank{rank}").read_text().strip() or None
     except OSError:
         return None
+
+
+def a_peer_refused() -> bool:
+    """Whether another worker of this launcher left a refusal line: then the collective that just failed here
+    failed because that worker stopped, and its one line says why. No wait is needed: a refusing worker leaves
+    its line before it exits, and its connections close only when it does."""
+    folder = os.environ.get(SAID_DIR_ENV)
+    if not folder:
+        return False
+    mine = f"rank{os.environ.get('RANK', '0')}"
+    try:
+        return any(name != mine for name in os.listdir(folder))
+    except OSError:  # the folder went with its launcher
+        return False

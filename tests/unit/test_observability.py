@@ -3,6 +3,7 @@ profile summary's time split, and the report's setup block and `shoal plan` repr
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -102,3 +103,32 @@ def test_wandb_online_without_a_login_is_refused_before_anything_starts(tmp_path
         load_config(None, ["metrics.wandb=online"])
     (tmp_path / "netrc").write_text("machine api.wandb.ai login user password key\n")
     assert load_config(None, ["metrics.wandb=online"]).metrics.wandb == "online"
+
+
+def test_a_metrics_backend_that_fails_on_rank_0_after_the_start_is_one_line(tmp_path):
+    """Rank 0 alone opens the backends, after the workers started: its refusal (W&B failing to import, or
+    refusing a login) was followed by rank 1's 40-line report of the collective that failed for it. A refusing
+    rank now leaves its line for its peers too, and they stop without a report (shoal/worker/said.py)."""
+    from tests.conftest import shoal_cli
+
+    fake = tmp_path / "fake" / "wandb"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("wandb is broken (a test\'s stand-in)")\n')
+    env = {"PYTHONPATH": os.pathsep.join([str(fake.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    r = shoal_cli("train", "recipes/debug.toml", "--nproc", "2", "--set", "metrics.wandb=offline", "--set",
+                  "train.steps=2", "--out", str(tmp_path / "out"), env=env, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "shoal train: error: metrics.wandb='offline': could not start (ImportError: wandb is broken (a test's "
+        "stand-in)); fix that, or turn metrics.wandb off"], r.stderr
+
+
+def test_a_peer_refusal_is_found_in_the_launchers_folder(tmp_path, monkeypatch):
+    from shoal.worker.said import SAID_DIR_ENV, a_peer_refused
+
+    assert not a_peer_refused()  # under torchrun no folder is named: nothing to find
+    monkeypatch.setenv(SAID_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    (tmp_path / "rank1").write_text("shoal train: error: this rank's own")
+    assert not a_peer_refused()
+    (tmp_path / "rank0").write_text("shoal train: error: a peer's")
+    assert a_peer_refused()
