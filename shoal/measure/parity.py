@@ -5,13 +5,14 @@ launch of N workers (forming a process group costs seconds per worker)."""
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.job import resolve
-from shoal.train.parity import Result, compare, config_for, fitting_layouts, in_float64, reference_of
+from shoal.train.parity import OUT_DIRS, Result, compare, config_for, fitting_layouts, in_float64, reference_of
 
 
 @dataclass
@@ -37,6 +38,17 @@ class Verdict:
                 "skipped": [{"layout": layout, "reason": why} for layout, why in self.skipped]}
 
 
+def clear_earlier(folder: Path) -> None:
+    """Remove an earlier verify's runs from --out (OUT_DIRS; the CLI refused a folder holding anything
+    else). Left there, a layout whose run died, or never started after a worker died, was compared from
+    the earlier verify's files and reported as passing, and a layout with checkpoint.every resumed from
+    the earlier run's checkpoints."""
+    for pattern in OUT_DIRS:
+        for old in folder.glob(pattern):
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+
+
 def verify(nproc: int, layouts: list[str] | None, steps: int, tolerance: float, out: str | None,
            say=lambda line: None) -> Verdict:
     """Run the references and the layouts (all that fit on nproc ranks when none are given) and
@@ -59,6 +71,7 @@ def verify(nproc: int, layouts: list[str] | None, steps: int, tolerance: float, 
     by_layout = {layout: reference_of(layout, nproc) for layout in layouts}
     references = {ref: f"reference-{i}" for i, ref in enumerate(dict.fromkeys(by_layout.values()))}
     folder = Path(out or tempfile.mkdtemp(prefix="shoal-verify-"))
+    clear_earlier(folder)
     # The reference gets the workers' threads: a different thread count splits sums differently
     # (tiny-moe's losses then differed by 2e-4; with one thread each they match to 1e-6).
     torch.set_num_threads(int(worker_env(nproc).get("OMP_NUM_THREADS", torch.get_num_threads())))
