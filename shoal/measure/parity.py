@@ -12,6 +12,7 @@ from pathlib import Path
 
 from shoal.errors import UserError
 from shoal.job import resolve
+from shoal.train.nonfinite import NonFiniteStep
 from shoal.train.parity import OUT_DIRS, Result, compare, config_for, fitting_layouts, in_float64, reference_of
 
 
@@ -78,7 +79,11 @@ def verify(nproc: int, layouts: list[str] | None, steps: int, tolerance: float, 
     for ref, name in references.items():  # the single-process references, in this process
         ref_cfg = config_for(ref, 1, steps, global_batch=4 * nproc)
         with in_float64(ref_cfg):  # as the layouts run (shoal/train/parity.py says why)
-            train(ref_cfg, folder / name, show=False)
+            try:
+                train(ref_cfg, folder / name, show=False)
+            except NonFiniteStep as e:  # nothing to compare with; a traceback said no more than this
+                layout = next(layout for layout, r in by_layout.items() if r == ref)
+                raise UserError("--layouts", layout, f"its one-process reference stopped: {e}") from None
     say(f"reference runs done on 1 process; running {len(layouts)} layouts on {nproc} ranks ...")
     code = launch([*worker, str(folder), str(nproc), str(steps), json.dumps(layouts)], nproc)
     results = [compare(layout, folder / f"layout{i}", folder / references[by_layout[layout]], tolerance)
