@@ -34,20 +34,22 @@ def test_composed_layouts_on_four_ranks(tmp_path):
         # context parallel: with tp, with FSDP over dp_shard x cp, with pp and documents; cp=4 alone
         # with documents inside a sliding window (every chunk pair's mask kind)
         f"cp=2,tp=2;cp=2,dp_shard=2,zero=3;cp=2,pp=2,pp_schedule=gpipe,{masked};"
-        f"cp=4,model.sliding_window=12,{masked}")
+        f"cp=4,model.sliding_window=12,{masked};"
+        # dp inside cp: FSDP over them is refused (layout_rules.py), ZeRO-1's group is in rank order
+        "cp=2,dp_shard=2,zero=1,rank_order=dp-tp-pp")
     # Two steps: the second step's loss and gradients come from weights the first update wrote, and
     # the final weights hold both updates (warmup gives each half and all of train.lr).
     r = shoal_cli("verify", "--nproc", "4", "--steps", "2", "--layouts", layouts, "--out", str(tmp_path / "runs"),
                   "--json", timeout=540)
     rows = _rows(r.stdout)
-    assert r.returncode == 0 and len(rows) == 16, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0 and len(rows) == 17, r.stdout[-3000:] + r.stderr[-3000:]
     assert all(passed for _, passed in rows.values()), r.stdout
     # Verify computes in float64: what is left is rounding, ~1e-15 here (fp32 left 1e-7 to 1e-6 and,
     # over 10 steps of tiny-moe on 4 ranks, up to 6.6e-4 for expert parallelism).
     assert all(diff <= 1e-9 for diff, _ in rows.values()), r.stdout
     # four ranks on (here) two cores: MFU is against the cores the job has, not four ranks' worth
     mfus = [r["mfu"] for run in (tmp_path / "runs").glob("layout*") for r in read_rows(run)]
-    assert len(mfus) == 16 * 2 and all(0 < m <= 1 for m in mfus), mfus
+    assert len(mfus) == 17 * 2 and all(0 < m <= 1 for m in mfus), mfus
 
 
 # Bugs injected into the parallel workers only (WORLD_SIZE > 1 when they train; the reference runs in
