@@ -114,7 +114,8 @@ def test_compiled_blocks_train_like_eager():
 def test_the_reference_trains_what_the_layout_trains_and_no_earlier_run_is_read(tmp_path):
     """A layout's train.* fields reach its one-process reference (HOW_NOT_WHAT aside): without them
     train.precision=bf16 was compared with a float64 run from other random draws (0.11 in the loss,
-    dp_shard=2, 3 steps) and train.seq_len=32 with 64-token windows. And --out holding an earlier
+    dp_shard=2, 3 steps), train.seq_len=32 with 64-token windows and an MoE's micro_batch=1 with 2
+    (its load-balancing loss is per micro-batch: 1.6e-5 in the loss). And --out holding an earlier
     verify's runs: a layout with checkpoint.every found that verify's finished run in its folder,
     trained nothing and was reported from it (tp=2 passed on a dp_shard=2 run's files)."""
     from shoal.train.parity import config_for
@@ -123,10 +124,10 @@ def test_the_reference_trains_what_the_layout_trains_and_no_earlier_run_is_read(
     out = tmp_path / "runs"
     train(config_for("checkpoint.every=1", 1, 2, global_batch=8), out / "layout0", show=False)  # the earlier run
     r = shoal_cli("verify", "--nproc", "2", "--steps", "2", "--out", str(out), "--json", "--layouts",
-                  "tp=2,dp_shard=1,checkpoint.every=1;dp_shard=2,train.precision=bf16,train.seq_len=32",
-                  timeout=240)
+                  "tp=2,dp_shard=1,checkpoint.every=1;dp_shard=2,train.precision=bf16,train.seq_len=32;"
+                  "model=debug-moe,dp_shard=2,train.micro_batch=1", timeout=240)
     rows = _rows(r.stdout)
-    assert r.returncode == 0 and len(rows) == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0 and len(rows) == 3, r.stdout[-3000:] + r.stderr[-3000:]
     assert all(passed for _, passed in rows.values()), r.stdout
     assert json.loads((out / "layout0" / "run.json").read_text())["layout"]["tp"] == 2
 
