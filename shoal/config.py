@@ -144,7 +144,8 @@ class TrainConfig:
     """Clip the global gradient norm to this; 0 disables."""
     micro_batch: int = 0
     """Sequences per forward/backward on one rank; 0: global_batch / dp (no accumulation), split into
-    pp micro-batches when pipelining, so changing only the rank count keeps the same training."""
+    pp micro-batches when pipelining, so changing only the rank count keeps the same training (of a dense
+    model: an MoE's load-balancing loss is taken per micro-batch, so set it to keep an MoE's)."""
     global_batch: int = 16
     """Sequences per optimizer step over all data-parallel ranks (= micro_batch * accumulation * dp)."""
     seq_len: int = 256
