@@ -85,21 +85,17 @@ class ParallelDims:
         return groups
 
     def coords(self, rank: int) -> dict[str, int]:
-        import numpy as np
-
-        return self._named(*(int(i) for i in np.argwhere(self.grid() == rank)[0]))
+        return self.all_coords()[rank]
 
     def all_coords(self) -> list[dict[str, int]]:
-        """coords() of every rank, by rank, from one sort of the grid: coords() of each in turn searches the
-        whole grid each time, minutes for a 65,536-rank picture."""
+        """Every rank's coordinates, by rank, from one sort of the grid (searching the grid once per rank
+        took minutes for a 65,536-rank picture)."""
         import numpy as np
 
         g = self.grid()
         at = np.unravel_index(np.argsort(g, axis=None), g.shape)  # rank r sits at (at[0][r], ..., at[4][r])
-        return [self._named(*(int(axis[r]) for axis in at)) for r in range(self.world_size)]
-
-    def _named(self, pp: int, dr: int, ds: int, cp: int, tp: int) -> dict[str, int]:
-        return {"pp": pp, "dp_replicate": dr, "dp_shard": ds, "cp": cp, "tp": tp, "dp": dr * self.dp_shard + ds}
+        return [{"pp": int(pp), "dp_replicate": int(dr), "dp_shard": int(ds), "cp": int(cp), "tp": int(tp),
+                 "dp": int(dr) * self.dp_shard + int(ds)} for pp, dr, ds, cp, tp in zip(*at)]
 
 
 # The mesh axes each rank_order name stands for, outermost first: dp_shard varies fastest inside dp,

@@ -54,9 +54,12 @@ def test_a_big_node_is_drawn_in_part_and_a_stopped_drawing_leaves_the_last_one(t
 
     from shoal.report.rank_grid import rank_grid_figure
 
-    for order in ("tp-dp-pp", "dp-tp-pp"):  # one sort of the grid gives what coords() gives rank by rank
+    for order in ("tp-dp-pp", "dp-tp-pp"):  # one sort of the grid puts each rank where the grid holds it
         dims = ParallelDims(dp_replicate=2, dp_shard=2, tp=2, pp=2, ep=1, world_size=16, rank_order=order)
-        assert dims.all_coords() == [dims.coords(r) for r in range(16)]
+        grid = dims.grid()
+        for r, c in enumerate(dims.all_coords()):
+            assert grid[c["pp"], c["dp_replicate"], c["dp_shard"], c["cp"], c["tp"]] == r
+            assert c["dp"] == c["dp_replicate"] * dims.dp_shard + c["dp_shard"]
     big = ParallelDims(dp_replicate=1, dp_shard=512, tp=1, pp=1, ep=1, world_size=512)
     drawn = {}
     monkeypatch.setattr("shoal.report.rank_grid.save", lambda fig, stem, formats: drawn.setdefault("fig", fig))
